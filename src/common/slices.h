@@ -1,0 +1,103 @@
+// Internal: moving one (sequence, head) slice between strided views of any float dtype and
+// Eigen matrices of the compute type. Kernels load what they need into owned, aligned Eigen
+// storage (so alignment, and with it Eigen's summation order, is the same on every run), compute,
+// and store the results back. This is also where strides and dtype conversion are handled, so the
+// kernels themselves only ever see dense matrices.
+#pragma once
+
+#include <Eigen/Core>
+#include <cstdint>
+
+#include "common/check.h"
+#include "phasor/common.h"
+
+namespace phasor::detail {
+
+template <class S>
+using Mat = Eigen::Matrix<S, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+template <class S>
+using Vec = Eigen::Matrix<S, Eigen::Dynamic, 1>;
+
+namespace slices_impl {
+template <class From, class F>
+inline void for_rows(const TensorView& x, std::int64_t base, std::int64_t rows, std::int64_t row_stride,
+                     std::int64_t cols, std::int64_t col_stride, F&& f) {
+  auto* p = static_cast<From*>(x.data);
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t c = 0; c < cols; ++c) f(r, c, p[base + r * row_stride + c * col_stride]);
+}
+template <class S>
+inline void load_2d(const TensorView& x, std::int64_t base, std::int64_t rows, std::int64_t rs,
+                    std::int64_t cols, std::int64_t cs, Mat<S>& out) {
+  out.resize(rows, cols);
+  if (x.dtype == DType::float32)
+    for_rows<const float>(x, base, rows, rs, cols, cs,
+                          [&](std::int64_t r, std::int64_t c, float v) { out(r, c) = S(v); });
+  else
+    for_rows<const double>(x, base, rows, rs, cols, cs,
+                           [&](std::int64_t r, std::int64_t c, double v) { out(r, c) = S(v); });
+}
+template <class M>
+inline void store_2d(const M& in, const TensorView& x, std::int64_t base, std::int64_t rs,
+                     std::int64_t cs) {
+  const std::int64_t rows = in.rows(), cols = in.cols();
+  if (x.dtype == DType::float32) {
+    auto* p = static_cast<float*>(x.data);
+    for (std::int64_t r = 0; r < rows; ++r)
+      for (std::int64_t c = 0; c < cols; ++c) p[base + r * rs + c * cs] = static_cast<float>(in(r, c));
+  } else {
+    auto* p = static_cast<double*>(x.data);
+    for (std::int64_t r = 0; r < rows; ++r)
+      for (std::int64_t c = 0; c < cols; ++c) p[base + r * rs + c * cs] = static_cast<double>(in(r, c));
+  }
+}
+}  // namespace slices_impl
+
+// x: [B, T, H, D]. out (length × D) = x[s.batch, s.start : s.start + s.length, h, :].
+template <class S>
+void load_rows(const TensorView& x, const Sequence& s, std::int64_t h, Mat<S>& out) {
+  const std::int64_t base = s.batch * x.stride(0) + s.start * x.stride(1) + h * x.stride(2);
+  slices_impl::load_2d(x, base, s.length, x.stride(1), x.size(3), x.stride(3), out);
+}
+// x[s.batch, s.start : s.start + s.length, h, :] = in (length × D).
+template <class M>
+void store_rows(const M& in, const TensorView& x, const Sequence& s, std::int64_t h) {
+  const std::int64_t base = s.batch * x.stride(0) + s.start * x.stride(1) + h * x.stride(2);
+  slices_impl::store_2d(in, x, base, x.stride(1), x.stride(3));
+}
+
+// x: [B, T, H] (per-head scalars such as g or beta). out (length) = x[s.batch, s.start:, h].
+template <class S>
+void load_column(const TensorView& x, const Sequence& s, std::int64_t h, Vec<S>& out) {
+  Mat<S> tmp;
+  const std::int64_t base = s.batch * x.stride(0) + s.start * x.stride(1) + h * x.stride(2);
+  slices_impl::load_2d(x, base, s.length, x.stride(1), 1, 0, tmp);
+  out = tmp.col(0);
+}
+template <class V>
+void store_column(const V& in, const TensorView& x, const Sequence& s, std::int64_t h) {
+  const std::int64_t base = s.batch * x.stride(0) + s.start * x.stride(1) + h * x.stride(2);
+  slices_impl::store_2d(in, x, base, x.stride(1), 0);
+}
+
+// x: [N, H, K, V] (recurrent states). out (K × V) = x[n, h].
+template <class S>
+void load_state(const TensorView& x, std::int64_t n, std::int64_t h, Mat<S>& out) {
+  const std::int64_t base = n * x.stride(0) + h * x.stride(1);
+  slices_impl::load_2d(x, base, x.size(2), x.stride(2), x.size(3), x.stride(3), out);
+}
+template <class M>
+void store_state(const M& in, const TensorView& x, std::int64_t n, std::int64_t h) {
+  const std::int64_t base = n * x.stride(0) + h * x.stride(1);
+  slices_impl::store_2d(in, x, base, x.stride(2), x.stride(3));
+}
+
+// Runs f.template operator()<S>() with S = float or double, the compute type chosen by `x`
+// (float32 inputs compute and accumulate in float32, float64 inputs in float64).
+template <class F>
+decltype(auto) dispatch_float(const TensorView& x, F&& f) {
+  if (x.dtype == DType::float64) return f(double{});
+  return f(float{});
+}
+
+}  // namespace phasor::detail

@@ -1,0 +1,1 @@
+// placeholder: implemented by the gated_delta_rule work
