@@ -1,1 +1,248 @@
+// `phasor demo`: runs every op through every implementation on one random problem and prints how
+// far each result is from the float64 reference, and how long it took. Core API only (no torch):
+// this is also the smallest complete example of calling the core with TensorViews.
+#include <CLI/CLI.hpp>
 
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cli/commands.h"
+#include "phasor/phasor.h"
+
+namespace phasor::cli {
+namespace {
+
+// An owning contiguous buffer of float or double with its view.
+template <class T>
+struct Buffer {
+  std::vector<T> data;
+  std::vector<std::int64_t> shape;
+  Buffer() = default;
+  explicit Buffer(std::vector<std::int64_t> s) : shape(std::move(s)) {
+    std::int64_t n = 1;
+    for (auto d : shape) n *= d;
+    data.assign(static_cast<std::size_t>(n), T(0));
+  }
+  TensorView view() const {
+    TensorView v;
+    v.data = const_cast<T*>(data.data());
+    v.dtype = dtype_of<T>();
+    v.rank = static_cast<int>(shape.size());
+    std::int64_t stride = 1;
+    for (int d = v.rank - 1; d >= 0; --d) {
+      v.sizes[static_cast<std::size_t>(d)] = shape[static_cast<std::size_t>(d)];
+      v.strides[static_cast<std::size_t>(d)] = stride;
+      stride *= shape[static_cast<std::size_t>(d)];
+    }
+    return v;
+  }
+};
+
+using F = Buffer<float>;
+
+F randn(std::vector<std::int64_t> shape, std::mt19937_64& rng, double stddev = 1.0) {
+  F b(std::move(shape));
+  std::normal_distribution<double> dist(0.0, stddev);
+  for (auto& x : b.data) x = static_cast<float>(dist(rng));
+  return b;
+}
+
+// log σ(x), x ~ N(mean, 1): forget gates around σ(mean).
+F log_gates(std::vector<std::int64_t> shape, std::mt19937_64& rng, double mean) {
+  F b(std::move(shape));
+  std::normal_distribution<double> dist(mean, 1.0);
+  for (auto& x : b.data) x = static_cast<float>(-std::log1p(std::exp(-dist(rng))));
+  return b;
+}
+
+F uniform01(std::vector<std::int64_t> shape, std::mt19937_64& rng) {
+  F b(std::move(shape));
+  std::uniform_real_distribution<double> dist(0.0, 1.0);
+  for (auto& x : b.data) x = static_cast<float>(dist(rng));
+  return b;
+}
+
+template <class A, class B>
+double rel_rms(const A& actual, const B& trusted) {
+  double num = 0, den = 0;
+  for (std::size_t i = 0; i < trusted.data.size(); ++i) {
+    const double d = double(actual.data[i]) - double(trusted.data[i]);
+    num += d * d;
+    den += double(trusted.data[i]) * double(trusted.data[i]);
+  }
+  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+}
+
+double seconds(const std::function<void()>& fn, int repeats) {
+  double best = 1e300;
+  for (int r = 0; r < repeats; ++r) {
+    auto t0 = std::chrono::steady_clock::now();
+    fn();
+    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return best;
+}
+
+struct Row {
+  std::string op, impl;
+  double fwd_ms, fwd_bwd_ms, err_out, err_grad;
+};
+
+void print_row(const Row& r, std::int64_t tokens) {
+  std::printf("%-18s %-10s %10.2f %12.2f %12.0f %12.2e %12.2e\n", r.op.c_str(), r.impl.c_str(),
+              r.fwd_ms, r.fwd_bwd_ms, tokens / (r.fwd_bwd_ms / 1e3), r.err_out, r.err_grad);
+}
+
+}  // namespace
+
+int run_demo(int argc, char** argv) {
+  CLI::App app{"Run every op through every implementation; print agreement with the float64 "
+               "reference and timing."};
+  std::int64_t T = 2048, H = 4, K = 64, V = 64, B = 2;
+  int threads = 0, repeats = 2;
+  std::uint64_t seed = 0;
+  app.add_option("--batch", B, "batch size B")->check(CLI::PositiveNumber);
+  app.add_option("--seq-len", T, "tokens per sequence T")->check(CLI::PositiveNumber);
+  app.add_option("--heads", H, "heads H")->check(CLI::PositiveNumber);
+  app.add_option("--key-dim", K, "key dimension K")->check(CLI::PositiveNumber);
+  app.add_option("--value-dim", V, "value dimension V")->check(CLI::PositiveNumber);
+  app.add_option("--threads", threads, "threads (0: PHASOR_NUM_THREADS or all cores)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--repeats", repeats, "timing repeats (best is shown)")->check(CLI::PositiveNumber);
+  app.add_option("--seed", seed, "random seed");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;
+  }
+  set_num_threads(threads);
+
+  std::mt19937_64 rng(seed);
+  const std::int64_t tokens = B * T;
+  std::printf("phasor demo: B=%lld T=%lld H=%lld K=%lld V=%lld, float32 kernels vs float64 "
+              "reference, %d thread(s)\n",
+              static_cast<long long>(B), static_cast<long long>(T), static_cast<long long>(H),
+              static_cast<long long>(K), static_cast<long long>(V), num_threads());
+  std::printf("%-18s %-10s %10s %12s %12s %12s %12s\n", "op", "impl", "fwd ms", "fwd+bwd ms",
+              "tokens/s", "err(o)", "err(grads)");
+  int failures = 0;
+  const double tolerance = 1e-4;  // float32 kernels vs float64 reference, relative RMS
+  auto report = [&](const Row& r) {
+    print_row(r, tokens);
+    if (!(r.err_out <= tolerance && r.err_grad <= tolerance)) ++failures;
+  };
+
+  // ---- GLA -----------------------------------------------------------------------------------
+  {
+    F q = randn({B, T, H, K}, rng), k = randn({B, T, H, K}, rng), v = randn({B, T, H, V}, rng);
+    F g = log_gates({B, T, H, K}, rng, 3.0), h0 = randn({B, H, K, V}, rng, 0.1);
+    F d_o = randn({B, T, H, V}, rng), dht = randn({B, H, K, V}, rng, 0.1);
+    GlaParams p;
+    p.q = q.view(), p.k = k.view(), p.v = v.view(), p.g = g.view(), p.initial_state = h0.view();
+    auto run = [&](Impl impl, auto scalar, int reps, Row& row) {
+      using S = decltype(scalar);
+      Buffer<S> o({B, T, H, V}), ht({B, H, K, V});
+      Buffer<S> dq({B, T, H, K}), dk({B, T, H, K}), dv({B, T, H, V}), dg({B, T, H, K}), dh0({B, H, K, V});
+      GlaGrads grads{dq.view(), dk.view(), dv.view(), dg.view(), dh0.view()};
+      row.fwd_ms = 1e3 * seconds([&] { gla_forward(p, impl, o.view(), ht.view()); }, reps);
+      row.fwd_bwd_ms = 1e3 * seconds(
+                                 [&] {
+                                   gla_forward(p, impl, o.view(), ht.view());
+                                   gla_backward(p, impl, d_o.view(), dht.view(), grads);
+                                 },
+                                 reps);
+      return std::vector<Buffer<S>>{o, ht, dq, dk, dv, dg, dh0};
+    };
+    Row ref_row{"gla", "reference", 0, 0, 0, 0};
+    auto ref = run(Impl::reference, double{}, 1, ref_row);
+    report(ref_row);
+    for (Impl impl : {Impl::recurrent, Impl::chunk}) {
+      Row row{"gla", to_string(impl), 0, 0, 0, 0};
+      auto out = run(impl, float{}, repeats, row);
+      row.err_out = rel_rms(out[0], ref[0]);
+      for (std::size_t i = 1; i < out.size(); ++i) row.err_grad = std::max(row.err_grad, rel_rms(out[i], ref[i]));
+      report(row);
+    }
+  }
+
+  // ---- Gated DeltaNet ------------------------------------------------------------------------
+  {
+    F q = randn({B, T, H, K}, rng), k = randn({B, T, H, K}, rng), v = randn({B, T, H, V}, rng);
+    F g = log_gates({B, T, H}, rng, 4.0), beta = uniform01({B, T, H}, rng);
+    F h0 = randn({B, H, K, V}, rng, 0.1), d_o = randn({B, T, H, V}, rng), dht = randn({B, H, K, V}, rng, 0.1);
+    GatedDeltaRuleParams p;
+    p.q = q.view(), p.k = k.view(), p.v = v.view(), p.g = g.view(), p.beta = beta.view();
+    p.initial_state = h0.view();
+    p.use_qk_l2norm_in_kernel = true;
+    auto run = [&](Impl impl, auto scalar, int reps, Row& row) {
+      using S = decltype(scalar);
+      Buffer<S> o({B, T, H, V}), ht({B, H, K, V});
+      Buffer<S> dq({B, T, H, K}), dk({B, T, H, K}), dv({B, T, H, V}), dg({B, T, H}), db({B, T, H}),
+          dh0({B, H, K, V});
+      GatedDeltaRuleGrads grads{dq.view(), dk.view(), dv.view(), dg.view(), db.view(), dh0.view()};
+      row.fwd_ms = 1e3 * seconds([&] { gated_delta_rule_forward(p, impl, o.view(), ht.view()); }, reps);
+      row.fwd_bwd_ms = 1e3 * seconds(
+                                 [&] {
+                                   gated_delta_rule_forward(p, impl, o.view(), ht.view());
+                                   gated_delta_rule_backward(p, impl, d_o.view(), dht.view(), grads);
+                                 },
+                                 reps);
+      return std::vector<Buffer<S>>{o, ht, dq, dk, dv, dg, db, dh0};
+    };
+    Row ref_row{"gated_delta_rule", "reference", 0, 0, 0, 0};
+    auto ref = run(Impl::reference, double{}, 1, ref_row);
+    report(ref_row);
+    for (Impl impl : {Impl::recurrent, Impl::chunk}) {
+      Row row{"gated_delta_rule", to_string(impl), 0, 0, 0, 0};
+      auto out = run(impl, float{}, repeats, row);
+      row.err_out = rel_rms(out[0], ref[0]);
+      for (std::size_t i = 1; i < out.size(); ++i) row.err_grad = std::max(row.err_grad, rel_rms(out[i], ref[i]));
+      report(row);
+    }
+  }
+
+  // ---- FoX (forgetting attention) -------------------------------------------------------------
+  {
+    F q = randn({B, T, H, K}, rng), k = randn({B, T, H, K}, rng), v = randn({B, T, H, V}, rng);
+    F g = log_gates({B, T, H}, rng, 4.0), d_o = randn({B, T, H, V}, rng);
+    ForgettingAttnParams p;
+    p.q = q.view(), p.k = k.view(), p.v = v.view(), p.g = g.view();
+    auto run = [&](Impl impl, auto scalar, int reps, Row& row) {
+      using S = decltype(scalar);
+      Buffer<S> o({B, T, H, V}), lse({B, T, H});
+      Buffer<S> dq({B, T, H, K}), dk({B, T, H, K}), dv({B, T, H, V}), dg({B, T, H});
+      ForgettingAttnGrads grads{dq.view(), dk.view(), dv.view(), dg.view()};
+      row.fwd_ms = 1e3 * seconds([&] { forgetting_attn_forward(p, impl, o.view(), lse.view()); }, reps);
+      row.fwd_bwd_ms = 1e3 * seconds(
+                                 [&] {
+                                   forgetting_attn_forward(p, impl, o.view(), lse.view());
+                                   forgetting_attn_backward(p, impl, d_o.view(), o.view(), lse.view(), grads);
+                                 },
+                                 reps);
+      return std::vector<Buffer<S>>{o, dq, dk, dv, dg};
+    };
+    Row ref_row{"forgetting_attn", "reference", 0, 0, 0, 0};
+    auto ref = run(Impl::reference, double{}, 1, ref_row);
+    report(ref_row);
+    for (Impl impl : {Impl::recurrent, Impl::chunk}) {
+      Row row{"forgetting_attn", to_string(impl), 0, 0, 0, 0};
+      auto out = run(impl, float{}, repeats, row);
+      row.err_out = rel_rms(out[0], ref[0]);
+      for (std::size_t i = 1; i < out.size(); ++i) row.err_grad = std::max(row.err_grad, rel_rms(out[i], ref[i]));
+      report(row);
+    }
+  }
+
+  std::printf("err: relative RMS error against the float64 reference (worst over o and final "
+              "state / all gradients).\n%s\n",
+              failures ? "Some implementation disagrees with the reference." : "All implementations agree with the reference.");
+  return failures ? 1 : 0;
+}
+
+}  // namespace phasor::cli

@@ -1,0 +1,7 @@
+// phasor core API: everything except the LibTorch layer (phasor/torch.h).
+#pragma once
+
+#include "phasor/common.h"
+#include "phasor/forgetting_attn.h"
+#include "phasor/gated_delta_rule.h"
+#include "phasor/gla.h"

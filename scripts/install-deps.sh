@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Installs what phasor needs from Debian's packages (idempotent: does nothing when all are there).
+set -euo pipefail
+packages=(
+  cmake g++ make git
+  libeigen3-dev          # CPU dense math
+  libtorch-dev           # LibTorch layer, the phasor command, the task harness
+  python3-torch          # .pt interchange checks (tests/cli_roundtrip_test.py)
+  libgtest-dev libgmock-dev googletest
+  libbenchmark-dev
+  libcli11-dev libfmt-dev nlohmann-json3-dev
+  clang-format
+)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "phasor: installing ${missing[*]}"
+  SUDO=""
+  [[ $(id -u) -ne 0 ]] && SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi

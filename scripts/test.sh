@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Install, build, and run the whole test suite: GoogleTest suites and the .pt round trip (ctest),
+# then install the package and build and run examples/ against the installed copy, then a short
+# smoke run of every benchmark program.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/build.sh
+jobs=$(nproc)
+log=build/ctest.log
+(cd build && ctest --output-on-failure -j "$jobs" --timeout 900) | tee "$log"
+ctest_count=$(sed -n 's/.*tests passed, 0 tests failed out of \([0-9]*\).*/\1/p' "$log" | tail -1)
+
+echo "== install + examples/ against the installed package"
+rm -rf build/install
+cmake --install build --prefix build/install >/dev/null
+bash examples/build_and_run.sh "$PWD/build/install"
+
+echo "== benchmark smoke run (smallest size, one iteration each)"
+benches=0
+for b in build/bench/*_bench; do
+  "$b" --benchmark_filter='/1024' --benchmark_min_time=0 >/dev/null
+  echo "$(basename "$b"): ok"
+  benches=$((benches + 1))
+done
+# Every step above stops the script on failure, so reaching here means all of them passed.
+echo "tests: $((ctest_count + 1 + benches)) passed, 0 failed"
