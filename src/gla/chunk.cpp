@@ -1,1 +1,351 @@
-// placeholder: implemented by the gla work
+// GLA chunk kernel (fla's chunk_gla): chunks of C tokens, dense products through Eigen.
+//
+// Notation for one chunk of n ≤ C tokens with local indices 0 … n−1 (last = n−1), S_prev the
+// state before the chunk, S_next the state after it, all gate sums taken per key channel:
+//   P_i    = exp(Σ_{s ≤ i} g_s)          prefix from the chunk start
+//   E_j    = exp(Σ_{s ∈ (j, last]} g_s)  suffix to the chunk end
+//   D_ij   = exp(Σ_{s ∈ (j, i]} g_s)     decay from key j to query i (j ≤ i)
+// Forward (from unrolling S_t = diag(exp(g_t)) S_{t−1} + k_t v_tᵀ over the chunk):
+//   inter   o_i    = scale · (q_i ⊙ P_i)ᵀ S_prev
+//   intra   o_i   += Σ_{j ≤ i} A_ij v_j,      A_ij = scale · Σ_k q_ik k_jk D_ij,k
+//   state   S_next = diag(P_last) S_prev + Σ_j (k_j ⊙ E_j) v_jᵀ
+//
+// Stability. Every factor is ≤ 1 and computed as the exp of a sum accumulated from a nearby
+// reference point (chunk start, chunk end, or a sub-block start), never as exp(+cumsum) or as the
+// difference of two cumulative sums: with g = −20 per token the former overflows, and with a gate
+// of exactly 0 (g = −inf) the latter gives −inf − (−inf) = NaN. Sums run within one chunk only.
+// The intra part uses sub-blocks of c = 16 tokens. For a query block starting at r and keys
+// j < r, D_ij = exp(Σ_{(r, i]} g) · exp(Σ_{(j, r]} g) — both factors ≤ 1, each gate counted
+// once — so the whole off-diagonal strip is one matrix product (Q_I ⊙ F_q)(K_{<r} ⊙ F_k)ᵀ.
+// Inside a diagonal block, D_ij for j = i, i−1, … is the running product of exp(g_s) (at most
+// c − 1 factors, each ≤ 1).
+//
+// Backward: a first pass stores the state before every chunk (O(T/C · K·V) memory); the chunks
+// are then walked in reverse carrying dS (the gradient of the loss w.r.t. S_next):
+//   dS_prev = diag(P_last) dS + scale · Σ_i (q_i ⊙ P_i) do_iᵀ
+//   dq_i = scale · P_i ⊙ (S_prev do_i) + scale · Σ_{j ≤ i} dA_ij D_ij ⊙ k_j,   dA_ij = do_i · v_j
+//   dk_j = E_j ⊙ (dS v_j)              + scale · Σ_{i ≥ j} dA_ij D_ij ⊙ q_i
+//   dv_j = (k_j ⊙ E_j)ᵀ dS             + Σ_{i ≥ j} A_ij do_i
+// The gate gradient. Unrolling the direct form dg_t = exp(g_t) ⊙ rowsum(S_{t−1} ⊙ dS_t) over the
+// chunk, with S_prev as a key "before" the chunk and dS as a query "after" it, gives
+//   dg_t = Σ over pairs (key j, query i) with j < t ≤ i of that pair's term,
+// i.e. only the paths that pass through step t; every term carries the factor exp(g_t):
+//   dg_t = P_last ⊙ rowsum(S_prev ⊙ dS)                               (S_prev → S_next)
+//        + Σ_{i ≥ t} q_i ⊙ dq_i^inter                                  (S_prev → o_i)
+//        + Σ_{j < t} k_j ⊙ dk_j^state                                  (k_j → S_next)
+//        + Σ_{j < t ≤ i} M_ij,    M_ij = scale · dA_ij · q_i ⊙ k_j ⊙ D_ij  (k_j → o_i)
+// This equals the familiar Σ_{i ≥ t} (q_i ⊙ dq_i − k_i ⊙ dk_i) + rowsum(S_next ⊙ dS): the pairs
+// with t ≤ j ≤ i appear there once with each sign. We do not use that form: with strong gates
+// the true dg is ~exp(−20) times the terms that cancel, so their rounding error would swamp it.
+// Σ_{j<t≤i} M_ij is split by sub-blocks (B the block of t): pairs inside block B are summed
+// directly; pairs with i in B and j in an earlier block are q_i ⊙ dq_i^off (off = from the
+// off-diagonal strips); pairs with j in B and i in a later block are k_j ⊙ dk_j^off; pairs with
+// i after B and j before B are whole block pairs X_IJ = Σ_{i∈I, j∈J} M_ij, summed per block.
+// Every term summed is a product that passes through t: no cancellation beyond the true one.
+// GCC 12 reports a false -Wmaybe-uninitialized inside its own AVX-512 intrinsics header
+// (_mm512_undefined_pd in Eigen's vectorised double exp; GCC bug 105593). Silence only that.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+#include <Eigen/Core>
+#include <algorithm>
+
+#include "common/parallel.h"
+#include "common/slices.h"
+#include "gla/kernels.h"
+
+namespace phasor::detail::gla {
+namespace {
+
+template <class S>
+using RowVec = Eigen::Matrix<S, 1, Eigen::Dynamic>;
+
+// Sub-block size c of the intra-chunk part.
+constexpr std::int64_t kSubBlock = 16;
+
+// Buffers for one chunk of one (sequence, head) pair, reused from chunk to chunk.
+template <class S>
+struct ChunkWork {
+  std::int64_t n = 0;  // tokens in the chunk
+  S scale = 1;
+  Mat<S> q, k, v, g, d_out;   // the chunk's inputs
+  Mat<S> decay;               // exp(g_t)
+  Mat<S> prefix;              // P_i
+  Mat<S> suffix;              // E_j
+  Mat<S> running;             // scratch: running gate sums
+  Mat<S> q_p;                 // scale · q ⊙ P
+  Mat<S> k_e;                 // k ⊙ E
+  Mat<S> attn;                // A, n × n, lower triangular (zero above the diagonal)
+  Mat<S> f_q, f_k, q_f, k_f;  // sub-block factors and the scaled rows they multiply
+  Mat<S> out;
+  // Backward only.
+  Mat<S> d_attn;                     // dA_ij = do_i · v_j
+  Mat<S> dq_inter, dq_off, dq_diag;  // parts of dq (see the file comment)
+  Mat<S> dk_state, dk_off, dk_diag;  // parts of dk
+  Mat<S> dq, dk, dv, dg;             // full gradients of the chunk
+  Mat<S> key_grad, key_terms;        // one strip's dk contribution, and k ⊙ it
+  Mat<S> pair_terms;                 // M_ij for one query row of a diagonal block
+  Mat<S> cross_diag;                 // Σ of M_ij over in-block pairs j < t ≤ i
+  Mat<S> cross_blocks;               // Σ of X_IJ over blocks J < B < I, one row per B
+  RowVec<S> qd, kd, acc;
+
+  void load(const Problem& p, const Sequence& part, std::int64_t h, bool with_q,
+            const TensorView& d_o) {
+    n = part.length;
+    scale = static_cast<S>(p.scale);
+    if (with_q) load_rows(p.q, part, h, q);
+    load_rows(p.k, part, h, k);
+    load_rows(p.v, part, h, v);
+    load_rows(p.g, part, h, g);
+    if (d_o.defined()) load_rows(d_o, part, h, d_out);
+  }
+
+  // decay, P (prefix) and E (suffix), each from sums accumulated inside the chunk.
+  void gate_factors() {
+    const std::int64_t K = g.cols();
+    decay = g.array().exp().matrix();
+    running.resize(n, K);
+    running.row(0) = g.row(0);
+    for (std::int64_t i = 1; i < n; ++i) running.row(i) = running.row(i - 1) + g.row(i);
+    prefix = running.array().exp().matrix();
+    running.row(n - 1).setZero();
+    for (std::int64_t j = n - 2; j >= 0; --j) running.row(j) = running.row(j + 1) + g.row(j + 1);
+    suffix = running.array().exp().matrix();
+  }
+
+  // For the query block [r, r + rows) and the keys [0, r):
+  //   f_q[m] = exp(Σ_{s ∈ (r, r+m]} g_s),  f_k[j] = exp(Σ_{s ∈ (j, r]} g_s)
+  // so that D_{r+m, j} = f_q[m] ⊙ f_k[j]; q_f = q ⊙ f_q and k_f = k ⊙ f_k.
+  void block_factors(std::int64_t r, std::int64_t rows) {
+    // `running` (n × K, from gate_factors) is the scratch; max(rows, r) ≤ n.
+    running.row(0).setZero();
+    for (std::int64_t m = 1; m < rows; ++m) running.row(m) = running.row(m - 1) + g.row(r + m);
+    f_q = running.topRows(rows).array().exp().matrix();
+    running.row(r - 1) = g.row(r);
+    for (std::int64_t j = r - 2; j >= 0; --j) running.row(j) = running.row(j + 1) + g.row(j + 1);
+    f_k = running.topRows(r).array().exp().matrix();
+    q_f = (q.middleRows(r, rows).array() * f_q.array()).matrix();
+    k_f = (k.topRows(r).array() * f_k.array()).matrix();
+  }
+
+  // A (scale included), lower triangular.
+  void intra_attention() {
+    attn.setZero(n, n);
+    for (std::int64_t r = 0; r < n; r += kSubBlock) {
+      const std::int64_t rows = std::min(kSubBlock, n - r);
+      if (r > 0) {
+        block_factors(r, rows);
+        attn.block(r, 0, rows, r).noalias() = scale * (q_f * k_f.transpose());
+      }
+      for (std::int64_t i = r; i < r + rows; ++i) {
+        qd = q.row(i);  // q_i ⊙ D_ij, for j = i, i − 1, …, r
+        attn(i, i) = scale * qd.dot(k.row(i));
+        for (std::int64_t j = i - 1; j >= r; --j) {
+          qd.array() *= decay.row(j + 1).array();
+          attn(i, j) = scale * qd.dot(k.row(j));
+        }
+      }
+    }
+  }
+
+  // o = scale (q ⊙ P) S_prev + A v.
+  void forward_output(const Mat<S>& state) {
+    q_p = scale * (q.array() * prefix.array()).matrix();
+    out.noalias() = q_p * state;
+    intra_attention();
+    out.noalias() += attn.template triangularView<Eigen::Lower>() * v;
+  }
+
+  // state ← diag(P_last) state + (k ⊙ E)ᵀ v.
+  template <class State>
+  void advance_state(State&& state) {
+    k_e = (k.array() * suffix.array()).matrix();
+    state.array().colwise() *= prefix.row(n - 1).transpose().array();
+    state.noalias() += k_e.transpose() * v;
+  }
+
+  // Gradients of the chunk given S_prev and dS (the gradient w.r.t. S_next); then replaces dS
+  // by the gradient w.r.t. S_prev. Expects load(…, d_o) and gate_factors() done.
+  template <class State>
+  void backward(const State& state_prev, Mat<S>& d_state) {
+    const std::int64_t K = q.cols();
+    q_p = scale * (q.array() * prefix.array()).matrix();
+    k_e = (k.array() * suffix.array()).matrix();
+
+    d_attn.noalias() = d_out * v.transpose();
+    dq_inter.noalias() = d_out * state_prev.transpose();
+    dq_inter.array() *= scale * prefix.array();
+    dk_state.noalias() = v * d_state.transpose();
+    dk_state.array() *= suffix.array();
+    dv.noalias() = k_e * d_state;
+
+    const std::int64_t num_blocks = (n + kSubBlock - 1) / kSubBlock;
+    attn.setZero(n, n);
+    dq_off.setZero(n, K);
+    dk_off.setZero(n, K);
+    dq_diag.setZero(n, K);
+    dk_diag.setZero(n, K);
+    cross_diag.setZero(n, K);
+    cross_blocks.setZero(num_blocks, K);
+    pair_terms.resize(kSubBlock, K);
+    for (std::int64_t block = 0; block < num_blocks; ++block) {
+      const std::int64_t r = block * kSubBlock, rows = std::min(kSubBlock, n - r);
+      if (r > 0) {
+        // Off-diagonal strip: queries [r, r + rows), keys [0, r).
+        block_factors(r, rows);
+        attn.block(r, 0, rows, r).noalias() = scale * (q_f * k_f.transpose());
+        const auto d_strip = d_attn.block(r, 0, rows, r);
+        dq_off.middleRows(r, rows).noalias() = scale * (d_strip * k_f);
+        dq_off.middleRows(r, rows).array() *= f_q.array();
+        key_grad.noalias() = scale * (d_strip.transpose() * q_f);
+        key_grad.array() *= f_k.array();
+        dk_off.topRows(r) += key_grad;
+        // X_{block, J} for each earlier key block J; cross_blocks[B] collects Σ_{J<B} X_{block,J}
+        // for every B strictly between J and this query block.
+        key_terms = (k.topRows(r).array() * key_grad.array()).matrix();
+        acc.setZero(K);
+        for (std::int64_t key_block = 0; key_block < block; ++key_block) {
+          cross_blocks.row(key_block) += acc;
+          acc += key_terms.middleRows(key_block * kSubBlock, kSubBlock).colwise().sum();
+        }
+      }
+      // Diagonal block: pairs r ≤ j ≤ i < r + rows, D_ij as a running product.
+      for (std::int64_t i = r; i < r + rows; ++i) {
+        acc.setOnes(K);  // D_ij
+        for (std::int64_t j = i; j >= r; --j) {
+          if (j < i) acc.array() *= decay.row(j + 1).array();
+          kd = (k.row(j).array() * acc.array()).matrix();  // D_ij ⊙ k_j
+          qd = (q.row(i).array() * acc.array()).matrix();  // D_ij ⊙ q_i
+          attn(i, j) = scale * q.row(i).dot(kd);
+          const S w = scale * d_attn(i, j);
+          dq_diag.row(i) += w * kd;
+          dk_diag.row(j) += w * qd;
+          if (j < i) pair_terms.row(j - r) = w * (q.row(i).array() * kd.array()).matrix();
+        }
+        // dg_t += Σ_{r ≤ j < t} M_ij for r < t ≤ i.
+        acc.setZero(K);
+        for (std::int64_t j = r; j < i; ++j) {
+          acc += pair_terms.row(j - r);
+          cross_diag.row(j + 1) += acc;
+        }
+      }
+    }
+    dv.noalias() += attn.template triangularView<Eigen::Lower>().transpose() * d_out;
+    dq = dq_inter + dq_off + dq_diag;
+    dk = dk_state + dk_off + dk_diag;
+
+    // dg (see the file comment). Chunk-wide parts first.
+    dg.resize(n, K);
+    acc.setZero(K);
+    for (std::int64_t t = n - 1; t >= 0; --t) {  // Σ_{i ≥ t} q_i ⊙ dq_i^inter
+      acc += (q.row(t).array() * dq_inter.row(t).array()).matrix();
+      dg.row(t) = acc;
+    }
+    acc.setZero(K);
+    for (std::int64_t t = 0; t < n; ++t) {  // Σ_{j < t} k_j ⊙ dk_j^state
+      dg.row(t) += acc;
+      acc += (k.row(t).array() * dk_state.row(t).array()).matrix();
+    }
+    // S_prev → S_next: P_last ⊙ rowsum(S_prev ⊙ dS), the same for every t.
+    acc = (prefix.row(n - 1).array() *
+           (state_prev.array() * d_state.array()).rowwise().sum().transpose())
+              .matrix();
+    dg.rowwise() += acc;
+    dg += cross_diag;
+    for (std::int64_t block = 0; block < num_blocks; ++block) {
+      const std::int64_t r = block * kSubBlock, rows = std::min(kSubBlock, n - r);
+      dg.middleRows(r, rows).rowwise() += cross_blocks.row(block);
+      acc.setZero(K);
+      for (std::int64_t t = r; t < r + rows; ++t) {  // Σ_{j ∈ B, j < t} k_j ⊙ dk_j^off
+        dg.row(t) += acc;
+        acc += (k.row(t).array() * dk_off.row(t).array()).matrix();
+      }
+      acc.setZero(K);
+      for (std::int64_t t = r + rows - 1; t >= r; --t) {  // Σ_{i ∈ B, i ≥ t} q_i ⊙ dq_i^off
+        acc += (q.row(t).array() * dq_off.row(t).array()).matrix();
+        dg.row(t) += acc;
+      }
+    }
+
+    // dS_prev = diag(P_last) dS + scale Σ_i (q_i ⊙ P_i) do_iᵀ.
+    d_state.array().colwise() *= prefix.row(n - 1).transpose().array();
+    d_state.noalias() += q_p.transpose() * d_out;
+  }
+};
+
+template <class S>
+void forward_item(const Problem& p, std::int64_t n, std::int64_t h, const TensorView& o,
+                  const TensorView& final_state) {
+  const Sequence& s = p.sequences[static_cast<std::size_t>(n)];
+  Mat<S> state = Mat<S>::Zero(p.K, p.V);
+  if (p.initial_state.defined()) load_state(p.initial_state, n, h, state);
+  ChunkWork<S> work;
+  for (std::int64_t offset = 0; offset < s.length; offset += p.chunk_size) {
+    const Sequence part = subsequence(s, offset, std::min(p.chunk_size, s.length - offset));
+    work.load(p, part, h, /*with_q=*/true, TensorView{});
+    work.gate_factors();
+    work.forward_output(state);
+    store_rows(work.out, o, part, h);
+    work.advance_state(state);
+  }
+  if (final_state.defined()) store_state(state, final_state, n, h);
+}
+
+template <class S>
+void backward_item(const Problem& p, std::int64_t n, std::int64_t h, const TensorView& d_o,
+                   const TensorView& d_final_state, const GlaGrads& grads) {
+  const Sequence& s = p.sequences[static_cast<std::size_t>(n)];
+  const std::int64_t C = p.chunk_size, K = p.K, V = p.V;
+  const std::int64_t num_chunks = (s.length + C - 1) / C;
+  ChunkWork<S> work;
+
+  // Pass 1: states[c] = the state before chunk c.
+  Mat<S> states(num_chunks * K, V);
+  Mat<S> state = Mat<S>::Zero(K, V);
+  if (p.initial_state.defined()) load_state(p.initial_state, n, h, state);
+  for (std::int64_t c = 0; c < num_chunks; ++c) {
+    states.middleRows(c * K, K) = state;
+    const Sequence part = subsequence(s, c * C, std::min(C, s.length - c * C));
+    work.load(p, part, h, /*with_q=*/false, TensorView{});
+    work.gate_factors();
+    work.advance_state(state);
+  }
+
+  // Pass 2: chunks in reverse, carrying dS.
+  Mat<S> d_state = Mat<S>::Zero(K, V);
+  if (d_final_state.defined()) load_state(d_final_state, n, h, d_state);
+  for (std::int64_t c = num_chunks - 1; c >= 0; --c) {
+    const Sequence part = subsequence(s, c * C, std::min(C, s.length - c * C));
+    work.load(p, part, h, /*with_q=*/true, d_o);
+    work.gate_factors();
+    work.backward(states.middleRows(c * K, K), d_state);
+    if (grads.dq.defined()) store_rows(work.dq, grads.dq, part, h);
+    if (grads.dk.defined()) store_rows(work.dk, grads.dk, part, h);
+    if (grads.dv.defined()) store_rows(work.dv, grads.dv, part, h);
+    if (grads.dg.defined()) store_rows(work.dg, grads.dg, part, h);
+  }
+  if (grads.dh0.defined()) store_state(d_state, grads.dh0, n, h);
+}
+
+}  // namespace
+
+void chunk_forward(const Problem& p, const TensorView& o, const TensorView& final_state) {
+  dispatch_float(p.q, [&](auto zero) {
+    using S = decltype(zero);
+    parallel_for(p.num_work_items(), [&](std::int64_t item) {
+      forward_item<S>(p, item / p.H, item % p.H, o, final_state);
+    });
+  });
+}
+
+void chunk_backward(const Problem& p, const TensorView& d_o, const TensorView& d_final_state,
+                    const GlaGrads& grads) {
+  dispatch_float(p.q, [&](auto zero) {
+    using S = decltype(zero);
+    parallel_for(p.num_work_items(), [&](std::int64_t item) {
+      backward_item<S>(p, item / p.H, item % p.H, d_o, d_final_state, grads);
+    });
+  });
+}
+
+}  // namespace phasor::detail::gla
