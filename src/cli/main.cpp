@@ -1,1 +1,45 @@
-int main(){return 0;}
+// `phasor`: dispatches to the subcommands declared in cli/commands.h.
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <string>
+
+#include "cli/commands.h"
+
+namespace {
+
+constexpr const char* kUsage =
+    "usage: phasor <command> [options]\n"
+    "\n"
+    "commands:\n"
+    "  op NAME --in in.pt --out out.pt [...]  run one op on tensors saved with torch.save\n"
+    "                                         (NAME: gla, gated_delta_rule, forgetting_attn or an\n"
+    "                                         fla name such as chunk_gla); see `phasor op --help`\n"
+    "  demo [...]                             every op through every implementation against the\n"
+    "                                         float64 reference, with timings; see `phasor demo "
+    "--help`\n";
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    std::fputs(kUsage, stderr);
+    return 2;
+  }
+  const std::string command = argv[1];
+  if (command == "-h" || command == "--help" || command == "help") {
+    std::fputs(kUsage, stdout);
+    return 0;
+  }
+  try {
+    // The subcommand sees its own name as argv[0].
+    if (command == "op") return phasor::cli::run_op(argc - 1, argv + 1);
+    if (command == "demo") return phasor::cli::run_demo(argc - 1, argv + 1);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "phasor %s: %s\n", command.c_str(), e.what());
+    return 1;
+  }
+  std::fprintf(stderr, "phasor: unknown command '%s'; expected one of: op, demo\n\n%s",
+               command.c_str(), kUsage);
+  return 2;
+}

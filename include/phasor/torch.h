@@ -1,0 +1,150 @@
+// phasor LibTorch layer: fla-named entry points on at::Tensor, differentiable through autograd.
+//
+//   #include <phasor/torch.h>        // CMake: target_link_libraries(app PRIVATE phasor::torch)
+//   auto [o, final_state] = phasor::chunk_gla(q, k, v, g, /*scale=*/{}, h0, true);
+//   (o * o).sum().backward();        // fills q.grad(), k.grad(), v.grad(), g.grad(), h0.grad()
+//
+// Semantics, argument names and layouts are fla's and those of the core headers
+// (phasor/gla.h, phasor/gated_delta_rule.h, phasor/forgetting_attn.h), which give the equations.
+//
+// Tensors, for every function below:
+//  - device: CPU only.
+//  - floating arguments (q, k, v, g, beta, initial_state) may be float32, float64, float16 or
+//    bfloat16, with any strides (they go to the kernels without a copy when float32/float64).
+//    float16/bfloat16 arguments are first converted to float32 (differentiably) and computed in
+//    float32; o is then cast back to q's dtype.
+//  - the compute type is q's dtype after that conversion: float32 computes and accumulates in
+//    float32, float64 in float64 (Impl::reference always computes in float64).
+//  - o has q's dtype. final_state is float64 when q is float64, else float32.
+//  - cu_seqlens: int32 or int64 [N + 1], packed variable-length sequences (B must be 1); N is the
+//    number of sequences. Without it, N = B.
+//  - scale: defaults to K^-1/2.
+//
+// Autograd: every floating input that requires grad gets its gradient (q, k, v, g, beta,
+// initial_state). The gradient flowing into final_state (fla's dht) is used when final_state
+// takes part in the loss; gradients of unused outputs count as zero. The backward pass runs the
+// core *_backward with the same Impl as the forward. Gradients are first order only (the
+// backward pass itself is not differentiable).
+//
+// Errors: bad input raises c10::Error (as TORCH_CHECK does) whose message names the op, the
+// argument, what was expected and what was given, e.g.
+//   "chunk_gla: argument 'k': expected shape [B=1, T=10, H=4, K=32], got shape [1, 10, 4, 16]".
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/util/Optional.h>
+
+#include <cstdint>
+#include <tuple>
+
+#include "phasor/common.h"
+#include "phasor/forgetting_attn.h"
+
+namespace phasor {
+
+// (o, final_state): final_state is present iff output_final_state was set.
+using OutputAndState = std::tuple<at::Tensor, c10::optional<at::Tensor>>;
+
+// ---- Gated Linear Attention ---------------------------------------------------------------------
+// q, k, g: [B, T, H, K]; v: [B, T, H, V]; initial_state: [N, H, K, V]; o: [B, T, H, V];
+// final_state: [N, H, K, V]. g: log forget gates (≤ 0, −inf allowed), per token and key channel.
+// chunk_size: Impl::chunk only, any positive value.
+OutputAndState gla(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                   const at::Tensor& g, Impl impl, c10::optional<double> scale = c10::nullopt,
+                   const c10::optional<at::Tensor>& initial_state = c10::nullopt,
+                   bool output_final_state = false,
+                   const c10::optional<at::Tensor>& cu_seqlens = c10::nullopt,
+                   std::int64_t chunk_size = 64);
+
+// gla(..., Impl::chunk, ...).
+OutputAndState chunk_gla(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                         const at::Tensor& g, c10::optional<double> scale = c10::nullopt,
+                         const c10::optional<at::Tensor>& initial_state = c10::nullopt,
+                         bool output_final_state = false,
+                         const c10::optional<at::Tensor>& cu_seqlens = c10::nullopt,
+                         std::int64_t chunk_size = 64);
+
+// gla(..., Impl::recurrent, ...).
+OutputAndState fused_recurrent_gla(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                   const at::Tensor& g, c10::optional<double> scale = c10::nullopt,
+                                   const c10::optional<at::Tensor>& initial_state = c10::nullopt,
+                                   bool output_final_state = false,
+                                   const c10::optional<at::Tensor>& cu_seqlens = c10::nullopt);
+
+// ---- Gated DeltaNet
+// ------------------------------------------------------------------------------- q, k: [B, T, H,
+// K]; v: [B, T, HV, V] (HV a multiple of H; value head hv reads q/k head hv / (HV / H)); g, beta:
+// [B, T, HV]; initial_state: [N, HV, K, V]; o: [B, T, HV, V]; final_state: [N, HV, K, V]. g: scalar
+// log decay per token and head (≤ 0); beta ∈ [0, 2]. use_qk_l2norm_in_kernel: divide q and k by
+// sqrt(Σx² + 1e-6) first (differentiated through).
+OutputAndState gated_delta_rule(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                const at::Tensor& g, const at::Tensor& beta, Impl impl,
+                                c10::optional<double> scale = c10::nullopt,
+                                const c10::optional<at::Tensor>& initial_state = c10::nullopt,
+                                bool output_final_state = false,
+                                const c10::optional<at::Tensor>& cu_seqlens = c10::nullopt,
+                                bool use_qk_l2norm_in_kernel = false, std::int64_t chunk_size = 64);
+
+// gated_delta_rule(..., Impl::chunk, ...).
+OutputAndState chunk_gated_delta_rule(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                      const at::Tensor& g, const at::Tensor& beta,
+                                      c10::optional<double> scale = c10::nullopt,
+                                      const c10::optional<at::Tensor>& initial_state = c10::nullopt,
+                                      bool output_final_state = false,
+                                      const c10::optional<at::Tensor>& cu_seqlens = c10::nullopt,
+                                      bool use_qk_l2norm_in_kernel = false,
+                                      std::int64_t chunk_size = 64);
+
+// gated_delta_rule(..., Impl::recurrent, ...).
+OutputAndState fused_recurrent_gated_delta_rule(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g,
+    const at::Tensor& beta, c10::optional<double> scale = c10::nullopt,
+    const c10::optional<at::Tensor>& initial_state = c10::nullopt, bool output_final_state = false,
+    const c10::optional<at::Tensor>& cu_seqlens = c10::nullopt,
+    bool use_qk_l2norm_in_kernel = false);
+
+// ---- Forgetting attention (FoX)
+// --------------------------------------------------------------------- q: [B, T, HQ, K]; k: [B, T,
+// H, K]; v: [B, T, H, V] (HQ a multiple of H); g: [B, T, HQ], log forget gates (≤ 0); o: [B, T, HQ,
+// V]. window_size: attend to the last window_size tokens (≥ 1), or to the whole causal prefix when
+// absent. block_size: Impl::chunk tile size. Impl::chunk is the tiled flash-style kernel,
+// Impl::recurrent the token-by-token decode path.
+at::Tensor forgetting_attn(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                           const at::Tensor& g, Impl impl,
+                           c10::optional<double> scale = c10::nullopt,
+                           c10::optional<std::int64_t> window_size = c10::nullopt,
+                           const c10::optional<at::Tensor>& cu_seqlens = c10::nullopt,
+                           std::int64_t block_size = 64);
+
+// forgetting_attn(..., Impl::chunk, ...).
+at::Tensor parallel_forgetting_attn(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                    const at::Tensor& g, c10::optional<double> scale = c10::nullopt,
+                                    c10::optional<std::int64_t> window_size = c10::nullopt,
+                                    const c10::optional<at::Tensor>& cu_seqlens = c10::nullopt,
+                                    std::int64_t block_size = 64);
+
+// FoX decoding with a key/value cache (wraps phasor::ForgettingAttnCache): feed one token per
+// batch row at a time; o equals the corresponding row of parallel_forgetting_attn over all tokens
+// fed so far. Inference only: step() records no autograd graph.
+class ForgettingAttnDecoder {
+ public:
+  // batch B, query heads HQ, key/value heads H (HQ a multiple of H), key dim K, value dim V.
+  ForgettingAttnDecoder(std::int64_t batch, std::int64_t num_q_heads, std::int64_t num_kv_heads,
+                        std::int64_t head_dim, std::int64_t value_dim,
+                        c10::optional<std::int64_t> window_size = c10::nullopt,
+                        c10::optional<double> scale = c10::nullopt);
+
+  // q: [B, 1, HQ, K], k: [B, 1, H, K], v: [B, 1, H, V], g: [B, 1, HQ] (CPU, any float dtype).
+  // Returns o: [B, 1, HQ, V] in q's dtype.
+  at::Tensor step(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                  const at::Tensor& g);
+  std::int64_t length() const;  // tokens fed so far
+  void reset();                 // forget every token
+
+ private:
+  ForgettingAttnCache cache_;
+  std::int64_t num_q_heads_, value_dim_;
+  c10::optional<double> scale_;
+};
+
+}  // namespace phasor
