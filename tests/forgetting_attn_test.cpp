@@ -1,2 +1,814 @@
-#include <gtest/gtest.h>
-// placeholder
+// Tests of forgetting attention (include/phasor/forgetting_attn.h): the float64 reference against
+// a brute-force evaluation of the definition and against finite differences; the chunk (tiled)
+// and recurrent (decode) kernels, forward and backward, float32 and float64, against the
+// reference on random and adversarial inputs; a 65,536-token sequence; ForgettingAttnCache step
+// by step; thread-count invariance; argument validation.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <functional>
+#include <limits>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "phasor/forgetting_attn.h"
+#include "test_util.h"
+
+namespace phasor {
+namespace {
+
+using testing::Tensor;
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+enum class Gates {
+  realistic,  // log σ(x), x ~ N(2, 1): mostly ≈ −0.1
+  strong,     // ≈ −20 per token
+  zeros,      // realistic with 20% gates of exactly 0 (g = −inf), the first one always
+  weak,       // ≈ −1e-4: nearly plain causal attention
+  mixed,      // each token one of the above
+};
+
+Tensor make_gates(Gates kind, const std::vector<std::int64_t>& shape, std::mt19937_64& rng) {
+  Tensor g = testing::log_sigmoid_gates(shape, rng, 2.0, 1.0);
+  std::uniform_real_distribution<double> unit(0.0, 1.0);
+  for (std::int64_t i = 0; i < g.numel(); ++i) {
+    Gates token_kind = kind;
+    if (kind == Gates::mixed) token_kind = static_cast<Gates>(static_cast<int>(4 * unit(rng)));
+    switch (token_kind) {
+      case Gates::realistic:
+      case Gates::mixed:
+        break;
+      case Gates::strong:
+        g.set(i, -20.0 - unit(rng));
+        break;
+      case Gates::zeros:
+        if (i == 0 || unit(rng) < 0.2) g.set(i, -kInf);
+        break;
+      case Gates::weak:
+        g.set(i, -1e-4 * unit(rng));
+        break;
+    }
+  }
+  return g;
+}
+
+// An input or output tensor, either contiguous or laid out as a non-contiguous view: dims 1 and
+// 2 swapped in memory and the last dimension padded.
+struct Arg {
+  Tensor data;       // the values, contiguous, in the logical shape
+  Tensor storage;    // strided only: the memory behind view
+  TensorView view_;  // strided only
+  bool strided = false;
+
+  Arg() = default;
+  Arg(Tensor t, bool strided_layout) : data(std::move(t)), strided(strided_layout) {
+    if (strided) make_strided();
+  }
+  TensorView view() const { return strided ? view_ : data.view(); }
+  // After a call wrote into view(): the values in the logical shape.
+  Tensor values() const {
+    if (!strided) return data;
+    Tensor out = data;
+    for_each([&](std::int64_t flat, std::int64_t offset) { out.set(flat, storage.at(offset)); });
+    return out;
+  }
+
+ private:
+  template <class F>
+  void for_each(F&& f) const {
+    const auto& shape = data.shape();
+    std::vector<std::int64_t> idx(shape.size(), 0);
+    for (std::int64_t flat = 0; flat < data.numel(); ++flat) {
+      std::int64_t rem = flat, offset = 0;
+      for (int d = static_cast<int>(shape.size()) - 1; d >= 0; --d) {
+        idx[static_cast<std::size_t>(d)] = rem % shape[static_cast<std::size_t>(d)];
+        rem /= shape[static_cast<std::size_t>(d)];
+        offset += idx[static_cast<std::size_t>(d)] * view_.strides[static_cast<std::size_t>(d)];
+      }
+      f(flat, offset);
+    }
+  }
+  void make_strided() {
+    const auto& shape = data.shape();
+    const int rank = static_cast<int>(shape.size());
+    std::vector<int> order(static_cast<std::size_t>(rank));  // storage dim k holds logical dim
+    for (int d = 0; d < rank; ++d) order[static_cast<std::size_t>(d)] = d;
+    if (rank >= 3) std::swap(order[1], order[2]);
+    std::vector<std::int64_t> storage_shape(static_cast<std::size_t>(rank));
+    for (int d = 0; d < rank; ++d)
+      storage_shape[static_cast<std::size_t>(d)] =
+          shape[static_cast<std::size_t>(order[static_cast<std::size_t>(d)])];
+    storage_shape.back() += 1;
+    storage = Tensor(storage_shape, data.dtype());
+    storage.fill(kNaN);
+    view_ = storage.view();
+    std::int64_t stride = 1;
+    for (int d = rank - 1; d >= 0; --d) {
+      const auto logical = static_cast<std::size_t>(order[static_cast<std::size_t>(d)]);
+      view_.sizes[logical] = shape[logical];
+      view_.strides[logical] = stride;
+      stride *= storage_shape[static_cast<std::size_t>(d)];
+    }
+    for_each([&](std::int64_t flat, std::int64_t offset) { storage.set(offset, data.at(flat)); });
+  }
+};
+
+struct Problem {
+  Tensor q, k, v, g, d_o;
+  Tensor cu;  // undefined: none
+  std::optional<std::int64_t> window;
+  std::optional<double> scale;
+  std::int64_t block_size = 64;
+  bool strided = false;
+
+  std::int64_t B() const { return q.shape()[0]; }
+  std::int64_t T() const { return q.shape()[1]; }
+  std::int64_t HQ() const { return q.shape()[2]; }
+  std::int64_t H() const { return k.shape()[2]; }
+  std::int64_t K() const { return q.shape()[3]; }
+  std::int64_t V() const { return v.shape()[3]; }
+
+  Problem to(DType dtype) const {
+    Problem p = *this;
+    p.q = q.to(dtype);
+    p.k = k.to(dtype);
+    p.v = v.to(dtype);
+    p.g = g.to(dtype);
+    p.d_o = d_o.to(dtype);
+    return p;
+  }
+};
+
+struct Shape {
+  std::int64_t B, T, HQ, H, K, V;
+};
+
+Problem make_problem(const Shape& s, Gates gates, std::mt19937_64& rng, double logit_gain = 1.0) {
+  Problem p;
+  p.q = testing::randn({s.B, s.T, s.HQ, s.K}, rng, logit_gain);
+  p.k = testing::randn({s.B, s.T, s.H, s.K}, rng);
+  p.v = testing::randn({s.B, s.T, s.H, s.V}, rng);
+  p.g = make_gates(gates, {s.B, s.T, s.HQ}, rng);
+  p.d_o = testing::randn({s.B, s.T, s.HQ, s.V}, rng);
+  return p;
+}
+
+// Views of the problem's inputs (kept alive by the Args).
+struct Inputs {
+  Arg q, k, v, g, d_o;
+  ForgettingAttnParams params;
+  explicit Inputs(const Problem& p)
+      : q(p.q, p.strided),
+        k(p.k, p.strided),
+        v(p.v, p.strided),
+        g(p.g, p.strided),
+        d_o(p.d_o, p.strided) {
+    params.q = q.view();
+    params.k = k.view();
+    params.v = v.view();
+    params.g = g.view();
+    params.cu_seqlens = p.cu.view();
+    params.scale = p.scale;
+    params.window_size = p.window;
+    params.block_size = p.block_size;
+  }
+};
+
+Arg nan_output(const std::vector<std::int64_t>& shape, DType dtype, bool strided) {
+  Tensor t(shape, dtype);
+  t.fill(kNaN);  // every element must be overwritten
+  return Arg(std::move(t), strided);
+}
+
+// The reference writes float64 outputs (no rounding of the trusted values); the kernels write
+// outputs of the input's dtype.
+DType output_dtype(const Problem& p, Impl impl) {
+  return impl == Impl::reference ? DType::float64 : p.q.dtype();
+}
+
+struct Forward {
+  Tensor o, lse;
+};
+
+Forward run_forward(const Problem& p, Impl impl) {
+  Inputs in(p);
+  const DType dt = output_dtype(p, impl);
+  Arg o = nan_output({p.B(), p.T(), p.HQ(), p.V()}, dt, p.strided);
+  Arg lse = nan_output({p.B(), p.T(), p.HQ()}, dt, p.strided);
+  forgetting_attn_forward(in.params, impl, o.view(), lse.view());
+  return {o.values(), lse.values()};
+}
+
+struct Grads {
+  Tensor dq, dk, dv, dg;
+};
+
+// saved: the forward outputs to pass to the backward (null: the backward recomputes them).
+Grads run_backward(const Problem& p, Impl impl, const Forward* saved) {
+  Inputs in(p);
+  const DType dt = output_dtype(p, impl);
+  Arg dq = nan_output(p.q.shape(), dt, p.strided), dk = nan_output(p.k.shape(), dt, p.strided),
+      dv = nan_output(p.v.shape(), dt, p.strided), dg = nan_output(p.g.shape(), dt, p.strided);
+  Arg o, lse;
+  if (saved) {
+    o = Arg(saved->o, p.strided);
+    lse = Arg(saved->lse, p.strided);
+  }
+  forgetting_attn_backward(in.params, impl, in.d_o.view(), saved ? o.view() : TensorView{},
+                           saved ? lse.view() : TensorView{},
+                           {dq.view(), dk.view(), dv.view(), dg.view()});
+  return {dq.values(), dk.values(), dv.values(), dg.values()};
+}
+
+// ---- the reference against the definition -----------------------------------------------------
+
+// o, lse and the gradients of Σ d_o ⊙ o straight from the definition, in long double (x87
+// extended precision on x86-64), with the gate sum Σ_{s ∈ (j, i]} g_s added up for every pair
+// separately and dg_s = Σ_{(i, j): j < s ≤ i} dℓ_ij likewise (O(T³); independent of the
+// reference's running sums).
+struct BruteForce {
+  Forward forward;
+  Grads grads;
+};
+
+BruteForce brute_force(const Problem& p) {
+  using Real = long double;
+  const std::int64_t B = p.B(), T = p.T(), HQ = p.HQ(), H = p.H(), K = p.K(), V = p.V();
+  BruteForce out{{Tensor::zeros({B, T, HQ, V}), Tensor::zeros({B, T, HQ})},
+                 {Tensor::zeros(p.q.shape()), Tensor::zeros(p.k.shape()),
+                  Tensor::zeros(p.v.shape()), Tensor::zeros(p.g.shape())}};
+  const Real scale = p.scale.value_or(1.0 / std::sqrt(static_cast<double>(K)));
+  auto idx4 = [](const Tensor& x, std::int64_t b, std::int64_t t, std::int64_t h, std::int64_t c) {
+    const auto& s = x.shape();
+    return ((b * s[1] + t) * s[2] + h) * s[3] + c;
+  };
+  auto add = [](Tensor& x, std::int64_t i, Real v) { x.set(i, x.at(i) + static_cast<double>(v)); };
+  for (std::int64_t b = 0; b < B; ++b)
+    for (std::int64_t hq = 0; hq < HQ; ++hq) {
+      const std::int64_t h = hq / (HQ / H);
+      for (std::int64_t i = 0; i < T; ++i) {
+        std::vector<Real> logits(static_cast<std::size_t>(i + 1), -kInf);
+        for (std::int64_t j = 0; j <= i; ++j) {
+          if (p.window && i - j >= *p.window) continue;
+          Real gate_sum = 0, qk = 0;
+          for (std::int64_t s = j + 1; s <= i; ++s) gate_sum += p.g.at((b * T + s) * HQ + hq);
+          for (std::int64_t c = 0; c < K; ++c)
+            qk += static_cast<Real>(p.q.at(idx4(p.q, b, i, hq, c))) * p.k.at(idx4(p.k, b, j, h, c));
+          logits[static_cast<std::size_t>(j)] = scale * qk + gate_sum;
+        }
+        const Real max_logit = *std::max_element(logits.begin(), logits.end());
+        Real normaliser = 0;
+        for (Real l : logits) normaliser += std::exp(l - max_logit);
+        std::vector<Real> prob(logits.size()), dprob(logits.size());
+        for (std::size_t j = 0; j < logits.size(); ++j)
+          prob[j] = std::exp(logits[j] - max_logit) / normaliser;
+        out.forward.lse.set((b * T + i) * HQ + hq,
+                            static_cast<double>(max_logit + std::log(normaliser)));
+        Real weighted = 0;  // Σ_j P_ij dP_ij
+        for (std::int64_t j = 0; j <= i; ++j) {
+          Real d = 0;
+          for (std::int64_t c = 0; c < V; ++c)
+            d += static_cast<Real>(p.d_o.at(idx4(p.d_o, b, i, hq, c))) *
+                 p.v.at(idx4(p.v, b, j, h, c));
+          dprob[static_cast<std::size_t>(j)] = d;
+          weighted += prob[static_cast<std::size_t>(j)] * d;
+        }
+        for (std::int64_t c = 0; c < V; ++c) {
+          Real sum = 0;
+          for (std::int64_t j = 0; j <= i; ++j)
+            sum += prob[static_cast<std::size_t>(j)] * p.v.at(idx4(p.v, b, j, h, c));
+          out.forward.o.set(idx4(out.forward.o, b, i, hq, c), static_cast<double>(sum));
+        }
+        for (std::int64_t j = 0; j <= i; ++j) {
+          const Real pj = prob[static_cast<std::size_t>(j)];
+          const Real dlogit = pj * (dprob[static_cast<std::size_t>(j)] - weighted);
+          for (std::int64_t c = 0; c < K; ++c) {
+            add(out.grads.dq, idx4(p.q, b, i, hq, c),
+                scale * dlogit * p.k.at(idx4(p.k, b, j, h, c)));
+            add(out.grads.dk, idx4(p.k, b, j, h, c),
+                scale * dlogit * p.q.at(idx4(p.q, b, i, hq, c)));
+          }
+          for (std::int64_t c = 0; c < V; ++c)
+            add(out.grads.dv, idx4(p.v, b, j, h, c), pj * p.d_o.at(idx4(p.d_o, b, i, hq, c)));
+          for (std::int64_t s = j + 1; s <= i; ++s)
+            add(out.grads.dg, (b * T + s) * HQ + hq, dlogit);
+        }
+      }
+    }
+  return out;
+}
+
+TEST(ForgettingAttnReference, MatchesTheDefinition) {
+  std::mt19937_64 rng(1);
+  struct Setting {
+    Gates gates;
+    std::optional<std::int64_t> window;
+  };
+  for (const Setting& s : {Setting{Gates::realistic, std::nullopt}, Setting{Gates::mixed, 3},
+                           Setting{Gates::zeros, std::nullopt}, Setting{Gates::zeros, 2},
+                           Setting{Gates::realistic, 1}}) {
+    Problem p = make_problem({2, 11, 4, 2, 3, 5}, s.gates, rng);
+    p.window = s.window;
+    p.scale = 0.7;
+    const BruteForce expected = brute_force(p);
+    const Forward got = run_forward(p, Impl::reference);
+    PHASOR_EXPECT_CLOSE(got.o, expected.forward.o, 1e-13, "o");
+    PHASOR_EXPECT_CLOSE(got.lse, expected.forward.lse, 1e-13, "lse");
+    const Grads grads = run_backward(p, Impl::reference, nullptr);
+    PHASOR_EXPECT_CLOSE(grads.dq, expected.grads.dq, 1e-12, "dq");
+    PHASOR_EXPECT_CLOSE(grads.dk, expected.grads.dk, 1e-12, "dk");
+    PHASOR_EXPECT_CLOSE(grads.dv, expected.grads.dv, 1e-12, "dv");
+    PHASOR_EXPECT_CLOSE(grads.dg, expected.grads.dg, 1e-12, "dg");
+  }
+}
+
+// A gate of exactly 0 at position s cuts every query at or after s off from the keys before s.
+TEST(ForgettingAttnReference, ZeroGateCutsThePast) {
+  std::mt19937_64 rng(2);
+  Problem p = make_problem({1, 8, 1, 1, 4, 3}, Gates::realistic, rng);
+  p.g.set(5, -kInf);
+  const Forward all = run_forward(p, Impl::reference);
+  Problem tail = p;  // tokens 5.. as a sequence of their own
+  tail.q = Tensor({1, 3, 1, 4}, DType::float64);
+  tail.k = Tensor({1, 3, 1, 4}, DType::float64);
+  tail.v = Tensor({1, 3, 1, 3}, DType::float64);
+  tail.g = Tensor({1, 3, 1}, DType::float64);
+  for (std::int64_t i = 0; i < 12; ++i) tail.q.set(i, p.q.at(20 + i));
+  for (std::int64_t i = 0; i < 12; ++i) tail.k.set(i, p.k.at(20 + i));
+  for (std::int64_t i = 0; i < 9; ++i) tail.v.set(i, p.v.at(15 + i));
+  for (std::int64_t i = 0; i < 3; ++i) tail.g.set(i, p.g.at(5 + i));
+  const Forward cut = run_forward(tail, Impl::reference);
+  for (std::int64_t i = 0; i < 9; ++i) EXPECT_DOUBLE_EQ(all.o.at(15 + i), cut.o.at(i));
+}
+
+// ---- reference gradients against central finite differences ------------------------------------
+
+// Σ d_o ⊙ o of the reference.
+double loss(const Problem& p) {
+  return testing::dot(run_forward(p, Impl::reference).o, p.d_o);
+}
+
+Tensor finite_differences(Problem p, Tensor Problem::*input) {
+  const double h = 1e-5;
+  Tensor& x = p.*input;
+  Tensor grad = Tensor::zeros(x.shape());
+  for (std::int64_t i = 0; i < x.numel(); ++i) {
+    const double x0 = x.at(i);
+    x.set(i, x0 + h);
+    const double up = loss(p);
+    x.set(i, x0 - h);
+    const double down = loss(p);
+    x.set(i, x0);
+    grad.set(i, std::isinf(x0) ? 0.0 : (up - down) / (2 * h));
+  }
+  return grad;
+}
+
+void expect_gradients_match_finite_differences(const Problem& p) {
+  const Grads g = run_backward(p, Impl::reference, nullptr);
+  PHASOR_EXPECT_CLOSE(g.dq, finite_differences(p, &Problem::q), 1e-7, "dq");
+  PHASOR_EXPECT_CLOSE(g.dk, finite_differences(p, &Problem::k), 1e-7, "dk");
+  PHASOR_EXPECT_CLOSE(g.dv, finite_differences(p, &Problem::v), 1e-7, "dv");
+  PHASOR_EXPECT_CLOSE(g.dg, finite_differences(p, &Problem::g), 1e-7, "dg");
+}
+
+TEST(ForgettingAttnReference, GradientsMatchFiniteDifferences) {
+  std::mt19937_64 rng(3);
+  Problem p = make_problem({2, 9, 2, 1, 3, 4}, Gates::realistic, rng);
+  expect_gradients_match_finite_differences(p);
+}
+
+TEST(ForgettingAttnReference, GradientsMatchFiniteDifferencesWithWindow) {
+  std::mt19937_64 rng(4);
+  Problem p = make_problem({1, 11, 4, 2, 5, 3}, Gates::realistic, rng);
+  p.window = 3;
+  expect_gradients_match_finite_differences(p);
+}
+
+TEST(ForgettingAttnReference, GradientsMatchFiniteDifferencesWithZeroGatesAndVarlen) {
+  std::mt19937_64 rng(5);
+  Problem p = make_problem({1, 13, 2, 2, 4, 4}, Gates::zeros, rng);
+  p.cu = testing::cu_seqlens({6, 0, 1, 6});
+  p.window = 4;
+  p.scale = 0.9;
+  expect_gradients_match_finite_differences(p);
+}
+
+// ---- kernels against the reference -------------------------------------------------------------
+
+struct Case {
+  std::string name;
+  Shape shape;
+  Gates gates;
+  std::int64_t block_size = 16;
+  std::optional<std::int64_t> window = std::nullopt;
+  double logit_gain = 1.0;
+  std::vector<std::int64_t> lengths = {};  // packed sequences (B must be 1)
+  bool strided = false;
+};
+
+std::vector<Case> adversarial_cases() {
+  return {
+      {"random", {2, 37, 2, 2, 8, 8}, Gates::realistic},
+      {"strong_gates", {2, 29, 2, 1, 8, 5}, Gates::strong, 5},
+      {"strong_gates_block64", {1, 70, 1, 1, 8, 8}, Gates::strong, 64},
+      {"zero_gates", {1, 40, 4, 2, 6, 6}, Gates::zeros},
+      {"weak_gates", {2, 70, 2, 2, 8, 8}, Gates::weak},
+      {"large_logits", {2, 33, 2, 2, 8, 8}, Gates::realistic, 16, std::nullopt, 10.0},
+      {"large_logits_weak_gates", {1, 45, 2, 1, 8, 8}, Gates::weak, 5, std::nullopt, 10.0},
+      {"mixed_block1", {1, 9, 2, 1, 4, 3}, Gates::mixed, 1},
+      {"mixed_block5", {1, 23, 2, 1, 4, 3}, Gates::mixed, 5},
+      {"mixed_block64", {1, 150, 2, 1, 8, 8}, Gates::mixed, 64},
+      {"T1", {3, 1, 2, 2, 4, 4}, Gates::realistic},
+      {"K1", {1, 20, 1, 1, 1, 3}, Gates::realistic, 5},
+      {"K_ne_V", {1, 25, 2, 2, 3, 11}, Gates::mixed, 5},
+      {"grouped_2", {2, 30, 4, 2, 8, 6}, Gates::realistic},
+      {"grouped_4", {1, 30, 4, 1, 5, 6}, Gates::zeros, 5},
+      {"window_1", {1, 20, 2, 1, 4, 4}, Gates::mixed, 5, 1},
+      {"window_3", {2, 45, 2, 2, 6, 5}, Gates::mixed, 16, 3},
+      {"window_17", {1, 45, 2, 1, 6, 5}, Gates::weak, 5, 17},
+      {"window_17_block16", {1, 64, 4, 2, 6, 5}, Gates::realistic, 16, 17},
+      {"window_ge_T", {1, 45, 2, 1, 6, 5}, Gates::realistic, 16, 45},
+      {"window_strong_large_logits", {1, 40, 2, 1, 6, 5}, Gates::strong, 5, 7, 10.0},
+      {"varlen", {1, 32, 2, 1, 5, 4}, Gates::mixed, 5, std::nullopt, 1.0, {5, 0, 1, 17, 0, 9}},
+      {"varlen_window", {1, 32, 4, 2, 5, 4}, Gates::zeros, 4, 3, 1.0, {1, 12, 0, 19}},
+      {"strided", {2, 21, 4, 2, 5, 6}, Gates::mixed, 8, 6, 1.0, {}, true},
+      {"strided_varlen",
+       {1, 26, 2, 2, 5, 6},
+       Gates::realistic,
+       8,
+       std::nullopt,
+       1.0,
+       {13, 0, 13},
+       true},
+  };
+}
+
+Problem make_case(const Case& c, std::mt19937_64& rng) {
+  Problem p = make_problem(c.shape, c.gates, rng, c.logit_gain);
+  p.block_size = c.block_size;
+  p.window = c.window;
+  p.strided = c.strided;
+  if (!c.lengths.empty()) p.cu = testing::cu_seqlens(c.lengths);
+  return p;
+}
+
+void expect_matches_reference(const Case& c, Impl impl, DType dtype) {
+  SCOPED_TRACE(c.name + " " + to_string(impl) + " " + to_string(dtype));
+  std::mt19937_64 rng(std::hash<std::string>{}(c.name));
+  const Problem p = make_case(c, rng).to(dtype);
+  const double tol = dtype == DType::float32 ? 1e-5 : 1e-11;
+  // With gates of −20 the plain softmax adjoint of the reference loses ~e^20 × float64 epsilon in
+  // dq and dk (P_ii ≈ 1 makes dP_ii − D_i a cancellation); the kernels avoid it and are the more
+  // accurate ones here (StrongGatesFloat64GradientsAgainstExtendedPrecision).
+  const double dqdk_tol = dtype == DType::float64 && c.gates == Gates::strong ? 1e-7 : tol;
+  const Forward expected = run_forward(p, Impl::reference);
+  const Grads expected_grads = run_backward(p, Impl::reference, nullptr);
+  const Forward got = run_forward(p, impl);
+  PHASOR_EXPECT_CLOSE(got.o, expected.o, tol, "o");
+  PHASOR_EXPECT_CLOSE(got.lse, expected.lse, tol, "lse");
+  // The backward with the forward's outputs, and recomputing them.
+  for (const Forward* saved : {&got, static_cast<const Forward*>(nullptr)}) {
+    SCOPED_TRACE(saved ? "with saved o, lse" : "recomputing o, lse");
+    const Grads g = run_backward(p, impl, saved);
+    PHASOR_EXPECT_CLOSE(g.dq, expected_grads.dq, dqdk_tol, "dq");
+    PHASOR_EXPECT_CLOSE(g.dk, expected_grads.dk, dqdk_tol, "dk");
+    PHASOR_EXPECT_CLOSE(g.dv, expected_grads.dv, tol, "dv");
+    PHASOR_EXPECT_CLOSE(g.dg, expected_grads.dg, tol, "dg");
+  }
+}
+
+// Strong gates in float64 against the extended-precision brute force: the kernels' dq, dk (with
+// dℓ_ii = −Σ_{j≠i} dℓ_ij) agree with it to ~2e-12 (about the brute force's own accuracy: long
+// double epsilon × e^20), the reference's plain adjoint only to ~5e-9.
+TEST(ForgettingAttnKernels, StrongGatesFloat64GradientsAgainstExtendedPrecision) {
+  std::mt19937_64 rng(13);
+  Problem p = make_problem({1, 29, 2, 1, 8, 5}, Gates::strong, rng);
+  p.block_size = 5;
+  const BruteForce exact = brute_force(p);
+  const Grads reference = run_backward(p, Impl::reference, nullptr);
+  PHASOR_EXPECT_CLOSE(reference.dq, exact.grads.dq, 1e-7, "reference dq");
+  PHASOR_EXPECT_CLOSE(reference.dk, exact.grads.dk, 1e-7, "reference dk");
+  for (Impl impl : {Impl::chunk, Impl::recurrent}) {
+    SCOPED_TRACE(to_string(impl));
+    const Grads g = run_backward(p, impl, nullptr);
+    PHASOR_EXPECT_CLOSE(g.dq, exact.grads.dq, 1e-11, "dq");
+    PHASOR_EXPECT_CLOSE(g.dk, exact.grads.dk, 1e-11, "dk");
+    PHASOR_EXPECT_CLOSE(g.dv, exact.grads.dv, 1e-12, "dv");
+    PHASOR_EXPECT_CLOSE(g.dg, exact.grads.dg, 1e-12, "dg");
+  }
+  std::printf(
+      "strong gates, float64 dq relative RMS vs extended precision: reference %.2e, chunk %.2e\n",
+      testing::rel_rms(reference.dq, exact.grads.dq),
+      testing::rel_rms(run_backward(p, Impl::chunk, nullptr).dq, exact.grads.dq));
+}
+
+class ForgettingAttnKernels : public ::testing::TestWithParam<Case> {};
+
+TEST_P(ForgettingAttnKernels, ChunkFloat64MatchesReference) {
+  expect_matches_reference(GetParam(), Impl::chunk, DType::float64);
+}
+TEST_P(ForgettingAttnKernels, ChunkFloat32MatchesReference) {
+  expect_matches_reference(GetParam(), Impl::chunk, DType::float32);
+}
+TEST_P(ForgettingAttnKernels, RecurrentFloat64MatchesReference) {
+  expect_matches_reference(GetParam(), Impl::recurrent, DType::float64);
+}
+TEST_P(ForgettingAttnKernels, RecurrentFloat32MatchesReference) {
+  expect_matches_reference(GetParam(), Impl::recurrent, DType::float32);
+}
+
+INSTANTIATE_TEST_SUITE_P(Adversarial, ForgettingAttnKernels,
+                         ::testing::ValuesIn(adversarial_cases()),
+                         [](const ::testing::TestParamInfo<Case>& info) {
+                           return info.param.name;
+                         });
+
+// Only dv requested (no dℓ needed), only dg, and so on: each gradient alone equals its value when
+// all are computed, and nothing else is written.
+TEST(ForgettingAttnKernels, GradientsRequestedAlone) {
+  std::mt19937_64 rng(6);
+  Problem p = make_problem({1, 30, 2, 1, 4, 4}, Gates::mixed, rng);
+  p.block_size = 8;
+  for (Impl impl : {Impl::chunk, Impl::recurrent, Impl::reference}) {
+    SCOPED_TRACE(to_string(impl));
+    const Grads all = run_backward(p, impl, nullptr);
+    Inputs in(p);
+    for (int which = 0; which < 4; ++which) {
+      Tensor alone[4] = {Tensor(p.q.shape(), DType::float64), Tensor(p.k.shape(), DType::float64),
+                         Tensor(p.v.shape(), DType::float64), Tensor(p.g.shape(), DType::float64)};
+      alone[which].fill(kNaN);
+      ForgettingAttnGrads grads;
+      TensorView* slot[4] = {&grads.dq, &grads.dk, &grads.dv, &grads.dg};
+      *slot[which] = alone[which].view();
+      forgetting_attn_backward(in.params, impl, in.d_o.view(), {}, {}, grads);
+      const Tensor* expected[4] = {&all.dq, &all.dk, &all.dv, &all.dg};
+      EXPECT_TRUE(alone[which].bit_equal(*expected[which])) << "gradient " << which;
+    }
+  }
+}
+
+// ---- long sequences ----------------------------------------------------------------------------
+
+TEST(ForgettingAttnLong, Sequence65536WithWindow) {
+  std::mt19937_64 rng(7);
+  Problem p = make_problem({1, 65536, 1, 1, 16, 16}, Gates::mixed, rng);
+  p.window = 256;
+  p = p.to(DType::float32);
+  const Forward chunk = run_forward(p, Impl::chunk);
+  const Forward recurrent = run_forward(p, Impl::recurrent);
+  const Forward reference = run_forward(p, Impl::reference);
+  PHASOR_EXPECT_CLOSE(chunk.o, reference.o, 1e-5, "chunk o");
+  PHASOR_EXPECT_CLOSE(chunk.lse, reference.lse, 1e-5, "chunk lse");
+  PHASOR_EXPECT_CLOSE(recurrent.o, chunk.o, 1e-5, "recurrent o");
+  PHASOR_EXPECT_CLOSE(recurrent.lse, chunk.lse, 1e-5, "recurrent lse");
+  const Grads chunk_grads = run_backward(p, Impl::chunk, &chunk);
+  const Grads recurrent_grads = run_backward(p, Impl::recurrent, &recurrent);
+  PHASOR_EXPECT_CLOSE(chunk_grads.dq, recurrent_grads.dq, 1e-5, "dq");
+  PHASOR_EXPECT_CLOSE(chunk_grads.dk, recurrent_grads.dk, 1e-5, "dk");
+  PHASOR_EXPECT_CLOSE(chunk_grads.dv, recurrent_grads.dv, 1e-5, "dv");
+  PHASOR_EXPECT_CLOSE(chunk_grads.dg, recurrent_grads.dg, 1e-5, "dg");
+}
+
+TEST(ForgettingAttnLong, Sequence8192FullCausal) {
+  std::mt19937_64 rng(8);
+  Problem p = make_problem({1, 8192, 1, 1, 16, 16}, Gates::weak, rng);
+  p = p.to(DType::float32);
+  const Forward chunk = run_forward(p, Impl::chunk);
+  const Forward recurrent = run_forward(p, Impl::recurrent);
+  PHASOR_EXPECT_CLOSE(recurrent.o, chunk.o, 1e-5, "o");
+  PHASOR_EXPECT_CLOSE(recurrent.lse, chunk.lse, 1e-5, "lse");
+  const Grads grads = run_backward(p, Impl::chunk, &chunk);
+  EXPECT_TRUE(testing::all_finite(grads.dq) && testing::all_finite(grads.dk) &&
+              testing::all_finite(grads.dv) && testing::all_finite(grads.dg));
+}
+
+// ---- decoding ----------------------------------------------------------------------------------
+
+// A [B, 1, ...] view of token t of a [B, T, ...] tensor.
+TensorView token_view(const Tensor& x, std::int64_t t) {
+  TensorView v = x.view();
+  v.data = static_cast<unsigned char*>(v.data) +
+           t * v.stride(1) * static_cast<std::int64_t>(element_size(x.dtype()));
+  v.sizes[1] = 1;
+  return v;
+}
+
+void expect_decode_matches_forward(const Shape& s, std::optional<std::int64_t> window,
+                                   DType dtype) {
+  SCOPED_TRACE(std::string(to_string(dtype)) +
+               (window ? " window " + std::to_string(*window) : ""));
+  std::mt19937_64 rng(9);
+  Problem p = make_problem(s, Gates::mixed, rng).to(dtype);
+  p.window = window;
+  p.scale = 0.6;
+  const Forward expected = run_forward(p, Impl::chunk);
+  ForgettingAttnCache cache(s.B, s.HQ, s.H, s.K, s.V, window);
+  for (int round = 0; round < 2; ++round) {  // the second round after reset()
+    Tensor o({s.B, s.T, s.HQ, s.V}, dtype);
+    o.fill(kNaN);
+    for (std::int64_t t = 0; t < s.T; ++t) {
+      cache.step(token_view(p.q, t), token_view(p.k, t), token_view(p.v, t), token_view(p.g, t),
+                 token_view(o, t), 0.6);
+      EXPECT_EQ(cache.length(), t + 1);
+    }
+    PHASOR_EXPECT_CLOSE(o, expected.o, dtype == DType::float32 ? 1e-5 : 1e-12, "o");
+    cache.reset();
+    EXPECT_EQ(cache.length(), 0);
+  }
+}
+
+TEST(ForgettingAttnCache, StepByStepEqualsParallelForward) {
+  for (DType dtype : {DType::float64, DType::float32}) {
+    expect_decode_matches_forward({2, 40, 4, 2, 5, 6}, std::nullopt, dtype);
+    expect_decode_matches_forward({2, 40, 4, 2, 5, 6}, 7, dtype);
+    expect_decode_matches_forward({3, 20, 2, 2, 3, 4}, 1, dtype);
+    expect_decode_matches_forward({1, 50, 4, 1, 4, 4}, 64, dtype);
+  }
+}
+
+TEST(ForgettingAttnCache, MovedCacheKeepsItsState) {
+  std::mt19937_64 rng(10);
+  Problem p = make_problem({1, 6, 2, 1, 3, 3}, Gates::realistic, rng);
+  const Forward expected = run_forward(p, Impl::reference);
+  ForgettingAttnCache first(1, 2, 1, 3, 3);
+  Tensor o({1, 6, 2, 3}, DType::float64);
+  for (std::int64_t t = 0; t < 3; ++t)
+    first.step(token_view(p.q, t), token_view(p.k, t), token_view(p.v, t), token_view(p.g, t),
+               token_view(o, t));
+  ForgettingAttnCache second = std::move(first);
+  for (std::int64_t t = 3; t < 6; ++t)
+    second.step(token_view(p.q, t), token_view(p.k, t), token_view(p.v, t), token_view(p.g, t),
+                token_view(o, t));
+  EXPECT_EQ(second.length(), 6);
+  PHASOR_EXPECT_CLOSE(o, expected.o, 1e-12, "o");
+}
+
+// ---- threads -----------------------------------------------------------------------------------
+
+TEST(ForgettingAttnThreads, BitIdenticalForAnyThreadCount) {
+  std::mt19937_64 rng(11);
+  Problem p = make_problem({2, 70, 6, 3, 8, 8}, Gates::mixed, rng).to(DType::float32);
+  p.block_size = 16;
+  p.window = 40;
+  for (Impl impl : {Impl::chunk, Impl::recurrent, Impl::reference}) {
+    SCOPED_TRACE(to_string(impl));
+    std::vector<Forward> forwards;
+    std::vector<Grads> backwards;
+    for (int threads : {1, 2, 3, 2}) {
+      set_num_threads(threads);
+      forwards.push_back(run_forward(p, impl));
+      backwards.push_back(run_backward(p, impl, nullptr));
+    }
+    for (std::size_t r = 1; r < forwards.size(); ++r) {
+      EXPECT_TRUE(forwards[r].o.bit_equal(forwards[0].o));
+      EXPECT_TRUE(forwards[r].lse.bit_equal(forwards[0].lse));
+      EXPECT_TRUE(backwards[r].dq.bit_equal(backwards[0].dq));
+      EXPECT_TRUE(backwards[r].dk.bit_equal(backwards[0].dk));
+      EXPECT_TRUE(backwards[r].dv.bit_equal(backwards[0].dv));
+      EXPECT_TRUE(backwards[r].dg.bit_equal(backwards[0].dg));
+    }
+  }
+  set_num_threads(0);
+}
+
+// ---- bad input ---------------------------------------------------------------------------------
+
+TEST(ForgettingAttnErrors, BadArgumentsNameTheArgument) {
+  std::mt19937_64 rng(12);
+  const Problem p = make_problem({1, 6, 4, 2, 3, 5}, Gates::realistic, rng);
+  Tensor o({1, 6, 4, 5}, DType::float64), lse({1, 6, 4}, DType::float64);
+  auto forward = [&](ForgettingAttnParams params, Impl impl = Impl::chunk,
+                     TensorView out = TensorView{}, TensorView out_lse = TensorView{}) {
+    forgetting_attn_forward(params, impl, out.defined() ? out : o.view(), out_lse);
+  };
+  const Inputs in(p);
+  const ForgettingAttnParams good = in.params;
+  EXPECT_NO_THROW(forward(good));
+
+  Tensor q3({1, 6, 4}, DType::float64), k_bad_h({1, 6, 3, 3}, DType::float64),
+      k_bad_k({1, 6, 2, 4}, DType::float64), v_bad_t({1, 5, 2, 5}, DType::float64),
+      g_bad({1, 6, 2}, DType::float64), q_int({1, 6, 4, 3}, DType::int32),
+      g_pos = p.g, o_bad({1, 6, 4, 4}, DType::float64), lse_bad({1, 6, 3}, DType::float64);
+  g_pos.set(7, 0.5);
+  auto with = [&](auto field, const Tensor& t) {
+    ForgettingAttnParams params = good;
+    params.*field = t.view();
+    return params;
+  };
+  using P = ForgettingAttnParams;
+  testing::expect_error([&] { forward(with(&P::q, q3)); },
+                        {"parallel_forgetting_attn", "'q'", "4-D", "[1, 6, 4]"});
+  testing::expect_error([&] { forward(with(&P::q, q_int)); },
+                        {"'q'", "float32 or float64", "int32"});
+  testing::expect_error([&] { forward(with(&P::k, k_bad_h)); }, {"'k'", "HQ = 4", "H = 3"});
+  testing::expect_error([&] { forward(with(&P::k, k_bad_k)); },
+                        {"'k'", "K (as q)=3", "[1, 6, 2, 4]"});
+  testing::expect_error([&] { forward(with(&P::v, v_bad_t)); }, {"'v'", "T=6", "[1, 5, 2, 5]"});
+  testing::expect_error([&] { forward(with(&P::g, g_bad)); }, {"'g'", "HQ (as q)=4", "[1, 6, 2]"});
+  testing::expect_error([&] { forward(with(&P::g, g_pos), Impl::recurrent); },
+                        {"forgetting_attn_recurrent", "'g'", "<= 0", "0.5"});
+  {
+    ForgettingAttnParams params = good;
+    params.window_size = 0;
+    testing::expect_error([&] { forward(params, Impl::reference); },
+                          {"forgetting_attn_reference", "'window_size'", ">= 1", "got 0"});
+    params = good;
+    params.block_size = 0;
+    testing::expect_error([&] { forward(params); }, {"'block_size'", "positive", "got 0"});
+    params = good;
+    params.scale = kInf;
+    testing::expect_error([&] { forward(params); }, {"'scale'", "finite"});
+  }
+  // cu_seqlens: wrong end, decreasing, with B > 1, wrong dtype.
+  {
+    ForgettingAttnParams params = good;
+    Tensor cu_end = testing::cu_seqlens({2, 3}),
+           cu_down = Tensor::from({3}, {0, 4, 2}, DType::int64);
+    Tensor cu_float = Tensor::from({3}, {0, 2, 6}, DType::float64);
+    params.cu_seqlens = cu_end.view();
+    testing::expect_error([&] { forward(params); }, {"'cu_seqlens'", "T = 6"});
+    params.cu_seqlens = cu_down.view();
+    testing::expect_error([&] { forward(params); }, {"'cu_seqlens'", "non-decreasing"});
+    params.cu_seqlens = cu_float.view();
+    testing::expect_error([&] { forward(params); }, {"'cu_seqlens'", "int32 or int64"});
+    Problem two = make_problem({2, 6, 4, 2, 3, 5}, Gates::realistic, rng);
+    Inputs two_in(two);
+    Tensor o2({2, 6, 4, 5}, DType::float64), cu = testing::cu_seqlens({3, 3});
+    two_in.params.cu_seqlens = cu.view();
+    testing::expect_error([&] { forgetting_attn_forward(two_in.params, Impl::chunk, o2.view()); },
+                          {"'cu_seqlens'", "B = 1", "B = 2"});
+  }
+  // Outputs.
+  testing::expect_error([&] { forward(good, Impl::chunk, o_bad.view()); }, {"'o'", "V=5"});
+  testing::expect_error([&] { forward(good, Impl::chunk, o.view(), lse_bad.view()); },
+                        {"'lse'", "HQ=4"});
+  // Backward: d_o, o, lse and gradient shapes.
+  Tensor dq_bad({1, 6, 2, 3}, DType::float64), dg_bad({1, 6, 4, 1}, DType::float64),
+      d_o({1, 6, 4, 5}, DType::float64);
+  testing::expect_error(
+      [&] { forgetting_attn_backward(good, Impl::chunk, o_bad.view(), {}, {}, {}); },
+      {"'d_o'", "V=5"});
+  testing::expect_error(
+      [&] { forgetting_attn_backward(good, Impl::chunk, d_o.view(), o_bad.view(), {}, {}); },
+      {"'o'", "V=5"});
+  testing::expect_error(
+      [&] { forgetting_attn_backward(good, Impl::chunk, d_o.view(), {}, lse_bad.view(), {}); },
+      {"'lse'", "HQ=4"});
+  testing::expect_error(
+      [&] {
+        forgetting_attn_backward(good, Impl::recurrent, d_o.view(), {}, {},
+                                 {dq_bad.view(), {}, {}, {}});
+      },
+      {"forgetting_attn_recurrent", "'dq'", "HQ=4"});
+  testing::expect_error(
+      [&] {
+        forgetting_attn_backward(good, Impl::chunk, d_o.view(), {}, {},
+                                 {{}, {}, {}, dg_bad.view()});
+      },
+      {"'dg'", "HQ=4", "[1, 6, 4, 1]"});
+}
+
+TEST(ForgettingAttnErrors, CacheBadArguments) {
+  testing::expect_error([] { ForgettingAttnCache(1, 3, 2, 4, 4); },
+                        {"ForgettingAttnCache", "'num_q_heads'", "multiple of num_kv_heads = 2"});
+  testing::expect_error([] { ForgettingAttnCache(1, 2, 2, 4, 4, 0); },
+                        {"ForgettingAttnCache", "'window_size'"});
+  testing::expect_error([] { ForgettingAttnCache(0, 2, 2, 4, 4); }, {"'batch'"});
+
+  ForgettingAttnCache cache(2, 4, 2, 3, 5);
+  Tensor q({2, 1, 4, 3}, DType::float32), k({2, 1, 2, 3}, DType::float32),
+      v({2, 1, 2, 5}, DType::float32), g({2, 1, 4}, DType::float32),
+      o({2, 1, 4, 5}, DType::float32);
+  Tensor q_two_tokens({2, 2, 4, 3}, DType::float32), k_bad({2, 1, 2, 4}, DType::float32),
+      v_bad({2, 1, 1, 5}, DType::float32), g_bad({2, 1, 2}, DType::float32),
+      o_bad({2, 1, 4, 4}, DType::float32), q64({2, 1, 4, 3}, DType::float64), g_pos = g;
+  g_pos.set(3, 1.0);
+  const std::string op = "ForgettingAttnCache::step";
+  testing::expect_error(
+      [&] { cache.step(q_two_tokens.view(), k.view(), v.view(), g.view(), o.view()); },
+      {op.c_str(), "'q'", "1 (one token)=1", "[2, 2, 4, 3]"});
+  testing::expect_error([&] { cache.step(q.view(), k_bad.view(), v.view(), g.view(), o.view()); },
+                        {op.c_str(), "'k'", "head_dim=3"});
+  testing::expect_error([&] { cache.step(q.view(), k.view(), v_bad.view(), g.view(), o.view()); },
+                        {op.c_str(), "'v'", "num_kv_heads=2"});
+  testing::expect_error([&] { cache.step(q.view(), k.view(), v.view(), g_bad.view(), o.view()); },
+                        {op.c_str(), "'g'", "num_q_heads=4"});
+  testing::expect_error([&] { cache.step(q.view(), k.view(), v.view(), g.view(), o_bad.view()); },
+                        {op.c_str(), "'o'", "value_dim=5"});
+  testing::expect_error([&] { cache.step(q.view(), k.view(), v.view(), g_pos.view(), o.view()); },
+                        {op.c_str(), "'g'", "<= 0"});
+  EXPECT_EQ(cache.length(), 0);  // nothing was appended by a failed step
+  cache.step(q.view(), k.view(), v.view(), g.view(), o.view());
+  testing::expect_error([&] { cache.step(q64.view(), k.view(), v.view(), g.view(), o.view()); },
+                        {op.c_str(), "'q'", "dtype float32", "dtype float64"});
+  EXPECT_EQ(cache.length(), 1);
+}
+
+}  // namespace
+}  // namespace phasor

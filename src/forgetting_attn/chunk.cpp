@@ -1,1 +1,363 @@
-// placeholder: implemented by the forgetting_attn work
+// Forgetting attention, Impl::chunk: tiled flash-style kernel (fla's parallel_forgetting_attn).
+//
+// Work item = (sequence, key/value head). The item loads its keys and values once; for each
+// query head of its group and each query block I of block_size rows it walks the key blocks J
+// that the causal mask, the window and the zero gates leave visible, from the diagonal block
+// down, with tiles of block_size × block_size:
+//   forward:  ℓ = (scale Q_I) K_Jᵀ + gate bias; online softmax (running max m, sum l and
+//             accumulator A: A ← e^{m_old − m_new} A + e^{ℓ − m_new} V_J); o = A / l,
+//             lse = m + log l.
+//   backward: P = e^{ℓ − lse}, dP = dO_I V_Jᵀ, dℓ = P ⊙ (dP − D) with D_i = do_i·o_i;
+//             dq_I += dℓ K_J, dk_J += dℓᵀ Q_I (both × scale), dv_J += Pᵀ dO_I.
+// Memory is O(T) per item (the sequence's keys/values and their gradients) plus the tiles;
+// never a T × T matrix.
+//
+// Gate bias of the tile (I, J), J before I (i0, j0 the first rows, j1 the end of J):
+//   Σ_{s ∈ (j, i]} g_s = Σ_{s ∈ (i0, i]} g_s + Σ_{s ∈ [j1, i0]} g_s + Σ_{s ∈ (j, j1)} g_s,
+// three float64 sums of same-signed terms: within I, the gap between the blocks (accumulated
+// block by block while walking down from the diagonal), within J. The diagonal tile sums along
+// each row. A zero gate (−inf) makes the sum −inf and so masks the pair; once the gap is −inf
+// every lower key block is masked and the walk stops.
+//
+// Numerics of the backward pass in float32:
+//  * when a row's softmax is dominated by one key j* (P_ij* > 1/2: with strong gates the diagonal,
+//    with large logits any key), dℓ_ij* is not computed as P_ij* (dP_ij* − D_i) — D_i ≈ dP_ij*,
+//    a cancellation that loses every digit in float32 when P_ij* ≈ 1 — but as −Σ_{j≠j*} dℓ_ij
+//    (a softmax row of dℓ sums to 0), from the accurate other terms; its contributions to dq_i,
+//    dk_j* and dg are added once the row is complete.
+//  * dg_s = Σ_{(i, j): j < s ≤ i} dℓ_ij, the sum over the pairs whose bias contains g_s ("crossing
+//    sums", accumulated in float64), instead of the reverse cumulative sum of dℓ's row minus
+//    column sums, which cancels catastrophically (row sums are 0 analytically) and would carry
+//    the float32 rounding of the dominant terms along the whole sequence.
+// GCC 12 reports false -Wmaybe-uninitialized warnings inside its own AVX-512 intrinsics
+// (avx512fintrin.h, GCC bug 105593) when Eigen is compiled with -march=native. This must come
+// before the first include of Eigen to take effect.
+#if defined(__GNUC__) && !defined(__clang__) && __GNUC__ == 12
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "common/parallel.h"
+#include "common/slices.h"
+#include "forgetting_attn/kernels.h"
+
+namespace phasor::detail::fox {
+namespace {
+
+constexpr double kNegInf = -std::numeric_limits<double>::infinity();
+
+// Block-local sums of the gates of one (sequence, query head), in float64.
+struct BlockGates {
+  std::int64_t block = 1;
+  Vec<double> g;
+  std::vector<double> from_start;  // Σ_{s ∈ (i0, i]} g_s, i0 the first position of i's block
+  std::vector<double> to_end;      // Σ_{s ∈ (j, j1)} g_s, j1 the end of j's block
+  std::vector<double> total;       // Σ_{s ∈ block} g_s
+
+  void load(const Problem& p, const Sequence& seq, std::int64_t hq) {
+    block = p.block_size;
+    load_column(p.g, seq, hq, g);
+    const std::int64_t L = g.size();
+    from_start.assign(static_cast<std::size_t>(L), 0.0);
+    to_end.assign(static_cast<std::size_t>(L), 0.0);
+    total.assign(static_cast<std::size_t>((L + block - 1) / block), 0.0);
+    for (std::int64_t b0 = 0; b0 < L; b0 += block) {
+      const std::int64_t b1 = std::min(L, b0 + block);
+      for (std::int64_t i = b0 + 1; i < b1; ++i) from_start[idx(i)] = from_start[idx(i - 1)] + g[i];
+      for (std::int64_t j = b1 - 2; j >= b0; --j) to_end[idx(j)] = to_end[idx(j + 1)] + g[j + 1];
+      double sum = 0;
+      for (std::int64_t s = b0; s < b1; ++s) sum += g[s];
+      total[idx(b0 / block)] = sum;
+    }
+  }
+  static std::size_t idx(std::int64_t i) { return static_cast<std::size_t>(i); }
+};
+
+// Walks the key blocks visible from the query block starting at i0 (block index bi): the diagonal
+// block first, then downwards while any pair can still be visible. Calls
+// visit(j0, nJ, gap) with gap = Σ_{s ∈ [j0 + nJ, i0]} g_s (unused for the diagonal block).
+template <class F>
+void walk_key_blocks(const BlockGates& gates, std::int64_t window, std::int64_t i0, F&& visit) {
+  const std::int64_t B = gates.block, L = gates.g.size(), bi = i0 / B;
+  const std::int64_t first_visible = window_start(i0, window);  // row i0 sees the oldest keys
+  double gap = 0;
+  for (std::int64_t bj = bi; bj >= 0; --bj) {
+    const std::int64_t j0 = bj * B, nJ = std::min(B, L - j0);
+    if (bj < bi) {
+      gap = bj == bi - 1 ? gates.g[i0] : gap + gates.total[BlockGates::idx(bj + 1)];
+      if (gap == kNegInf) break;               // a zero gate between J and I: all masked
+      if (j0 + nJ - 1 < first_visible) break;  // every key of J is outside the window
+    }
+    visit(j0, nJ, gap);
+  }
+}
+
+// Logits of the tile (query rows i0.., key rows j0..j0 + nJ):
+//   ℓ_ij = (scale q_i)·k_j + Σ_{s ∈ (j, i]} g_s;  −inf where j > i or i − j ≥ window.
+template <class S>
+void tile_logits(const Mat<S>& q_scaled, const Mat<S>& k, const BlockGates& gates,
+                 std::int64_t window, std::int64_t i0, std::int64_t j0, std::int64_t nJ, double gap,
+                 Mat<S>& logits) {
+  const std::int64_t nI = q_scaled.rows();
+  const S neg_inf = -std::numeric_limits<S>::infinity();
+  logits.resize(nI, nJ);
+  logits.noalias() = q_scaled * k.middleRows(j0, nJ).transpose();
+  for (std::int64_t r = 0; r < nI; ++r) {
+    const std::int64_t i = i0 + r;
+    // Columns before first_col are outside the window.
+    const std::int64_t first_col = std::clamp<std::int64_t>(window_start(i, window) - j0, 0, nJ);
+    for (std::int64_t c = 0; c < first_col; ++c) logits(r, c) = neg_inf;
+    if (j0 == i0) {
+      // Diagonal tile: the gate sum along the row, from j = i down.
+      for (std::int64_t c = r + 1; c < nJ; ++c) logits(r, c) = neg_inf;
+      double gate_sum = 0;
+      for (std::int64_t c = r - 1; c >= first_col; --c) {
+        gate_sum += gates.g[j0 + c + 1];
+        logits(r, c) += static_cast<S>(gate_sum);
+      }
+    } else {
+      const double row_part = gates.from_start[BlockGates::idx(i)] + gap;
+      for (std::int64_t c = first_col; c < nJ; ++c)
+        logits(r, c) += static_cast<S>(row_part + gates.to_end[BlockGates::idx(j0 + c)]);
+    }
+  }
+}
+
+// exp(logits − offset_r) row by row, with masked (−inf) logits giving exactly 0 (Eigen's
+// vectorised exp only flushes to the smallest normal number in float64).
+template <class S>
+void masked_exp(const Mat<S>& logits, const Vec<S>& row_offset, Mat<S>& out) {
+  out.resize(logits.rows(), logits.cols());
+  const S neg_inf = -std::numeric_limits<S>::infinity();
+  out.array() = (logits.array() == neg_inf)
+                    .select(S(0), (logits.array().colwise() - row_offset.array()).exp());
+}
+
+// Per-thread tiles.
+template <class S>
+struct Scratch {
+  Mat<S> logits, probs, dprobs, dlogits;
+};
+
+// Forward of one query block: o (nI × V) and lse (nI) by the online softmax over the key blocks.
+template <class S>
+void forward_block(const Problem& p, const Mat<S>& k, const Mat<S>& v, const BlockGates& gates,
+                   std::int64_t i0, const Mat<S>& q_scaled, Scratch<S>& tmp, Mat<S>& out,
+                   Vec<S>& out_lse) {
+  const std::int64_t nI = q_scaled.rows();
+  Vec<S> row_max = Vec<S>::Constant(nI, -std::numeric_limits<S>::infinity());
+  Vec<S> row_sum = Vec<S>::Zero(nI), rescale(nI);
+  out = Mat<S>::Zero(nI, p.V);  // the accumulator A
+  walk_key_blocks(gates, p.window, i0, [&](std::int64_t j0, std::int64_t nJ, double gap) {
+    tile_logits(q_scaled, k, gates, p.window, i0, j0, nJ, gap, tmp.logits);
+    for (std::int64_t r = 0; r < nI; ++r) {
+      const S new_max = std::max(row_max[r], tmp.logits.row(r).maxCoeff());
+      // The diagonal tile comes first and always holds j = i, so new_max is finite from then on;
+      // the guard only protects against a row with nothing visible yet.
+      rescale[r] = std::isinf(new_max) ? S(1) : std::exp(row_max[r] - new_max);
+      row_max[r] = new_max;
+    }
+    masked_exp(tmp.logits, row_max, tmp.probs);
+    row_sum = rescale.cwiseProduct(row_sum) + tmp.probs.rowwise().sum();
+    out = rescale.asDiagonal() * out;
+    out.noalias() += tmp.probs * v.middleRows(j0, nJ);
+  });
+  out = row_sum.cwiseInverse().asDiagonal() * out;
+  out_lse = row_max.array() + row_sum.array().log();
+}
+
+// The rows [i0, i0 + n) of a sequence, as a sequence (for loading and storing one block).
+Sequence rows_of(const Sequence& seq, std::int64_t i0, std::int64_t n) {
+  return {seq.batch, seq.start + i0, n};
+}
+
+template <class S>
+void forward_typed(const Problem& p, const TensorView& o, const TensorView& lse) {
+  parallel_for(p.num_items(), [&](std::int64_t item) {
+    const Sequence& seq = p.sequences[static_cast<std::size_t>(item / p.H)];
+    const std::int64_t h = item % p.H, L = seq.length, B = p.block_size;
+    Mat<S> k, v, q, out;
+    Vec<S> out_lse;
+    Scratch<S> tmp;
+    BlockGates gates;
+    load_rows(p.k, seq, h, k);
+    load_rows(p.v, seq, h, v);
+    for (std::int64_t hq = h * p.group(); hq < (h + 1) * p.group(); ++hq) {
+      gates.load(p, seq, hq);
+      for (std::int64_t i0 = 0; i0 < L; i0 += B) {
+        const Sequence rows = rows_of(seq, i0, std::min(B, L - i0));
+        load_rows(p.q, rows, hq, q);
+        q *= static_cast<S>(p.scale);
+        forward_block(p, k, v, gates, i0, q, tmp, out, out_lse);
+        store_rows(out, o, rows, hq);
+        if (lse.defined()) store_column(out_lse, lse, rows, hq);
+      }
+    }
+  });
+}
+
+// Adds the tile's part of dg_s = Σ_{(i, j): j < s ≤ i} dℓ_ij, the pairs whose bias contains g_s.
+// For J before I (j1 = j0 + nJ ≤ i0), with column sums C_j and row sums R_i of the tile:
+//   s ∈ (j0, j1):  Σ_{j0 ≤ j < s} C_j      (every row of I is ≥ s)
+//   s ∈ [j1, i0]:  the tile's total         (added to `spans` as a difference array)
+//   s ∈ (i0, i1):  Σ_{s ≤ i < i1} R_i       (every column of J is < s)
+// The diagonal tile takes, for each row, the running sum of its entries left of the diagonal.
+// (Dominant entries are zero here; the caller adds them.)
+template <class S>
+void add_gate_grads(const Mat<S>& dlogits, const Vec<S>& row_sums, std::int64_t i0, std::int64_t j0,
+                    std::vector<double>& dg, std::vector<double>& spans) {
+  const std::int64_t nI = dlogits.rows(), nJ = dlogits.cols();
+  auto at = [](std::int64_t i) { return static_cast<std::size_t>(i); };
+  if (j0 == i0) {
+    for (std::int64_t r = 1; r < nI; ++r) {
+      double run = 0;
+      for (std::int64_t c = 0; c < r; ++c) {
+        run += static_cast<double>(dlogits(r, c));
+        dg[at(i0 + c + 1)] += run;
+      }
+    }
+    return;
+  }
+  double run = 0, total = 0;
+  for (std::int64_t c = 0; c + 1 < nJ; ++c) {
+    run += static_cast<double>(dlogits.col(c).sum());
+    dg[at(j0 + c + 1)] += run;
+  }
+  for (std::int64_t r = 0; r < nI; ++r) total += static_cast<double>(row_sums[r]);
+  spans[at(j0 + nJ)] += total;
+  spans[at(i0 + 1)] -= total;
+  run = 0;
+  for (std::int64_t r = nI - 1; r >= 1; --r) {
+    run += static_cast<double>(row_sums[r]);
+    dg[at(i0 + r)] += run;
+  }
+}
+
+template <class S>
+void backward_typed(const Problem& p, const TensorView& d_o, const TensorView& o,
+                    const TensorView& lse, const ForgettingAttnGrads& grads) {
+  const bool want_dq = grads.dq.defined(), want_dk = grads.dk.defined(),
+             want_dv = grads.dv.defined(), want_dg = grads.dg.defined();
+  const bool want_dlogits = want_dq || want_dk || want_dg;
+  const bool saved = o.defined() && lse.defined();
+  if (!want_dlogits && !want_dv) return;
+  parallel_for(p.num_items(), [&](std::int64_t item) {
+    const Sequence& seq = p.sequences[static_cast<std::size_t>(item / p.H)];
+    const std::int64_t h = item % p.H, L = seq.length, B = p.block_size;
+    Mat<S> k, v, q, q_scaled, dout, out, dq;
+    Vec<S> block_lse, other_sums, row_sums;
+    std::vector<std::int64_t> dominant;
+    Scratch<S> tmp;
+    BlockGates gates;
+    load_rows(p.k, seq, h, k);
+    load_rows(p.v, seq, h, v);
+    Mat<S> dk = Mat<S>::Zero(want_dk ? L : 0, p.K), dv = Mat<S>::Zero(want_dv ? L : 0, p.V);
+    Vec<S> row_lse(L), delta(L);  // lse_i and D_i = do_i·o_i of the current query head
+    std::vector<double> dg, spans;
+    for (std::int64_t hq = h * p.group(); hq < (h + 1) * p.group(); ++hq) {
+      gates.load(p, seq, hq);
+      // Pass 1: lse and D for every row (o and lse from the forward, or recomputed).
+      for (std::int64_t i0 = 0; i0 < L; i0 += B) {
+        const std::int64_t nI = std::min(B, L - i0);
+        const Sequence rows = rows_of(seq, i0, nI);
+        load_rows(d_o, rows, hq, dout);
+        if (saved) {
+          load_rows(o, rows, hq, out);
+          load_column(lse, rows, hq, block_lse);
+        } else {
+          load_rows(p.q, rows, hq, q_scaled);
+          q_scaled *= static_cast<S>(p.scale);
+          forward_block(p, k, v, gates, i0, q_scaled, tmp, out, block_lse);
+        }
+        row_lse.segment(i0, nI) = block_lse;
+        delta.segment(i0, nI) = dout.cwiseProduct(out).rowwise().sum();
+      }
+      // Pass 2: the tiles again, now with the gradients.
+      dg.assign(static_cast<std::size_t>(want_dg ? L : 0), 0.0);
+      spans.assign(static_cast<std::size_t>(want_dg ? L + 1 : 0), 0.0);
+      for (std::int64_t i0 = 0; i0 < L; i0 += B) {
+        const std::int64_t nI = std::min(B, L - i0);
+        const Sequence rows = rows_of(seq, i0, nI);
+        load_rows(p.q, rows, hq, q);
+        q_scaled = q * static_cast<S>(p.scale);
+        load_rows(d_o, rows, hq, dout);
+        const Vec<S> lse_rows = row_lse.segment(i0, nI), delta_rows = delta.segment(i0, nI);
+        dq = Mat<S>::Zero(want_dq ? nI : 0, p.K);
+        other_sums = Vec<S>::Zero(nI);                      // Σ_{j≠j*} dℓ_ij
+        dominant.assign(static_cast<std::size_t>(nI), -1);  // j* of each row, or −1
+        walk_key_blocks(gates, p.window, i0, [&](std::int64_t j0, std::int64_t nJ, double gap) {
+          tile_logits(q_scaled, k, gates, p.window, i0, j0, nJ, gap, tmp.logits);
+          masked_exp(tmp.logits, lse_rows, tmp.probs);
+          if (want_dv) dv.middleRows(j0, nJ).noalias() += tmp.probs.transpose() * dout;
+          if (!want_dlogits) return;
+          tmp.dprobs.resize(nI, nJ);
+          tmp.dprobs.noalias() = dout * v.middleRows(j0, nJ).transpose();
+          tmp.dlogits =
+              tmp.probs.cwiseProduct((tmp.dprobs.array().colwise() - delta_rows.array()).matrix());
+          // A dominant key's dℓ is left out here and added below as −(the rest of its row).
+          for (std::int64_t r = 0; r < nI; ++r) {
+            Eigen::Index c;
+            if (dominant[static_cast<std::size_t>(r)] < 0 &&
+                tmp.probs.row(r).maxCoeff(&c) > S(0.5)) {
+              dominant[static_cast<std::size_t>(r)] = j0 + c;
+              tmp.dlogits(r, c) = 0;
+            }
+          }
+          row_sums = tmp.dlogits.rowwise().sum();
+          other_sums += row_sums;
+          if (want_dq) dq.noalias() += tmp.dlogits * k.middleRows(j0, nJ);
+          if (want_dk) dk.middleRows(j0, nJ).noalias() += tmp.dlogits.transpose() * q;
+          if (want_dg) add_gate_grads(tmp.dlogits, row_sums, i0, j0, dg, spans);
+        });
+        // dℓ_ij* = −Σ_{j≠j*} dℓ_ij: dq_i += dℓ_ij* k_j*, dk_j* += dℓ_ij* q_i, and g_s for
+        // s ∈ (j*, i] gets dℓ_ij* (a range of the difference array).
+        for (std::int64_t r = 0; r < nI && want_dlogits; ++r) {
+          const std::int64_t j_star = dominant[static_cast<std::size_t>(r)];
+          if (j_star < 0) continue;
+          const S dlogit = -other_sums[r];
+          if (want_dq) dq.row(r) += dlogit * k.row(j_star);
+          if (want_dk) dk.row(j_star) += dlogit * q.row(r);
+          if (want_dg && j_star < i0 + r) {
+            spans[static_cast<std::size_t>(j_star + 1)] += static_cast<double>(dlogit);
+            spans[static_cast<std::size_t>(i0 + r + 1)] -= static_cast<double>(dlogit);
+          }
+        }
+        if (want_dq) {
+          dq *= static_cast<S>(p.scale);
+          store_rows(dq, grads.dq, rows, hq);
+        }
+      }
+      if (want_dg) {
+        Vec<double> dg_out(L);
+        double span_sum = 0;
+        for (std::int64_t s = 0; s < L; ++s) {
+          span_sum += spans[static_cast<std::size_t>(s)];
+          dg_out[s] = dg[static_cast<std::size_t>(s)] + span_sum;
+        }
+        store_column(dg_out, grads.dg, seq, hq);
+      }
+    }
+    if (want_dk) {
+      dk *= static_cast<S>(p.scale);
+      store_rows(dk, grads.dk, seq, h);
+    }
+    if (want_dv) store_rows(dv, grads.dv, seq, h);
+  });
+}
+
+}  // namespace
+
+void chunk_forward(const Problem& p, const TensorView& o, const TensorView& lse) {
+  dispatch_float(p.q, [&](auto s) { forward_typed<decltype(s)>(p, o, lse); });
+}
+
+void chunk_backward(const Problem& p, const TensorView& d_o, const TensorView& o,
+                    const TensorView& lse, const ForgettingAttnGrads& grads) {
+  dispatch_float(p.q, [&](auto s) { backward_typed<decltype(s)>(p, d_o, o, lse, grads); });
+}
+
+}  // namespace phasor::detail::fox

@@ -1,1 +1,379 @@
-// placeholder: implemented by the forgetting_attn work
+// Forgetting attention, Impl::recurrent: decoding token by token through a key/value cache.
+//
+// A KvCache holds, for one (sequence, key/value head), the keys and values of the tokens seen
+// (only the last window − 1 with a window, in a ring buffer) and, for each cached token p and
+// each query head of the group, its log decay Σ_{s ∈ (p, t]} g_s up to the current token t. A
+// new token t first decays every cached token by its gate g_t (a float64 sum from the token
+// itself — never a difference of cumulative sums; a zero gate makes it −inf, which masks the
+// token for good), then attends to the cache and itself:
+//   o_t = Σ_p softmax_p(scale q_t·k_p + decay_p) v_p,   decay_t = 0,
+// and is appended. ForgettingAttnCache is B × H such caches; forgetting_attn_forward with
+// Impl::recurrent runs each sequence through one.
+//
+// Backward (Impl::recurrent): the exact token-by-token adjoint of those steps. Step t's softmax
+// over the tokens it could see is recomputed (or taken from the saved o and lse) and its adjoint
+// accumulated into dq_t and the dk, dv of the attended tokens; dg_s collects the dℓ_tp of every
+// step t whose decay sum for p contains g_s (p < s ≤ t). As in the chunk kernel, the dℓ of a
+// dominant token (P_tp* > 1/2) is −Σ_{p≠p*} dℓ_tp, which keeps float32 accurate when strong gates
+// or large logits make P_tp* ≈ 1.
+// Everything is computed in the input's precision (the gate sums in float64).
+// GCC 12 reports false -Wmaybe-uninitialized warnings inside its own AVX-512 intrinsics
+// (avx512fintrin.h, GCC bug 105593) when Eigen is compiled with -march=native. This must come
+// before the first include of Eigen to take effect.
+#if defined(__GNUC__) && !defined(__clang__) && __GNUC__ == 12
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "common/check.h"
+#include "common/parallel.h"
+#include "common/slices.h"
+#include "forgetting_attn/kernels.h"
+#include "phasor/forgetting_attn.h"
+
+namespace phasor {
+namespace detail::fox {
+namespace {
+
+constexpr double kNegInf = -std::numeric_limits<double>::infinity();
+
+// The decode cache of one (sequence, key/value head) and the query heads of its group.
+template <class S>
+class KvCache {
+ public:
+  KvCache(std::int64_t K, std::int64_t V, std::int64_t group, std::int64_t window)
+      : capacity_(window == kNoWindow ? -1 : window - 1),
+        keys_(0, K),
+        values_(0, V),
+        decay_(0, group) {
+    if (capacity_ > 0) {
+      keys_.resize(capacity_, K);
+      values_.resize(capacity_, V);
+      decay_.resize(capacity_, group);
+    }
+  }
+
+  // Token t: q (group × K) for the query heads of the group, k (1 × K), v (1 × V), g (group)
+  // the log gates of t. Writes o (group × V) and lse (group), then caches the token.
+  void step(const Mat<S>& q, const Mat<S>& k, const Mat<S>& v, const Vec<double>& g, double scale,
+            Mat<S>& o, Vec<S>& lse) {
+    // A zero gate on every query head hides everything cached from all of them: drop it.
+    if ((g.array() == kNegInf).all()) cached_ = next_ = 0;
+    const std::int64_t n = cached_;
+    // decay_p ← decay_p + g_t: the sum of the gates in (p, t].
+    decay_.topRows(n).rowwise() += g.transpose();
+    const Mat<S> q_scaled = q * static_cast<S>(scale);
+    // logits (n × group): ℓ_tp = scale q_t·k_p + decay_p; the token itself: scale q_t·k_t.
+    logits_.resize(n, q.rows());
+    logits_.noalias() = keys_.topRows(n) * q_scaled.transpose();
+    logits_ += decay_.topRows(n).template cast<S>();
+    const Vec<S> self = q_scaled * k.transpose();
+    Vec<S> max_logit = self;
+    for (std::int64_t h = 0; h < q.rows(); ++h)
+      if (n > 0) max_logit[h] = std::max(max_logit[h], logits_.col(h).maxCoeff());
+    const S neg_inf = -std::numeric_limits<S>::infinity();
+    probs_.resize(n, q.rows());
+    probs_.array() =
+        (logits_.array() == neg_inf)
+            .select(S(0), (logits_.array().rowwise() - max_logit.transpose().array()).exp());
+    const Vec<S> self_prob = (self - max_logit).array().exp();
+    const Vec<S> sum = probs_.colwise().sum().transpose() + self_prob;
+    o.resize(q.rows(), v.cols());
+    o.noalias() = probs_.transpose() * values_.topRows(n);
+    o.noalias() += self_prob * v;
+    o = sum.cwiseInverse().asDiagonal() * o;
+    lse = max_logit.array() + sum.array().log();
+    append(k, v);
+  }
+
+ private:
+  void append(const Mat<S>& k, const Mat<S>& v) {
+    if (capacity_ == 0) return;  // window 1: a token only ever sees itself
+    std::int64_t slot;
+    if (capacity_ < 0) {  // unbounded: grow by doubling
+      slot = cached_++;
+      if (slot == keys_.rows()) {
+        const std::int64_t rows = std::max<std::int64_t>(16, 2 * keys_.rows());
+        keys_.conservativeResize(rows, keys_.cols());
+        values_.conservativeResize(rows, values_.cols());
+        decay_.conservativeResize(rows, decay_.cols());
+      }
+    } else if (cached_ < capacity_) {
+      slot = cached_++;
+    } else {  // full ring: overwrite the oldest token (it leaves the window)
+      slot = next_;
+      next_ = (next_ + 1) % capacity_;
+    }
+    keys_.row(slot) = k.row(0);
+    values_.row(slot) = v.row(0);
+    decay_.row(slot).setZero();
+  }
+
+  std::int64_t capacity_;    // −1: unbounded
+  std::int64_t cached_ = 0;  // valid slots: the first `cached_` rows
+  std::int64_t next_ = 0;    // full ring: the slot of the oldest token
+  Mat<S> keys_, values_;
+  Mat<double> decay_;  // slot × query head of the group
+  Mat<S> logits_, probs_;
+};
+
+template <class S>
+void forward_typed(const Problem& p, const TensorView& o, const TensorView& lse) {
+  parallel_for(p.num_items(), [&](std::int64_t item) {
+    const Sequence& seq = p.sequences[static_cast<std::size_t>(item / p.H)];
+    const std::int64_t h = item % p.H, L = seq.length, G = p.group();
+    Mat<S> k, v;
+    load_rows(p.k, seq, h, k);
+    load_rows(p.v, seq, h, v);
+    std::vector<Mat<S>> q(static_cast<std::size_t>(G)), out(static_cast<std::size_t>(G));
+    Mat<double> gates(L, G);
+    Vec<double> column;
+    for (std::int64_t r = 0; r < G; ++r) {
+      load_rows(p.q, seq, h * G + r, q[static_cast<std::size_t>(r)]);
+      load_column(p.g, seq, h * G + r, column);
+      gates.col(r) = column;
+      out[static_cast<std::size_t>(r)].resize(L, p.V);
+    }
+    Mat<S> out_lse(L, G), q_t(G, p.K), k_t, v_t, o_t;
+    Vec<S> lse_t;
+    KvCache<S> cache(p.K, p.V, G, p.window);
+    for (std::int64_t t = 0; t < L; ++t) {
+      for (std::int64_t r = 0; r < G; ++r) q_t.row(r) = q[static_cast<std::size_t>(r)].row(t);
+      k_t = k.row(t);
+      v_t = v.row(t);
+      cache.step(q_t, k_t, v_t, gates.row(t).transpose(), p.scale, o_t, lse_t);
+      for (std::int64_t r = 0; r < G; ++r) out[static_cast<std::size_t>(r)].row(t) = o_t.row(r);
+      out_lse.row(t) = lse_t.transpose();
+    }
+    for (std::int64_t r = 0; r < G; ++r) {
+      store_rows(out[static_cast<std::size_t>(r)], o, seq, h * G + r);
+      if (lse.defined()) store_column(out_lse.col(r), lse, seq, h * G + r);
+    }
+  });
+}
+
+template <class S>
+void backward_typed(const Problem& p, const TensorView& d_o, const TensorView& o,
+                    const TensorView& lse, const ForgettingAttnGrads& grads) {
+  const bool saved = o.defined() && lse.defined();
+  parallel_for(p.num_items(), [&](std::int64_t item) {
+    const Sequence& seq = p.sequences[static_cast<std::size_t>(item / p.H)];
+    const std::int64_t h = item % p.H, L = seq.length;
+    Mat<S> k, v, q, dout, out;
+    Vec<S> saved_lse, logits, probs, dlogits;
+    Vec<double> g;
+    load_rows(p.k, seq, h, k);
+    load_rows(p.v, seq, h, v);
+    Mat<S> dk = Mat<S>::Zero(L, p.K), dv = Mat<S>::Zero(L, p.V);
+    std::vector<double> gate_sums;  // gate_sums[t − j] = Σ_{s ∈ (j, t]} g_s
+    for (std::int64_t hq = h * p.group(); hq < (h + 1) * p.group(); ++hq) {
+      load_rows(p.q, seq, hq, q);
+      load_rows(d_o, seq, hq, dout);
+      load_column(p.g, seq, hq, g);
+      if (saved) {
+        load_rows(o, seq, hq, out);
+        load_column(lse, seq, hq, saved_lse);
+      }
+      Mat<S> dq = Mat<S>::Zero(L, p.K);
+      Vec<double> dg = Vec<double>::Zero(L);
+      for (std::int64_t t = 0; t < L; ++t) {
+        // The tokens step t attended to: back to the window start or the last zero gate.
+        gate_sums.assign(1, 0.0);
+        for (std::int64_t j = t - 1; j >= window_start(t, p.window); --j) {
+          const double sum = gate_sums.back() + g[j + 1];
+          if (sum == kNegInf) break;
+          gate_sums.push_back(sum);
+        }
+        const auto n = static_cast<std::int64_t>(gate_sums.size());
+        const std::int64_t first = t - n + 1;
+        const Vec<S> q_scaled = q.row(t).transpose() * static_cast<S>(p.scale);
+        logits.noalias() = k.middleRows(first, n) * q_scaled;
+        for (std::int64_t j = first; j <= t; ++j)
+          logits[j - first] += static_cast<S>(gate_sums[static_cast<std::size_t>(t - j)]);
+        // Step t's forward: lse_t and o_t, saved or recomputed.
+        S lse_t;
+        Vec<S> o_t;
+        if (saved) {
+          lse_t = saved_lse[t];
+          o_t = out.row(t).transpose();
+        } else {
+          const S max_logit = logits.maxCoeff();
+          probs = (logits.array() - max_logit).exp();
+          const S sum = probs.sum();
+          lse_t = max_logit + std::log(sum);
+          o_t = v.middleRows(first, n).transpose() * probs / sum;
+        }
+        probs = (logits.array() - lse_t).exp();
+        // Adjoint of the softmax: dℓ_tj = P_tj (do_t·v_j − do_t·o_t); a dominant token's from the
+        // others.
+        const Vec<S> do_t = dout.row(t).transpose();
+        const S delta = do_t.dot(o_t);
+        dlogits = probs.cwiseProduct(((v.middleRows(first, n) * do_t).array() - delta).matrix());
+        Eigen::Index dominant;
+        if (probs.maxCoeff(&dominant) > S(0.5)) {
+          dlogits[dominant] = 0;
+          dlogits[dominant] = -dlogits.sum();
+        }
+        dq.row(t) =
+            static_cast<S>(p.scale) * (k.middleRows(first, n).transpose() * dlogits).transpose();
+        dk.middleRows(first, n).noalias() += dlogits * q.row(t);
+        dv.middleRows(first, n).noalias() += probs * dout.row(t);
+        // ℓ_tj contains g_s for s ∈ (j, t]: dg_s += Σ_{first ≤ j < s} dℓ_tj.
+        double run = 0;
+        for (std::int64_t j = first; j < t; ++j) {
+          run += static_cast<double>(dlogits[j - first]);
+          dg[j + 1] += run;
+        }
+      }
+      if (grads.dq.defined()) store_rows(dq, grads.dq, seq, hq);
+      if (grads.dg.defined()) store_column(dg, grads.dg, seq, hq);
+    }
+    if (grads.dk.defined()) {
+      dk *= static_cast<S>(p.scale);
+      store_rows(dk, grads.dk, seq, h);
+    }
+    if (grads.dv.defined()) store_rows(dv, grads.dv, seq, h);
+  });
+}
+
+}  // namespace
+
+void recurrent_forward(const Problem& p, const TensorView& o, const TensorView& lse) {
+  dispatch_float(p.q, [&](auto s) { forward_typed<decltype(s)>(p, o, lse); });
+}
+
+void recurrent_backward(const Problem& p, const TensorView& d_o, const TensorView& o,
+                        const TensorView& lse, const ForgettingAttnGrads& grads) {
+  dispatch_float(p.q, [&](auto s) { backward_typed<decltype(s)>(p, d_o, o, lse, grads); });
+}
+
+}  // namespace detail::fox
+
+// ---- ForgettingAttnCache ---------------------------------------------------------------------
+
+struct ForgettingAttnCache::State {
+  std::int64_t batch, HQ, H, K, V, window;
+  std::int64_t length = 0;
+  // The compute type is q's dtype at the first step after construction or reset().
+  bool started = false;
+  DType compute = DType::float32;
+  std::vector<detail::fox::KvCache<float>> f32;  // [batch × H]
+  std::vector<detail::fox::KvCache<double>> f64;
+
+  template <class S>
+  std::vector<detail::fox::KvCache<S>>& caches() {
+    if constexpr (std::is_same_v<S, float>)
+      return f32;
+    else
+      return f64;
+  }
+};
+
+ForgettingAttnCache::ForgettingAttnCache(std::int64_t batch, std::int64_t num_q_heads,
+                                         std::int64_t num_kv_heads, std::int64_t head_dim,
+                                         std::int64_t value_dim,
+                                         std::optional<std::int64_t> window_size)
+    : state_(std::make_unique<State>()) {
+  const std::string op = "ForgettingAttnCache";
+  detail::check_positive(op, "batch", batch);
+  detail::check_positive(op, "num_kv_heads", num_kv_heads);
+  if (num_q_heads < 1 || num_q_heads % num_kv_heads != 0)
+    detail::fail(op, "num_q_heads",
+                 "a positive multiple of num_kv_heads = " + std::to_string(num_kv_heads),
+                 std::to_string(num_q_heads));
+  detail::check_positive(op, "head_dim", head_dim);
+  detail::check_positive(op, "value_dim", value_dim);
+  if (window_size && *window_size < 1)
+    detail::fail(op, "window_size", "none (full causal attention) or an integer >= 1",
+                 std::to_string(*window_size));
+  State& s = *state_;
+  s.batch = batch;
+  s.HQ = num_q_heads;
+  s.H = num_kv_heads;
+  s.K = head_dim;
+  s.V = value_dim;
+  s.window = window_size ? *window_size : detail::fox::kNoWindow;
+}
+
+ForgettingAttnCache::~ForgettingAttnCache() = default;
+ForgettingAttnCache::ForgettingAttnCache(ForgettingAttnCache&&) noexcept = default;
+ForgettingAttnCache& ForgettingAttnCache::operator=(ForgettingAttnCache&&) noexcept = default;
+
+std::int64_t ForgettingAttnCache::length() const {
+  return state_ ? state_->length : 0;
+}
+
+void ForgettingAttnCache::reset() {
+  if (!state_) return;
+  state_->length = 0;
+  state_->started = false;
+  state_->f32.clear();
+  state_->f64.clear();
+}
+
+void ForgettingAttnCache::step(const TensorView& q, const TensorView& k, const TensorView& v,
+                               const TensorView& g, const TensorView& o,
+                               std::optional<double> scale) {
+  const std::string op = "ForgettingAttnCache::step";
+  if (!state_) throw Error(op + ": the cache was moved from");
+  State& s = *state_;
+  detail::check_float_tensor(
+      op, "q", q,
+      {{s.batch, "batch"}, {1, "1 (one token)"}, {s.HQ, "num_q_heads"}, {s.K, "head_dim"}});
+  detail::check_float_tensor(
+      op, "k", k,
+      {{s.batch, "batch"}, {1, "1 (one token)"}, {s.H, "num_kv_heads"}, {s.K, "head_dim"}});
+  detail::check_float_tensor(
+      op, "v", v,
+      {{s.batch, "batch"}, {1, "1 (one token)"}, {s.H, "num_kv_heads"}, {s.V, "value_dim"}});
+  detail::check_float_tensor(op, "g", g,
+                             {{s.batch, "batch"}, {1, "1 (one token)"}, {s.HQ, "num_q_heads"}});
+  detail::check_output(
+      op, "o", o,
+      {{s.batch, "batch"}, {1, "1 (one token)"}, {s.HQ, "num_q_heads"}, {s.V, "value_dim"}});
+  const double resolved_scale = detail::resolve_scale(op, scale, s.K);
+  if (s.started && q.dtype != s.compute)
+    detail::fail(op, "q",
+                 std::string("dtype ") + to_string(s.compute) +
+                     " (the cache's compute type, set by the first step since construction or "
+                     "reset())",
+                 std::string("dtype ") + to_string(q.dtype));
+  detail::check_log_gates(op, "g", g);
+
+  const std::int64_t G = s.HQ / s.H;
+  detail::dispatch_float(q, [&](auto type_tag) {
+    using S = decltype(type_tag);
+    auto& caches = s.template caches<S>();
+    if (!s.started) {
+      caches.clear();
+      for (std::int64_t i = 0; i < s.batch * s.H; ++i) caches.emplace_back(s.K, s.V, G, s.window);
+      s.compute = q.dtype;
+      s.started = true;
+    }
+    detail::parallel_for(s.batch * s.H, [&](std::int64_t item) {
+      const std::int64_t b = item / s.H, h = item % s.H;
+      const detail::Sequence token{b, 0, 1};
+      detail::Mat<S> q_t(G, s.K), row, k_t, v_t, o_t;
+      detail::Vec<double> gates(G), column;
+      detail::Vec<S> lse_t;
+      for (std::int64_t r = 0; r < G; ++r) {
+        detail::load_rows(q, token, h * G + r, row);
+        q_t.row(r) = row.row(0);
+        detail::load_column(g, token, h * G + r, column);
+        gates[r] = column[0];
+      }
+      detail::load_rows(k, token, h, k_t);
+      detail::load_rows(v, token, h, v_t);
+      caches[static_cast<std::size_t>(item)].step(q_t, k_t, v_t, gates, resolved_scale, o_t, lse_t);
+      for (std::int64_t r = 0; r < G; ++r) detail::store_rows(o_t.row(r), o, token, h * G + r);
+    });
+  });
+  ++s.length;
+}
+
+}  // namespace phasor
