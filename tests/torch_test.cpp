@@ -1,2 +1,632 @@
+// The LibTorch layer (phasor/torch.h): autograd against the core backward called directly,
+// float64 central finite differences through the torch API, errors as c10::Error naming the
+// argument, float16/bfloat16 inputs, gradients flowing from final_state, dtypes and strides,
+// and the FoX decoder against the parallel forward.
 #include <gtest/gtest.h>
-// placeholder
+#include <torch/torch.h>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "phasor/forgetting_attn.h"
+#include "phasor/gated_delta_rule.h"
+#include "phasor/gla.h"
+#include "phasor/torch.h"
+
+namespace phasor {
+namespace {
+
+const at::TensorOptions f64 = at::TensorOptions().dtype(at::kDouble);
+const at::TensorOptions f32 = at::TensorOptions().dtype(at::kFloat);
+
+// A view of a contiguous tensor for calling the core directly. Deliberately independent of the
+// layer's own conversion (which handles any strides): the expected values go through this one.
+TensorView core_view(const at::Tensor& t) {
+  if (!t.defined()) return {};
+  EXPECT_TRUE(t.is_contiguous());
+  TensorView v;
+  v.data = t.data_ptr();
+  switch (t.scalar_type()) {
+    case at::kFloat:
+      v.dtype = DType::float32;
+      break;
+    case at::kDouble:
+      v.dtype = DType::float64;
+      break;
+    case at::kInt:
+      v.dtype = DType::int32;
+      break;
+    case at::kLong:
+      v.dtype = DType::int64;
+      break;
+    default:
+      ADD_FAILURE() << "unexpected dtype " << t.scalar_type();
+  }
+  v.rank = static_cast<int>(t.dim());
+  std::int64_t stride = 1;
+  for (int d = v.rank - 1; d >= 0; --d) {
+    v.sizes[static_cast<std::size_t>(d)] = t.size(d);
+    v.strides[static_cast<std::size_t>(d)] = stride;
+    stride *= t.size(d);
+  }
+  return v;
+}
+
+// sqrt(Σ(a − b)² / Σb²) in float64; b is trusted.
+double rel_rms(const at::Tensor& a, const at::Tensor& b) {
+  const at::Tensor x = a.detach().to(at::kDouble), y = b.detach().to(at::kDouble);
+  const double num = (x - y).pow(2).sum().item<double>(), den = y.pow(2).sum().item<double>();
+  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+}
+
+#define EXPECT_CLOSE(actual, expected, tol, what)                                               \
+  do {                                                                                          \
+    ASSERT_TRUE((actual).defined()) << (what) << " is undefined";                               \
+    ASSERT_EQ((actual).sizes(), (expected).sizes()) << (what);                                  \
+    EXPECT_TRUE(at::isfinite((actual).detach()).all().item<bool>()) << (what) << " not finite"; \
+    EXPECT_LE(rel_rms((actual), (expected)), (tol)) << (what);                                  \
+  } while (0)
+
+// log σ(x), x ~ N(mean, 1): realistic log forget gates.
+at::Tensor log_gates(at::IntArrayRef shape, double mean = 2.0) {
+  return at::log_sigmoid(at::randn(shape, f64) + mean);
+}
+
+// A leaf that requires grad, with the given values but a non-contiguous layout: every other
+// element of a buffer twice as long in the last dimension, so the layer's strided path is
+// exercised.
+at::Tensor strided_leaf(const at::Tensor& values) {
+  std::vector<std::int64_t> wide(values.sizes().begin(), values.sizes().end());
+  wide.back() *= 2;
+  at::Tensor storage = at::zeros(wide, values.options());
+  at::Tensor leaf = storage.slice(-1, 0, wide.back(), 2);
+  leaf.copy_(values);
+  EXPECT_FALSE(leaf.is_contiguous());
+  return leaf.detach().requires_grad_(true);
+}
+
+at::Tensor leaf(const at::Tensor& values) {
+  return values.detach().clone().requires_grad_(true);
+}
+
+// Expects a c10::Error (not some other exception) whose message holds every fragment.
+template <class F>
+void expect_torch_error(F&& fn, std::initializer_list<const char*> fragments) {
+  try {
+    fn();
+    ADD_FAILURE() << "expected a c10::Error";
+  } catch (const c10::Error& e) {
+    const std::string what = e.what_without_backtrace();
+    for (const char* f : fragments)
+      EXPECT_NE(what.find(f), std::string::npos) << "message '" << what << "' lacks '" << f << "'";
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "expected a c10::Error, got another exception: " << e.what();
+  }
+}
+
+const Impl kImpls[] = {Impl::reference, Impl::recurrent, Impl::chunk};
+
+class TorchImpl : public ::testing::TestWithParam<Impl> {};
+INSTANTIATE_TEST_SUITE_P(AllImpls, TorchImpl, ::testing::ValuesIn(kImpls),
+                         [](const auto& info) { return std::string(to_string(info.param)); });
+
+// ---- autograd == core backward
+// ------------------------------------------------------------------------
+
+TEST_P(TorchImpl, GlaAutogradMatchesCoreBackward) {
+  const Impl impl = GetParam();
+  torch::manual_seed(1);
+  const std::int64_t B = 2, T = 9, H = 2, K = 4, V = 3;
+  const at::Tensor q0 = at::randn({B, T, H, K}, f64), k0 = at::randn({B, T, H, K}, f64),
+                   v0 = at::randn({B, T, H, V}, f64), g0 = log_gates({B, T, H, K}),
+                   h00 = at::randn({B, H, K, V}, f64);
+  at::Tensor q = strided_leaf(q0), k = strided_leaf(k0), v = strided_leaf(v0), g = strided_leaf(g0),
+             h0 = strided_leaf(h00);
+  auto [o, ht] = gla(q, k, v, g, impl, 0.4, h0, true, c10::nullopt, /*chunk_size=*/4);
+  ASSERT_TRUE(ht.has_value());
+  const at::Tensor d_o = at::randn_like(o), dht = at::randn_like(*ht);
+  torch::autograd::backward({o, *ht}, {d_o, dht});
+
+  GlaParams p;
+  p.q = core_view(q0), p.k = core_view(k0), p.v = core_view(v0), p.g = core_view(g0);
+  p.initial_state = core_view(h00);
+  p.scale = 0.4;
+  p.chunk_size = 4;
+  const at::Tensor o_ref = at::empty({B, T, H, V}, f64), ht_ref = at::empty({B, H, K, V}, f64);
+  gla_forward(p, impl, core_view(o_ref), core_view(ht_ref));
+  const at::Tensor dq = at::empty_like(q0), dk = at::empty_like(k0), dv = at::empty_like(v0),
+                   dg = at::empty_like(g0), dh0 = at::empty_like(h00);
+  gla_backward(p, impl, core_view(d_o), core_view(dht),
+               {core_view(dq), core_view(dk), core_view(dv), core_view(dg), core_view(dh0)});
+
+  EXPECT_CLOSE(o, o_ref, 1e-13, "o");
+  EXPECT_CLOSE(*ht, ht_ref, 1e-13, "final_state");
+  EXPECT_CLOSE(q.grad(), dq, 1e-13, "dq");
+  EXPECT_CLOSE(k.grad(), dk, 1e-13, "dk");
+  EXPECT_CLOSE(v.grad(), dv, 1e-13, "dv");
+  EXPECT_CLOSE(g.grad(), dg, 1e-13, "dg");
+  EXPECT_CLOSE(h0.grad(), dh0, 1e-13, "dh0");
+}
+
+TEST_P(TorchImpl, GlaVarlenAutogradMatchesCoreBackward) {
+  const Impl impl = GetParam();
+  torch::manual_seed(2);
+  const std::int64_t T = 10, H = 1, K = 3, V = 2, N = 4;
+  const at::Tensor cu = at::tensor({0, 3, 3, 9, 10}, at::kLong);  // one empty sequence
+  const at::Tensor q0 = at::randn({1, T, H, K}, f64), k0 = at::randn({1, T, H, K}, f64),
+                   v0 = at::randn({1, T, H, V}, f64), g0 = log_gates({1, T, H, K}),
+                   h00 = at::randn({N, H, K, V}, f64);
+  at::Tensor q = leaf(q0), k = leaf(k0), v = leaf(v0), g = leaf(g0), h0 = leaf(h00);
+  auto [o, ht] = gla(q, k, v, g, impl, c10::nullopt, h0, true, cu, 2);
+  ASSERT_EQ(ht->sizes(), h00.sizes());
+  const at::Tensor d_o = at::randn_like(o), dht = at::randn_like(*ht);
+  torch::autograd::backward({o, *ht}, {d_o, dht});
+
+  GlaParams p;
+  p.q = core_view(q0), p.k = core_view(k0), p.v = core_view(v0), p.g = core_view(g0);
+  p.initial_state = core_view(h00), p.cu_seqlens = core_view(cu), p.chunk_size = 2;
+  const at::Tensor dq = at::empty_like(q0), dk = at::empty_like(k0), dv = at::empty_like(v0),
+                   dg = at::empty_like(g0), dh0 = at::empty_like(h00);
+  gla_backward(p, impl, core_view(d_o), core_view(dht),
+               {core_view(dq), core_view(dk), core_view(dv), core_view(dg), core_view(dh0)});
+  EXPECT_CLOSE(q.grad(), dq, 1e-13, "dq");
+  EXPECT_CLOSE(k.grad(), dk, 1e-13, "dk");
+  EXPECT_CLOSE(v.grad(), dv, 1e-13, "dv");
+  EXPECT_CLOSE(g.grad(), dg, 1e-13, "dg");
+  EXPECT_CLOSE(h0.grad(), dh0, 1e-13, "dh0");
+  // The empty sequence passes its initial state through, and its gradient back.
+  EXPECT_TRUE(at::equal((*ht)[1], h00[1]));
+  EXPECT_TRUE(at::equal(h0.grad()[1], dht[1]));
+}
+
+TEST_P(TorchImpl, GatedDeltaRuleAutogradMatchesCoreBackward) {
+  const Impl impl = GetParam();
+  torch::manual_seed(3);
+  const std::int64_t B = 2, T = 7, H = 1, HV = 2, K = 4, V = 3;
+  const at::Tensor q0 = at::randn({B, T, H, K}, f64), k0 = at::randn({B, T, H, K}, f64),
+                   v0 = at::randn({B, T, HV, V}, f64), g0 = log_gates({B, T, HV}, 3.0),
+                   beta0 = 2 * at::rand({B, T, HV}, f64), h00 = at::randn({B, HV, K, V}, f64);
+  at::Tensor q = strided_leaf(q0), k = strided_leaf(k0), v = strided_leaf(v0), g = leaf(g0),
+             beta = leaf(beta0), h0 = strided_leaf(h00);
+  auto [o, ht] = gated_delta_rule(q, k, v, g, beta, impl, c10::nullopt, h0, true, c10::nullopt,
+                                  /*use_qk_l2norm_in_kernel=*/true, /*chunk_size=*/3);
+  const at::Tensor d_o = at::randn_like(o), dht = at::randn_like(*ht);
+  torch::autograd::backward({o, *ht}, {d_o, dht});
+
+  GatedDeltaRuleParams p;
+  p.q = core_view(q0), p.k = core_view(k0), p.v = core_view(v0), p.g = core_view(g0);
+  p.beta = core_view(beta0), p.initial_state = core_view(h00);
+  p.use_qk_l2norm_in_kernel = true;
+  p.chunk_size = 3;
+  const at::Tensor o_ref = at::empty({B, T, HV, V}, f64), ht_ref = at::empty({B, HV, K, V}, f64);
+  gated_delta_rule_forward(p, impl, core_view(o_ref), core_view(ht_ref));
+  const at::Tensor dq = at::empty_like(q0), dk = at::empty_like(k0), dv = at::empty_like(v0),
+                   dg = at::empty_like(g0), dbeta = at::empty_like(beta0),
+                   dh0 = at::empty_like(h00);
+  gated_delta_rule_backward(p, impl, core_view(d_o), core_view(dht),
+                            {core_view(dq), core_view(dk), core_view(dv), core_view(dg),
+                             core_view(dbeta), core_view(dh0)});
+  EXPECT_CLOSE(o, o_ref, 1e-13, "o");
+  EXPECT_CLOSE(*ht, ht_ref, 1e-13, "final_state");
+  EXPECT_CLOSE(q.grad(), dq, 1e-13, "dq");
+  EXPECT_CLOSE(k.grad(), dk, 1e-13, "dk");
+  EXPECT_CLOSE(v.grad(), dv, 1e-13, "dv");
+  EXPECT_CLOSE(g.grad(), dg, 1e-13, "dg");
+  EXPECT_CLOSE(beta.grad(), dbeta, 1e-13, "dbeta");
+  EXPECT_CLOSE(h0.grad(), dh0, 1e-13, "dh0");
+}
+
+TEST_P(TorchImpl, ForgettingAttnAutogradMatchesCoreBackward) {
+  const Impl impl = GetParam();
+  torch::manual_seed(4);
+  const std::int64_t B = 2, T = 9, HQ = 4, H = 2, K = 3, V = 5;
+  for (c10::optional<std::int64_t> window :
+       {c10::optional<std::int64_t>(), c10::make_optional<std::int64_t>(3)}) {
+    SCOPED_TRACE(window ? "window 3" : "no window");
+    const at::Tensor q0 = at::randn({B, T, HQ, K}, f64), k0 = at::randn({B, T, H, K}, f64),
+                     v0 = at::randn({B, T, H, V}, f64), g0 = log_gates({B, T, HQ}, 1.0);
+    at::Tensor q = strided_leaf(q0), k = strided_leaf(k0), v = strided_leaf(v0), g = leaf(g0);
+    const at::Tensor o = forgetting_attn(q, k, v, g, impl, 0.6, window, c10::nullopt, 4);
+    const at::Tensor d_o = at::randn_like(o);
+    o.backward(d_o);
+
+    ForgettingAttnParams p;
+    p.q = core_view(q0), p.k = core_view(k0), p.v = core_view(v0), p.g = core_view(g0);
+    p.scale = 0.6;
+    if (window) p.window_size = *window;
+    p.block_size = 4;
+    const at::Tensor o_ref = at::empty({B, T, HQ, V}, f64);
+    forgetting_attn_forward(p, impl, core_view(o_ref));
+    const at::Tensor dq = at::empty_like(q0), dk = at::empty_like(k0), dv = at::empty_like(v0),
+                     dg = at::empty_like(g0);
+    // No o / lse: the core recomputes them, so this also checks what the layer saved.
+    forgetting_attn_backward(p, impl, core_view(d_o), {}, {},
+                             {core_view(dq), core_view(dk), core_view(dv), core_view(dg)});
+    EXPECT_CLOSE(o, o_ref, 1e-13, "o");
+    EXPECT_CLOSE(q.grad(), dq, 1e-12, "dq");
+    EXPECT_CLOSE(k.grad(), dk, 1e-12, "dk");
+    EXPECT_CLOSE(v.grad(), dv, 1e-12, "dv");
+    EXPECT_CLOSE(g.grad(), dg, 1e-12, "dg");
+  }
+}
+
+// ---- central finite differences through the torch API (float64)
+// -------------------------------------
+
+// loss(inputs) is a scalar tensor. Checks autograd's gradient of every input against
+// (loss(x + εe_i) − loss(x − εe_i)) / 2ε, element by element.
+void check_finite_differences(const std::function<at::Tensor(const std::vector<at::Tensor>&)>& loss,
+                              const std::vector<at::Tensor>& values,
+                              const std::vector<std::string>& names, double tol = 1e-6) {
+  std::vector<at::Tensor> leaves;
+  for (const auto& x : values) leaves.push_back(leaf(x));
+  loss(leaves).backward();
+  const double eps = 1e-6;
+  at::NoGradGuard no_grad;
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    ASSERT_TRUE(leaves[i].grad().defined()) << "no gradient for " << names[i];
+    const at::Tensor analytic = leaves[i].grad().reshape(-1);
+    at::Tensor numeric = at::empty_like(analytic);
+    for (std::int64_t e = 0; e < analytic.numel(); ++e) {
+      std::vector<at::Tensor> plus = values, minus = values;
+      plus[i] = values[i].clone(), minus[i] = values[i].clone();
+      plus[i].view(-1)[e] += eps;
+      minus[i].view(-1)[e] -= eps;
+      numeric[e] = (loss(plus).item<double>() - loss(minus).item<double>()) / (2 * eps);
+    }
+    EXPECT_LE(rel_rms(analytic, numeric), tol) << "gradient of " << names[i];
+  }
+}
+
+TEST_P(TorchImpl, GlaFiniteDifferences) {
+  const Impl impl = GetParam();
+  torch::manual_seed(5);
+  const std::int64_t B = 1, T = 6, H = 2, K = 3, V = 4;
+  const at::Tensor wo = at::randn({B, T, H, V}, f64), wh = at::randn({B, H, K, V}, f64);
+  auto loss = [&](const std::vector<at::Tensor>& x) {
+    auto [o, ht] = gla(x[0], x[1], x[2], x[3], impl, c10::nullopt, x[4], true, c10::nullopt, 4);
+    return (o * wo).sum() + (*ht * wh).sum();
+  };
+  check_finite_differences(
+      loss,
+      {at::randn({B, T, H, K}, f64), at::randn({B, T, H, K}, f64), at::randn({B, T, H, V}, f64),
+       log_gates({B, T, H, K}, 1.0), at::randn({B, H, K, V}, f64)},
+      {"q", "k", "v", "g", "initial_state"});
+}
+
+TEST_P(TorchImpl, GatedDeltaRuleFiniteDifferences) {
+  const Impl impl = GetParam();
+  torch::manual_seed(6);
+  const std::int64_t B = 1, T = 5, H = 1, HV = 2, K = 3, V = 3;
+  const at::Tensor wo = at::randn({B, T, HV, V}, f64), wh = at::randn({B, HV, K, V}, f64);
+  auto loss = [&](const std::vector<at::Tensor>& x) {
+    auto [o, ht] = gated_delta_rule(x[0], x[1], x[2], x[3], x[4], impl, c10::nullopt, x[5], true,
+                                    c10::nullopt, /*use_qk_l2norm_in_kernel=*/true, 2);
+    return (o * wo).sum() + (*ht * wh).sum();
+  };
+  check_finite_differences(loss,
+                           {at::randn({B, T, H, K}, f64), at::randn({B, T, H, K}, f64),
+                            at::randn({B, T, HV, V}, f64), log_gates({B, T, HV}, 1.0),
+                            0.2 + 1.6 * at::rand({B, T, HV}, f64), at::randn({B, HV, K, V}, f64)},
+                           {"q", "k", "v", "g", "beta", "initial_state"});
+}
+
+TEST_P(TorchImpl, ForgettingAttnFiniteDifferences) {
+  const Impl impl = GetParam();
+  torch::manual_seed(7);
+  const std::int64_t B = 1, T = 7, HQ = 2, H = 1, K = 3, V = 4;
+  const at::Tensor wo = at::randn({B, T, HQ, V}, f64);
+  auto loss = [&](const std::vector<at::Tensor>& x) {
+    return (forgetting_attn(x[0], x[1], x[2], x[3], impl, c10::nullopt, 5, c10::nullopt, 2) * wo)
+        .sum();
+  };
+  check_finite_differences(loss,
+                           {at::randn({B, T, HQ, K}, f64), at::randn({B, T, H, K}, f64),
+                            at::randn({B, T, H, V}, f64), log_gates({B, T, HQ}, 1.0)},
+                           {"q", "k", "v", "g"});
+}
+
+// ---- final_state gradients, unused outputs, partial requires_grad
+// ------------------------------------------
+
+TEST_P(TorchImpl, FinalStateGradientFlowsWhenOnlyTheStateIsUsed) {
+  const Impl impl = GetParam();
+  torch::manual_seed(8);
+  const std::int64_t B = 2, T = 5, H = 2, K = 3, V = 2;
+  const at::Tensor q0 = at::randn({B, T, H, K}, f64), k0 = at::randn({B, T, H, K}, f64),
+                   v0 = at::randn({B, T, H, V}, f64), g0 = log_gates({B, T, H, K}),
+                   h00 = at::randn({B, H, K, V}, f64);
+  at::Tensor q = leaf(q0), k = leaf(k0), v = leaf(v0), g = leaf(g0), h0 = leaf(h00);
+  auto [o, ht] = gla(q, k, v, g, impl, c10::nullopt, h0, true);
+  const at::Tensor dht = at::randn_like(*ht);
+  (*ht * dht).sum().backward();  // o takes no part: its gradient is undefined, i.e. zero
+
+  GlaParams p;
+  p.q = core_view(q0), p.k = core_view(k0), p.v = core_view(v0), p.g = core_view(g0);
+  p.initial_state = core_view(h00);
+  const at::Tensor zeros = at::zeros({B, T, H, V}, f64);
+  const at::Tensor dq = at::empty_like(q0), dk = at::empty_like(k0), dv = at::empty_like(v0),
+                   dg = at::empty_like(g0), dh0 = at::empty_like(h00);
+  gla_backward(p, impl, core_view(zeros), core_view(dht),
+               {core_view(dq), core_view(dk), core_view(dv), core_view(dg), core_view(dh0)});
+  EXPECT_CLOSE(k.grad(), dk, 1e-13, "dk");
+  EXPECT_CLOSE(v.grad(), dv, 1e-13, "dv");
+  EXPECT_CLOSE(g.grad(), dg, 1e-13, "dg");
+  EXPECT_CLOSE(h0.grad(), dh0, 1e-13, "dh0");
+  EXPECT_GT(k.grad().abs().sum().item<double>(), 0.0);
+  // q only reaches o, which is unused.
+  EXPECT_EQ(q.grad().abs().max().item<double>(), 0.0);
+
+  // The same through gated DeltaNet: dht reaches g, beta and the initial state.
+  const at::Tensor gg0 = log_gates({B, T, H}), b0 = at::rand({B, T, H}, f64);
+  at::Tensor gg = leaf(gg0), beta = leaf(b0), h1 = leaf(h00);
+  auto [o2, ht2] = gated_delta_rule(q0, k0, v0, gg, beta, impl, c10::nullopt, h1, true);
+  (*ht2 * dht).sum().backward();
+  GatedDeltaRuleParams pd;
+  pd.q = core_view(q0), pd.k = core_view(k0), pd.v = core_view(v0), pd.g = core_view(gg0);
+  pd.beta = core_view(b0), pd.initial_state = core_view(h00);
+  const at::Tensor dgg = at::empty_like(gg0), dbeta = at::empty_like(b0), dh1 = at::empty_like(h00);
+  gated_delta_rule_backward(pd, impl, core_view(zeros), core_view(dht),
+                            {{}, {}, {}, core_view(dgg), core_view(dbeta), core_view(dh1)});
+  EXPECT_CLOSE(gg.grad(), dgg, 1e-13, "dg (gated delta rule)");
+  EXPECT_CLOSE(beta.grad(), dbeta, 1e-13, "dbeta");
+  EXPECT_CLOSE(h1.grad(), dh1, 1e-13, "dh0 (gated delta rule)");
+}
+
+TEST(Torch, UnusedFinalStateCountsAsZeroGradient) {
+  torch::manual_seed(9);
+  const std::int64_t B = 1, T = 6, H = 1, K = 2, V = 3;
+  const at::Tensor q0 = at::randn({B, T, H, K}, f64), k0 = at::randn({B, T, H, K}, f64),
+                   v0 = at::randn({B, T, H, V}, f64), g0 = log_gates({B, T, H, K}),
+                   h00 = at::randn({B, H, K, V}, f64);
+  // Same loss (o only), once with the final state requested but unused, once without it.
+  at::Tensor h0a = leaf(h00), h0b = leaf(h00), ga = leaf(g0), gb = leaf(g0);
+  auto [oa, hta] = chunk_gla(q0, k0, v0, ga, c10::nullopt, h0a, true);
+  auto [ob, htb] = chunk_gla(q0, k0, v0, gb, c10::nullopt, h0b, false);
+  EXPECT_FALSE(htb.has_value());
+  oa.sum().backward();
+  ob.sum().backward();
+  EXPECT_TRUE(at::equal(h0a.grad(), h0b.grad()));
+  EXPECT_TRUE(at::equal(ga.grad(), gb.grad()));
+}
+
+TEST(Torch, OnlyInputsThatRequireGradGetGradients) {
+  torch::manual_seed(10);
+  const std::int64_t B = 1, T = 5, H = 2, K = 3, V = 3;
+  const at::Tensor q = at::randn({B, T, H, K}, f64), k = at::randn({B, T, H, K}, f64),
+                   v = at::randn({B, T, H, V}, f64), g0 = log_gates({B, T, H, K});
+  at::Tensor g = leaf(g0);
+  auto [o, ht] = fused_recurrent_gla(q, k, v, g);
+  EXPECT_TRUE(o.requires_grad());
+  o.pow(2).sum().backward();
+  EXPECT_FALSE(q.grad().defined());
+  EXPECT_TRUE(g.grad().defined());
+
+  // Without any input requiring grad, no graph is recorded.
+  auto [o2, ht2] = fused_recurrent_gla(q, k, v, g0);
+  EXPECT_FALSE(o2.requires_grad());
+}
+
+// ---- dtypes and layouts
+// ----------------------------------------------------------------------------------------
+
+TEST(Torch, OutputDtypes) {
+  torch::manual_seed(11);
+  const std::int64_t B = 1, T = 4, H = 1, K = 2, V = 2;
+  for (auto dtype : {at::kFloat, at::kDouble}) {
+    const auto opt = at::TensorOptions().dtype(dtype);
+    const at::Tensor q = at::randn({B, T, H, K}, opt), k = at::randn({B, T, H, K}, opt),
+                     v = at::randn({B, T, H, V}, opt), g = log_gates({B, T, H, K}).to(dtype);
+    auto [o, ht] = chunk_gla(q, k, v, g, c10::nullopt, c10::nullopt, true);
+    EXPECT_EQ(o.scalar_type(), dtype);
+    EXPECT_EQ(ht->scalar_type(), dtype);
+    auto [o2, ht2] = chunk_gated_delta_rule(q, k, v, g.select(3, 0), at::rand({B, T, H}, opt),
+                                            c10::nullopt, c10::nullopt, true);
+    EXPECT_EQ(o2.scalar_type(), dtype);
+    EXPECT_EQ(ht2->scalar_type(), dtype);
+    EXPECT_EQ(parallel_forgetting_attn(q, k, v, g.select(3, 0)).scalar_type(), dtype);
+  }
+}
+
+// Half and bfloat16 inputs are computed in float32 and o cast back: the results are exactly the
+// float32 results on the upcast inputs, rounded, and so are the gradients.
+TEST(Torch, HalfAndBFloat16ComputeInFloat32) {
+  torch::manual_seed(12);
+  const std::int64_t B = 1, T = 6, H = 2, HV = 2, K = 4, V = 3;
+  for (auto dtype : {at::kHalf, at::kBFloat16}) {
+    SCOPED_TRACE(c10::toString(dtype));
+    const auto low = [&](const at::Tensor& x) { return x.to(dtype); };
+    const at::Tensor q = low(at::randn({B, T, H, K}, f32)), k = low(at::randn({B, T, H, K}, f32)),
+                     v = low(at::randn({B, T, HV, V}, f32)), g4 = low(log_gates({B, T, H, K})),
+                     g3 = low(log_gates({B, T, HV})), beta = low(at::rand({B, T, HV}, f32)),
+                     h0 = low(at::randn({B, HV, K, V}, f32));
+    const at::Tensor d_o = at::randn({B, T, HV, V}, f32);
+
+    // GLA: all grads come back in the input dtype, equal to the rounded float32 grads.
+    {
+      at::Tensor ql = leaf(q), gl = leaf(g4), hl = leaf(h0);
+      auto [o, ht] = chunk_gla(ql, k, v, gl, c10::nullopt, hl, true);
+      EXPECT_EQ(o.scalar_type(), dtype);
+      EXPECT_EQ(ht->scalar_type(), at::kFloat);
+      (o.to(at::kFloat) * d_o).sum().backward();
+      at::Tensor qf = leaf(q.to(at::kFloat)), gf = leaf(g4.to(at::kFloat)),
+                 hf = leaf(h0.to(at::kFloat));
+      auto [of, htf] =
+          chunk_gla(qf, k.to(at::kFloat), v.to(at::kFloat), gf, c10::nullopt, hf, true);
+      (of.to(dtype).to(at::kFloat) * d_o).sum().backward();
+      EXPECT_TRUE(at::equal(o, of.to(dtype)));
+      EXPECT_TRUE(at::equal(*ht, *htf));
+      EXPECT_EQ(ql.grad().scalar_type(), dtype);
+      EXPECT_TRUE(at::equal(ql.grad(), qf.grad().to(dtype)));
+      EXPECT_TRUE(at::equal(gl.grad(), gf.grad().to(dtype)));
+      EXPECT_TRUE(at::equal(hl.grad(), hf.grad().to(dtype)));
+    }
+    // Gated DeltaNet.
+    {
+      at::Tensor bl = leaf(beta);
+      auto [o, ht] = fused_recurrent_gated_delta_rule(q, k, v, g3, bl, c10::nullopt, h0, true);
+      EXPECT_EQ(o.scalar_type(), dtype);
+      EXPECT_EQ(ht->scalar_type(), at::kFloat);
+      (o.to(at::kFloat) * d_o).sum().backward();
+      at::Tensor bf = leaf(beta.to(at::kFloat));
+      auto [of, htf] = fused_recurrent_gated_delta_rule(q.to(at::kFloat), k.to(at::kFloat),
+                                                        v.to(at::kFloat), g3.to(at::kFloat), bf,
+                                                        c10::nullopt, h0.to(at::kFloat), true);
+      (of.to(dtype).to(at::kFloat) * d_o).sum().backward();
+      EXPECT_TRUE(at::equal(o, of.to(dtype)));
+      EXPECT_TRUE(at::equal(*ht, *htf));
+      EXPECT_EQ(bl.grad().scalar_type(), dtype);
+      EXPECT_TRUE(at::equal(bl.grad(), bf.grad().to(dtype)));
+    }
+    // FoX (HQ = H = 2 here).
+    {
+      at::Tensor kl = leaf(k);
+      const at::Tensor vv = low(at::randn({B, T, H, V}, f32)), gq = low(log_gates({B, T, H}));
+      const at::Tensor o = parallel_forgetting_attn(q, kl, vv, gq);
+      EXPECT_EQ(o.scalar_type(), dtype);
+      (o.to(at::kFloat) * d_o).sum().backward();
+      at::Tensor kf = leaf(k.to(at::kFloat));
+      const at::Tensor of =
+          parallel_forgetting_attn(q.to(at::kFloat), kf, vv.to(at::kFloat), gq.to(at::kFloat));
+      (of.to(dtype).to(at::kFloat) * d_o).sum().backward();
+      EXPECT_TRUE(at::equal(o, of.to(dtype)));
+      EXPECT_TRUE(at::equal(kl.grad(), kf.grad().to(dtype)));
+    }
+  }
+}
+
+// Any strides go straight in, including zero strides (expanded tensors) and sliced views.
+TEST(Torch, StridedInputsMatchContiguous) {
+  torch::manual_seed(13);
+  const std::int64_t B = 2, T = 7, H = 2, K = 3, V = 4;
+  const at::Tensor q = at::randn({B, T, H, 2 * K}, f64).slice(3, 0, 2 * K, 2);  // step 2
+  const at::Tensor k = at::randn({B, T, 1, K}, f64).expand({B, T, H, K});       // stride 0
+  const at::Tensor v = at::randn({T, B, H, V}, f64).transpose(0, 1);
+  const at::Tensor g = log_gates({B, T, H, 1}).expand({B, T, H, K});
+  ASSERT_FALSE(q.is_contiguous() || k.is_contiguous() || v.is_contiguous() || g.is_contiguous());
+  for (Impl impl : kImpls) {
+    auto [o, ht] = gla(q, k, v, g, impl, c10::nullopt, c10::nullopt, true);
+    auto [oc, htc] = gla(q.contiguous(), k.contiguous(), v.contiguous(), g.contiguous(), impl,
+                         c10::nullopt, c10::nullopt, true);
+    EXPECT_TRUE(at::equal(o, oc)) << to_string(impl);
+    EXPECT_TRUE(at::equal(*ht, *htc)) << to_string(impl);
+  }
+}
+
+// ---- errors
+// ------------------------------------------------------------------------------------------------------
+
+TEST(Torch, ErrorsAreC10ErrorsNamingTheArgument) {
+  const std::int64_t B = 1, T = 4, H = 2, K = 3, V = 3;
+  const at::Tensor q = at::randn({B, T, H, K}), k = at::randn({B, T, H, K}),
+                   v = at::randn({B, T, H, V}), g = log_gates({B, T, H, K}).to(at::kFloat);
+  // Core checks, rethrown as c10::Error with the same message.
+  expect_torch_error(
+      [&] {
+        chunk_gla(q, at::randn({B, T, H, K + 1}), v, g);
+      },
+      {"chunk_gla: argument 'k': expected", "got shape [1, 4, 2, 4]"});
+  expect_torch_error([&] { fused_recurrent_gla(q, k, v, -g); },
+                     {"fused_recurrent_gla", "argument 'g'"});
+  expect_torch_error(
+      [&] { chunk_gla(q, k, v, g, c10::nullopt, c10::nullopt, false, c10::nullopt, 0); },
+      {"chunk_gla", "chunk_size"});
+  expect_torch_error(
+      [&] {
+        chunk_gla(at::randn({2, T, H, K}), at::randn({2, T, H, K}), at::randn({2, T, H, V}),
+                  log_gates({2, T, H, K}), c10::nullopt, c10::nullopt, false,
+                  at::tensor({0, 4}, at::kInt));
+      },
+      {"chunk_gla", "'cu_seqlens'", "B = 2"});
+  expect_torch_error(
+      [&] {
+        chunk_gla(q, k, v, g, c10::nullopt, at::randn({B + 1, H, K, V}));
+      },
+      {"chunk_gla", "'initial_state'"});
+  expect_torch_error(
+      [&] {
+        chunk_gated_delta_rule(q, k, v, g.select(3, 0), at::rand({B, T, H + 1}));
+      },
+      {"chunk_gated_delta_rule", "'beta'"});
+  expect_torch_error([&] { parallel_forgetting_attn(q, k, v, g.select(3, 0), c10::nullopt, 0); },
+                     {"parallel_forgetting_attn", "window_size"});
+}
+
+TEST(Torch, TorchLayerChecksNameTheArgument) {
+  const std::int64_t B = 1, T = 4, H = 2, K = 3, V = 3;
+  const at::Tensor q = at::randn({B, T, H, K}), k = at::randn({B, T, H, K}),
+                   v = at::randn({B, T, H, V}), g = log_gates({B, T, H, K}).to(at::kFloat);
+  expect_torch_error([&] { chunk_gla(q.to(at::kLong), k, v, g); },
+                     {"chunk_gla: argument 'q': expected a floating dtype", "got dtype Long"});
+  expect_torch_error([&] { chunk_gla(q, k, v[0], g); },
+                     {"chunk_gla: argument 'v': expected 4-D tensor [B, T, H, V]", "got 3-D"});
+  expect_torch_error([&] { chunk_gla(q, k, v, g.unsqueeze(0)); }, {"argument 'g'", "5-D"});
+  expect_torch_error(
+      [&] {
+        chunk_gla(q, k, v, g, c10::nullopt, c10::nullopt, false, at::tensor({0.0, 4.0}));
+      },
+      {"chunk_gla: argument 'cu_seqlens': expected dtype int32 or int64", "got dtype Double"});
+  expect_torch_error(
+      [&] {
+        chunk_gla(q, k, v, at::empty({B, T, H, K}, at::device(at::kMeta)));
+      },
+      {"chunk_gla: argument 'g': expected a tensor on the cpu", "meta"});
+  expect_torch_error([&] { chunk_gla(q, at::Tensor(), v, g); }, {"argument 'k'", "undefined"});
+  expect_torch_error(
+      [&] {
+        fused_recurrent_gated_delta_rule(q, k, v, g.select(3, 0), at::ones({B, T, H}, at::kInt));
+      },
+      {"fused_recurrent_gated_delta_rule: argument 'beta'", "floating dtype"});
+  expect_torch_error([&] { forgetting_attn(q, k, v, g, Impl::recurrent); },
+                     {"forgetting_attn_recurrent: argument 'g': expected 3-D tensor"});
+}
+
+// ---- FoX decoding
+// ------------------------------------------------------------------------------------------------
+
+TEST(Torch, ForgettingAttnDecoderMatchesParallelForward) {
+  torch::manual_seed(14);
+  const std::int64_t B = 2, T = 8, HQ = 4, H = 2, K = 3, V = 5;
+  const at::Tensor q = at::randn({B, T, HQ, K}, f64), k = at::randn({B, T, H, K}, f64),
+                   v = at::randn({B, T, H, V}, f64), g = log_gates({B, T, HQ}, 1.0);
+  for (c10::optional<std::int64_t> window :
+       {c10::optional<std::int64_t>(), c10::make_optional<std::int64_t>(3)}) {
+    SCOPED_TRACE(window ? "window 3" : "no window");
+    const at::Tensor expected = parallel_forgetting_attn(q, k, v, g, 0.5, window);
+    ForgettingAttnDecoder decoder(B, HQ, H, K, V, window, 0.5);
+    for (int pass = 0; pass < 2; ++pass) {  // the second pass after reset() must repeat the first
+      for (std::int64_t t = 0; t < T; ++t) {
+        const auto tok = [&](const at::Tensor& x) { return x.slice(1, t, t + 1); };
+        const at::Tensor o = decoder.step(tok(q), tok(k), tok(v), tok(g));
+        EXPECT_EQ(o.sizes(), (at::IntArrayRef{B, 1, HQ, V}));
+        EXPECT_EQ(o.scalar_type(), at::kDouble);
+        EXPECT_CLOSE(o, tok(expected), 1e-12, "o at token " + std::to_string(t));
+      }
+      EXPECT_EQ(decoder.length(), T);
+      decoder.reset();
+      EXPECT_EQ(decoder.length(), 0);
+    }
+  }
+}
+
+TEST(Torch, ForgettingAttnDecoderErrors) {
+  expect_torch_error([&] { ForgettingAttnDecoder(1, 3, 2, 4, 4); },
+                     {"argument 'num_q_heads'"});  // HQ not a multiple of H
+  ForgettingAttnDecoder decoder(1, 2, 1, 3, 4);
+  expect_torch_error(
+      [&] {
+        decoder.step(at::randn({1, 1, 2, 4}), at::randn({1, 1, 1, 3}), at::randn({1, 1, 1, 4}),
+                     at::zeros({1, 1, 2}));
+      },
+      {"'q'"});
+  expect_torch_error(
+      [&] {
+        decoder.step(at::randn({1, 1, 2}), at::randn({1, 1, 1, 3}), at::randn({1, 1, 1, 4}),
+                     at::zeros({1, 1, 2}));
+      },
+      {"argument 'q': expected 4-D"});
+}
+
+}  // namespace
+}  // namespace phasor
