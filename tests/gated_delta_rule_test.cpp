@@ -1,2 +1,774 @@
-#include <gtest/gtest.h>
-// placeholder
+// Tests of the Gated DeltaNet op (gated delta rule): the float64 reference against central finite
+// differences, the recurrent and chunk kernels (float32 and float64) against the reference on
+// random and adversarial inputs, long sequences, decoding, thread invariance and bad inputs.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <iostream>
+#include <limits>
+#include <numeric>
+#include <optional>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "phasor/gated_delta_rule.h"
+#include "test_util.h"
+
+namespace phasor {
+namespace {
+
+using testing::Tensor;
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+// ---------------------------------------------------------------------------------------------
+// Inputs
+
+enum class Gates {
+  realistic,  // log σ(x), x ~ N(2, 1): g ≈ −0.13
+  strong,     // g ∈ [−20, −15]: the state is all but erased at every token
+  zero,       // realistic, but ~30 % of the tokens (and the first) have g = −inf (a gate of 0)
+  weak,       // g ∈ [−1e−3, 0], a quarter exactly 0
+  none,       // g = 0: no decay at all
+  mixed,      // each token one of −inf, −20, realistic, weak, 0
+};
+
+struct Case {
+  std::string name;
+  std::int64_t B = 1, T = 16, H = 1, HV = 1, K = 4, V = 4;
+  std::vector<std::int64_t> lengths;  // non-empty: packed sequences (cu_seqlens), B = 1
+  bool initial_state = true;
+  bool l2norm = true;
+  std::int64_t chunk_size = 16;
+  std::optional<double> scale;
+  Gates gates = Gates::realistic;
+  double beta_lo = 0.0, beta_hi = 2.0;
+  // Without the in-kernel normalisation, keys are drawn N(0, key_std² / K), so ‖k‖ ≈ key_std and
+  // the transitions I − β k kᵀ stay (mostly) contractive, as in real models.
+  double key_std = 0.7;
+  bool strided = false;  // every tensor argument a non-contiguous view
+  std::uint64_t seed = 1;
+};
+
+// The logical (contiguous float64) inputs of a case and the cotangents of its outputs.
+struct Data {
+  Case c;
+  std::int64_t B = 0, T = 0, N = 0;
+  Tensor q, k, v, g, beta, h0, cu;  // h0 / cu undefined when absent
+  Tensor d_o, d_ht;
+};
+
+Tensor make_gates(const std::vector<std::int64_t>& shape, Gates kind, std::mt19937_64& rng) {
+  Tensor g = testing::log_sigmoid_gates(shape, rng);
+  std::uniform_real_distribution<double> u(0.0, 1.0);
+  for (std::int64_t i = 0; i < g.numel(); ++i) {
+    const double x = u(rng);
+    switch (kind) {
+      case Gates::realistic:
+        break;
+      case Gates::strong:
+        g.set(i, -15.0 - 5.0 * x);
+        break;
+      case Gates::zero:
+        if (x < 0.3) g.set(i, -kInf);
+        break;
+      case Gates::weak:
+        g.set(i, x < 0.25 ? 0.0 : -1e-3 * u(rng));
+        break;
+      case Gates::none:
+        g.set(i, 0.0);
+        break;
+      case Gates::mixed: {
+        const double choices[] = {-kInf, -20.0, g.at(i), -1e-3 * u(rng), 0.0};
+        g.set(i, choices[std::min(4, static_cast<int>(x * 5))]);
+        break;
+      }
+    }
+  }
+  if (kind == Gates::zero)  // the very first token of each row/head closes the gate too
+    for (std::int64_t i = 0; i < shape.back(); ++i) g.set(i, -kInf);
+  return g;
+}
+
+Data make_data(const Case& c) {
+  std::mt19937_64 rng(c.seed);
+  Data d;
+  d.c = c;
+  d.B = c.lengths.empty() ? c.B : 1;
+  d.T = c.lengths.empty() ? c.T
+                          : std::accumulate(c.lengths.begin(), c.lengths.end(), std::int64_t{0});
+  d.N = c.lengths.empty() ? c.B : static_cast<std::int64_t>(c.lengths.size());
+  d.q = testing::randn({d.B, d.T, c.H, c.K}, rng);
+  d.k = testing::randn({d.B, d.T, c.H, c.K}, rng,
+                       c.l2norm ? 1.0 : c.key_std / std::sqrt(static_cast<double>(c.K)));
+  d.v = testing::randn({d.B, d.T, c.HV, c.V}, rng);
+  d.g = make_gates({d.B, d.T, c.HV}, c.gates, rng);
+  d.beta = testing::uniform({d.B, d.T, c.HV}, rng, c.beta_lo, c.beta_hi);
+  if (c.initial_state) d.h0 = testing::randn({d.N, c.HV, c.K, c.V}, rng, 0.5);
+  if (!c.lengths.empty()) d.cu = testing::cu_seqlens(c.lengths);
+  d.d_o = testing::randn({d.B, d.T, c.HV, c.V}, rng);
+  d.d_ht = testing::randn({d.N, c.HV, c.K, c.V}, rng);
+  return d;
+}
+
+// A tensor argument as the op sees it: owned storage and a view of it. Strided views keep dims
+// 1 and 2 swapped in memory and pad the innermost memory dimension, so no stride is the
+// contiguous one.
+struct Arg {
+  Tensor storage;
+  TensorView view;
+};
+
+Arg make_buffer(const std::vector<std::int64_t>& shape, DType dtype, bool strided) {
+  const int rank = static_cast<int>(shape.size());
+  std::vector<int> perm(static_cast<std::size_t>(rank));
+  std::iota(perm.begin(), perm.end(), 0);
+  const bool permute = strided && rank >= 3;
+  if (permute) std::swap(perm[1], perm[2]);
+  std::vector<std::int64_t> physical(static_cast<std::size_t>(rank));
+  for (int d = 0; d < rank; ++d)
+    physical[static_cast<std::size_t>(d)] =
+        shape[static_cast<std::size_t>(perm[static_cast<std::size_t>(d)])];
+  if (permute) physical.back() += 1;
+  Arg a;
+  a.storage = Tensor(physical, dtype);
+  a.view = a.storage.view();
+  std::int64_t stride = 1;
+  for (int d = rank - 1; d >= 0; --d) {
+    const auto logical_dim = static_cast<std::size_t>(perm[static_cast<std::size_t>(d)]);
+    a.view.strides[logical_dim] = stride;
+    a.view.sizes[logical_dim] = shape[logical_dim];
+    stride *= physical[static_cast<std::size_t>(d)];
+  }
+  return a;
+}
+
+// Calls f(logical flat index, storage offset) for every element of the view.
+template <class F>
+void for_each_element(const TensorView& v, F&& f) {
+  const std::int64_t n = v.numel();
+  for (std::int64_t flat = 0; flat < n; ++flat) {
+    std::int64_t rem = flat, off = 0;
+    for (int d = v.rank - 1; d >= 0; --d) {
+      off += (rem % v.size(d)) * v.stride(d);
+      rem /= v.size(d);
+    }
+    f(flat, off);
+  }
+}
+
+Arg make_arg(const Tensor& logical, DType dtype, bool strided) {
+  if (!logical.defined()) return {};
+  Arg a = make_buffer(logical.shape(), dtype, strided);
+  for_each_element(a.view,
+                   [&](std::int64_t i, std::int64_t off) { a.storage.set(off, logical.at(i)); });
+  return a;
+}
+
+// An output buffer, filled with NaN so that any element the op fails to write shows.
+Arg make_output(const std::vector<std::int64_t>& shape, DType dtype, bool strided) {
+  Arg a = make_buffer(shape, dtype, strided);
+  a.storage.fill(kNaN);
+  return a;
+}
+
+// The logical float64 contents of an argument.
+Tensor gather(const Arg& a) {
+  if (!a.view.defined()) return {};
+  std::vector<std::int64_t> shape(a.view.sizes.begin(), a.view.sizes.begin() + a.view.rank);
+  Tensor t(shape, DType::float64);
+  for_each_element(a.view, [&](std::int64_t i, std::int64_t off) { t.set(i, a.storage.at(off)); });
+  return t;
+}
+
+struct Result {
+  Tensor o, ht, dq, dk, dv, dg, dbeta, dh0;
+};
+
+// Runs forward (and backward) of `impl` on the case's inputs converted to `dtype`; outputs are
+// written in `dtype` too.
+Result run(const Data& d, Impl impl, DType dtype, bool backward = true) {
+  const Case& c = d.c;
+  const bool st = c.strided;
+  const Arg q = make_arg(d.q, dtype, st), k = make_arg(d.k, dtype, st),
+            v = make_arg(d.v, dtype, st);
+  const Arg g = make_arg(d.g, dtype, st), beta = make_arg(d.beta, dtype, st);
+  const Arg h0 = make_arg(d.h0, dtype, st);
+  GatedDeltaRuleParams p;
+  p.q = q.view;
+  p.k = k.view;
+  p.v = v.view;
+  p.g = g.view;
+  p.beta = beta.view;
+  p.initial_state = h0.view;
+  if (d.cu.defined()) p.cu_seqlens = d.cu.view();
+  p.scale = c.scale;
+  p.use_qk_l2norm_in_kernel = c.l2norm;
+  p.chunk_size = c.chunk_size;
+  Arg o = make_output({d.B, d.T, c.HV, c.V}, dtype, st);
+  Arg ht = make_output({d.N, c.HV, c.K, c.V}, dtype, st);
+  gated_delta_rule_forward(p, impl, o.view, ht.view);
+  Result r;
+  r.o = gather(o);
+  r.ht = gather(ht);
+  if (!backward) return r;
+  const Arg d_o = make_arg(d.d_o, dtype, st), d_ht = make_arg(d.d_ht, dtype, st);
+  Arg dq = make_output({d.B, d.T, c.H, c.K}, dtype, st);
+  Arg dk = make_output({d.B, d.T, c.H, c.K}, dtype, st);
+  Arg dv = make_output({d.B, d.T, c.HV, c.V}, dtype, st);
+  Arg dg = make_output({d.B, d.T, c.HV}, dtype, st);
+  Arg dbeta = make_output({d.B, d.T, c.HV}, dtype, st);
+  Arg dh0 = c.initial_state ? make_output({d.N, c.HV, c.K, c.V}, dtype, st) : Arg{};
+  gated_delta_rule_backward(p, impl, d_o.view, d_ht.view,
+                            {dq.view, dk.view, dv.view, dg.view, dbeta.view, dh0.view});
+  r.dq = gather(dq);
+  r.dk = gather(dk);
+  r.dv = gather(dv);
+  r.dg = gather(dg);
+  r.dbeta = gather(dbeta);
+  r.dh0 = gather(dh0);
+  return r;
+}
+
+void expect_close(const Result& actual, const Result& expected, double tol,
+                  const std::string& what) {
+  const std::pair<const char*, const Tensor Result::*> fields[] = {
+      {"o", &Result::o},         {"final_state", &Result::ht}, {"dq", &Result::dq},
+      {"dk", &Result::dk},       {"dv", &Result::dv},          {"dg", &Result::dg},
+      {"dbeta", &Result::dbeta}, {"dh0", &Result::dh0}};
+  for (const auto& [name, field] : fields) {
+    const Tensor& a = actual.*field;
+    const Tensor& e = expected.*field;
+    ASSERT_EQ(a.defined(), e.defined()) << what << " " << name;
+    if (!e.defined()) continue;
+    PHASOR_EXPECT_CLOSE(a, e, tol, what + " " + name);
+  }
+}
+
+bool bit_equal(const Result& a, const Result& b) {
+  return a.o.bit_equal(b.o) && a.ht.bit_equal(b.ht) && a.dq.bit_equal(b.dq) &&
+         a.dk.bit_equal(b.dk) && a.dv.bit_equal(b.dv) && a.dg.bit_equal(b.dg) &&
+         a.dbeta.bit_equal(b.dbeta) && a.dh0.bit_equal(b.dh0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The reference against finite differences
+
+double loss(const Data& d) {
+  const Result r = run(d, Impl::reference, DType::float64, /*backward=*/false);
+  return testing::dot(r.o, d.d_o) + testing::dot(r.ht, d.d_ht);
+}
+
+void check_reference_gradients(const Case& c) {
+  Data d = make_data(c);
+  const Result analytic = run(d, Impl::reference, DType::float64);
+  const std::pair<const char*, std::pair<Tensor Data::*, const Tensor Result::*>> inputs[] = {
+      {"q", {&Data::q, &Result::dq}},          {"k", {&Data::k, &Result::dk}},
+      {"v", {&Data::v, &Result::dv}},          {"g", {&Data::g, &Result::dg}},
+      {"beta", {&Data::beta, &Result::dbeta}}, {"initial_state", {&Data::h0, &Result::dh0}}};
+  const double eps = 1e-5;
+  for (const auto& [name, members] : inputs) {
+    Tensor& x = d.*(members.first);
+    const Tensor& grad = analytic.*(members.second);
+    if (!x.defined()) continue;
+    Tensor numeric(x.shape(), DType::float64);
+    for (std::int64_t i = 0; i < x.numel(); ++i) {
+      const double x0 = x.at(i);
+      x.set(i, x0 + eps);
+      const double up = loss(d);
+      x.set(i, x0 - eps);
+      const double down = loss(d);
+      x.set(i, x0);
+      numeric.set(i, (up - down) / (2 * eps));
+    }
+    PHASOR_EXPECT_CLOSE(grad, numeric, 1e-7, c.name + ": d" + name + " vs finite differences");
+  }
+}
+
+TEST(GatedDeltaRuleReference, GradientsMatchFiniteDifferences) {
+  Case c;
+  c.B = 2, c.T = 7, c.H = 1, c.HV = 2, c.K = 3, c.V = 4;
+  c.beta_lo = 0.2, c.beta_hi = 1.8;
+  c.name = "plain";
+  c.l2norm = false;
+  check_reference_gradients(c);
+  c.name = "l2norm";
+  c.l2norm = true;
+  c.seed = 2;
+  check_reference_gradients(c);
+}
+
+TEST(GatedDeltaRuleReference, GradientsMatchFiniteDifferencesVarlenGroupedHeads) {
+  Case c;
+  c.name = "varlen";
+  c.lengths = {3, 0, 6, 1};
+  c.H = 2, c.HV = 4, c.K = 3, c.V = 3;
+  c.l2norm = true;
+  c.scale = 0.8;
+  c.beta_lo = 0.0, c.beta_hi = 2.0;
+  c.seed = 3;
+  check_reference_gradients(c);
+}
+
+// With use_qk_l2norm_in_kernel the op equals the plain op on inputs normalised beforehand.
+TEST(GatedDeltaRuleReference, L2NormIsNormalisationOfQAndK) {
+  Case c;
+  c.B = 2, c.T = 9, c.H = 2, c.HV = 2, c.K = 5, c.V = 3;
+  Data d = make_data(c);
+  const Result with_norm = run(d, Impl::reference, DType::float64, false);
+  for (Tensor* x : {&d.q, &d.k}) {
+    for (std::int64_t row = 0; row < x->numel() / c.K; ++row) {
+      double sq = 0;
+      for (std::int64_t i = 0; i < c.K; ++i) sq += x->at(row * c.K + i) * x->at(row * c.K + i);
+      for (std::int64_t i = 0; i < c.K; ++i)
+        x->set(row * c.K + i, x->at(row * c.K + i) / std::sqrt(sq + 1e-6));
+    }
+  }
+  d.c.l2norm = false;
+  const Result prenormalised = run(d, Impl::reference, DType::float64, false);
+  PHASOR_EXPECT_CLOSE(with_norm.o, prenormalised.o, 1e-14, "o");
+  PHASOR_EXPECT_CLOSE(with_norm.ht, prenormalised.ht, 1e-14, "final_state");
+}
+
+// A single step by hand: S_1 = e^g S_0 + β k (v − e^g S_0ᵀ k)ᵀ, o = S_1ᵀ (scale q).
+TEST(GatedDeltaRuleReference, OneStepByHand) {
+  const double q[] = {1.0, -2.0}, k[] = {0.5, 0.25}, v[] = {3.0}, g = std::log(0.5), beta = 1.5;
+  const double S0[] = {2.0, -1.0}, scale = 0.7;  // K = 2, V = 1
+  double kS = 0.5 * (k[0] * S0[0] + k[1] * S0[1]);
+  double S1[2], o = 0;
+  for (int i = 0; i < 2; ++i) S1[i] = 0.5 * S0[i] + beta * k[i] * (v[0] - kS);
+  for (int i = 0; i < 2; ++i) o += S1[i] * scale * q[i];
+  for (Impl impl : {Impl::reference, Impl::recurrent, Impl::chunk}) {
+    Tensor tq = Tensor::from({1, 1, 1, 2}, {q[0], q[1]}),
+           tk = Tensor::from({1, 1, 1, 2}, {k[0], k[1]});
+    Tensor tv = Tensor::from({1, 1, 1, 1}, {v[0]}), tg = Tensor::from({1, 1, 1}, {g});
+    Tensor tb = Tensor::from({1, 1, 1}, {beta}), th = Tensor::from({1, 1, 2, 1}, {S0[0], S0[1]});
+    Tensor to({1, 1, 1, 1}, DType::float64), tht({1, 1, 2, 1}, DType::float64);
+    GatedDeltaRuleParams p;
+    p.q = tq.view(), p.k = tk.view(), p.v = tv.view(), p.g = tg.view(), p.beta = tb.view();
+    p.initial_state = th.view();
+    p.scale = scale;
+    gated_delta_rule_forward(p, impl, to.view(), tht.view());
+    EXPECT_NEAR(to.at(0), o, 1e-14) << to_string(impl);
+    EXPECT_NEAR(tht.at(0), S1[0], 1e-14) << to_string(impl);
+    EXPECT_NEAR(tht.at(1), S1[1], 1e-14) << to_string(impl);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Kernels against the reference
+
+std::vector<Case> adversarial_cases() {
+  std::vector<Case> cases;
+  auto add = [&](const std::string& name, auto&& edit) {
+    Case c;
+    c.name = name;
+    c.seed = cases.size() + 10;
+    edit(c);
+    cases.push_back(c);
+  };
+  add("random", [](Case& c) { c.B = 2, c.T = 37, c.H = 2, c.HV = 2, c.K = 8, c.V = 6; });
+  add("strong_gates", [](Case& c) { c.T = 29, c.gates = Gates::strong, c.chunk_size = 7; });
+  add("zero_gates", [](Case& c) { c.B = 2, c.T = 29, c.gates = Gates::zero, c.chunk_size = 7; });
+  add("weak_gates", [](Case& c) { c.T = 40, c.gates = Gates::weak; });
+  add("no_decay", [](Case& c) { c.T = 21, c.gates = Gates::none, c.chunk_size = 8; });
+  add("mixed_gates", [](Case& c) { c.T = 45, c.H = 2, c.HV = 4, c.gates = Gates::mixed; });
+  add("beta_zero", [](Case& c) { c.T = 19, c.beta_lo = c.beta_hi = 0.0, c.chunk_size = 8; });
+  add("beta_one", [](Case& c) { c.T = 19, c.beta_lo = c.beta_hi = 1.0, c.chunk_size = 8; });
+  add("beta_two", [](Case& c) { c.T = 19, c.beta_lo = c.beta_hi = 2.0, c.chunk_size = 8; });
+  add("beta_high_no_decay", [](Case& c) {
+    c.T = 33, c.beta_lo = 1.5, c.beta_hi = 2.0, c.gates = Gates::none, c.chunk_size = 16;
+  });
+  add("chunk_1", [](Case& c) { c.T = 9, c.chunk_size = 1; });
+  add("chunk_7", [](Case& c) { c.T = 23, c.chunk_size = 7; });
+  add("chunk_16", [](Case& c) { c.T = 50, c.chunk_size = 16, c.K = 6, c.V = 5; });
+  add("chunk_64", [](Case& c) { c.T = 150, c.chunk_size = 64, c.K = 16, c.V = 16; });
+  add("chunk_longer_than_sequence", [](Case& c) { c.T = 20, c.chunk_size = 64; });
+  add("T_1", [](Case& c) { c.B = 3, c.T = 1; });
+  add("K_1", [](Case& c) { c.T = 17, c.K = 1, c.V = 5, c.chunk_size = 8; });
+  add("K_less_than_V", [](Case& c) { c.T = 17, c.K = 3, c.V = 9, c.chunk_size = 8; });
+  add("K_more_than_V", [](Case& c) { c.T = 17, c.K = 9, c.V = 3, c.chunk_size = 8; });
+  add("grouped_2", [](Case& c) { c.B = 2, c.T = 21, c.H = 2, c.HV = 4, c.chunk_size = 8; });
+  add("grouped_4", [](Case& c) { c.T = 21, c.H = 1, c.HV = 4, c.chunk_size = 8; });
+  add("varlen", [](Case& c) { c.lengths = {5, 0, 1, 17, 0, 9}, c.HV = 2, c.chunk_size = 4; });
+  add("varlen_no_initial_state", [](Case& c) {
+    c.lengths = {0, 3, 12, 1}, c.initial_state = false, c.chunk_size = 4;
+  });
+  add("no_initial_state",
+      [](Case& c) { c.B = 2, c.T = 13, c.initial_state = false, c.chunk_size = 4; });
+  add("no_l2norm", [](Case& c) { c.B = 2, c.T = 30, c.l2norm = false, c.chunk_size = 8; });
+  add("no_l2norm_scale_beta_two", [](Case& c) {
+    c.T = 30, c.l2norm = false, c.scale = 0.3, c.beta_lo = c.beta_hi = 2.0, c.key_std = 0.9;
+  });
+  add("strided",
+      [](Case& c) { c.B = 2, c.T = 19, c.H = 2, c.HV = 4, c.strided = true, c.chunk_size = 8; });
+  add("strided_varlen_mixed_gates", [](Case& c) {
+    c.lengths = {7, 0, 12}, c.H = 1, c.HV = 2, c.strided = true, c.gates = Gates::mixed;
+    c.chunk_size = 5;
+  });
+  return cases;
+}
+
+class GatedDeltaRuleKernels : public ::testing::TestWithParam<Case> {};
+
+TEST_P(GatedDeltaRuleKernels, MatchReference) {
+  const Data d = make_data(GetParam());
+  for (DType dtype : {DType::float64, DType::float32}) {
+    // The reference computes in float64 from the same (possibly float32-rounded) inputs.
+    const Result expected = run(d, Impl::reference, dtype);
+    const double tol = dtype == DType::float64 ? 1e-10 : 1e-5;
+    for (Impl impl : {Impl::recurrent, Impl::chunk}) {
+      const Result actual = run(d, impl, dtype);
+      expect_close(actual, expected, tol, std::string(to_string(impl)) + " " + to_string(dtype));
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Adversarial, GatedDeltaRuleKernels,
+                         ::testing::ValuesIn(adversarial_cases()),
+                         [](const ::testing::TestParamInfo<Case>& info) {
+                           return info.param.name;
+                         });
+
+// Chunk backward against recurrent backward on a longer input, several chunk sizes.
+TEST(GatedDeltaRuleKernels, ChunkMatchesRecurrent) {
+  Case c;
+  c.B = 1, c.T = 300, c.H = 2, c.HV = 2, c.K = 32, c.V = 24, c.gates = Gates::mixed, c.seed = 7;
+  const Data base = make_data(c);
+  for (DType dtype : {DType::float64, DType::float32}) {
+    const Result recurrent = run(base, Impl::recurrent, dtype);
+    for (std::int64_t chunk : {1, 7, 16, 64}) {
+      Data d = base;
+      d.c.chunk_size = chunk;
+      expect_close(run(d, Impl::chunk, dtype), recurrent, dtype == DType::float64 ? 1e-10 : 1e-5,
+                   "chunk_size " + std::to_string(chunk) + " " + to_string(dtype));
+    }
+  }
+}
+
+// Requesting only some gradients, or no d_final_state, gives the same values as the full call.
+TEST(GatedDeltaRuleKernels, OptionalGradientsAndFinalStateGradient) {
+  Case c;
+  c.B = 2, c.T = 11, c.H = 1, c.HV = 2, c.chunk_size = 4;
+  Data d = make_data(c);
+  for (Impl impl : {Impl::reference, Impl::recurrent, Impl::chunk}) {
+    const Result full = run(d, impl, DType::float64);
+    GatedDeltaRuleParams p;
+    p.q = d.q.view(), p.k = d.k.view(), p.v = d.v.view(), p.g = d.g.view(), p.beta = d.beta.view();
+    p.initial_state = d.h0.view();
+    p.use_qk_l2norm_in_kernel = c.l2norm;
+    p.chunk_size = c.chunk_size;
+    Tensor dq = Tensor::zeros(d.q.shape()), dbeta = Tensor::zeros(d.beta.shape());
+    dq.fill(kNaN);
+    dbeta.fill(kNaN);
+    gated_delta_rule_backward(p, impl, d.d_o.view(), d.d_ht.view(),
+                              {dq.view(), {}, {}, {}, dbeta.view(), {}});
+    EXPECT_TRUE(dq.bit_equal(full.dq)) << to_string(impl);
+    EXPECT_TRUE(dbeta.bit_equal(full.dbeta)) << to_string(impl);
+
+    // No d_final_state: as if it were zero.
+    Data zero_dht = d;
+    zero_dht.d_ht.fill(0.0);
+    const Result expected = run(zero_dht, impl, DType::float64);
+    Tensor dv = Tensor::zeros(d.v.shape()), dh0 = Tensor::zeros(d.h0.shape());
+    gated_delta_rule_backward(p, impl, d.d_o.view(), {}, {{}, {}, dv.view(), {}, {}, dh0.view()});
+    EXPECT_TRUE(dv.bit_equal(expected.dv)) << to_string(impl);
+    EXPECT_TRUE(dh0.bit_equal(expected.dh0)) << to_string(impl);
+  }
+}
+
+// Empty sequences: final state = initial state (or 0), dh0 = d_final_state; q, k, v, g and β of
+// another dtype than the outputs.
+TEST(GatedDeltaRuleKernels, EmptySequencesPassStatesThrough) {
+  for (bool with_h0 : {true, false}) {
+    Case c;
+    c.lengths = {0, 4, 0}, c.HV = 2, c.K = 3, c.V = 2, c.initial_state = with_h0, c.chunk_size = 2;
+    const Data d = make_data(c);
+    for (Impl impl : {Impl::reference, Impl::recurrent, Impl::chunk}) {
+      const Result r = run(d, impl, DType::float32);
+      const std::int64_t per_seq = c.HV * c.K * c.V;
+      for (std::int64_t n : {0, 2}) {
+        for (std::int64_t i = n * per_seq; i < (n + 1) * per_seq; ++i) {
+          EXPECT_EQ(r.ht.at(i), with_h0 ? static_cast<float>(d.h0.at(i)) : 0.0) << to_string(impl);
+          if (with_h0) {
+            EXPECT_EQ(r.dh0.at(i), static_cast<float>(d.d_ht.at(i))) << to_string(impl);
+          }
+        }
+      }
+    }
+  }
+}
+
+// The compute type follows q; other arguments may have another dtype.
+TEST(GatedDeltaRuleKernels, MixedDtypes) {
+  Case c;
+  c.B = 1, c.T = 20, c.H = 1, c.HV = 2, c.K = 4, c.V = 3, c.chunk_size = 8;
+  const Data d = make_data(c);
+  const Result expected = run(d, Impl::reference, DType::float64);
+  for (Impl impl : {Impl::recurrent, Impl::chunk}) {
+    const Tensor q = d.q.to(DType::float32), k = d.k.to(DType::float32);
+    GatedDeltaRuleParams p;
+    p.q = q.view(), p.k = k.view(), p.v = d.v.view(), p.g = d.g.view(), p.beta = d.beta.view();
+    p.initial_state = d.h0.view();
+    p.use_qk_l2norm_in_kernel = true;
+    p.chunk_size = c.chunk_size;
+    Tensor o = Tensor::zeros({1, c.T, c.HV, c.V}), ht({1, c.HV, c.K, c.V}, DType::float32);
+    gated_delta_rule_forward(p, impl, o.view(), ht.view());
+    // q and k are rounded to float32 on input: compare loosely with the all-float64 reference.
+    PHASOR_EXPECT_CLOSE(o, expected.o, 1e-6, std::string(to_string(impl)) + " o");
+    PHASOR_EXPECT_CLOSE(ht, expected.ht, 1e-6, std::string(to_string(impl)) + " final_state");
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Long sequences
+
+TEST(GatedDeltaRuleKernels, LongSequence) {
+  Case c;
+  c.T = 65536, c.H = 1, c.HV = 1, c.K = 16, c.V = 16, c.chunk_size = 64;
+  c.gates = Gates::realistic;
+  const auto start = std::chrono::steady_clock::now();
+  Data d = make_data(c);
+  // Slow decay (g ≈ −0.02) so that memory spans many chunks, with gates of −20 and 0 here and
+  // there.
+  std::mt19937_64 rng(99);
+  std::uniform_real_distribution<double> u(0.0, 1.0);
+  for (std::int64_t t = 0; t < c.T; ++t) {
+    const double x = u(rng);
+    d.g.set(t, x < 0.001 ? -kInf : x < 0.002 ? -20.0 : -0.04 * u(rng));
+  }
+  const Result truth = run(d, Impl::recurrent, DType::float64);
+  const Result chunk64 = run(d, Impl::chunk, DType::float64);
+  expect_close(chunk64, truth, 1e-10, "chunk float64");
+  const Result chunk32 = run(d, Impl::chunk, DType::float32);
+  const Result recurrent32 = run(d, Impl::recurrent, DType::float32);
+  expect_close(chunk32, truth, 1e-5, "chunk float32");
+  expect_close(recurrent32, truth, 1e-5, "recurrent float32");
+  std::cout << "[ long ] T = 65536 relative RMS vs recurrent float64: chunk float64 o "
+            << testing::rel_rms(chunk64.o, truth.o) << ", dk "
+            << testing::rel_rms(chunk64.dk, truth.dk) << ", dg "
+            << testing::rel_rms(chunk64.dg, truth.dg) << "; chunk float32 o "
+            << testing::rel_rms(chunk32.o, truth.o) << ", dk "
+            << testing::rel_rms(chunk32.dk, truth.dk) << ", dg "
+            << testing::rel_rms(chunk32.dg, truth.dg) << "; recurrent float32 o "
+            << testing::rel_rms(recurrent32.o, truth.o) << ", dk "
+            << testing::rel_rms(recurrent32.dk, truth.dk) << ", dg "
+            << testing::rel_rms(recurrent32.dg, truth.dg) << " ("
+            << std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()
+            << " s)\n";
+  // Against the reference forward too (its backward would keep 65,537 states).
+  const Result reference = run(d, Impl::reference, DType::float64, false);
+  PHASOR_EXPECT_CLOSE(truth.o, reference.o, 1e-10, "recurrent vs reference o");
+  PHASOR_EXPECT_CLOSE(truth.ht, reference.ht, 1e-10, "recurrent vs reference final_state");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Decoding token by token
+
+// A view of time step t of a [B, T, ...] tensor, as a [B, 1, ...] tensor.
+TensorView step_view(const Tensor& x, std::int64_t t) {
+  TensorView v = x.view();
+  v.data = static_cast<unsigned char*>(v.data) +
+           t * v.stride(1) * static_cast<std::int64_t>(element_size(v.dtype));
+  v.sizes[1] = 1;
+  return v;
+}
+
+TEST(GatedDeltaRuleKernels, DecodingTokenByTokenEqualsChunkForward) {
+  Case c;
+  c.B = 2, c.T = 20, c.H = 2, c.HV = 4, c.K = 5, c.V = 6, c.chunk_size = 8, c.gates = Gates::mixed;
+  const Data base = make_data(c);
+  for (DType dtype : {DType::float64, DType::float32}) {
+    const Result full = run(base, Impl::chunk, dtype, false);
+    const Tensor q = base.q.to(dtype), k = base.k.to(dtype), v = base.v.to(dtype);
+    const Tensor g = base.g.to(dtype), beta = base.beta.to(dtype);
+    for (bool in_place : {true, false}) {
+      Tensor state = base.h0.to(dtype), other = base.h0.to(dtype);
+      Tensor o({base.B, c.T, c.HV, c.V}, dtype);
+      for (std::int64_t t = 0; t < c.T; ++t) {
+        GatedDeltaRuleParams p;
+        p.q = step_view(q, t), p.k = step_view(k, t), p.v = step_view(v, t);
+        p.g = step_view(g, t), p.beta = step_view(beta, t);
+        p.initial_state = state.view();
+        p.use_qk_l2norm_in_kernel = true;
+        gated_delta_rule_forward(p, Impl::recurrent, step_view(o, t),
+                                 in_place ? state.view() : other.view());
+        if (!in_place) std::swap(state, other);
+      }
+      const double tol = dtype == DType::float64 ? 1e-12 : 1e-5;
+      const std::string what = std::string(to_string(dtype)) + (in_place ? " in place" : "");
+      PHASOR_EXPECT_CLOSE(o.to(DType::float64), full.o, tol, what + " o");
+      PHASOR_EXPECT_CLOSE(state.to(DType::float64), full.ht, tol, what + " final_state");
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Threads
+
+TEST(GatedDeltaRuleKernels, BitIdenticalForAnyThreadCount) {
+  Case c;
+  c.B = 2, c.T = 50, c.H = 3, c.HV = 3, c.K = 8, c.V = 8, c.chunk_size = 16, c.gates = Gates::mixed;
+  const Data d = make_data(c);
+  for (Impl impl : {Impl::reference, Impl::recurrent, Impl::chunk}) {
+    set_num_threads(1);
+    const Result one = run(d, impl, DType::float32);
+    for (int threads : {2, 3, 2}) {
+      set_num_threads(threads);
+      EXPECT_TRUE(bit_equal(run(d, impl, DType::float32), one))
+          << to_string(impl) << " with " << threads << " threads";
+    }
+    set_num_threads(0);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Bad inputs
+
+GatedDeltaRuleGrads grads_with_dq(const TensorView& dq) {
+  return {dq, {}, {}, {}, {}, {}};
+}
+
+struct ValidCall {
+  Tensor q{{1, 6, 2, 3}, DType::float32}, k{{1, 6, 2, 3}, DType::float32};
+  Tensor v{{1, 6, 4, 2}, DType::float32}, g{{1, 6, 4}, DType::float32};
+  Tensor beta{{1, 6, 4}, DType::float32}, h0{{1, 4, 3, 2}, DType::float32};
+  Tensor o{{1, 6, 4, 2}, DType::float32}, ht{{1, 4, 3, 2}, DType::float32};
+  GatedDeltaRuleParams params() const {
+    GatedDeltaRuleParams p;
+    p.q = q.view(), p.k = k.view(), p.v = v.view(), p.g = g.view(), p.beta = beta.view();
+    return p;
+  }
+};
+
+TEST(GatedDeltaRuleErrors, BadInputsNameTheArgument) {
+  ValidCall c;
+  const Tensor wrong_rank({1, 6, 2}, DType::float32), wrong_k({1, 6, 2, 4}, DType::float32);
+  const Tensor v_hv3({1, 6, 3, 2}, DType::float32), v_b2({2, 6, 4, 2}, DType::float32);
+  const Tensor g_h({1, 6, 2}, DType::float32), ints({1, 6, 2, 3}, DType::int32);
+  const Tensor h0_bad({1, 4, 2, 3}, DType::float32), o_bad({1, 6, 2, 2}, DType::float32);
+  const std::string chunk_op = "chunk_gated_delta_rule";
+  auto forward = [&](const GatedDeltaRuleParams& p, const TensorView& o, const TensorView& ht = {},
+                     Impl impl = Impl::chunk) { gated_delta_rule_forward(p, impl, o, ht); };
+  auto expect = [&](const std::function<void(GatedDeltaRuleParams&)>& edit,
+                    std::initializer_list<const char*> fragments, Impl impl = Impl::chunk) {
+    GatedDeltaRuleParams p = c.params();
+    edit(p);
+    testing::expect_error([&] { forward(p, c.o.view(), {}, impl); }, fragments);
+  };
+  expect([&](auto& p) { p.q = wrong_rank.view(); },
+         {"chunk_gated_delta_rule", "argument 'q'", "4-D"});
+  expect([&](auto& p) { p.q = ints.view(); }, {"argument 'q'", "float32 or float64", "int32"});
+  expect([&](auto& p) { p.k = wrong_k.view(); }, {"argument 'k'", "K=3", "[1, 6, 2, 4]"});
+  expect([&](auto& p) { p.k = {}; }, {"argument 'k'", "none"});
+  expect([&](auto& p) { p.v = wrong_rank.view(); }, {"argument 'v'", "4-D"});
+  expect([&](auto& p) { p.v = v_b2.view(); }, {"argument 'v'", "B=1"});
+  expect([&](auto& p) { p.v = v_hv3.view(); }, {"argument 'v'", "multiple", "H = 2", "HV = 3"});
+  expect([&](auto& p) { p.g = g_h.view(); }, {"argument 'g'", "HV=4"});
+  expect([&](auto& p) { p.beta = g_h.view(); }, {"argument 'beta'", "HV=4"});
+  expect([&](auto& p) { p.initial_state = h0_bad.view(); }, {"argument 'initial_state'", "K=3"});
+  expect([&](auto& p) { p.chunk_size = 0; }, {"argument 'chunk_size'", "positive", "0"});
+  expect([&](auto& p) { p.scale = kNaN; }, {"argument 'scale'", "finite"});
+  // Op names of the other implementations.
+  expect([&](auto& p) { p.q = wrong_rank.view(); }, {"fused_recurrent_gated_delta_rule", "'q'"},
+         Impl::recurrent);
+  expect([&](auto& p) { p.q = wrong_rank.view(); }, {"gated_delta_rule_reference", "'q'"},
+         Impl::reference);
+
+  // Gates must be ≤ 0 (−inf allowed).
+  {
+    Tensor g = c.g;
+    g.set(13, 0.5);
+    expect([&](auto& p) { p.g = g.view(); }, {"argument 'g'", "<= 0", "g[0, 3, 1] = 0.5"});
+    g.set(13, kNaN);
+    expect([&](auto& p) { p.g = g.view(); }, {"argument 'g'", "<= 0"});
+    g.set(13, -kInf);
+    GatedDeltaRuleParams p = c.params();
+    p.g = g.view();
+    EXPECT_NO_THROW(forward(p, c.o.view()));
+  }
+
+  // cu_seqlens.
+  {
+    const Tensor cu_ok = testing::cu_seqlens({2, 4}), cu_short = testing::cu_seqlens({2, 3});
+    const Tensor cu_float = testing::cu_seqlens({2, 4}).to(DType::float32);
+    const Tensor cu_decr = Tensor::from({4}, {0, 4, 3, 6}, DType::int64);
+    expect([&](auto& p) { p.cu_seqlens = cu_short.view(); }, {"argument 'cu_seqlens'", "T = 6"});
+    expect([&](auto& p) { p.cu_seqlens = cu_float.view(); }, {"argument 'cu_seqlens'", "int32"});
+    expect([&](auto& p) { p.cu_seqlens = cu_decr.view(); },
+           {"argument 'cu_seqlens'", "non-decreasing"});
+    // With cu_seqlens, initial_state has N = 2 rows, not B = 1.
+    expect([&](auto& p) { p.cu_seqlens = cu_ok.view(), p.initial_state = c.h0.view(); },
+           {"argument 'initial_state'", "N=2"});
+    const Tensor q2({2, 6, 2, 3}, DType::float32), k2({2, 6, 2, 3}, DType::float32);
+    const Tensor v2({2, 6, 4, 2}, DType::float32), g2({2, 6, 4}, DType::float32);
+    expect(
+        [&](auto& p) {
+          p.q = q2.view(), p.k = k2.view(), p.v = v2.view(), p.g = g2.view(), p.beta = g2.view();
+          p.cu_seqlens = cu_ok.view();
+        },
+        {"argument 'cu_seqlens'", "B = 1"});
+  }
+
+  // Outputs.
+  {
+    const GatedDeltaRuleParams p = c.params();
+    testing::expect_error([&] { forward(p, o_bad.view()); }, {"argument 'o'", "HV=4"});
+    testing::expect_error([&] { forward(p, c.o.view(), h0_bad.view()); },
+                          {"argument 'final_state'", "K=3"});
+  }
+
+  // Backward arguments.
+  {
+    GatedDeltaRuleParams p = c.params();
+    Tensor dq({1, 6, 2, 3}, DType::float32), dg({1, 6, 4}, DType::float32);
+    Tensor dh0({1, 4, 3, 2}, DType::float32);
+    testing::expect_error(
+        [&] {
+          gated_delta_rule_backward(p, Impl::chunk, c.o.view(), {},
+                                    {{}, {}, {}, {}, {}, dh0.view()});
+        },
+        {"chunk_gated_delta_rule", "argument 'dh0'", "initial_state"});
+    testing::expect_error(
+        [&] {
+          gated_delta_rule_backward(p, Impl::recurrent, o_bad.view(), {}, grads_with_dq(dq.view()));
+        },
+        {"fused_recurrent_gated_delta_rule", "argument 'd_o'"});
+    testing::expect_error(
+        [&] {
+          gated_delta_rule_backward(p, Impl::chunk, c.o.view(), h0_bad.view(),
+                                    grads_with_dq(dq.view()));
+        },
+        {"argument 'd_final_state'"});
+    testing::expect_error(
+        [&] {
+          gated_delta_rule_backward(p, Impl::chunk, c.o.view(), {}, grads_with_dq(dg.view()));
+        },
+        {"argument 'dq'", "K=3"});
+    testing::expect_error(
+        [&] {
+          gated_delta_rule_backward(p, Impl::chunk, c.o.view(), {},
+                                    GatedDeltaRuleGrads{{}, {}, {}, dq.view(), {}, {}});
+        },
+        {"argument 'dg'", "HV=4"});
+    // The recurrent backward recomputes from checkpoints every chunk_size tokens.
+    p.chunk_size = -1;
+    testing::expect_error(
+        [&] {
+          gated_delta_rule_backward(p, Impl::recurrent, c.o.view(), {}, grads_with_dq(dq.view()));
+        },
+        {"fused_recurrent_gated_delta_rule", "argument 'chunk_size'"});
+    p.initial_state = c.h0.view();
+    p.chunk_size = 4;
+    EXPECT_NO_THROW(gated_delta_rule_backward(p, Impl::chunk, c.o.view(), c.ht.view(),
+                                              {dq.view(), {}, {}, dg.view(), {}, dh0.view()}));
+  }
+}
+
+}  // namespace
+}  // namespace phasor

@@ -1,1 +1,135 @@
-// placeholder: implemented by the gated_delta_rule work
+// Gated DeltaNet: argument validation and dispatch to the reference, recurrent and chunk kernels.
+
+// GCC 12 reports false -Wmaybe-uninitialized warnings inside Eigen's AVX-512 kernels
+// (-march=native); silence them for this file before any header pulls in the intrinsics.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <string>
+
+#include "common/check.h"
+#include "gated_delta_rule/kernels.h"
+#include "phasor/gated_delta_rule.h"
+
+namespace phasor {
+namespace {
+
+using detail::Dim;
+using detail::gdn::Problem;
+
+// The fla name of each implementation, used in every error message.
+std::string op_name(Impl impl) {
+  switch (impl) {
+    case Impl::reference:
+      return "gated_delta_rule_reference";
+    case Impl::recurrent:
+      return "fused_recurrent_gated_delta_rule";
+    case Impl::chunk:
+      return "chunk_gated_delta_rule";
+  }
+  return "gated_delta_rule";
+}
+
+// Checks every input of `params` and resolves the shapes, sequences and options.
+// `uses_chunk_size`: the chunk size matters for this call (chunk kernel, or recurrent backward
+// checkpoint interval) and must be positive.
+Problem validate_inputs(const std::string& op, const GatedDeltaRuleParams& params,
+                        bool uses_chunk_size) {
+  Problem p;
+  p.params = &params;
+  detail::check_float_rank(op, "q", params.q, 4, "[B, T, H, K]");
+  p.B = params.q.size(0);
+  p.T = params.q.size(1);
+  p.H = params.q.size(2);
+  p.K = params.q.size(3);
+  if (p.H < 1) detail::fail(op, "q", "at least one head (H >= 1)", "H = " + std::to_string(p.H));
+  detail::check_float_tensor(op, "k", params.k, {{p.B, "B"}, {p.T, "T"}, {p.H, "H"}, {p.K, "K"}});
+  detail::check_float_rank(op, "v", params.v, 4, "[B, T, HV, V]");
+  p.HV = params.v.size(2);
+  p.V = params.v.size(3);
+  detail::check_float_tensor(op, "v", params.v, {{p.B, "B"}, {p.T, "T"}, {p.HV, "HV"}, {p.V, "V"}});
+  if (p.HV < 1 || p.HV % p.H != 0)
+    detail::fail(op, "v",
+                 "a number of value heads HV (dim 2) that is a positive multiple of the number "
+                 "of q/k heads H = " +
+                     std::to_string(p.H),
+                 "HV = " + std::to_string(p.HV));
+  p.group = p.HV / p.H;
+  detail::check_float_tensor(op, "g", params.g, {{p.B, "B"}, {p.T, "T"}, {p.HV, "HV"}});
+  detail::check_float_tensor(op, "beta", params.beta, {{p.B, "B"}, {p.T, "T"}, {p.HV, "HV"}});
+  p.sequences = detail::sequences(op, params.cu_seqlens, p.B, p.T);
+  const auto N = static_cast<std::int64_t>(p.sequences.size());
+  if (params.initial_state.defined())
+    detail::check_float_tensor(op, "initial_state", params.initial_state,
+                               {{N, "N"}, {p.HV, "HV"}, {p.K, "K"}, {p.V, "V"}});
+  p.scale = detail::resolve_scale(op, params.scale, p.K);
+  if (uses_chunk_size) detail::check_positive(op, "chunk_size", params.chunk_size);
+  p.chunk_size = params.chunk_size;
+  p.l2norm = params.use_qk_l2norm_in_kernel;
+  detail::check_log_gates(op, "g", params.g);
+  return p;
+}
+
+void check_state_shaped(const std::string& op, const char* name, const TensorView& x,
+                        const Problem& p) {
+  const auto N = static_cast<std::int64_t>(p.sequences.size());
+  detail::check_output(op, name, x, {{N, "N"}, {p.HV, "HV"}, {p.K, "K"}, {p.V, "V"}});
+}
+
+}  // namespace
+
+void gated_delta_rule_forward(const GatedDeltaRuleParams& params, Impl impl, const TensorView& o,
+                              const TensorView& final_state) {
+  const std::string op = op_name(impl);
+  const Problem p = validate_inputs(op, params, impl == Impl::chunk);
+  detail::check_output(op, "o", o, {{p.B, "B"}, {p.T, "T"}, {p.HV, "HV"}, {p.V, "V"}});
+  if (final_state.defined()) check_state_shaped(op, "final_state", final_state, p);
+  switch (impl) {
+    case Impl::reference:
+      detail::gdn::reference_forward(p, o, final_state);
+      return;
+    case Impl::recurrent:
+      detail::gdn::recurrent_forward(p, o, final_state);
+      return;
+    case Impl::chunk:
+      detail::gdn::chunk_forward(p, o, final_state);
+      return;
+  }
+  detail::fail(op, "impl", "reference, recurrent or chunk", "an unknown value");
+}
+
+void gated_delta_rule_backward(const GatedDeltaRuleParams& params, Impl impl, const TensorView& d_o,
+                               const TensorView& d_final_state, const GatedDeltaRuleGrads& grads) {
+  const std::string op = op_name(impl);
+  // The recurrent backward recomputes states from checkpoints every chunk_size tokens.
+  const Problem p = validate_inputs(op, params, impl != Impl::reference);
+  detail::check_float_tensor(op, "d_o", d_o, {{p.B, "B"}, {p.T, "T"}, {p.HV, "HV"}, {p.V, "V"}});
+  if (d_final_state.defined()) check_state_shaped(op, "d_final_state", d_final_state, p);
+  const std::initializer_list<Dim> qk_dims = {{p.B, "B"}, {p.T, "T"}, {p.H, "H"}, {p.K, "K"}};
+  if (grads.dq.defined()) detail::check_output(op, "dq", grads.dq, qk_dims);
+  if (grads.dk.defined()) detail::check_output(op, "dk", grads.dk, qk_dims);
+  if (grads.dv.defined())
+    detail::check_output(op, "dv", grads.dv, {{p.B, "B"}, {p.T, "T"}, {p.HV, "HV"}, {p.V, "V"}});
+  if (grads.dg.defined())
+    detail::check_output(op, "dg", grads.dg, {{p.B, "B"}, {p.T, "T"}, {p.HV, "HV"}});
+  if (grads.dbeta.defined())
+    detail::check_output(op, "dbeta", grads.dbeta, {{p.B, "B"}, {p.T, "T"}, {p.HV, "HV"}});
+  if (grads.dh0.defined()) {
+    if (!params.initial_state.defined())
+      detail::fail(op, "dh0", "initial_state to be given (dh0 is the gradient with respect to it)",
+                   "dh0 requested without initial_state");
+    check_state_shaped(op, "dh0", grads.dh0, p);
+  }
+  switch (impl) {
+    case Impl::reference:
+      detail::gdn::reference_backward(p, d_o, d_final_state, grads);
+      return;
+    case Impl::recurrent:
+      detail::gdn::recurrent_backward(p, d_o, d_final_state, grads);
+      return;
+    case Impl::chunk:
+      detail::gdn::chunk_backward(p, d_o, d_final_state, grads);
+      return;
+  }
+  detail::fail(op, "impl", "reference, recurrent or chunk", "an unknown value");
+}
+
+}  // namespace phasor

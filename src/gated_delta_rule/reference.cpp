@@ -1,1 +1,99 @@
-// placeholder: implemented by the gated_delta_rule work
+// Gated DeltaNet reference: the recurrence token by token in float64, whatever the input dtype,
+// and its backward as the plain adjoint of each step with every state kept in memory. Slow and
+// memory-hungry (T + 1 states per value head) on purpose: this is what the tests trust.
+
+// GCC 12 reports false -Wmaybe-uninitialized warnings inside Eigen's AVX-512 kernels
+// (-march=native); silence them for this file before any header pulls in the intrinsics.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <cmath>
+#include <vector>
+
+#include "common/parallel.h"
+#include "gated_delta_rule/kernels.h"
+
+namespace phasor::detail::gdn {
+
+using Matd = Mat<double>;
+using Vecd = Vec<double>;
+
+void reference_forward(const Problem& p, const TensorView& o, const TensorView& final_state) {
+  parallel_for(p.num_items(), [&](std::int64_t item) {
+    const std::int64_t n = p.item_sequence(item), h = p.item_head(item);
+    const Sequence& s = p.sequences[static_cast<std::size_t>(n)];
+    QKInputs<double> qk;
+    load_qk(p, s, h, qk);
+    for (std::int64_t hv = h * p.group; hv < (h + 1) * p.group; ++hv) {
+      ValueHeadInputs<double> in;
+      load_value_head(p, s, n, hv, in);
+      Matd S = in.state;
+      Matd out(s.length, p.V);
+      for (std::int64_t t = 0; t < s.length; ++t) {
+        const Vecd k = qk.k.row(t).transpose(), q = qk.q.row(t).transpose();
+        const Vecd v = in.v.row(t).transpose();
+        S *= std::exp(in.g(t));                        // S' = exp(g_t) S_{t−1}
+        const Vecd r = v - S.transpose() * k;          // v_t − S'ᵀ k_t
+        S += in.beta(t) * k * r.transpose();           // S_t = S' + β_t k_t (v_t − S'ᵀ k_t)ᵀ
+        out.row(t) = (S.transpose() * q).transpose();  // o_t = S_tᵀ (scale·q_t)
+      }
+      store_rows(out, o, s, hv);
+      if (final_state.defined()) store_state(S, final_state, n, hv);
+    }
+  });
+}
+
+// Adjoint of one step, S_t = (I − β k kᵀ) S' + β k vᵀ with S' = a S_{t−1}, o_t = S_tᵀ q̃:
+//   dq̃ = S_t do,  dS_t += q̃ doᵀ,  w = dS_tᵀ k,  r = v − S'ᵀ k,
+//   dv = β w,  dβ = wᵀ r,  dk = β (dS_t r − S' w),
+//   dS' = (I − β k kᵀ) dS_t = dS_t − β k wᵀ,  dg = Σ S' ⊙ dS',  dS_{t−1} = a dS'.
+void reference_backward(const Problem& p, const TensorView& d_o, const TensorView& d_final_state,
+                        const GatedDeltaRuleGrads& grads) {
+  parallel_for(p.num_items(), [&](std::int64_t item) {
+    const std::int64_t n = p.item_sequence(item), h = p.item_head(item);
+    const Sequence& s = p.sequences[static_cast<std::size_t>(n)];
+    QKInputs<double> qk;
+    load_qk(p, s, h, qk);
+    Matd dq = Matd::Zero(s.length, p.K), dk = Matd::Zero(s.length, p.K);
+    for (std::int64_t hv = h * p.group; hv < (h + 1) * p.group; ++hv) {
+      ValueHeadInputs<double> in;
+      load_value_head(p, s, n, hv, in);
+      Matd d_out;
+      load_rows(d_o, s, hv, d_out);
+      // states[t] = S_t, the state after t tokens (states[0] = initial state).
+      std::vector<Matd> states(static_cast<std::size_t>(s.length + 1));
+      states[0] = in.state;
+      for (std::int64_t t = 0; t < s.length; ++t) {
+        const Vecd k = qk.k.row(t).transpose(), v = in.v.row(t).transpose();
+        Matd S = std::exp(in.g(t)) * states[static_cast<std::size_t>(t)];
+        const Vecd r = v - S.transpose() * k;
+        S += in.beta(t) * k * r.transpose();
+        states[static_cast<std::size_t>(t + 1)] = S;
+      }
+      ValueHeadGrads<double> d;
+      d.reset(s.length, p.K, p.V);
+      Matd dS;
+      load_final_state_grad(p, d_final_state, n, hv, dS);
+      for (std::int64_t t = s.length - 1; t >= 0; --t) {
+        const Vecd k = qk.k.row(t).transpose(), q = qk.q.row(t).transpose();
+        const Vecd v = in.v.row(t).transpose(), dout = d_out.row(t).transpose();
+        const double a = std::exp(in.g(t)), beta = in.beta(t);
+        const Matd& S_t = states[static_cast<std::size_t>(t + 1)];
+        const Matd S_decayed = a * states[static_cast<std::size_t>(t)];  // S'
+        dq.row(t) += (S_t * dout).transpose();
+        dS += q * dout.transpose();
+        const Vecd w = dS.transpose() * k;
+        const Vecd r = v - S_decayed.transpose() * k;
+        d.dv.row(t) = (beta * w).transpose();
+        d.dbeta(t) = w.dot(r);
+        dk.row(t) += (beta * (dS * r - S_decayed * w)).transpose();
+        const Matd dS_decayed = dS - beta * k * w.transpose();
+        d.dg(t) = S_decayed.cwiseProduct(dS_decayed).sum();
+        dS = a * dS_decayed;
+      }
+      d.dh0 = dS;
+      store_value_head_grads(s, n, hv, d, grads);
+    }
+    store_qk_grads(p, s, h, qk, dq, dk, grads);
+  });
+}
+
+}  // namespace phasor::detail::gdn

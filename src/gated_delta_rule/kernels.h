@@ -1,0 +1,178 @@
+// Internal: the Gated DeltaNet kernels (reference, recurrent, chunk) and what they share — the
+// validated problem description, per-work-item input loading (with the optional q/k L2
+// normalisation) and the storing of gradients (through that normalisation).
+//
+// Notation used by every kernel, per sequence and value head, state S ∈ R^{K×V}:
+//   q̃_t = scale · q̂_t,  q̂_t, k_t: q, k after the optional L2 normalisation,
+//   a_t = exp(g_t),  S'_t = a_t S_{t−1},  r_t = v_t − S'_tᵀ k_t,
+//   S_t = S'_t + β_t k_t r_tᵀ,  o_t = S_tᵀ q̃_t.
+// Kernels work in q̃ and k̂ and return dq̃ and dk̂; store_qk_grads turns those into dq and dk.
+//
+// Work items: one item = one sequence and one q/k head h together with its HV/H value heads
+// hv = h·G … h·G + G − 1 (G = HV/H), so the dq/dk rows of an item (sums over its value heads) are
+// written by that item only. Each item runs start to finish on one thread.
+#pragma once
+
+#include <Eigen/Core>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "common/check.h"
+#include "common/slices.h"
+#include "phasor/gated_delta_rule.h"
+
+namespace phasor::detail::gdn {
+
+// A validated call: the views, the shape, the sequences and the resolved options.
+struct Problem {
+  const GatedDeltaRuleParams* params = nullptr;
+  std::vector<Sequence> sequences;
+  std::int64_t B = 0, T = 0, H = 0, HV = 0, K = 0, V = 0;
+  std::int64_t group = 1;  // G = HV / H value heads per q/k head
+  double scale = 1.0;
+  bool l2norm = false;
+  std::int64_t chunk_size = 64;
+
+  std::int64_t num_items() const { return static_cast<std::int64_t>(sequences.size()) * H; }
+  // Work item i: sequence i / H (its index n in the state tensors) and q/k head i % H.
+  std::int64_t item_sequence(std::int64_t i) const { return i / H; }
+  std::int64_t item_head(std::int64_t i) const { return i % H; }
+};
+
+// Forward and backward entry points; arguments already validated by api.cpp.
+void reference_forward(const Problem& p, const TensorView& o, const TensorView& final_state);
+void reference_backward(const Problem& p, const TensorView& d_o, const TensorView& d_final_state,
+                        const GatedDeltaRuleGrads& grads);
+void recurrent_forward(const Problem& p, const TensorView& o, const TensorView& final_state);
+void recurrent_backward(const Problem& p, const TensorView& d_o, const TensorView& d_final_state,
+                        const GatedDeltaRuleGrads& grads);
+void chunk_forward(const Problem& p, const TensorView& o, const TensorView& final_state);
+void chunk_backward(const Problem& p, const TensorView& d_o, const TensorView& d_final_state,
+                    const GatedDeltaRuleGrads& grads);
+
+template <class S>
+using RowVec = Eigen::Matrix<S, 1, Eigen::Dynamic>;
+
+// The fla normalisation x̂ = x / sqrt(Σx² + 1e-6), applied to every row of x in place;
+// inv_norm keeps 1 / sqrt(Σx² + 1e-6) per row for the backward.
+template <class S>
+void l2_normalize_rows(Mat<S>& x, Vec<S>& inv_norm) {
+  inv_norm.resize(x.rows());
+  for (Eigen::Index t = 0; t < x.rows(); ++t) {
+    inv_norm(t) = S(1) / std::sqrt(x.row(t).squaredNorm() + S(1e-6));
+    x.row(t) *= inv_norm(t);
+  }
+}
+
+// Backward of l2_normalize_rows, in place: with x̂ = x·ρ, ρ = (Σx² + ε)^{-1/2},
+//   ∂x̂_i/∂x_j = ρ (δ_ij − x̂_i x̂_j)  ⇒  dx = ρ (dx̂ − x̂ (x̂·dx̂)).
+// For a single channel (K = 1) that is ρ (1 − x̂²) dx̂ with 1 − x̂² = ερ² exactly: evaluated as
+// written it would cancel catastrophically (x̂² rounds to 1 in float32), so use ερ³ dx̂ instead.
+template <class S>
+void l2_normalize_rows_backward(const Mat<S>& x_hat, const Vec<S>& inv_norm, Mat<S>& dx) {
+  for (Eigen::Index t = 0; t < dx.rows(); ++t) {
+    const S rho = inv_norm(t);
+    if (dx.cols() == 1) {
+      dx(t, 0) *= S(1e-6) * rho * rho * rho;
+      continue;
+    }
+    const S projection = x_hat.row(t).dot(dx.row(t));
+    dx.row(t) = rho * (dx.row(t) - projection * x_hat.row(t));
+  }
+}
+
+// The q/k inputs of one work item (one sequence, one q/k head), L × K each.
+template <class S>
+struct QKInputs {
+  Mat<S> q_hat;       // q̂ (normalised if requested, unscaled)
+  Mat<S> q;           // q̃ = scale · q̂, what the kernels use
+  Mat<S> k;           // k̂
+  Vec<S> q_inv_norm;  // only with l2norm
+  Vec<S> k_inv_norm;
+};
+
+template <class S>
+void load_qk(const Problem& p, const Sequence& s, std::int64_t h, QKInputs<S>& in) {
+  load_rows(p.params->q, s, h, in.q_hat);
+  load_rows(p.params->k, s, h, in.k);
+  if (p.l2norm) {
+    l2_normalize_rows(in.q_hat, in.q_inv_norm);
+    l2_normalize_rows(in.k, in.k_inv_norm);
+  }
+  in.q = S(p.scale) * in.q_hat;
+}
+
+// The inputs of one value head hv of a work item.
+template <class S>
+struct ValueHeadInputs {
+  Mat<S> v;      // L × V
+  Vec<S> g;      // L, log decays
+  Vec<S> beta;   // L
+  Mat<S> state;  // K × V initial state (zeros without initial_state)
+};
+
+template <class S>
+void load_value_head(const Problem& p, const Sequence& s, std::int64_t n, std::int64_t hv,
+                     ValueHeadInputs<S>& in) {
+  load_rows(p.params->v, s, hv, in.v);
+  load_column(p.params->g, s, hv, in.g);
+  load_column(p.params->beta, s, hv, in.beta);
+  if (p.params->initial_state.defined())
+    load_state(p.params->initial_state, n, hv, in.state);
+  else
+    in.state = Mat<S>::Zero(p.K, p.V);
+}
+
+// dq̃, dk̂ (summed over the item's value heads) → dq, dk: the chain rule through q̃ = scale·q̂
+// and, with l2norm, through the normalisation. Consumes dq_tilde and dk_hat.
+template <class S>
+void store_qk_grads(const Problem& p, const Sequence& s, std::int64_t h, const QKInputs<S>& in,
+                    Mat<S>& dq_tilde, Mat<S>& dk_hat, const GatedDeltaRuleGrads& grads) {
+  if (grads.dq.defined()) {
+    dq_tilde *= S(p.scale);  // now dq̂
+    if (p.l2norm) l2_normalize_rows_backward(in.q_hat, in.q_inv_norm, dq_tilde);
+    store_rows(dq_tilde, grads.dq, s, h);
+  }
+  if (grads.dk.defined()) {
+    if (p.l2norm) l2_normalize_rows_backward(in.k, in.k_inv_norm, dk_hat);
+    store_rows(dk_hat, grads.dk, s, h);
+  }
+}
+
+// The gradients of one value head of a work item.
+template <class S>
+struct ValueHeadGrads {
+  Mat<S> dv;     // L × V
+  Vec<S> dg;     // L
+  Vec<S> dbeta;  // L
+  Mat<S> dh0;    // K × V, gradient with respect to the initial state
+
+  void reset(std::int64_t L, std::int64_t K, std::int64_t V) {
+    dv = Mat<S>::Zero(L, V);
+    dg = Vec<S>::Zero(L);
+    dbeta = Vec<S>::Zero(L);
+    dh0.resize(K, V);
+  }
+};
+
+template <class S>
+void store_value_head_grads(const Sequence& s, std::int64_t n, std::int64_t hv,
+                            const ValueHeadGrads<S>& d, const GatedDeltaRuleGrads& grads) {
+  if (grads.dv.defined()) store_rows(d.dv, grads.dv, s, hv);
+  if (grads.dg.defined()) store_column(d.dg, grads.dg, s, hv);
+  if (grads.dbeta.defined()) store_column(d.dbeta, grads.dbeta, s, hv);
+  if (grads.dh0.defined()) store_state(d.dh0, grads.dh0, n, hv);
+}
+
+// d_final_state[n, hv] in the compute type, or zeros.
+template <class S>
+void load_final_state_grad(const Problem& p, const TensorView& d_final_state, std::int64_t n,
+                           std::int64_t hv, Mat<S>& dS) {
+  if (d_final_state.defined())
+    load_state(d_final_state, n, hv, dS);
+  else
+    dS = Mat<S>::Zero(p.K, p.V);
+}
+
+}  // namespace phasor::detail::gdn
