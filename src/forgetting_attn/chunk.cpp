@@ -128,13 +128,19 @@ void tile_logits(const Mat<S>& q_scaled, const Mat<S>& k, const BlockGates& gate
 }
 
 // exp(logits − offset_r) row by row, with masked (−inf) logits giving exactly 0 (Eigen's
-// vectorised exp only flushes to the smallest normal number in float64).
+// vectorised exp only flushes to the smallest normal number in float64). The exp runs row by
+// row on contiguous memory so that Eigen vectorises it (neither a column broadcast over a
+// row-major matrix nor a select() would be), and the masked entries are fixed after.
 template <class S>
 void masked_exp(const Mat<S>& logits, const Vec<S>& row_offset, Mat<S>& out) {
   out.resize(logits.rows(), logits.cols());
+  for (Eigen::Index r = 0; r < logits.rows(); ++r)
+    out.row(r).array() = (logits.row(r).array() - row_offset[r]).exp();
   const S neg_inf = -std::numeric_limits<S>::infinity();
-  out.array() = (logits.array() == neg_inf)
-                    .select(S(0), (logits.array().colwise() - row_offset.array()).exp());
+  const S* in = logits.data();
+  S* result = out.data();
+  for (Eigen::Index i = 0; i < logits.size(); ++i)
+    if (in[i] == neg_inf) result[i] = S(0);
 }
 
 // Per-thread tiles.
@@ -296,8 +302,10 @@ void backward_typed(const Problem& p, const TensorView& d_o, const TensorView& o
           if (!want_dlogits) return;
           tmp.dprobs.resize(nI, nJ);
           tmp.dprobs.noalias() = dout * v.middleRows(j0, nJ).transpose();
-          tmp.dlogits =
-              tmp.probs.cwiseProduct((tmp.dprobs.array().colwise() - delta_rows.array()).matrix());
+          tmp.dlogits.resize(nI, nJ);
+          for (std::int64_t r = 0; r < nI; ++r)
+            tmp.dlogits.row(r).array() =
+                tmp.probs.row(r).array() * (tmp.dprobs.row(r).array() - delta_rows[r]);
           // A dominant key's dℓ is left out here and added below as −(the rest of its row).
           for (std::int64_t r = 0; r < nI; ++r) {
             Eigen::Index c;

@@ -50,11 +50,11 @@ class KvCache {
       : capacity_(window == kNoWindow ? -1 : window - 1),
         keys_(0, K),
         values_(0, V),
-        decay_(0, group) {
+        decay_(group, 0) {
     if (capacity_ > 0) {
       keys_.resize(capacity_, K);
       values_.resize(capacity_, V);
-      decay_.resize(capacity_, group);
+      decay_.resize(group, capacity_);
     }
   }
 
@@ -64,27 +64,30 @@ class KvCache {
             Mat<S>& o, Vec<S>& lse) {
     // A zero gate on every query head hides everything cached from all of them: drop it.
     if ((g.array() == kNegInf).all()) cached_ = next_ = 0;
-    const std::int64_t n = cached_;
-    // decay_p ← decay_p + g_t: the sum of the gates in (p, t].
-    decay_.topRows(n).rowwise() += g.transpose();
+    const std::int64_t n = cached_, G = q.rows();
+    const S neg_inf = -std::numeric_limits<S>::infinity();
     const Mat<S> q_scaled = q * static_cast<S>(scale);
-    // logits (n × group): ℓ_tp = scale q_t·k_p + decay_p; the token itself: scale q_t·k_t.
-    logits_.resize(n, q.rows());
-    logits_.noalias() = keys_.topRows(n) * q_scaled.transpose();
-    logits_ += decay_.topRows(n).template cast<S>();
+    // logits (group × n): ℓ_tp = scale q_t·k_p + decay_p; the token itself: scale q_t·k_t.
+    logits_.resize(G, n);
+    logits_.noalias() = q_scaled * keys_.topRows(n).transpose();
     const Vec<S> self = q_scaled * k.transpose();
     Vec<S> max_logit = self;
-    for (std::int64_t h = 0; h < q.rows(); ++h)
-      if (n > 0) max_logit[h] = std::max(max_logit[h], logits_.col(h).maxCoeff());
-    const S neg_inf = -std::numeric_limits<S>::infinity();
-    probs_.resize(n, q.rows());
-    probs_.array() =
-        (logits_.array() == neg_inf)
-            .select(S(0), (logits_.array().rowwise() - max_logit.transpose().array()).exp());
+    probs_.resize(G, n);
+    for (std::int64_t h = 0; h < G; ++h) {
+      // decay_p ← decay_p + g_t: the sum of the gates in (p, t].
+      decay_.row(h).head(n).array() += g[h];
+      logits_.row(h) += decay_.row(h).head(n).template cast<S>();
+      if (n > 0) max_logit[h] = std::max(max_logit[h], logits_.row(h).maxCoeff());
+      // exp vectorised on its own, then exact zeros for the masked (−inf) tokens (Eigen's
+      // float64 exp only flushes them to the smallest normal number).
+      probs_.row(h).array() = (logits_.row(h).array() - max_logit[h]).exp();
+      for (std::int64_t p = 0; p < n; ++p)
+        if (logits_(h, p) == neg_inf) probs_(h, p) = S(0);
+    }
     const Vec<S> self_prob = (self - max_logit).array().exp();
-    const Vec<S> sum = probs_.colwise().sum().transpose() + self_prob;
-    o.resize(q.rows(), v.cols());
-    o.noalias() = probs_.transpose() * values_.topRows(n);
+    const Vec<S> sum = probs_.rowwise().sum() + self_prob;
+    o.resize(G, v.cols());
+    o.noalias() = probs_ * values_.topRows(n);
     o.noalias() += self_prob * v;
     o = sum.cwiseInverse().asDiagonal() * o;
     lse = max_logit.array() + sum.array().log();
@@ -101,7 +104,7 @@ class KvCache {
         const std::int64_t rows = std::max<std::int64_t>(16, 2 * keys_.rows());
         keys_.conservativeResize(rows, keys_.cols());
         values_.conservativeResize(rows, values_.cols());
-        decay_.conservativeResize(rows, decay_.cols());
+        decay_.conservativeResize(decay_.rows(), rows);
       }
     } else if (cached_ < capacity_) {
       slot = cached_++;
@@ -111,14 +114,14 @@ class KvCache {
     }
     keys_.row(slot) = k.row(0);
     values_.row(slot) = v.row(0);
-    decay_.row(slot).setZero();
+    decay_.col(slot).setZero();
   }
 
   std::int64_t capacity_;    // −1: unbounded
   std::int64_t cached_ = 0;  // valid slots: the first `cached_` rows
   std::int64_t next_ = 0;    // full ring: the slot of the oldest token
   Mat<S> keys_, values_;
-  Mat<double> decay_;  // slot × query head of the group
+  Mat<double> decay_;  // query head of the group × slot
   Mat<S> logits_, probs_;
 };
 
