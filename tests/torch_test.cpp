@@ -582,6 +582,21 @@ TEST(Torch, TorchLayerChecksNameTheArgument) {
                      {"forgetting_attn_recurrent: argument 'g': expected 3-D tensor"});
 }
 
+TEST(Torch, DoubleBackwardIsRefused) {
+  torch::manual_seed(15);
+  const at::Tensor q = leaf(at::randn({1, 4, 1, 2}, f64)), k = at::randn({1, 4, 1, 2}, f64),
+                   v = at::randn({1, 4, 1, 2}, f64), g = log_gates({1, 4, 1, 2});
+  auto [o, ht] = chunk_gla(q, k, v, g);
+  expect_torch_error(
+      [&] {
+        torch::autograd::grad({o.pow(2).sum()}, {q}, {}, /*retain_graph=*/true,
+                              /*create_graph=*/true);
+      },
+      {"chunk_gla backward: double backward (create_graph=true) is not supported"});
+  // First-order gradients through the same graph still work.
+  EXPECT_TRUE(torch::autograd::grad({o.pow(2).sum()}, {q})[0].defined());
+}
+
 // ---- FoX decoding
 // ------------------------------------------------------------------------------------------------
 

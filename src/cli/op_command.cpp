@@ -86,8 +86,15 @@ std::map<std::string, at::Tensor> read_inputs(const std::string& path, Op op) {
   try {
     value = torch::pickle_load(bytes);
   } catch (const c10::Error& e) {
+    std::string why = e.what_without_backtrace();
+    // LibTorch 1.13's C++ unpickler lacks the SETITEM opcode ('s', 0x73), which Python's pickle
+    // uses for a dict of exactly one entry; every op needs several tensors anyway.
+    if (why.find("0x73") != std::string::npos)
+      why +=
+          " (a dict with a single entry cannot be read by LibTorch 1.13; give all the op's "
+          "inputs)";
     throw InputError("argument '--in': expected a file written by torch.save, got '" + path +
-                     "', which cannot be read: " + e.what_without_backtrace());
+                     "', which cannot be read: " + why);
   }
   if (!value.isGenericDict())
     throw InputError("argument '--in': expected a dict of named tensors, got a " + value.tagKind() +

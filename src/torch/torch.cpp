@@ -214,6 +214,16 @@ bool requires_grad(const at::Tensor& t) {
   return t.defined() && t.requires_grad();
 }
 
+// The backward passes are not themselves differentiable (the core returns plain numbers), so a
+// graph built through them would silently give wrong second derivatives. Autograd runs backward
+// with grad mode on only for create_graph=true: refuse that instead.
+void check_first_order(const std::string& op) {
+  TORCH_CHECK(
+      !at::GradMode::is_enabled(), op,
+      " backward: double backward (create_graph=true) is not supported; phasor's gradients are "
+      "first order only");
+}
+
 // ---- GLA
 // ----------------------------------------------------------------------------------------------
 
@@ -262,6 +272,7 @@ struct GlaFunction : torch::autograd::Function<GlaFunction> {
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    check_first_order(gla_op_name(static_cast<Impl>(ctx->saved_data["impl"].toInt())));
     const auto saved = ctx->get_saved_variables();
     const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &g = saved[3], &h0 = saved[4],
                      &cu = saved[5];
@@ -339,6 +350,7 @@ struct GatedDeltaRuleFunction : torch::autograd::Function<GatedDeltaRuleFunction
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    check_first_order(gated_delta_rule_op_name(static_cast<Impl>(ctx->saved_data["impl"].toInt())));
     const auto saved = ctx->get_saved_variables();
     const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &g = saved[3], &beta = saved[4],
                      &h0 = saved[5], &cu = saved[6];
@@ -411,6 +423,7 @@ struct ForgettingAttnFunction : torch::autograd::Function<ForgettingAttnFunction
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    check_first_order(forgetting_attn_op_name(static_cast<Impl>(ctx->saved_data["impl"].toInt())));
     const auto saved = ctx->get_saved_variables();
     const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &g = saved[3], &cu = saved[4],
                      &o = saved[5], &lse = saved[6];
