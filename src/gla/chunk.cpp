@@ -72,11 +72,13 @@ struct ChunkWork {
   Mat<S> decay;               // exp(g_t)
   Mat<S> prefix;              // P_i
   Mat<S> suffix;              // E_j
+  RowVec<S> p_last;           // P_last = exp(Σ of the chunk's gates)
   Mat<S> running;             // scratch: running gate sums
   Mat<S> q_p;                 // scale · q ⊙ P
   Mat<S> k_e;                 // k ⊙ E
   Mat<S> attn;                // A, n × n, lower triangular (zero above the diagonal)
   Mat<S> f_q, f_k, q_f, k_f;  // sub-block factors and the scaled rows they multiply
+  Mat<S> k_dec;               // diagonal block: k_j ⊙ D_ij for the current query i
   Mat<S> out;
   // Backward only.
   Mat<S> d_attn;                     // dA_ij = do_i · v_j
@@ -93,24 +95,29 @@ struct ChunkWork {
             const TensorView& d_o) {
     n = part.length;
     scale = static_cast<S>(p.scale);
-    if (with_q) load_rows(p.q, part, h, q);
-    load_rows(p.k, part, h, k);
-    load_rows(p.v, part, h, v);
-    load_rows(p.g, part, h, g);
-    if (d_o.defined()) load_rows(d_o, part, h, d_out);
+    if (with_q) load_token_rows(p.q, part, h, q);
+    load_token_rows(p.k, part, h, k);
+    load_token_rows(p.v, part, h, v);
+    load_token_rows(p.g, part, h, g);
+    if (d_o.defined()) load_token_rows(d_o, part, h, d_out);
   }
 
-  // decay, P (prefix) and E (suffix), each from sums accumulated inside the chunk.
-  void gate_factors() {
+  // E (suffix) and P_last; with with_prefix also decay and P (prefix). Each factor is the exp
+  // of a sum accumulated inside the chunk. P_last = exp(g_0 + Σ_{(0, last]} g) is formed from the
+  // suffix sums so the state update uses the same value in the forward and in the backward's
+  // state pass (which skips the prefix).
+  void gate_factors(bool with_prefix = true) {
     const std::int64_t K = g.cols();
-    decay = g.array().exp().matrix();
     running.resize(n, K);
-    running.row(0) = g.row(0);
-    for (std::int64_t i = 1; i < n; ++i) running.row(i) = running.row(i - 1) + g.row(i);
-    prefix = running.array().exp().matrix();
     running.row(n - 1).setZero();
     for (std::int64_t j = n - 2; j >= 0; --j) running.row(j) = running.row(j + 1) + g.row(j + 1);
     suffix = running.array().exp().matrix();
+    p_last = (running.row(0) + g.row(0)).array().exp().matrix();
+    if (!with_prefix) return;
+    decay = g.array().exp().matrix();
+    running.row(0) = g.row(0);
+    for (std::int64_t i = 1; i < n; ++i) running.row(i) = running.row(i - 1) + g.row(i);
+    prefix = running.array().exp().matrix();
   }
 
   // For the query block [r, r + rows) and the keys [0, r):
@@ -160,7 +167,7 @@ struct ChunkWork {
   template <class State>
   void advance_state(State&& state) {
     k_e = (k.array() * suffix.array()).matrix();
-    state.array().colwise() *= prefix.row(n - 1).transpose().array();
+    state.array().colwise() *= p_last.transpose().array();
     state.noalias() += k_e.transpose() * v;
   }
 
@@ -247,8 +254,7 @@ struct ChunkWork {
       acc += (k.row(t).array() * dk_state.row(t).array()).matrix();
     }
     // S_prev → S_next: P_last ⊙ rowsum(S_prev ⊙ dS), the same for every t.
-    acc = (prefix.row(n - 1).array() *
-           (state_prev.array() * d_state.array()).rowwise().sum().transpose())
+    acc = (p_last.array() * (state_prev.array() * d_state.array()).rowwise().sum().transpose())
               .matrix();
     dg.rowwise() += acc;
     dg += cross_diag;
@@ -268,7 +274,7 @@ struct ChunkWork {
     }
 
     // dS_prev = diag(P_last) dS + scale Σ_i (q_i ⊙ P_i) do_iᵀ.
-    d_state.array().colwise() *= prefix.row(n - 1).transpose().array();
+    d_state.array().colwise() *= p_last.transpose().array();
     d_state.noalias() += q_p.transpose() * d_out;
   }
 };
@@ -282,10 +288,11 @@ void forward_item(const Problem& p, std::int64_t n, std::int64_t h, const Tensor
   ChunkWork<S> work;
   for (std::int64_t offset = 0; offset < s.length; offset += p.chunk_size) {
     const Sequence part = subsequence(s, offset, std::min(p.chunk_size, s.length - offset));
+    prefetch_segment(p, s, offset + p.chunk_size, p.chunk_size, h, true, TensorView{});
     work.load(p, part, h, /*with_q=*/true, TensorView{});
     work.gate_factors();
     work.forward_output(state);
-    store_rows(work.out, o, part, h);
+    store_token_rows(work.out, o, part, h);
     work.advance_state(state);
   }
   if (final_state.defined()) store_state(state, final_state, n, h);
@@ -306,8 +313,9 @@ void backward_item(const Problem& p, std::int64_t n, std::int64_t h, const Tenso
   for (std::int64_t c = 0; c < num_chunks; ++c) {
     states.middleRows(c * K, K) = state;
     const Sequence part = subsequence(s, c * C, std::min(C, s.length - c * C));
+    prefetch_segment(p, s, (c + 1) * C, C, h, false, TensorView{});
     work.load(p, part, h, /*with_q=*/false, TensorView{});
-    work.gate_factors();
+    work.gate_factors(/*with_prefix=*/false);
     work.advance_state(state);
   }
 
@@ -316,13 +324,14 @@ void backward_item(const Problem& p, std::int64_t n, std::int64_t h, const Tenso
   if (d_final_state.defined()) load_state(d_final_state, n, h, d_state);
   for (std::int64_t c = num_chunks - 1; c >= 0; --c) {
     const Sequence part = subsequence(s, c * C, std::min(C, s.length - c * C));
+    prefetch_segment(p, s, (c - 1) * C, C, h, true, d_o);
     work.load(p, part, h, /*with_q=*/true, d_o);
     work.gate_factors();
     work.backward(states.middleRows(c * K, K), d_state);
-    if (grads.dq.defined()) store_rows(work.dq, grads.dq, part, h);
-    if (grads.dk.defined()) store_rows(work.dk, grads.dk, part, h);
-    if (grads.dv.defined()) store_rows(work.dv, grads.dv, part, h);
-    if (grads.dg.defined()) store_rows(work.dg, grads.dg, part, h);
+    if (grads.dq.defined()) store_token_rows(work.dq, grads.dq, part, h);
+    if (grads.dk.defined()) store_token_rows(work.dk, grads.dk, part, h);
+    if (grads.dv.defined()) store_token_rows(work.dv, grads.dv, part, h);
+    if (grads.dg.defined()) store_token_rows(work.dg, grads.dg, part, h);
   }
   if (grads.dh0.defined()) store_state(d_state, grads.dh0, n, h);
 }

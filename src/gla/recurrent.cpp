@@ -35,10 +35,10 @@ struct Segment {
   Mat<S> q, k, v, decay;
 
   void load(const Problem& p, const Sequence& part, std::int64_t h, bool with_q) {
-    if (with_q) load_rows(p.q, part, h, q);
-    load_rows(p.k, part, h, k);
-    load_rows(p.v, part, h, v);
-    load_rows(p.g, part, h, decay);
+    if (with_q) load_token_rows(p.q, part, h, q);
+    load_token_rows(p.k, part, h, k);
+    load_token_rows(p.v, part, h, v);
+    load_token_rows(p.g, part, h, decay);
     decay = decay.array().exp().matrix();
   }
 };
@@ -61,6 +61,7 @@ void forward_item(const Problem& p, std::int64_t n, std::int64_t h, const Tensor
   Mat<S> out;
   for (std::int64_t offset = 0; offset < s.length; offset += p.chunk_size) {
     const Sequence part = subsequence(s, offset, std::min(p.chunk_size, s.length - offset));
+    prefetch_segment(p, s, offset + p.chunk_size, p.chunk_size, h, true, TensorView{});
     seg.load(p, part, h, /*with_q=*/true);
     out.setZero(part.length, p.V);
     for (std::int64_t t = 0; t < part.length; ++t) {
@@ -72,7 +73,7 @@ void forward_item(const Problem& p, std::int64_t n, std::int64_t h, const Tensor
         out_row.noalias() += (scale * seg.q(t, a)) * row;
       }
     }
-    store_rows(out, o, part, h);
+    store_token_rows(out, o, part, h);
   }
   if (final_state.defined()) store_state(state, final_state, n, h);
 }
@@ -93,6 +94,7 @@ void backward_item(const Problem& p, std::int64_t n, std::int64_t h, const Tenso
   for (std::int64_t i = 0; i < num_segments; ++i) {
     checkpoints.middleRows(i * K, K) = state;
     const Sequence part = subsequence(s, i * C, std::min(C, s.length - i * C));
+    prefetch_segment(p, s, (i + 1) * C, C, h, false, TensorView{});
     seg.load(p, part, h, /*with_q=*/false);
     for (std::int64_t t = 0; t < part.length; ++t) advance(seg, t, state);
   }
@@ -106,8 +108,9 @@ void backward_item(const Problem& p, std::int64_t n, std::int64_t h, const Tenso
   for (std::int64_t i = num_segments - 1; i >= 0; --i) {
     const Sequence part = subsequence(s, i * C, std::min(C, s.length - i * C));
     const std::int64_t L = part.length;
+    prefetch_segment(p, s, (i - 1) * C, C, h, true, d_o);
     seg.load(p, part, h, /*with_q=*/true);
-    load_rows(d_o, part, h, d_out);
+    load_token_rows(d_o, part, h, d_out);
     states.resize((L + 1) * K, V);
     states.topRows(K) = checkpoints.middleRows(i * K, K);
     for (std::int64_t t = 0; t < L; ++t) {
@@ -133,10 +136,10 @@ void backward_item(const Problem& p, std::int64_t n, std::int64_t h, const Tenso
         d_row *= seg.decay(t, a);  // dS_{t−1} = diag(exp(g_t)) dS_t
       }
     }
-    if (grads.dq.defined()) store_rows(dq, grads.dq, part, h);
-    if (grads.dk.defined()) store_rows(dk, grads.dk, part, h);
-    if (grads.dv.defined()) store_rows(dv, grads.dv, part, h);
-    if (grads.dg.defined()) store_rows(dg, grads.dg, part, h);
+    if (grads.dq.defined()) store_token_rows(dq, grads.dq, part, h);
+    if (grads.dk.defined()) store_token_rows(dk, grads.dk, part, h);
+    if (grads.dv.defined()) store_token_rows(dv, grads.dv, part, h);
+    if (grads.dg.defined()) store_token_rows(dg, grads.dg, part, h);
   }
   if (grads.dh0.defined()) store_state(d_state, grads.dh0, n, h);
 }
