@@ -82,7 +82,32 @@ void l2_normalize_rows_backward(const Mat<S>& x_hat, const Vec<S>& inv_norm, Mat
   }
 }
 
-// The q/k inputs of one work item (one sequence, one q/k head), L × K each.
+// Rows [t0, t0 + L) of sequence s, as a sequence of their own: kernels load, and store, one
+// block of tokens at a time, so their buffers are O(block · (K + V)), not O(T · (K + V)).
+inline Sequence block_of(const Sequence& s, std::int64_t t0, std::int64_t L) {
+  return {s.batch, s.start + t0, L};
+}
+
+// load_rows / store_rows of slices.h, with a fast path (a strided Eigen map) when each row is
+// contiguous in memory and already of the compute type.
+template <class S>
+void load_block(const TensorView& x, const Sequence& b, std::int64_t h, Mat<S>& out) {
+  if (x.dtype != dtype_of<S>() || x.stride(3) != 1) return load_rows(x, b, h, out);
+  const S* base = static_cast<const S*>(x.data) + b.batch * x.stride(0) + b.start * x.stride(1) +
+                  h * x.stride(2);
+  out = Eigen::Map<const Mat<S>, 0, Eigen::OuterStride<>>(base, b.length, x.size(3),
+                                                          Eigen::OuterStride<>(x.stride(1)));
+}
+template <class S>
+void store_block(const Mat<S>& in, const TensorView& x, const Sequence& b, std::int64_t h) {
+  if (x.dtype != dtype_of<S>() || x.stride(3) != 1) return store_rows(in, x, b, h);
+  S* base =
+      static_cast<S*>(x.data) + b.batch * x.stride(0) + b.start * x.stride(1) + h * x.stride(2);
+  Eigen::Map<Mat<S>, 0, Eigen::OuterStride<>>(base, b.length, x.size(3),
+                                              Eigen::OuterStride<>(x.stride(1))) = in;
+}
+
+// The q/k inputs of one block of tokens of one work item, rows × K each.
 template <class S>
 struct QKInputs {
   Mat<S> q_hat;       // q̂ (normalised if requested, unscaled)
@@ -93,9 +118,9 @@ struct QKInputs {
 };
 
 template <class S>
-void load_qk(const Problem& p, const Sequence& s, std::int64_t h, QKInputs<S>& in) {
-  load_rows(p.params->q, s, h, in.q_hat);
-  load_rows(p.params->k, s, h, in.k);
+void load_qk(const Problem& p, const Sequence& block, std::int64_t h, QKInputs<S>& in) {
+  load_block(p.params->q, block, h, in.q_hat);
+  load_block(p.params->k, block, h, in.k);
   if (p.l2norm) {
     l2_normalize_rows(in.q_hat, in.q_inv_norm);
     l2_normalize_rows(in.k, in.k_inv_norm);
@@ -103,66 +128,28 @@ void load_qk(const Problem& p, const Sequence& s, std::int64_t h, QKInputs<S>& i
   in.q = S(p.scale) * in.q_hat;
 }
 
-// The inputs of one value head hv of a work item.
+// The inputs of one value head hv for one block of tokens.
 template <class S>
-struct ValueHeadInputs {
-  Mat<S> v;      // L × V
-  Vec<S> g;      // L, log decays
-  Vec<S> beta;   // L
-  Mat<S> state;  // K × V initial state (zeros without initial_state)
+struct ValueInputs {
+  Mat<S> v;  // rows × V
+  Vec<S> g;  // log decays
+  Vec<S> beta;
 };
 
 template <class S>
-void load_value_head(const Problem& p, const Sequence& s, std::int64_t n, std::int64_t hv,
-                     ValueHeadInputs<S>& in) {
-  load_rows(p.params->v, s, hv, in.v);
-  load_column(p.params->g, s, hv, in.g);
-  load_column(p.params->beta, s, hv, in.beta);
+void load_values(const Problem& p, const Sequence& block, std::int64_t hv, ValueInputs<S>& in) {
+  load_block(p.params->v, block, hv, in.v);
+  load_column(p.params->g, block, hv, in.g);
+  load_column(p.params->beta, block, hv, in.beta);
+}
+
+// initial_state[n, hv] in the compute type, or zeros.
+template <class S>
+void load_initial_state(const Problem& p, std::int64_t n, std::int64_t hv, Mat<S>& state) {
   if (p.params->initial_state.defined())
-    load_state(p.params->initial_state, n, hv, in.state);
+    load_state(p.params->initial_state, n, hv, state);
   else
-    in.state = Mat<S>::Zero(p.K, p.V);
-}
-
-// dq̃, dk̂ (summed over the item's value heads) → dq, dk: the chain rule through q̃ = scale·q̂
-// and, with l2norm, through the normalisation. Consumes dq_tilde and dk_hat.
-template <class S>
-void store_qk_grads(const Problem& p, const Sequence& s, std::int64_t h, const QKInputs<S>& in,
-                    Mat<S>& dq_tilde, Mat<S>& dk_hat, const GatedDeltaRuleGrads& grads) {
-  if (grads.dq.defined()) {
-    dq_tilde *= S(p.scale);  // now dq̂
-    if (p.l2norm) l2_normalize_rows_backward(in.q_hat, in.q_inv_norm, dq_tilde);
-    store_rows(dq_tilde, grads.dq, s, h);
-  }
-  if (grads.dk.defined()) {
-    if (p.l2norm) l2_normalize_rows_backward(in.k, in.k_inv_norm, dk_hat);
-    store_rows(dk_hat, grads.dk, s, h);
-  }
-}
-
-// The gradients of one value head of a work item.
-template <class S>
-struct ValueHeadGrads {
-  Mat<S> dv;     // L × V
-  Vec<S> dg;     // L
-  Vec<S> dbeta;  // L
-  Mat<S> dh0;    // K × V, gradient with respect to the initial state
-
-  void reset(std::int64_t L, std::int64_t K, std::int64_t V) {
-    dv = Mat<S>::Zero(L, V);
-    dg = Vec<S>::Zero(L);
-    dbeta = Vec<S>::Zero(L);
-    dh0.resize(K, V);
-  }
-};
-
-template <class S>
-void store_value_head_grads(const Sequence& s, std::int64_t n, std::int64_t hv,
-                            const ValueHeadGrads<S>& d, const GatedDeltaRuleGrads& grads) {
-  if (grads.dv.defined()) store_rows(d.dv, grads.dv, s, hv);
-  if (grads.dg.defined()) store_column(d.dg, grads.dg, s, hv);
-  if (grads.dbeta.defined()) store_column(d.dbeta, grads.dbeta, s, hv);
-  if (grads.dh0.defined()) store_state(d.dh0, grads.dh0, n, hv);
+    state = Mat<S>::Zero(p.K, p.V);
 }
 
 // d_final_state[n, hv] in the compute type, or zeros.
@@ -173,6 +160,44 @@ void load_final_state_grad(const Problem& p, const TensorView& d_final_state, st
     load_state(d_final_state, n, hv, dS);
   else
     dS = Mat<S>::Zero(p.K, p.V);
+}
+
+// dq̃, dk̂ of a block (summed over the item's value heads) → dq, dk: the chain rule through
+// q̃ = scale·q̂ and, with l2norm, through the normalisation. Consumes dq_tilde and dk_hat.
+template <class S>
+void store_qk_grads(const Problem& p, const Sequence& block, std::int64_t h, const QKInputs<S>& in,
+                    Mat<S>& dq_tilde, Mat<S>& dk_hat, const GatedDeltaRuleGrads& grads) {
+  if (grads.dq.defined()) {
+    dq_tilde *= S(p.scale);  // now dq̂
+    if (p.l2norm) l2_normalize_rows_backward(in.q_hat, in.q_inv_norm, dq_tilde);
+    store_block(dq_tilde, grads.dq, block, h);
+  }
+  if (grads.dk.defined()) {
+    if (p.l2norm) l2_normalize_rows_backward(in.k, in.k_inv_norm, dk_hat);
+    store_block(dk_hat, grads.dk, block, h);
+  }
+}
+
+// The gradients of one value head for one block of tokens.
+template <class S>
+struct ValueGrads {
+  Mat<S> dv;  // rows × V
+  Vec<S> dg;
+  Vec<S> dbeta;
+
+  void reset(std::int64_t rows, std::int64_t V) {
+    dv.setZero(rows, V);
+    dg.setZero(rows);
+    dbeta.setZero(rows);
+  }
+};
+
+template <class S>
+void store_value_grads(const Sequence& block, std::int64_t hv, const ValueGrads<S>& d,
+                       const GatedDeltaRuleGrads& grads) {
+  if (grads.dv.defined()) store_block(d.dv, grads.dv, block, hv);
+  if (grads.dg.defined()) store_column(d.dg, grads.dg, block, hv);
+  if (grads.dbeta.defined()) store_column(d.dbeta, grads.dbeta, block, hv);
 }
 
 }  // namespace phasor::detail::gdn

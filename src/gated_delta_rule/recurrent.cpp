@@ -4,7 +4,9 @@
 //
 // Backward: the forward is replayed keeping only the state every chunk_size tokens
 // (checkpoints); the sequence is then walked backwards segment by segment, each segment's states
-// being recomputed from its checkpoint. Memory per work item: O(T / C · K · V + C · K · V).
+// being recomputed from its checkpoint. Memory per work item (G = HV/H value heads):
+// O(G · T/C · K · V) checkpoints + O(C · K · V) for one segment's states; inputs are loaded one
+// block of tokens at a time.
 
 // GCC 12 reports false -Wmaybe-uninitialized warnings inside Eigen's AVX-512 kernels
 // (-march=native); silence them for this file before any header pulls in the intrinsics.
@@ -38,117 +40,149 @@ void advance(const Mat<S>& prev, Mat<S>& next, const S* k, const S* q, const Row
   }
 }
 
+// Tokens are loaded (and outputs stored) this many at a time, so buffers stay small.
+constexpr std::int64_t kLoadBlock = 64;
+
 template <class S>
 void forward_item(const Problem& p, std::int64_t item, const TensorView& o,
                   const TensorView& final_state) {
-  const std::int64_t n = p.item_sequence(item), h = p.item_head(item);
+  const std::int64_t n = p.item_sequence(item), h = p.item_head(item), G = p.group;
   const Sequence& s = p.sequences[static_cast<std::size_t>(n)];
+  // Every initial state of the item is read before any final state is stored (they may alias).
+  std::vector<Mat<S>> states(static_cast<std::size_t>(G));
+  for (std::int64_t r = 0; r < G; ++r)
+    load_initial_state(p, n, h * G + r, states[static_cast<std::size_t>(r)]);
   QKInputs<S> qk;
-  load_qk(p, s, h, qk);
-  ValueHeadInputs<S> in;
+  ValueInputs<S> in;
   Mat<S> out;
   RowVec<S> v_row, scratch, o_row;
-  for (std::int64_t hv = h * p.group; hv < (h + 1) * p.group; ++hv) {
-    load_value_head(p, s, n, hv, in);  // the initial state is read before the final one is stored
-    out.resize(s.length, p.V);
-    for (std::int64_t t = 0; t < s.length; ++t) {
-      v_row = in.v.row(t);
-      advance<S>(in.state, in.state, qk.k.data() + t * p.K, qk.q.data() + t * p.K, v_row, in.g(t),
-                 in.beta(t), scratch, &o_row);
-      out.row(t) = o_row;
+  for (std::int64_t t0 = 0; t0 < s.length; t0 += kLoadBlock) {
+    const Sequence block = block_of(s, t0, std::min(kLoadBlock, s.length - t0));
+    load_qk(p, block, h, qk);
+    for (std::int64_t r = 0; r < G; ++r) {
+      load_values(p, block, h * G + r, in);
+      Mat<S>& state = states[static_cast<std::size_t>(r)];
+      out.resize(block.length, p.V);
+      for (std::int64_t t = 0; t < block.length; ++t) {
+        v_row = in.v.row(t);
+        advance<S>(state, state, qk.k.data() + t * p.K, qk.q.data() + t * p.K, v_row, in.g(t),
+                   in.beta(t), scratch, &o_row);
+        out.row(t) = o_row;
+      }
+      store_block(out, o, block, h * G + r);
     }
-    store_rows(out, o, s, hv);
-    if (final_state.defined()) store_state(in.state, final_state, n, hv);
   }
+  if (final_state.defined())
+    for (std::int64_t r = 0; r < G; ++r)
+      store_state(states[static_cast<std::size_t>(r)], final_state, n, h * G + r);
 }
 
-// Backward of one value head, adding its dq̃, dk̂ contributions into dq, dk. Per step (see
-// reference.cpp for the derivation), with dS = ∂L/∂S_t:
+// Backward of one segment of one value head. `states[j]` holds the state before token j of the
+// segment (j = 0 … len); dS = ∂L/∂S after the segment on entry, before it on exit. Adds the
+// segment's dq̃, dk̂ into dq, dk and writes its dv, dg, dβ into d. Per step (see reference.cpp
+// for the derivation), with dS = ∂L/∂S_t:
 //   dq̃_t = S_t do_t,  dS += q̃_t do_tᵀ,  w = dSᵀk,  r = v − a S_{t−1}ᵀ k,
 //   dv = β w,  dβ = w·r,  dk = β (dS r − a S_{t−1} w),
 //   dS' = dS − β k wᵀ,  dg = a Σ S_{t−1} ⊙ dS',  ∂L/∂S_{t−1} = a dS'.
 template <class S>
-void backward_value_head(const Problem& p, const Sequence& s, const QKInputs<S>& qk,
-                         const ValueHeadInputs<S>& in, const Mat<S>& d_out, Mat<S>& dS, Mat<S>& dq,
-                         Mat<S>& dk, ValueHeadGrads<S>& d) {
-  const std::int64_t L = s.length, K = p.K, C = p.chunk_size;
-  const std::int64_t num_segments = (L + C - 1) / C;
-  RowVec<S> v_row, scratch;
-  // checkpoints[c] = the state before token c·C.
-  std::vector<Mat<S>> checkpoints(static_cast<std::size_t>(num_segments));
-  Mat<S> state = in.state;
-  for (std::int64_t t = 0; t < L; ++t) {
-    if (t % C == 0) checkpoints[static_cast<std::size_t>(t / C)] = state;
-    v_row = in.v.row(t);
-    advance<S>(state, state, qk.k.data() + t * K, nullptr, v_row, in.g(t), in.beta(t), scratch,
-               nullptr);
-  }
-  // states[j] = the state before token t0 + j of the current segment (j = 0 … len).
-  std::vector<Mat<S>> states(static_cast<std::size_t>(std::min(C, L) + 1), Mat<S>(K, p.V));
+void backward_segment(const QKInputs<S>& qk, const ValueInputs<S>& in, const Mat<S>& d_out,
+                      const std::vector<Mat<S>>& states, Mat<S>& dS, Mat<S>& dq, Mat<S>& dk,
+                      ValueGrads<S>& d) {
+  const Eigen::Index K = dS.rows(), V = dS.cols();
   RowVec<S> w, kS, r;
-  for (std::int64_t c = num_segments - 1; c >= 0; --c) {
-    const std::int64_t t0 = c * C, len = std::min(C, L - t0);
-    states[0] = checkpoints[static_cast<std::size_t>(c)];
-    for (std::int64_t j = 0; j < len; ++j) {
-      v_row = in.v.row(t0 + j);
-      advance<S>(states[static_cast<std::size_t>(j)], states[static_cast<std::size_t>(j + 1)],
-                 qk.k.data() + (t0 + j) * K, nullptr, v_row, in.g(t0 + j), in.beta(t0 + j), scratch,
-                 nullptr);
+  for (Eigen::Index t = d_out.rows() - 1; t >= 0; --t) {
+    const Mat<S>& S_prev = states[static_cast<std::size_t>(t)];
+    const Mat<S>& S_t = states[static_cast<std::size_t>(t + 1)];
+    const S a = std::exp(in.g(t)), beta = in.beta(t);
+    const S* k = qk.k.data() + t * K;  // rows of row-major block × K matrices
+    const S* q = qk.q.data() + t * K;
+    const auto d_o = d_out.row(t);
+    // Pass 1: dS += q̃ doᵀ; w = dSᵀ k; kS = S_{t−1}ᵀ k; dq̃ = S_t do.
+    w.setZero(V);
+    kS.setZero(V);
+    for (Eigen::Index i = 0; i < K; ++i) {
+      dS.row(i).noalias() += q[i] * d_o;
+      w.noalias() += k[i] * dS.row(i);
+      kS.noalias() += k[i] * S_prev.row(i);
+      dq(t, i) += S_t.row(i).dot(d_o);
     }
-    for (std::int64_t j = len - 1; j >= 0; --j) {
-      const std::int64_t t = t0 + j;
-      const Mat<S>& S_prev = states[static_cast<std::size_t>(j)];
-      const Mat<S>& S_t = states[static_cast<std::size_t>(j + 1)];
-      const S a = std::exp(in.g(t)), beta = in.beta(t);
-      const S* k = qk.k.data() + t * K;  // rows of row-major L × K matrices
-      const S* q = qk.q.data() + t * K;
-      const auto d_o = d_out.row(t);
-      // Pass 1: dS += q̃ doᵀ; w = dSᵀ k; kS = S_{t−1}ᵀ k; dq̃ = S_t do.
-      w.setZero(p.V);
-      kS.setZero(p.V);
-      for (std::int64_t i = 0; i < K; ++i) {
-        dS.row(i).noalias() += q[i] * d_o;
-        w.noalias() += k[i] * dS.row(i);
-        kS.noalias() += k[i] * S_prev.row(i);
-        dq(t, i) += S_t.row(i).dot(d_o);
-      }
-      r = in.v.row(t) - a * kS;
-      // Pass 2: dk, then dS ← a (dS − β k wᵀ), accumulating dg = a Σ S_{t−1} ⊙ dS'.
-      S dg = 0;
-      for (std::int64_t i = 0; i < K; ++i) {
-        dk(t, i) += beta * (dS.row(i).dot(r) - a * S_prev.row(i).dot(w));
-        dS.row(i).noalias() -= (beta * k[i]) * w;
-        dg += S_prev.row(i).dot(dS.row(i));
-        dS.row(i) *= a;
-      }
-      d.dv.row(t) = beta * w;
-      d.dbeta(t) = w.dot(r);
-      d.dg(t) = a * dg;
+    r = in.v.row(t) - a * kS;
+    // Pass 2: dk, then dS ← a (dS − β k wᵀ), accumulating dg = a Σ S_{t−1} ⊙ dS'.
+    S dg = 0;
+    for (Eigen::Index i = 0; i < K; ++i) {
+      dk(t, i) += beta * (dS.row(i).dot(r) - a * S_prev.row(i).dot(w));
+      dS.row(i).noalias() -= (beta * k[i]) * w;
+      dg += S_prev.row(i).dot(dS.row(i));
+      dS.row(i) *= a;
     }
+    d.dv.row(t) = beta * w;
+    d.dbeta(t) = w.dot(r);
+    d.dg(t) = a * dg;
   }
-  d.dh0 = dS;
 }
 
 template <class S>
 void backward_item(const Problem& p, std::int64_t item, const TensorView& d_o,
                    const TensorView& d_final_state, const GatedDeltaRuleGrads& grads) {
-  const std::int64_t n = p.item_sequence(item), h = p.item_head(item);
+  const std::int64_t n = p.item_sequence(item), h = p.item_head(item), G = p.group;
   const Sequence& s = p.sequences[static_cast<std::size_t>(n)];
+  const std::int64_t C = p.chunk_size, num_segments = (s.length + C - 1) / C;
+  auto segment = [&](std::int64_t c) { return block_of(s, c * C, std::min(C, s.length - c * C)); };
   QKInputs<S> qk;
-  load_qk(p, s, h, qk);
-  Mat<S> dq = Mat<S>::Zero(s.length, p.K), dk = Mat<S>::Zero(s.length, p.K);
-  ValueHeadInputs<S> in;
-  ValueHeadGrads<S> d;
-  Mat<S> d_out, dS;
-  for (std::int64_t hv = h * p.group; hv < (h + 1) * p.group; ++hv) {
-    load_value_head(p, s, n, hv, in);
-    load_rows(d_o, s, hv, d_out);
-    load_final_state_grad(p, d_final_state, n, hv, dS);
-    d.reset(s.length, p.K, p.V);
-    backward_value_head(p, s, qk, in, d_out, dS, dq, dk, d);
-    store_value_head_grads(s, n, hv, d, grads);
+  ValueInputs<S> in;
+  RowVec<S> v_row, scratch;
+  // Replay the forward; checkpoints[r · num_segments + c] = state of value head r before
+  // segment c.
+  std::vector<Mat<S>> checkpoints(static_cast<std::size_t>(G * num_segments));
+  std::vector<Mat<S>> dS(static_cast<std::size_t>(G));
+  {
+    std::vector<Mat<S>> states(static_cast<std::size_t>(G));
+    for (std::int64_t r = 0; r < G; ++r)
+      load_initial_state(p, n, h * G + r, states[static_cast<std::size_t>(r)]);
+    for (std::int64_t c = 0; c < num_segments; ++c) {
+      const Sequence block = segment(c);
+      load_qk(p, block, h, qk);
+      for (std::int64_t r = 0; r < G; ++r) {
+        load_values(p, block, h * G + r, in);
+        Mat<S>& state = states[static_cast<std::size_t>(r)];
+        checkpoints[static_cast<std::size_t>(r * num_segments + c)] = state;
+        for (std::int64_t t = 0; t < block.length; ++t) {
+          v_row = in.v.row(t);
+          advance<S>(state, state, qk.k.data() + t * p.K, nullptr, v_row, in.g(t), in.beta(t),
+                     scratch, nullptr);
+        }
+      }
+    }
   }
-  store_qk_grads(p, s, h, qk, dq, dk, grads);
+  for (std::int64_t r = 0; r < G; ++r)
+    load_final_state_grad(p, d_final_state, n, h * G + r, dS[static_cast<std::size_t>(r)]);
+  // Walk the segments backwards, recomputing each one's states from its checkpoint.
+  std::vector<Mat<S>> states(static_cast<std::size_t>(std::min(C, s.length) + 1), Mat<S>(p.K, p.V));
+  Mat<S> dq, dk, d_out;
+  ValueGrads<S> d;
+  for (std::int64_t c = num_segments - 1; c >= 0; --c) {
+    const Sequence block = segment(c);
+    load_qk(p, block, h, qk);
+    dq.setZero(block.length, p.K);
+    dk.setZero(block.length, p.K);
+    for (std::int64_t r = 0; r < G; ++r) {
+      load_values(p, block, h * G + r, in);
+      load_block(d_o, block, h * G + r, d_out);
+      states[0] = checkpoints[static_cast<std::size_t>(r * num_segments + c)];
+      for (std::int64_t t = 0; t < block.length; ++t) {
+        v_row = in.v.row(t);
+        advance<S>(states[static_cast<std::size_t>(t)], states[static_cast<std::size_t>(t + 1)],
+                   qk.k.data() + t * p.K, nullptr, v_row, in.g(t), in.beta(t), scratch, nullptr);
+      }
+      d.reset(block.length, p.V);
+      backward_segment(qk, in, d_out, states, dS[static_cast<std::size_t>(r)], dq, dk, d);
+      store_value_grads(block, h * G + r, d, grads);
+    }
+    store_qk_grads(p, block, h, qk, dq, dk, grads);
+  }
+  if (grads.dh0.defined())
+    for (std::int64_t r = 0; r < G; ++r)
+      store_state(dS[static_cast<std::size_t>(r)], grads.dh0, n, h * G + r);
 }
 
 }  // namespace

@@ -23,9 +23,10 @@ void reference_forward(const Problem& p, const TensorView& o, const TensorView& 
     QKInputs<double> qk;
     load_qk(p, s, h, qk);
     for (std::int64_t hv = h * p.group; hv < (h + 1) * p.group; ++hv) {
-      ValueHeadInputs<double> in;
-      load_value_head(p, s, n, hv, in);
-      Matd S = in.state;
+      ValueInputs<double> in;
+      load_values(p, s, hv, in);
+      Matd S;
+      load_initial_state(p, n, hv, S);
       Matd out(s.length, p.V);
       for (std::int64_t t = 0; t < s.length; ++t) {
         const Vecd k = qk.k.row(t).transpose(), q = qk.q.row(t).transpose();
@@ -35,7 +36,7 @@ void reference_forward(const Problem& p, const TensorView& o, const TensorView& 
         S += in.beta(t) * k * r.transpose();           // S_t = S' + β_t k_t (v_t − S'ᵀ k_t)ᵀ
         out.row(t) = (S.transpose() * q).transpose();  // o_t = S_tᵀ (scale·q_t)
       }
-      store_rows(out, o, s, hv);
+      store_block(out, o, s, hv);
       if (final_state.defined()) store_state(S, final_state, n, hv);
     }
   });
@@ -54,13 +55,13 @@ void reference_backward(const Problem& p, const TensorView& d_o, const TensorVie
     load_qk(p, s, h, qk);
     Matd dq = Matd::Zero(s.length, p.K), dk = Matd::Zero(s.length, p.K);
     for (std::int64_t hv = h * p.group; hv < (h + 1) * p.group; ++hv) {
-      ValueHeadInputs<double> in;
-      load_value_head(p, s, n, hv, in);
+      ValueInputs<double> in;
+      load_values(p, s, hv, in);
       Matd d_out;
-      load_rows(d_o, s, hv, d_out);
+      load_block(d_o, s, hv, d_out);
       // states[t] = S_t, the state after t tokens (states[0] = initial state).
       std::vector<Matd> states(static_cast<std::size_t>(s.length + 1));
-      states[0] = in.state;
+      load_initial_state(p, n, hv, states[0]);
       for (std::int64_t t = 0; t < s.length; ++t) {
         const Vecd k = qk.k.row(t).transpose(), v = in.v.row(t).transpose();
         Matd S = std::exp(in.g(t)) * states[static_cast<std::size_t>(t)];
@@ -68,8 +69,8 @@ void reference_backward(const Problem& p, const TensorView& d_o, const TensorVie
         S += in.beta(t) * k * r.transpose();
         states[static_cast<std::size_t>(t + 1)] = S;
       }
-      ValueHeadGrads<double> d;
-      d.reset(s.length, p.K, p.V);
+      ValueGrads<double> d;
+      d.reset(s.length, p.V);
       Matd dS;
       load_final_state_grad(p, d_final_state, n, hv, dS);
       for (std::int64_t t = s.length - 1; t >= 0; --t) {
@@ -89,8 +90,8 @@ void reference_backward(const Problem& p, const TensorView& d_o, const TensorVie
         d.dg(t) = S_decayed.cwiseProduct(dS_decayed).sum();
         dS = a * dS_decayed;
       }
-      d.dh0 = dS;
-      store_value_head_grads(s, n, hv, d, grads);
+      store_value_grads(s, hv, d, grads);
+      if (grads.dh0.defined()) store_state(dS, grads.dh0, n, hv);
     }
     store_qk_grads(p, s, h, qk, dq, dk, grads);
   });
