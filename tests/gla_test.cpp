@@ -386,6 +386,28 @@ TEST(GlaKernels, MatchReferenceOnRandomAndAdversarialInputs) {
       worst[0][0], worst[0][1], worst[1][0], worst[1][1]);
 }
 
+// Degenerate sizes: no tokens at all (T = 0, or only empty packed sequences), and K = 0 or
+// V = 0. Outputs are zero-sized or zero; final_state = initial_state; dh0 = d_final_state.
+TEST(GlaKernels, EmptySequencesAndZeroSizedHeads) {
+  std::vector<Case> cases = {{"T0", 2, 0, 2, 3, 4, Gates::realistic, 16},
+                             {"all_empty", 1, 0, 2, 3, 4, Gates::realistic, 16, {0, 0, 0}},
+                             {"K0", 1, 9, 1, 0, 3, Gates::realistic, 4},
+                             {"V0", 1, 9, 1, 3, 0, Gates::realistic, 4}};
+  for (const Case& c : cases) {
+    const Inputs in = make_inputs(c, 1);
+    const Result expected = run(in, Impl::reference, DType::float64, DType::float64);
+    if (c.T == 0) {
+      EXPECT_TRUE(expected.final_state.bit_equal(in.h0)) << c.name;
+      EXPECT_TRUE(expected.dh0.bit_equal(in.dht)) << c.name;
+    }
+    for (Impl impl : {Impl::recurrent, Impl::chunk})
+      for (DType dtype : {DType::float32, DType::float64}) {
+        SCOPED_TRACE(c.name + " " + to_string(impl) + " " + to_string(dtype));
+        expect_close(run(in, impl, dtype, dtype), expected, dtype == DType::float32 ? 1e-6 : 1e-12);
+      }
+  }
+}
+
 // The compute type is q's dtype; every other argument may have its own.
 TEST(GlaKernels, MixedDtypes) {
   const Inputs in = make_inputs({"mixed", 1, 40, 2, 6, 5, Gates::zeros, 16}, 7);

@@ -5,8 +5,20 @@
 //   S_t = diag(exp(g_t)) S_{t−1} + k_t v_tᵀ,      o_t = S_tᵀ (scale · q_t),      S_0 = initial_state.
 // g holds natural-log forget gates (≤ 0, per token and key channel); g = −inf (a gate of exactly 0)
 // is allowed. Strong gates are handled without exp(+big) factorisations: the chunked kernel only
-// ever exponentiates non-positive cumulative sums, and sums gates within a chunk, never over the
-// whole sequence.
+// ever exponentiates non-positive sums of gates accumulated within a chunk (never over the whole
+// sequence, never as the difference of two cumulative sums), and its gate gradient sums only the
+// terms that carry the gate's own decay, so it keeps full relative precision even when every gate
+// is exp(−20).
+//
+// Implementations (Impl) and the op name they report in errors:
+//   reference  "gla_reference"        float64 loops over the recurrence; stores every state in
+//                                      the backward (O(T·K·V) memory: small inputs only).
+//   recurrent  "fused_recurrent_gla"  token by token; the backward checkpoints the state every
+//                                      chunk_size tokens (O(T/C·K·V + C·K·V) memory).
+//   chunk      "chunk_gla"            chunks of chunk_size tokens with dense products; the
+//                                      backward keeps one state per chunk (O(T/C·K·V) memory).
+// Every implementation computes each (sequence, head) pair on one thread in a fixed order, so
+// results are bit-identical for any thread count.
 //
 // Layouts (any strides; float32 or float64 for every floating argument, and they may differ):
 //   q, k:          [B, T, H, K]
@@ -32,11 +44,15 @@ struct GlaParams {
   TensorView initial_state;    // optional [N, H, K, V]
   TensorView cu_seqlens;       // optional [N + 1]
   std::optional<double> scale;  // default K^-1/2
-  std::int64_t chunk_size = 64;  // Impl::chunk only; any positive value
+  // Impl::chunk: tokens per chunk (any positive value; T need not be a multiple). Impl::recurrent:
+  // tokens between two state checkpoints of the backward, and the input segment length. Must be
+  // positive for both; ignored by Impl::reference.
+  std::int64_t chunk_size = 64;
 };
 
 // Gradients. Each view is optional: an undefined view is not computed. dh0 requires
-// initial_state. Shapes are those of the matching input; any float dtype.
+// initial_state (else phasor::Error). Shapes are those of the matching input; any float dtype.
+// Every element of a requested view is written (overwritten, never accumulated into).
 struct GlaGrads {
   TensorView dq, dk, dv, dg, dh0;
 };
