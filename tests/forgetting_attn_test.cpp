@@ -553,6 +553,37 @@ TEST(ForgettingAttnKernels, GradientsRequestedAlone) {
   }
 }
 
+// Every floating argument may have its own dtype; the compute type is q's. A float32 q with
+// float64 k, v, g, d_o and outputs equals the all-float32 call on the same (rounded) values.
+TEST(ForgettingAttnKernels, MixedDtypes) {
+  std::mt19937_64 rng(14);
+  Problem p = make_problem({1, 21, 4, 2, 5, 3}, Gates::mixed, rng);
+  p.block_size = 8;
+  p.window = 9;
+  const Problem f32 = p.to(DType::float32);
+  Problem mixed = f32.to(DType::float64);  // the float32-rounded values, stored as float64
+  mixed.q = f32.q;
+  for (Impl impl : {Impl::chunk, Impl::recurrent}) {
+    SCOPED_TRACE(to_string(impl));
+    const Forward expected = run_forward(f32, impl);
+    const Grads expected_grads = run_backward(f32, impl, &expected);
+    Inputs in(mixed);
+    Tensor o(expected.o.shape(), DType::float64), lse(expected.lse.shape(), DType::float64);
+    forgetting_attn_forward(in.params, impl, o.view(), lse.view());
+    EXPECT_TRUE(o.bit_equal(expected.o.to(DType::float64)));
+    EXPECT_TRUE(lse.bit_equal(expected.lse.to(DType::float64)));
+    Tensor dq(p.q.shape(), DType::float64), dk(p.k.shape(), DType::float64),
+        dv(p.v.shape(), DType::float64), dg(p.g.shape(), DType::float64);
+    forgetting_attn_backward(in.params, impl, in.d_o.view(), expected.o.view(), expected.lse.view(),
+                             {dq.view(), dk.view(), dv.view(), dg.view()});
+    EXPECT_TRUE(dq.bit_equal(expected_grads.dq.to(DType::float64)));
+    EXPECT_TRUE(dk.bit_equal(expected_grads.dk.to(DType::float64)));
+    EXPECT_TRUE(dv.bit_equal(expected_grads.dv.to(DType::float64)));
+    // dg is accumulated in float64 whatever the compute type: equal once rounded to float32.
+    EXPECT_TRUE(dg.to(DType::float32).bit_equal(expected_grads.dg));
+  }
+}
+
 // ---- long sequences ----------------------------------------------------------------------------
 
 TEST(ForgettingAttnLong, Sequence65536WithWindow) {

@@ -3,21 +3,31 @@
 //
 // With c = inclusive cumulative sum of g over each sequence (per query head),
 //   o_i = Σ_{j ≤ i, i − j < window} softmax_j(scale · q_i·k_j + c_i − c_j) v_j.
-// c_i − c_j is the sum of the gates in (j, i], formed without a float32 running sum over the
-// whole sequence. g is a log forget gate (≤ 0; −inf allowed: a gate of exactly 0 cuts attention
-// to everything before it).
+// c_i − c_j is the sum of the gates in (j, i]; every implementation adds those gates up directly
+// in float64 (never a difference of cumulative sums, never a float32 running sum over the
+// sequence). g is a log forget gate (≤ 0; −inf allowed: a gate of exactly 0 at position s cuts
+// every query at or after s off from the keys before s). The first gate of a sequence never
+// enters any sum, so its gradient is 0.
 // Grouped queries: HQ is a multiple of H; query head hq reads key/value head hq / (HQ / H).
 //
 // Implementations: Impl::reference (plain loops, float64), Impl::chunk (tiled, flash-style online
-// softmax: O(T) memory, never a T×T matrix), Impl::recurrent (token by token through
-// ForgettingAttnCache, the decode path).
+// softmax in tiles of block_size × block_size: O(T) memory, never a T×T matrix),
+// Impl::recurrent (each sequence decoded token by token through a key/value cache, as
+// ForgettingAttnCache does; its backward is the exact token-by-token adjoint).
+// The compute type is q's dtype (float32 computes and accumulates in float32, gate sums and the
+// gate gradient's accumulations in float64), except Impl::reference: float64 throughout. Results
+// are bit-identical for any thread count.
 //
-// Layouts (any strides; float32 or float64):
+// Layouts (any strides; float32 or float64 for every floating argument, and they may differ):
 //   q:          [B, T, HQ, K]
 //   k:          [B, T, H, K]
 //   v:          [B, T, H, V]
 //   g:          [B, T, HQ]
-//   cu_seqlens: [N + 1] int32/int64, optional (B must be 1; see gla.h)
+//   cu_seqlens: [N + 1] int32/int64, optional: packed variable-length batch; B must be 1 and the
+//               sequences [cu[n], cu[n+1]) are independent (empty ones are allowed).
+// Errors (phasor::Error) name the op — "parallel_forgetting_attn" (chunk),
+// "forgetting_attn_recurrent", "forgetting_attn_reference", "ForgettingAttnCache::step" — and
+// the argument.
 #pragma once
 
 #include <cstdint>
@@ -40,19 +50,26 @@ struct ForgettingAttnGrads {
   TensorView dq, dk, dv, dg;  // each optional
 };
 
-// o: [B, T, HQ, V]. lse: [B, T, HQ], optional: the natural-log softmax normaliser of each row
-// (saved for the backward pass).
+// o: [B, T, HQ, V]. lse: [B, T, HQ], optional: the natural-log softmax normaliser of each row,
+// lse_i = log Σ_j exp(scale · q_i·k_j + c_i − c_j) (max included; saved for the backward pass).
 void forgetting_attn_forward(const ForgettingAttnParams& params, Impl impl, const TensorView& o,
                              const TensorView& lse = {});
 
-// d_o: [B, T, HQ, V]. o and lse are optional: pass the forward's outputs to skip recomputing them.
+// d_o: [B, T, HQ, V]. o and lse are optional: pass both of the forward's outputs to skip
+// recomputing them (if either is missing, both are recomputed; Impl::reference always
+// recomputes). Gradients: dq like q, dk like k, dv like v, dg like g; each optional (undefined:
+// not computed); any float dtype. dk and dv sum over the query heads of each group.
 void forgetting_attn_backward(const ForgettingAttnParams& params, Impl impl, const TensorView& d_o,
                               const TensorView& o, const TensorView& lse,
                               const ForgettingAttnGrads& grads);
 
 // Decoding with a key/value cache: feed one token per sequence at a time; the outputs equal the
-// parallel forward's. The cache holds, per batch row, the keys, values and cumulative gates of
-// the tokens seen so far (only the last window_size − 1 when a window is set).
+// parallel forward's. The cache holds, per batch row and key/value head, the keys and values of
+// the tokens seen so far (only the last window_size − 1 when a window is set, in a ring buffer)
+// and, per query head, each cached token's log decay Σ_{s ∈ (p, t]} g_s up to the current token
+// (float64). The compute type is q's dtype at the first step after construction or reset();
+// later steps must use the same q dtype. Errors name "ForgettingAttnCache" (constructor) or
+// "ForgettingAttnCache::step"; a failed step changes nothing.
 class ForgettingAttnCache {
  public:
   ForgettingAttnCache(std::int64_t batch, std::int64_t num_q_heads, std::int64_t num_kv_heads,

@@ -29,6 +29,7 @@
 //    sums", accumulated in float64), instead of the reverse cumulative sum of dℓ's row minus
 //    column sums, which cancels catastrophically (row sums are 0 analytically) and would carry
 //    the float32 rounding of the dominant terms along the whole sequence.
+
 // GCC 12 reports false -Wmaybe-uninitialized warnings inside its own AVX-512 intrinsics
 // (avx512fintrin.h, GCC bug 105593) when Eigen is compiled with -march=native. This must come
 // before the first include of Eigen to take effect.
@@ -228,9 +229,10 @@ void add_gate_grads(const Mat<S>& dlogits, const Vec<S>& row_sums, std::int64_t 
     }
     return;
   }
+  const Eigen::Matrix<S, 1, Eigen::Dynamic> col_sums = dlogits.colwise().sum();
   double run = 0, total = 0;
   for (std::int64_t c = 0; c + 1 < nJ; ++c) {
-    run += static_cast<double>(dlogits.col(c).sum());
+    run += static_cast<double>(col_sums[c]);
     dg[at(j0 + c + 1)] += run;
   }
   for (std::int64_t r = 0; r < nI; ++r) total += static_cast<double>(row_sums[r]);

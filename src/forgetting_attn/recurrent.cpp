@@ -17,6 +17,7 @@
 // dominant token (P_tp* > 1/2) is −Σ_{p≠p*} dℓ_tp, which keeps float32 accurate when strong gates
 // or large logits make P_tp* ≈ 1.
 // Everything is computed in the input's precision (the gate sums in float64).
+
 // GCC 12 reports false -Wmaybe-uninitialized warnings inside its own AVX-512 intrinsics
 // (avx512fintrin.h, GCC bug 105593) when Eigen is compiled with -march=native. This must come
 // before the first include of Eigen to take effect.
@@ -93,6 +94,8 @@ class KvCache {
     lse = max_logit.array() + sum.array().log();
     append(k, v);
   }
+
+  std::int64_t cached() const { return cached_; }
 
  private:
   void append(const Mat<S>& k, const Mat<S>& v) {
@@ -358,7 +361,7 @@ void ForgettingAttnCache::step(const TensorView& q, const TensorView& k, const T
       s.compute = q.dtype;
       s.started = true;
     }
-    detail::parallel_for(s.batch * s.H, [&](std::int64_t item) {
+    auto step_item = [&](std::int64_t item) {
       const std::int64_t b = item / s.H, h = item % s.H;
       const detail::Sequence token{b, 0, 1};
       detail::Mat<S> q_t(G, s.K), row, k_t, v_t, o_t;
@@ -374,7 +377,15 @@ void ForgettingAttnCache::step(const TensorView& q, const TensorView& k, const T
       detail::load_rows(v, token, h, v_t);
       caches[static_cast<std::size_t>(item)].step(q_t, k_t, v_t, gates, resolved_scale, o_t, lse_t);
       for (std::int64_t r = 0; r < G; ++r) detail::store_rows(o_t.row(r), o, token, h * G + r);
-    });
+    };
+    // Waking the thread pool costs more than a short step: below ~2^18 multiply-adds the items
+    // run on the calling thread (each item is computed the same way either way).
+    const std::int64_t work = s.batch * s.HQ * (caches.front().cached() + 1) * (s.K + s.V);
+    if (work < (std::int64_t{1} << 18)) {
+      for (std::int64_t item = 0; item < s.batch * s.H; ++item) step_item(item);
+    } else {
+      detail::parallel_for(s.batch * s.H, step_item);
+    }
   });
   ++s.length;
 }

@@ -3,6 +3,7 @@
 //   g_s,
 // one row of logits at a time; the backward pass is the plain softmax adjoint. Whatever the
 // input dtype, everything is computed in float64. This is what the tests trust.
+
 // GCC 12 reports false -Wmaybe-uninitialized warnings inside its own AVX-512 intrinsics
 // (avx512fintrin.h, GCC bug 105593) when Eigen is compiled with -march=native. This must come
 // before the first include of Eigen to take effect.
