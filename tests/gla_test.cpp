@@ -339,6 +339,7 @@ std::vector<Case> kernel_cases() {
       {"chunk64_partial", 1, 67, 1, 4, 5, Gates::realistic, 64},
       {"chunk40_partial_subblocks", 1, 100, 1, 8, 8, Gates::realistic, 40},
       {"chunk_longer_than_T", 2, 20, 1, 4, 4, Gates::realistic, 64},
+      {"chunk_huge", 1, 20, 1, 4, 4, Gates::realistic, std::numeric_limits<std::int64_t>::max()},
       {"T1", 2, 1, 2, 4, 3, Gates::realistic, 64},
       {"K1", 1, 33, 2, 1, 4, Gates::realistic, 16},
       {"K_less_than_V", 1, 40, 1, 3, 9, Gates::realistic, 16},

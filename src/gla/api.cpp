@@ -1,6 +1,7 @@
 // GLA: argument validation and dispatch to the reference, recurrent and chunk kernels.
 //
 // Every check happens here, before any kernel runs, so a bad call never writes to an output.
+#include <algorithm>
 #include <string>
 
 #include "common/check.h"
@@ -70,7 +71,9 @@ Problem validate_inputs(const std::string& op, const GlaParams& params, Impl imp
   // The recurrent kernel uses chunk_size as its backward checkpoint interval; only the
   // reference ignores it.
   if (impl != Impl::reference) detail::check_positive(op, "chunk_size", params.chunk_size);
-  p.chunk_size = params.chunk_size;
+  // A chunk longer than the batch is the whole sequence; clamping keeps the kernels' offset
+  // arithmetic (offset + chunk_size) far from overflow for huge values.
+  p.chunk_size = std::max<std::int64_t>(1, std::min<std::int64_t>(params.chunk_size, T));
   const bool gates_ok = params.g.dtype == DType::float32 ? all_log_gates<float>(params.g)
                                                          : all_log_gates<double>(params.g);
   if (!gates_ok) detail::check_log_gates(op, "g", params.g);

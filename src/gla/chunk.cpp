@@ -42,6 +42,7 @@
 // off-diagonal strips); pairs with j in B and i in a later block are k_j ⊙ dk_j^off; pairs with
 // i after B and j before B are whole block pairs X_IJ = Σ_{i∈I, j∈J} M_ij, summed per block.
 // Every term summed is a product that passes through t: no cancellation beyond the true one.
+
 // GCC 12 reports a false -Wmaybe-uninitialized inside its own AVX-512 intrinsics header
 // (_mm512_undefined_pd in Eigen's vectorised double exp; GCC bug 105593). Silence only that.
 #if defined(__GNUC__) && !defined(__clang__)
@@ -78,7 +79,6 @@ struct ChunkWork {
   Mat<S> k_e;                 // k ⊙ E
   Mat<S> attn;                // A, n × n, lower triangular (zero above the diagonal)
   Mat<S> f_q, f_k, q_f, k_f;  // sub-block factors and the scaled rows they multiply
-  Mat<S> k_dec;               // diagonal block: k_j ⊙ D_ij for the current query i
   Mat<S> out;
   // Backward only.
   Mat<S> d_attn;                     // dA_ij = do_i · v_j

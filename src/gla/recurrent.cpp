@@ -11,6 +11,7 @@
 // from its checkpoint and the adjoint dS is carried back token by token. Memory per (sequence,
 // head) is O(T/C · K·V + C · K·V), never O(T · K·V). The gate gradient uses the direct per-step
 // form dg_t = exp(g_t) ⊙ rowsum(S_{t−1} ⊙ dS_t), a sum of products without cancellation.
+
 // GCC 12 reports a false -Wmaybe-uninitialized inside its own AVX-512 intrinsics header
 // (_mm512_undefined_pd in Eigen's vectorised double exp; GCC bug 105593). Silence only that.
 #if defined(__GNUC__) && !defined(__clang__)
