@@ -6,26 +6,29 @@
 // Γ_ij = exp(Σ_{s∈(j,i]} g_s) (i ≥ j; Γ_ii = 1):
 //   a_t S_{t−1} = γ_t S + Σ_{j<t} Γ_tj k_j u_jᵀ
 //   ⇒ u_t + β_t Σ_{j<t} Γ_tj (k_tᵀk_j) u_j = β_t v_t − β_t γ_t Sᵀ k_t,
-// i.e. M U_new = diag(β) V − diag(βγ) K S with the unit lower triangular
-//   M = I + diag(β) · strictly_lower(K Kᵀ ⊙ Γ).                                            (1)
-// With T = M⁻¹ (applied by triangular solves, never formed):
-//   X = [U | W] = T [diag(β) V | diag(βγ) K],    U_new = U − W S,                           (2)
+// i.e., with the unit lower triangular
+//   M = I + diag(β) · strictly_lower(K Kᵀ ⊙ Γ)                                               (1)
+// and T = M⁻¹ (applied by triangular solves, never formed):
+//   U_new = T (diag(β) V − diag(βγ) K S)  [= U − W S, U = T diag(β) V, W = T diag(βγ) K],     (2)
 //   O = diag(γ) Q̃ S + lower_incl(Q̃ Kᵀ ⊙ Γ) U_new,                                          (3)
 //   S_next = γ_{L−1} S + (diag(E) K)ᵀ U_new,     E_j = exp(Σ_{s∈(j,L−1]} g_s).             (4)
+// Applying T to the V columns of diag(β) V − diag(βγ) K S, rather than forming U and W (V + K
+// columns) and then W S, is the same product regrouped and saves the K-column half of the solve
+// (and of its adjoint); K S and Q̃ S come from one product [K; Q̃] S.
 //
 // Stability: g is a scalar per token, so every decay factor is built elementwise as exp of a sum
 // accumulated from a nearby token (γ from the chunk start, E from the chunk end, Γ_ij from i back
 // to j) — never a difference of cumulative sums — hence every factor is in [0, 1], zero gates
 // (g = −inf) give exact zeros and sums never span more than one chunk.
 //
-// Inputs are loaded one chunk at a time; K Kᵀ and Q̃ Kᵀ are computed once per chunk for all the
-// value heads of a q/k head.
+// Inputs are loaded one chunk at a time; K Kᵀ, Q̃ Kᵀ and [K; Q̃] are formed once per chunk for
+// all the value heads of a q/k head.
 //
 // Backward: the forward is replayed keeping the state at every chunk boundary (O(T/C · K · V) per
-// value head); chunks are then walked in reverse carrying dS = ∂L/∂S_next, each chunk's M, X, U_new
-// are recomputed and every dense operation of (1)–(4) is differentiated in reverse order; the
-// adjoint of the solve M X = B is Mᵀ Y = dX (a second triangular solve), dB = Y, dM = −Y Xᵀ on the
-// strictly lower part.
+// value head); chunks are then walked in reverse carrying dS = ∂L/∂S_next, each chunk's M and
+// U_new are recomputed and every dense operation of (1)–(4) is differentiated in reverse order.
+// The adjoint of the solve M U_new = R is Mᵀ Y = dU_new (a second triangular solve): dR = Y and
+// dM = −Y U_newᵀ on the strictly lower part.
 
 // GCC 12 reports false -Wmaybe-uninitialized warnings inside Eigen's AVX-512 kernels
 // (-march=native); silence them for this file before any header pulls in the intrinsics.
@@ -44,14 +47,17 @@ using Eigen::Lower;
 using Eigen::UnitLower;
 using Eigen::UnitUpper;
 
-// The Gram matrices of one chunk, shared by the value heads of a work item: K Kᵀ and Q̃ Kᵀ,
-// lower triangles (the rest is never read).
+// What one chunk shares among the value heads of a q/k head: [K; Q̃] (2L × K) and the lower
+// triangles of K Kᵀ and Q̃ Kᵀ (the rest of those is never read).
 template <class S>
 struct ChunkGram {
-  Mat<S> kk, qk;
+  Mat<S> kq, kk, qk;
 
   void compute(const QKInputs<S>& in) {
-    const Eigen::Index L = in.k.rows();
+    const Eigen::Index L = in.k.rows(), K = in.k.cols();
+    kq.resize(2 * L, K);
+    kq.topRows(L) = in.k;
+    kq.bottomRows(L) = in.q;
     kk.resize(L, L);
     qk.resize(L, L);
     kk.template triangularView<Lower>() = in.k * in.k.transpose();
@@ -68,12 +74,10 @@ struct ChunkState {
   Vec<S> tail;    // E_j
   Mat<S> pair;    // Γ_ij, lower triangle including the diagonal
   Mat<S> m;       // strictly lower part of M (its unit diagonal is implicit)
-  Mat<S> x;       // [U | W], L × (V + K), after the solve
-  Mat<S> u_new;   // U_new, L × V
   Mat<S> attn;    // Q̃ Kᵀ ⊙ Γ, lower triangle including the diagonal
+  Mat<S> kq_s;    // [K S; Q̃ S] (forward), or K S alone (backward)
+  Mat<S> u_new;   // U_new, L × V
   Mat<S> k_tail;  // diag(E) K
-  Mat<S> wq;      // [W; Q̃], 2L × K: one product with S gives W S and Q̃ S
-  Mat<S> wq_s;    // [W S; Q̃ S]
 
   // Decay factors of the chunk from its gates g (see the stability note above).
   void compute_gates(const Vec<S>& g) {
@@ -100,11 +104,10 @@ struct ChunkState {
     }
   }
 
-  // Everything of the chunk that does not depend on the entering state: the gates, M and X of
-  // eq. (1)–(2), and the gated intra-chunk attention matrix of eq. (3).
-  void prepare(const QKInputs<S>& qk, const ChunkGram<S>& gram, const ValueInputs<S>& in) {
+  // Everything of the chunk that does not depend on the entering state: the gates, M of eq. (1)
+  // and the gated intra-chunk attention matrix of eq. (3).
+  void prepare(const ChunkGram<S>& gram, const ValueInputs<S>& in) {
     L = in.v.rows();
-    const Eigen::Index K = qk.k.cols(), V = in.v.cols();
     compute_gates(in.g);
     m.setZero(L, L);  // the diagonal and upper part are never read; zero them once anyway
     attn.resize(L, L);
@@ -112,25 +115,23 @@ struct ChunkState {
       for (std::int64_t j = 0; j < i; ++j) m(i, j) = in.beta(i) * gram.kk(i, j) * pair(i, j);
       for (std::int64_t j = 0; j <= i; ++j) attn(i, j) = gram.qk(i, j) * pair(i, j);
     }
-    x.resize(L, V + K);
-    x.leftCols(V) = in.beta.asDiagonal() * in.v;
-    x.rightCols(K) = (in.beta.array() * gamma.array()).matrix().asDiagonal() * qk.k;
-    m.template triangularView<UnitLower>().solveInPlace(x);
   }
 
-  // U_new = U − W S, eq. (2). With `with_qs`, also Q̃ S (in wq_s.bottomRows(L)) for eq. (3).
-  void compute_u_new(const QKInputs<S>& qk, const Mat<S>& state, bool with_qs) {
-    const Eigen::Index K = state.rows(), V = state.cols();
-    wq.resize(with_qs ? 2 * L : L, K);
-    wq.topRows(L) = x.rightCols(K);
-    if (with_qs) wq.bottomRows(L) = qk.q;
-    wq_s.noalias() = wq * state;
-    u_new = x.leftCols(V) - wq_s.topRows(L);
+  // U_new, eq. (2): R = diag(β) (V − diag(γ) K S), then M U_new = R. With `with_qs`, Q̃ S is
+  // computed too (in kq_s.bottomRows(L), for eq. (3)).
+  void compute_u_new(const ChunkGram<S>& gram, const ValueInputs<S>& in, const Mat<S>& state,
+                     bool with_qs) {
+    if (with_qs)
+      kq_s.noalias() = gram.kq * state;
+    else
+      kq_s.noalias() = gram.kq.topRows(L) * state;
+    u_new = in.beta.asDiagonal() * (in.v - gamma.asDiagonal() * kq_s.topRows(L));
+    m.template triangularView<UnitLower>().solveInPlace(u_new);
   }
 
   // O rows of the chunk, eq. (3); needs compute_u_new(…, with_qs = true).
   void output(Mat<S>& o) const {
-    o = gamma.asDiagonal() * wq_s.bottomRows(L);
+    o = gamma.asDiagonal() * kq_s.bottomRows(L);
     o.noalias() += attn.template triangularView<Lower>() * u_new;
   }
 
@@ -159,12 +160,16 @@ void forward_item(const Problem& p, std::int64_t item, const TensorView& o,
   for (std::int64_t t0 = 0; t0 < s.length; t0 += p.chunk_size) {
     const Sequence block = block_of(s, t0, std::min(p.chunk_size, s.length - t0));
     load_qk(p, block, h, qk);
+    if (t0 + p.chunk_size < s.length)
+      prefetch_inputs(
+          p, block_of(s, t0 + p.chunk_size, std::min(p.chunk_size, s.length - t0 - p.chunk_size)),
+          h);
     gram.compute(qk);
     for (std::int64_t r = 0; r < G; ++r) {
       Mat<S>& state = states[static_cast<std::size_t>(r)];
       load_values(p, block, h * G + r, in);
-      chunk.prepare(qk, gram, in);
-      chunk.compute_u_new(qk, state, /*with_qs=*/true);
+      chunk.prepare(gram, in);
+      chunk.compute_u_new(gram, in, state, /*with_qs=*/true);
       chunk.output(out);
       store_block(out, o, block, h * G + r);
       chunk.advance(qk, state);
@@ -181,12 +186,12 @@ struct ChunkGrad {
   Vec<S> dgamma, dtail;
   Mat<S> weight;   // W_ij = dΓ_ij Γ_ij (i > j): what each pairwise factor passes to its gates
   Mat<S> d_kt;     // ∂/∂(diag(E) K)
+  Mat<S> du;       // ∂/∂U_new, then Y = M⁻ᵀ ∂/∂U_new = ∂/∂R
   Mat<S> dattn;    // ∂/∂(Q̃ Kᵀ ⊙ Γ), then ∂/∂(Q̃ Kᵀ)
-  Mat<S> do_du;    // [dO; dU_new], 2L × V
-  Mat<S> do_du_s;  // [dO; dU_new] Sᵀ, 2L × K
-  Mat<S> qg_w;     // [diag(γ) Q̃; −W], 2L × K
-  Mat<S> dx;       // [dU | dW], then Y = M⁻ᵀ [dU | dW]
-  Mat<S> dm;       // ∂/∂M (strictly lower, negated), then ∂/∂(K Kᵀ)
+  Mat<S> dm;       // −∂/∂M (strictly lower), then ∂/∂(K Kᵀ)
+  Mat<S> dz;       // [∂/∂(K S); dO], 2L × V
+  Mat<S> kqg;      // [K; diag(γ) Q̃], 2L × K
+  Mat<S> dz_s;     // [∂/∂(K S) Sᵀ; dO Sᵀ], 2L × K
   Mat<S> dS_prev;  // ∂L/∂S (entering state)
 };
 
@@ -200,6 +205,7 @@ void backward_chunk(const QKInputs<S>& qk, const ChunkGram<S>& gram, const Value
   const Mat<S>& Kc = qk.k;
   const Mat<S>& Qc = qk.q;
   const Vec<S>& beta = in.beta;
+  const auto ks = c.kq_s.topRows(L);  // K S
   gr.dgamma.setZero(L);
   gr.dtail.resize(L);
   gr.weight.setZero(L, L);
@@ -211,20 +217,13 @@ void backward_chunk(const QKInputs<S>& qk, const ChunkGram<S>& gram, const Value
   for (std::int64_t j = 0; j < L; ++j) gr.dtail(j) = Kc.row(j).dot(gr.d_kt.row(j));
   dk.noalias() += c.tail.asDiagonal() * gr.d_kt;
   c.k_tail = c.tail.asDiagonal() * Kc;
-  gr.do_du.resize(2 * L, V);
-  gr.do_du.topRows(L) = d_out;
-  auto du = gr.do_du.bottomRows(L);
-  du.noalias() = c.k_tail * dS;
+  gr.du.noalias() = c.k_tail * dS;
 
-  // (3) O = diag(γ) Q̃ S + lower_incl(Q̃ Kᵀ ⊙ Γ) U_new.
-  du.noalias() += c.attn.template triangularView<Lower>().transpose() * d_out;
+  // (3) O = diag(γ) Q̃ S + lower_incl(Q̃ Kᵀ ⊙ Γ) U_new. The Q̃ S term is handled with the K S
+  // term below, through [K; diag(γ) Q̃] and [∂/∂(K S); dO].
+  gr.du.noalias() += c.attn.template triangularView<Lower>().transpose() * d_out;
   gr.dattn.resize(L, L);
   gr.dattn.template triangularView<Lower>() = d_out * c.u_new.transpose();
-  // One product gives dO Sᵀ (for dQ̃, dγ) and dU_new Sᵀ (for dW, step (2)).
-  gr.do_du_s.noalias() = gr.do_du * state.transpose();
-  const auto do_s = gr.do_du_s.topRows(L);
-  for (std::int64_t i = 0; i < L; ++i) gr.dgamma(i) += Qc.row(i).dot(do_s.row(i));
-  dq.noalias() += c.gamma.asDiagonal() * do_s;
   for (std::int64_t i = 0; i < L; ++i) {
     for (std::int64_t j = 0; j < i; ++j) gr.weight(i, j) = gr.dattn(i, j) * c.attn(i, j);
     for (std::int64_t j = 0; j <= i; ++j) gr.dattn(i, j) *= c.pair(i, j);
@@ -232,31 +231,34 @@ void backward_chunk(const QKInputs<S>& qk, const ChunkGram<S>& gram, const Value
   dq.noalias() += gr.dattn.template triangularView<Lower>() * Kc;
   dk.noalias() += gr.dattn.template triangularView<Lower>().transpose() * Qc;
 
-  // (3) and (2): ∂L/∂S += (diag(γ) Q̃)ᵀ dO − Wᵀ dU_new, as one product.
-  const auto W = c.x.rightCols(K);
-  gr.qg_w.resize(2 * L, K);
-  gr.qg_w.topRows(L) = c.gamma.asDiagonal() * Qc;
-  gr.qg_w.bottomRows(L) = -W;
-  gr.dS_prev.noalias() += gr.qg_w.transpose() * gr.do_du;
-
-  // (2) U_new = U − W S: dU = dU_new, dW = −dU_new Sᵀ.
-  gr.dx.resize(L, V + K);
-  gr.dx.leftCols(V) = du;
-  gr.dx.rightCols(K) = -gr.do_du_s.bottomRows(L);
-
-  // (2) X = M⁻¹ B with B = [diag(β) V | diag(βγ) K]: Y = M⁻ᵀ dX, dB = Y, dM = −Y Xᵀ.
-  c.m.transpose().template triangularView<UnitUpper>().solveInPlace(gr.dx);
-  const auto Yu = gr.dx.leftCols(V);
-  const auto Yw = gr.dx.rightCols(K);
+  // (2) M U_new = R: Y = M⁻ᵀ dU_new = dR, −dM = Y U_newᵀ (strictly lower part).
+  c.m.transpose().template triangularView<UnitUpper>().solveInPlace(gr.du);
+  const Mat<S>& Y = gr.du;
   gr.dm.resize(L, L);
-  gr.dm.template triangularView<Lower>() = gr.dx * c.x.transpose();  // −dM
-  d.dv = beta.asDiagonal() * Yu;
+  gr.dm.template triangularView<Lower>() = Y * c.u_new.transpose();
+  // R = diag(β) (V − diag(γ) K S): dV = diag(β) Y, dβ_i = (V − γ K S)_i · Y_i,
+  // dγ_i = −β_i (K S)_i · Y_i, ∂/∂(K S) = −diag(βγ) Y.
+  d.dv = beta.asDiagonal() * Y;
+  gr.dz.resize(2 * L, V);
   for (std::int64_t i = 0; i < L; ++i) {
-    const S ky = Kc.row(i).dot(Yw.row(i));
-    d.dbeta(i) = in.v.row(i).dot(Yu.row(i)) + c.gamma(i) * ky;
-    gr.dgamma(i) += beta(i) * ky;
+    const S ks_y = ks.row(i).dot(Y.row(i));
+    d.dbeta(i) = in.v.row(i).dot(Y.row(i)) - c.gamma(i) * ks_y;
+    gr.dgamma(i) -= beta(i) * ks_y;
+    gr.dz.row(i) = (-beta(i) * c.gamma(i)) * Y.row(i);
   }
-  dk.noalias() += (beta.array() * c.gamma.array()).matrix().asDiagonal() * Yw;
+  gr.dz.bottomRows(L) = d_out;
+
+  // [K S; diag(γ) Q̃ S] = [K; diag(γ) Q̃] S, one product each way:
+  //   ∂L/∂S += [K; diag(γ) Q̃]ᵀ [∂/∂(K S); dO],  [∂/∂(K S); dO] Sᵀ → dK, dQ̃ and dγ.
+  gr.kqg.resize(2 * L, K);
+  gr.kqg.topRows(L) = Kc;
+  gr.kqg.bottomRows(L) = c.gamma.asDiagonal() * Qc;
+  gr.dS_prev.noalias() += gr.kqg.transpose() * gr.dz;
+  gr.dz_s.noalias() = gr.dz * state.transpose();
+  dk.noalias() += gr.dz_s.topRows(L);
+  const auto do_s = gr.dz_s.bottomRows(L);
+  for (std::int64_t i = 0; i < L; ++i) gr.dgamma(i) += Qc.row(i).dot(do_s.row(i));
+  dq.noalias() += c.gamma.asDiagonal() * do_s;
 
   // (1) M = I + diag(β) strictly_lower(K Kᵀ ⊙ Γ).
   for (std::int64_t i = 0; i < L; ++i) {
@@ -321,13 +323,14 @@ void backward_item(const Problem& p, std::int64_t item, const TensorView& d_o,
     for (std::int64_t c = 0; c < num_chunks; ++c) {
       const Sequence block = chunk_block(c);
       load_qk(p, block, h, qk);
+      if (c + 1 < num_chunks) prefetch_inputs(p, chunk_block(c + 1), h);
       gram.compute(qk);
       for (std::int64_t r = 0; r < G; ++r) {
         Mat<S>& state = states[static_cast<std::size_t>(r)];
         boundary[static_cast<std::size_t>(r * num_chunks + c)] = state;
         load_values(p, block, h * G + r, in);
-        chunk.prepare(qk, gram, in);
-        chunk.compute_u_new(qk, state, /*with_qs=*/false);
+        chunk.prepare(gram, in);
+        chunk.compute_u_new(gram, in, state, /*with_qs=*/false);
         chunk.advance(qk, state);
       }
     }
@@ -342,6 +345,7 @@ void backward_item(const Problem& p, std::int64_t item, const TensorView& d_o,
   for (std::int64_t c = num_chunks - 1; c >= 0; --c) {
     const Sequence block = chunk_block(c);
     load_qk(p, block, h, qk);
+    if (c > 0) prefetch_inputs(p, chunk_block(c - 1), h, d_o);
     gram.compute(qk);
     dq.setZero(block.length, p.K);
     dk.setZero(block.length, p.K);
@@ -349,8 +353,8 @@ void backward_item(const Problem& p, std::int64_t item, const TensorView& d_o,
       const Mat<S>& state = boundary[static_cast<std::size_t>(r * num_chunks + c)];
       load_values(p, block, h * G + r, in);
       load_block(d_o, block, h * G + r, d_out);
-      chunk.prepare(qk, gram, in);
-      chunk.compute_u_new(qk, state, /*with_qs=*/false);
+      chunk.prepare(gram, in);
+      chunk.compute_u_new(gram, in, state, /*with_qs=*/false);
       d.reset(block.length, p.V);
       backward_chunk(qk, gram, in, d_out, state, chunk, gr, dS[static_cast<std::size_t>(r)], dq, dk,
                      d);

@@ -59,6 +59,9 @@ void forward_item(const Problem& p, std::int64_t item, const TensorView& o,
   for (std::int64_t t0 = 0; t0 < s.length; t0 += kLoadBlock) {
     const Sequence block = block_of(s, t0, std::min(kLoadBlock, s.length - t0));
     load_qk(p, block, h, qk);
+    if (t0 + kLoadBlock < s.length)
+      prefetch_inputs(
+          p, block_of(s, t0 + kLoadBlock, std::min(kLoadBlock, s.length - t0 - kLoadBlock)), h);
     for (std::int64_t r = 0; r < G; ++r) {
       load_values(p, block, h * G + r, in);
       Mat<S>& state = states[static_cast<std::size_t>(r)];
@@ -142,6 +145,7 @@ void backward_item(const Problem& p, std::int64_t item, const TensorView& d_o,
     for (std::int64_t c = 0; c < num_segments; ++c) {
       const Sequence block = segment(c);
       load_qk(p, block, h, qk);
+      if (c + 1 < num_segments) prefetch_inputs(p, segment(c + 1), h);
       for (std::int64_t r = 0; r < G; ++r) {
         load_values(p, block, h * G + r, in);
         Mat<S>& state = states[static_cast<std::size_t>(r)];
@@ -163,6 +167,7 @@ void backward_item(const Problem& p, std::int64_t item, const TensorView& d_o,
   for (std::int64_t c = num_segments - 1; c >= 0; --c) {
     const Sequence block = segment(c);
     load_qk(p, block, h, qk);
+    if (c > 0) prefetch_inputs(p, segment(c - 1), h, d_o);
     dq.setZero(block.length, p.K);
     dk.setZero(block.length, p.K);
     for (std::int64_t r = 0; r < G; ++r) {
