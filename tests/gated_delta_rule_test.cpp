@@ -38,6 +38,14 @@ enum class Gates {
   mixed,      // each token one of −inf, −20, realistic, weak, 0
 };
 
+// Memory layouts of the tensor arguments. Both strided layouts pad the innermost memory
+// dimension, so no stride is the contiguous one.
+enum class Layout {
+  contiguous,
+  swapped,     // dims 1 and 2 swapped in memory ([B, H, T, D]): rows contiguous, strided apart
+  transposed,  // dim 1 innermost in memory ([B, H, D, T]): no dimension has stride 1
+};
+
 struct Case {
   std::string name;
   std::int64_t B = 1, T = 16, H = 1, HV = 1, K = 4, V = 4;
@@ -51,7 +59,7 @@ struct Case {
   // Without the in-kernel normalisation, keys are drawn N(0, key_std² / K), so ‖k‖ ≈ key_std and
   // the transitions I − β k kᵀ stay (mostly) contractive, as in real models.
   double key_std = 0.7;
-  bool strided = false;  // every tensor argument a non-contiguous view
+  Layout layout = Layout::contiguous;  // of every tensor argument and output
   std::uint64_t seed = 1;
 };
 
@@ -116,20 +124,21 @@ Data make_data(const Case& c) {
   return d;
 }
 
-// A tensor argument as the op sees it: owned storage and a view of it. Strided views keep dims
-// 1 and 2 swapped in memory and pad the innermost memory dimension, so no stride is the
-// contiguous one.
+// A tensor argument as the op sees it: owned storage and a view of it.
 struct Arg {
   Tensor storage;
   TensorView view;
 };
 
-Arg make_buffer(const std::vector<std::int64_t>& shape, DType dtype, bool strided) {
+Arg make_buffer(const std::vector<std::int64_t>& shape, DType dtype, Layout layout) {
   const int rank = static_cast<int>(shape.size());
+  // perm[d]: the logical dimension stored as memory dimension d.
   std::vector<int> perm(static_cast<std::size_t>(rank));
   std::iota(perm.begin(), perm.end(), 0);
-  const bool permute = strided && rank >= 3;
-  if (permute) std::swap(perm[1], perm[2]);
+  const bool permute = layout != Layout::contiguous && rank >= 3;
+  if (permute && layout == Layout::swapped) std::swap(perm[1], perm[2]);
+  if (permute && layout == Layout::transposed)
+    std::rotate(perm.begin() + 1, perm.begin() + 2, perm.end());
   std::vector<std::int64_t> physical(static_cast<std::size_t>(rank));
   for (int d = 0; d < rank; ++d)
     physical[static_cast<std::size_t>(d)] =
@@ -162,17 +171,17 @@ void for_each_element(const TensorView& v, F&& f) {
   }
 }
 
-Arg make_arg(const Tensor& logical, DType dtype, bool strided) {
+Arg make_arg(const Tensor& logical, DType dtype, Layout layout) {
   if (!logical.defined()) return {};
-  Arg a = make_buffer(logical.shape(), dtype, strided);
+  Arg a = make_buffer(logical.shape(), dtype, layout);
   for_each_element(a.view,
                    [&](std::int64_t i, std::int64_t off) { a.storage.set(off, logical.at(i)); });
   return a;
 }
 
 // An output buffer, filled with NaN so that any element the op fails to write shows.
-Arg make_output(const std::vector<std::int64_t>& shape, DType dtype, bool strided) {
-  Arg a = make_buffer(shape, dtype, strided);
+Arg make_output(const std::vector<std::int64_t>& shape, DType dtype, Layout layout) {
+  Arg a = make_buffer(shape, dtype, layout);
   a.storage.fill(kNaN);
   return a;
 }
@@ -194,7 +203,7 @@ struct Result {
 // written in `dtype` too.
 Result run(const Data& d, Impl impl, DType dtype, bool backward = true) {
   const Case& c = d.c;
-  const bool st = c.strided;
+  const Layout st = c.layout;
   const Arg q = make_arg(d.q, dtype, st), k = make_arg(d.k, dtype, st),
             v = make_arg(d.v, dtype, st);
   const Arg g = make_arg(d.g, dtype, st), beta = make_arg(d.beta, dtype, st);
@@ -405,10 +414,15 @@ std::vector<Case> adversarial_cases() {
   add("no_l2norm_scale_beta_two", [](Case& c) {
     c.T = 30, c.l2norm = false, c.scale = 0.3, c.beta_lo = c.beta_hi = 2.0, c.key_std = 0.9;
   });
-  add("strided",
-      [](Case& c) { c.B = 2, c.T = 19, c.H = 2, c.HV = 4, c.strided = true, c.chunk_size = 8; });
+  add("T_0", [](Case& c) { c.B = 2, c.T = 0; });
+  add("swapped_layout", [](Case& c) {
+    c.B = 2, c.T = 19, c.H = 2, c.HV = 4, c.layout = Layout::swapped, c.chunk_size = 8;
+  });
+  add("transposed_layout", [](Case& c) {
+    c.B = 2, c.T = 19, c.H = 2, c.HV = 4, c.layout = Layout::transposed, c.chunk_size = 8;
+  });
   add("strided_varlen_mixed_gates", [](Case& c) {
-    c.lengths = {7, 0, 12}, c.H = 1, c.HV = 2, c.strided = true, c.gates = Gates::mixed;
+    c.lengths = {7, 0, 12}, c.H = 1, c.HV = 2, c.layout = Layout::swapped, c.gates = Gates::mixed;
     c.chunk_size = 5;
   });
   return cases;
@@ -605,6 +619,43 @@ TEST(GatedDeltaRuleKernels, DecodingTokenByTokenEqualsChunkForward) {
       PHASOR_EXPECT_CLOSE(o.to(DType::float64), full.o, tol, what + " o");
       PHASOR_EXPECT_CLOSE(state.to(DType::float64), full.ht, tol, what + " final_state");
     }
+  }
+}
+
+// final_state may alias initial_state in every implementation (several value heads per item,
+// several sequences).
+TEST(GatedDeltaRuleKernels, FinalStateMayAliasInitialState) {
+  Case c;
+  c.lengths = {9, 0, 14}, c.H = 2, c.HV = 4, c.K = 5, c.V = 3, c.chunk_size = 4;
+  const Data d = make_data(c);
+  for (Impl impl : {Impl::reference, Impl::recurrent, Impl::chunk}) {
+    const Result expected = run(d, impl, DType::float64, false);
+    Tensor state = d.h0;
+    Tensor o(d.d_o.shape(), DType::float64);
+    GatedDeltaRuleParams p;
+    p.q = d.q.view(), p.k = d.k.view(), p.v = d.v.view(), p.g = d.g.view(), p.beta = d.beta.view();
+    p.initial_state = state.view();
+    p.cu_seqlens = d.cu.view();
+    p.use_qk_l2norm_in_kernel = true;
+    p.chunk_size = c.chunk_size;
+    gated_delta_rule_forward(p, impl, o.view(), state.view());
+    EXPECT_TRUE(o.bit_equal(expected.o)) << to_string(impl);
+    EXPECT_TRUE(state.bit_equal(expected.ht)) << to_string(impl);
+  }
+}
+
+TEST(GatedDeltaRuleKernels, DefaultScaleIsInverseSqrtK) {
+  Case c;
+  c.T = 6, c.K = 9, c.V = 2;
+  Data d = make_data(c);
+  for (Impl impl : {Impl::reference, Impl::recurrent, Impl::chunk}) {
+    d.c.scale.reset();
+    const Result by_default = run(d, impl, DType::float64);
+    d.c.scale = 1.0 / 3.0;
+    const Result explicit_scale = run(d, impl, DType::float64);
+    EXPECT_TRUE(bit_equal(by_default, explicit_scale)) << to_string(impl);
+    d.c.scale = 0.5;
+    EXPECT_FALSE(run(d, impl, DType::float64, false).o.bit_equal(by_default.o)) << to_string(impl);
   }
 }
 

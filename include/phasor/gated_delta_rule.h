@@ -5,19 +5,28 @@
 //   S'  = exp(g_t) S_{t−1}
 //   S_t = S' + β_t k_t (v_t − S'ᵀ k_t)ᵀ
 //   o_t = S_tᵀ (scale · q_t)
-// g is a scalar log-decay per token and value head (≤ 0; −inf allowed), β ∈ [0, 2] (β > 1 gives
-// the transition negative eigenvalues). With use_qk_l2norm_in_kernel, q and k are first divided
-// by sqrt(Σx² + 1e-6) (and the backward differentiates through that normalisation).
+// g is a scalar log-decay per token and value head (≤ 0, checked; −inf, a gate of exactly 0, is
+// allowed), β ∈ [0, 2] (documented, not checked; β > 1 gives the transition I − β k kᵀ negative
+// eigenvalues). With use_qk_l2norm_in_kernel, q and k are first divided by sqrt(Σx² + 1e-6) per
+// token and head (and the backward differentiates through that normalisation). Without it, keep
+// β‖k‖² ≤ 2 (e.g. normalised keys), or the state can grow without bound, as in the model itself.
 // Grouped value heads: HV is a multiple of H, and value head hv reads q/k head hv / (HV / H).
 // The chunked kernel uses the WY / UT-transform representation of the product of the chunk's
-// generalised Householder transitions.
+// generalised Householder transitions; it only ever exponentiates non-positive sums of gates
+// taken within one chunk.
 //
-// Layouts (any strides; float32 or float64):
+// Layouts (any strides; float32 or float64 for every floating argument, and they may differ):
 //   q, k:          [B, T, H, K]
 //   v:             [B, T, HV, V]
 //   g, beta:       [B, T, HV]
 //   initial_state: [N, HV, K, V]  optional
-//   cu_seqlens:    [N + 1] int32/int64, optional (B must be 1; see gla.h)
+//   cu_seqlens:    [N + 1] int32/int64, optional; packed variable-length batch. B must be 1, the
+//                  sequences [cu[n], cu[n+1]) are independent (empty ones are allowed). Without
+//                  it N = B.
+// The compute type is q's dtype (float32 accumulates in float32, float64 in float64), except for
+// Impl::reference, which always computes in float64. All views must be on the CPU.
+// Errors (phasor::Error) name the fla op — "chunk_gated_delta_rule",
+// "fused_recurrent_gated_delta_rule" or "gated_delta_rule_reference" — and the argument.
 #pragma once
 
 #include <cstdint>
@@ -33,19 +42,27 @@ struct GatedDeltaRuleParams {
   TensorView cu_seqlens;       // optional [N + 1]
   std::optional<double> scale;  // default K^-1/2
   bool use_qk_l2norm_in_kernel = false;
-  std::int64_t chunk_size = 64;  // Impl::chunk only
+  // Impl::chunk: the chunk length (any positive value). Impl::recurrent backward: the state
+  // checkpoint interval (memory O(T / chunk_size + chunk_size) states per value head).
+  std::int64_t chunk_size = 64;
 };
 
-// Each view optional (undefined: not computed); dh0 requires initial_state.
+// Gradients. Each view is optional (undefined: not computed); dh0 requires initial_state.
+// Shapes are those of the matching input; any float dtype. Every element of a requested gradient
+// is written (overwritten, never accumulated into).
 struct GatedDeltaRuleGrads {
   TensorView dq, dk, dv, dg, dbeta, dh0;
 };
 
-// o: [B, T, HV, V]; final_state: [N, HV, K, V], optional; may alias initial_state.
+// o: [B, T, HV, V]; final_state: [N, HV, K, V], optional (undefined: not computed).
+// final_state may alias initial_state (in-place state update, e.g. for decoding one token at a
+// time with Impl::recurrent and T = 1).
 void gated_delta_rule_forward(const GatedDeltaRuleParams& params, Impl impl, const TensorView& o,
                               const TensorView& final_state = {});
 
-// d_o: [B, T, HV, V]; d_final_state: [N, HV, K, V], optional.
+// Backward of gated_delta_rule_forward. d_o: [B, T, HV, V], the gradient of the loss with respect
+// to o; d_final_state: [N, HV, K, V], optional (undefined: zero), the gradient with respect to
+// final_state (dht in fla).
 void gated_delta_rule_backward(const GatedDeltaRuleParams& params, Impl impl,
                                const TensorView& d_o, const TensorView& d_final_state,
                                const GatedDeltaRuleGrads& grads);
