@@ -584,6 +584,20 @@ TEST(ForgettingAttnKernels, MixedDtypes) {
   }
 }
 
+// Zero-sized problems (T = 0, B = 0, HQ = H = 0) are valid and write nothing.
+TEST(ForgettingAttnKernels, EmptyProblems) {
+  std::mt19937_64 rng(15);
+  for (const Shape& shape :
+       {Shape{2, 0, 2, 1, 3, 4}, Shape{0, 5, 2, 1, 3, 4}, Shape{1, 5, 0, 1, 3, 4}}) {
+    const Problem p = make_problem(shape, Gates::realistic, rng);
+    for (Impl impl : {Impl::chunk, Impl::recurrent, Impl::reference}) {
+      SCOPED_TRACE(to_string(impl));
+      EXPECT_NO_THROW(run_forward(p, impl));
+      EXPECT_NO_THROW(run_backward(p, impl, nullptr));
+    }
+  }
+}
+
 // ---- long sequences ----------------------------------------------------------------------------
 
 TEST(ForgettingAttnLong, Sequence65536WithWindow) {
