@@ -288,7 +288,6 @@ void forward_item(const Problem& p, std::int64_t n, std::int64_t h, const Tensor
   ChunkWork<S> work;
   for (std::int64_t offset = 0; offset < s.length; offset += p.chunk_size) {
     const Sequence part = subsequence(s, offset, std::min(p.chunk_size, s.length - offset));
-    prefetch_segment(p, s, offset + p.chunk_size, p.chunk_size, h, true, TensorView{});
     work.load(p, part, h, /*with_q=*/true, TensorView{});
     work.gate_factors();
     work.forward_output(state);
@@ -313,7 +312,6 @@ void backward_item(const Problem& p, std::int64_t n, std::int64_t h, const Tenso
   for (std::int64_t c = 0; c < num_chunks; ++c) {
     states.middleRows(c * K, K) = state;
     const Sequence part = subsequence(s, c * C, std::min(C, s.length - c * C));
-    prefetch_segment(p, s, (c + 1) * C, C, h, false, TensorView{});
     work.load(p, part, h, /*with_q=*/false, TensorView{});
     work.gate_factors(/*with_prefix=*/false);
     work.advance_state(state);
@@ -324,7 +322,6 @@ void backward_item(const Problem& p, std::int64_t n, std::int64_t h, const Tenso
   if (d_final_state.defined()) load_state(d_final_state, n, h, d_state);
   for (std::int64_t c = num_chunks - 1; c >= 0; --c) {
     const Sequence part = subsequence(s, c * C, std::min(C, s.length - c * C));
-    prefetch_segment(p, s, (c - 1) * C, C, h, true, d_o);
     work.load(p, part, h, /*with_q=*/true, d_o);
     work.gate_factors();
     work.backward(states.middleRows(c * K, K), d_state);

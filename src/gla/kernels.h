@@ -6,7 +6,6 @@
 #pragma once
 
 #include <Eigen/Core>
-#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -76,35 +75,6 @@ void store_token_rows(const Mat<S>& in, const TensorView& x, const Sequence& s, 
     return;
   }
   store_rows(in, x, s, h);
-}
-
-// Asks the CPU to start fetching the rows a later load_token_rows will read (a hint only; no
-// effect on results). Rows of one head are H·D elements apart, a stride the hardware prefetchers
-// follow poorly; issuing the next chunk's rows while the current one computes hides that latency.
-inline void prefetch_token_rows(const TensorView& x, const Sequence& s, std::int64_t h) {
-  if (x.stride(3) != 1) return;
-  const std::size_t row_bytes = static_cast<std::size_t>(x.size(3)) * element_size(x.dtype);
-  const char* base = static_cast<const char*>(x.data) +
-                     (s.batch * x.stride(0) + s.start * x.stride(1) + h * x.stride(2)) *
-                         static_cast<std::int64_t>(element_size(x.dtype));
-  const std::int64_t row_stride = x.stride(1) * static_cast<std::int64_t>(element_size(x.dtype));
-  for (std::int64_t t = 0; t < s.length; ++t)
-    for (std::size_t byte = 0; byte < row_bytes; byte += 64)
-      __builtin_prefetch(base + t * row_stride + static_cast<std::int64_t>(byte));
-}
-
-// Prefetches the inputs of the segment of `length` tokens at `offset` in sequence s, if any (q
-// only with with_q; d_o only if defined).
-inline void prefetch_segment(const Problem& p, const Sequence& s, std::int64_t offset,
-                             std::int64_t length, std::int64_t h, bool with_q,
-                             const TensorView& d_o) {
-  if (offset < 0 || offset >= s.length) return;
-  const Sequence part = subsequence(s, offset, std::min(length, s.length - offset));
-  if (with_q) prefetch_token_rows(p.q, part, h);
-  prefetch_token_rows(p.k, part, h);
-  prefetch_token_rows(p.v, part, h);
-  prefetch_token_rows(p.g, part, h);
-  if (d_o.defined()) prefetch_token_rows(d_o, part, h);
 }
 
 }  // namespace phasor::detail::gla

@@ -62,7 +62,6 @@ void forward_item(const Problem& p, std::int64_t n, std::int64_t h, const Tensor
   Mat<S> out;
   for (std::int64_t offset = 0; offset < s.length; offset += p.chunk_size) {
     const Sequence part = subsequence(s, offset, std::min(p.chunk_size, s.length - offset));
-    prefetch_segment(p, s, offset + p.chunk_size, p.chunk_size, h, true, TensorView{});
     seg.load(p, part, h, /*with_q=*/true);
     out.setZero(part.length, p.V);
     for (std::int64_t t = 0; t < part.length; ++t) {
@@ -95,7 +94,6 @@ void backward_item(const Problem& p, std::int64_t n, std::int64_t h, const Tenso
   for (std::int64_t i = 0; i < num_segments; ++i) {
     checkpoints.middleRows(i * K, K) = state;
     const Sequence part = subsequence(s, i * C, std::min(C, s.length - i * C));
-    prefetch_segment(p, s, (i + 1) * C, C, h, false, TensorView{});
     seg.load(p, part, h, /*with_q=*/false);
     for (std::int64_t t = 0; t < part.length; ++t) advance(seg, t, state);
   }
@@ -109,7 +107,6 @@ void backward_item(const Problem& p, std::int64_t n, std::int64_t h, const Tenso
   for (std::int64_t i = num_segments - 1; i >= 0; --i) {
     const Sequence part = subsequence(s, i * C, std::min(C, s.length - i * C));
     const std::int64_t L = part.length;
-    prefetch_segment(p, s, (i - 1) * C, C, h, true, d_o);
     seg.load(p, part, h, /*with_q=*/true);
     load_token_rows(d_o, part, h, d_out);
     states.resize((L + 1) * K, V);
