@@ -107,26 +107,51 @@ void check_positive(const std::string& op, const std::string& name, std::int64_t
 
 namespace phasor::detail {
 
-void check_log_gates(const std::string& op, const std::string& name, const TensorView& g) {
-  std::array<std::int64_t, TensorView::kMaxRank> idx{};
-  const std::int64_t n = g.numel();
-  for (std::int64_t flat = 0; flat < n; ++flat) {
-    std::int64_t rem = flat, off = 0;
-    for (int d = g.rank - 1; d >= 0; --d) {
-      idx[static_cast<std::size_t>(d)] = rem % g.size(d);
-      rem /= g.size(d);
-      off += idx[static_cast<std::size_t>(d)] * g.stride(d);
-    }
-    const double x = g.dtype == DType::float32 ? static_cast<const float*>(g.data)[off]
-                                               : static_cast<const double*>(g.data)[off];
-    if (!(x <= 0.0)) {
-      std::ostringstream where;
-      where << name << '[';
-      for (int d = 0; d < g.rank; ++d) where << (d ? ", " : "") << idx[static_cast<std::size_t>(d)];
-      where << "] = " << x;
-      fail(op, name, "natural-log forget gates <= 0 (-inf allowed)", where.str());
-    }
+namespace {
+// Calls f(offset, index) for every element of a rank ≤ 4 view, innermost dimension fastest,
+// stopping when f returns false. Plain nested loops: no per-element index arithmetic.
+template <class F>
+void for_each_offset(const TensorView& x, F&& f) {
+  std::array<std::int64_t, TensorView::kMaxRank> size{1, 1, 1, 1}, stride{0, 0, 0, 0};
+  const int pad = TensorView::kMaxRank - x.rank;
+  for (int d = 0; d < x.rank; ++d) {
+    size[static_cast<std::size_t>(d + pad)] = x.size(d);
+    stride[static_cast<std::size_t>(d + pad)] = x.stride(d);
   }
+  for (std::int64_t a = 0; a < size[0]; ++a)
+    for (std::int64_t b = 0; b < size[1]; ++b)
+      for (std::int64_t c = 0; c < size[2]; ++c) {
+        const std::int64_t base = a * stride[0] + b * stride[1] + c * stride[2];
+        for (std::int64_t e = 0; e < size[3]; ++e)
+          if (!f(base + e * stride[3], std::array<std::int64_t, 4>{a, b, c, e})) return;
+      }
+}
+}  // namespace
+
+void check_log_gates(const std::string& op, const std::string& name, const TensorView& g) {
+  bool ok = true;
+  double bad_value = 0;
+  std::array<std::int64_t, 4> bad_index{};
+  auto visit = [&](auto* p) {
+    for_each_offset(g, [&](std::int64_t off, const std::array<std::int64_t, 4>& idx) {
+      if (p[off] <= 0) return true;  // also false for NaN
+      ok = false;
+      bad_value = static_cast<double>(p[off]);
+      bad_index = idx;
+      return false;
+    });
+  };
+  if (g.dtype == DType::float32)
+    visit(static_cast<const float*>(g.data));
+  else
+    visit(static_cast<const double*>(g.data));
+  if (ok) return;
+  std::ostringstream where;
+  where << name << '[';
+  const int pad = TensorView::kMaxRank - g.rank;
+  for (int d = 0; d < g.rank; ++d) where << (d ? ", " : "") << bad_index[static_cast<std::size_t>(d + pad)];
+  where << "] = " << bad_value;
+  fail(op, name, "natural-log forget gates <= 0 (-inf allowed)", where.str());
 }
 
 }  // namespace phasor::detail

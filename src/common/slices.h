@@ -7,6 +7,8 @@
 
 #include <Eigen/Core>
 #include <cstdint>
+#include <cstring>
+#include <type_traits>
 
 #include "common/check.h"
 #include "phasor/common.h"
@@ -30,6 +32,12 @@ template <class S>
 inline void load_2d(const TensorView& x, std::int64_t base, std::int64_t rows, std::int64_t rs,
                     std::int64_t cols, std::int64_t cs, Mat<S>& out) {
   out.resize(rows, cols);
+  if (x.dtype == dtype_of<S>() && (cs == 1 || cols == 1)) {  // same type, rows contiguous: copy rows
+    const S* p = static_cast<const S*>(x.data) + base;
+    for (std::int64_t r = 0; r < rows; ++r)
+      std::memcpy(out.data() + r * cols, p + r * rs, static_cast<std::size_t>(cols) * sizeof(S));
+    return;
+  }
   if (x.dtype == DType::float32)
     for_rows<const float>(x, base, rows, rs, cols, cs,
                           [&](std::int64_t r, std::int64_t c, float v) { out(r, c) = S(v); });
@@ -41,6 +49,16 @@ template <class M>
 inline void store_2d(const M& in, const TensorView& x, std::int64_t base, std::int64_t rs,
                      std::int64_t cs) {
   const std::int64_t rows = in.rows(), cols = in.cols();
+  using Scalar = typename M::Scalar;
+  if constexpr (std::is_base_of_v<Eigen::PlainObjectBase<M>, M> &&
+                (static_cast<int>(M::Flags) & Eigen::RowMajorBit)) {
+    if (x.dtype == dtype_of<Scalar>() && (cs == 1 || cols == 1)) {  // plain row-major: copy rows
+      Scalar* p = static_cast<Scalar*>(x.data) + base;
+      for (std::int64_t r = 0; r < rows; ++r)
+        std::memcpy(p + r * rs, in.data() + r * cols, static_cast<std::size_t>(cols) * sizeof(Scalar));
+      return;
+    }
+  }
   if (x.dtype == DType::float32) {
     auto* p = static_cast<float*>(x.data);
     for (std::int64_t r = 0; r < rows; ++r)
