@@ -6,6 +6,7 @@
 #include <torch/torch.h>
 
 #include <functional>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -106,6 +107,15 @@ void expect_torch_error(F&& fn, std::initializer_list<const char*> fragments) {
 }
 
 const Impl kImpls[] = {Impl::reference, Impl::recurrent, Impl::chunk};
+
+}  // namespace
+
+// So GoogleTest (and ctest's test names) show "chunk" rather than "1-byte object <02>".
+void PrintTo(Impl impl, std::ostream* os) {
+  *os << to_string(impl);
+}
+
+namespace {
 
 class TorchImpl : public ::testing::TestWithParam<Impl> {};
 INSTANTIATE_TEST_SUITE_P(AllImpls, TorchImpl, ::testing::ValuesIn(kImpls),
