@@ -121,8 +121,7 @@ class TorchImpl : public ::testing::TestWithParam<Impl> {};
 INSTANTIATE_TEST_SUITE_P(AllImpls, TorchImpl, ::testing::ValuesIn(kImpls),
                          [](const auto& info) { return std::string(to_string(info.param)); });
 
-// ---- autograd == core backward
-// ------------------------------------------------------------------------
+// ---- autograd == core backward ------------------------------------------------------------------
 
 TEST_P(TorchImpl, GlaAutogradMatchesCoreBackward) {
   const Impl impl = GetParam();
@@ -261,8 +260,7 @@ TEST_P(TorchImpl, ForgettingAttnAutogradMatchesCoreBackward) {
   }
 }
 
-// ---- central finite differences through the torch API (float64)
-// -------------------------------------
+// ---- central finite differences through the torch API (float64) ---------------------------------
 
 // loss(inputs) is a scalar tensor. Checks autograd's gradient of every input against
 // (loss(x + εe_i) − loss(x − εe_i)) / 2ε, element by element.
@@ -337,8 +335,7 @@ TEST_P(TorchImpl, ForgettingAttnFiniteDifferences) {
                            {"q", "k", "v", "g"});
 }
 
-// ---- final_state gradients, unused outputs, partial requires_grad
-// ------------------------------------------
+// ---- final_state gradients, unused outputs, partial requires_grad -------------------------------
 
 TEST_P(TorchImpl, FinalStateGradientFlowsWhenOnlyTheStateIsUsed) {
   const Impl impl = GetParam();
@@ -418,8 +415,7 @@ TEST(Torch, OnlyInputsThatRequireGradGetGradients) {
   EXPECT_FALSE(o2.requires_grad());
 }
 
-// ---- dtypes and layouts
-// ----------------------------------------------------------------------------------------
+// ---- dtypes and layouts -------------------------------------------------------------------------
 
 TEST(Torch, OutputDtypes) {
   torch::manual_seed(11);
@@ -524,8 +520,7 @@ TEST(Torch, StridedInputsMatchContiguous) {
   }
 }
 
-// ---- errors
-// ------------------------------------------------------------------------------------------------------
+// ---- errors -------------------------------------------------------------------------------------
 
 TEST(Torch, ErrorsAreC10ErrorsNamingTheArgument) {
   const std::int64_t B = 1, T = 4, H = 2, K = 3, V = 3;
@@ -607,8 +602,7 @@ TEST(Torch, DoubleBackwardIsRefused) {
   EXPECT_TRUE(torch::autograd::grad({o.pow(2).sum()}, {q})[0].defined());
 }
 
-// ---- FoX decoding
-// ------------------------------------------------------------------------------------------------
+// ---- FoX decoding -------------------------------------------------------------------------------
 
 TEST(Torch, ForgettingAttnDecoderMatchesParallelForward) {
   torch::manual_seed(14);

@@ -71,12 +71,11 @@ OutputAndState fused_recurrent_gla(const at::Tensor& q, const at::Tensor& k, con
                                    bool output_final_state = false,
                                    const c10::optional<at::Tensor>& cu_seqlens = c10::nullopt);
 
-// ---- Gated DeltaNet
-// ------------------------------------------------------------------------------- q, k: [B, T, H,
-// K]; v: [B, T, HV, V] (HV a multiple of H; value head hv reads q/k head hv / (HV / H)); g, beta:
-// [B, T, HV]; initial_state: [N, HV, K, V]; o: [B, T, HV, V]; final_state: [N, HV, K, V]. g: scalar
-// log decay per token and head (≤ 0); beta ∈ [0, 2]. use_qk_l2norm_in_kernel: divide q and k by
-// sqrt(Σx² + 1e-6) first (differentiated through).
+// ---- Gated DeltaNet -----------------------------------------------------------------------------
+// q, k: [B, T, H, K]; v: [B, T, HV, V] (HV a multiple of H; value head hv reads q/k head
+// hv / (HV / H)); g, beta: [B, T, HV]; initial_state: [N, HV, K, V]; o: [B, T, HV, V];
+// final_state: [N, HV, K, V]. g: scalar log decay per token and head (≤ 0); beta ∈ [0, 2].
+// use_qk_l2norm_in_kernel: divide q and k by sqrt(Σx² + 1e-6) first (differentiated through).
 OutputAndState gated_delta_rule(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                 const at::Tensor& g, const at::Tensor& beta, Impl impl,
                                 c10::optional<double> scale = c10::nullopt,
@@ -103,12 +102,11 @@ OutputAndState fused_recurrent_gated_delta_rule(
     const c10::optional<at::Tensor>& cu_seqlens = c10::nullopt,
     bool use_qk_l2norm_in_kernel = false);
 
-// ---- Forgetting attention (FoX)
-// --------------------------------------------------------------------- q: [B, T, HQ, K]; k: [B, T,
-// H, K]; v: [B, T, H, V] (HQ a multiple of H); g: [B, T, HQ], log forget gates (≤ 0); o: [B, T, HQ,
-// V]. window_size: attend to the last window_size tokens (≥ 1), or to the whole causal prefix when
-// absent. block_size: Impl::chunk tile size. Impl::chunk is the tiled flash-style kernel,
-// Impl::recurrent the token-by-token decode path.
+// ---- Forgetting attention (FoX) -----------------------------------------------------------------
+// q: [B, T, HQ, K]; k: [B, T, H, K]; v: [B, T, H, V] (HQ a multiple of H); g: [B, T, HQ], log
+// forget gates (≤ 0); o: [B, T, HQ, V]. window_size: attend to the last window_size tokens
+// (≥ 1), or to the whole causal prefix when absent. block_size: Impl::chunk tile size.
+// Impl::chunk is the tiled flash-style kernel, Impl::recurrent the token-by-token decode path.
 at::Tensor forgetting_attn(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                            const at::Tensor& g, Impl impl,
                            c10::optional<double> scale = c10::nullopt,

@@ -23,8 +23,7 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-// ---- names
-// ------------------------------------------------------------------------------------------
+// ---- names --------------------------------------------------------------------------------------
 
 // The op name used in messages: fla's name for the implementation (as the core uses).
 std::string gla_op_name(Impl impl) {
@@ -67,9 +66,8 @@ std::string shape_of(const at::Tensor& t) {
   return s.str();
 }
 
-// ---- torch-side checks
-// ------------------------------------------------------------------------------- Messages follow
-// the core's format: "<op>: argument '<name>': expected <...>, got <...>".
+// ---- torch-side checks --------------------------------------------------------------------------
+// Messages follow the core's format: "<op>: argument '<name>': expected <...>, got <...>".
 
 [[noreturn]] void fail(const std::string& op, const std::string& name, const std::string& expected,
                        const std::string& got) {
@@ -114,8 +112,7 @@ void check_cu_seqlens(const std::string& op, const c10::optional<at::Tensor>& cu
          std::string("dtype ") + c10::toString(cu->scalar_type()));
 }
 
-// ---- conversion
-// -----------------------------------------------------------------------------------------
+// ---- conversion ---------------------------------------------------------------------------------
 
 // The one place an at::Tensor becomes a TensorView: same memory, sizes, strides (in elements, as
 // in torch), dtype and device. Callers have checked device, layout, rank and dtype; half and
@@ -224,8 +221,7 @@ void check_first_order(const std::string& op) {
       "first order only");
 }
 
-// ---- GLA
-// ----------------------------------------------------------------------------------------------
+// ---- GLA ----------------------------------------------------------------------------------------
 
 struct GlaOptions {
   Impl impl;
@@ -292,8 +288,7 @@ struct GlaFunction : torch::autograd::Function<GlaFunction> {
   }
 };
 
-// ---- Gated DeltaNet
-// -------------------------------------------------------------------------------------
+// ---- Gated DeltaNet -----------------------------------------------------------------------------
 
 struct GatedDeltaRuleOptions {
   Impl impl;
@@ -372,8 +367,7 @@ struct GatedDeltaRuleFunction : torch::autograd::Function<GatedDeltaRuleFunction
   }
 };
 
-// ---- Forgetting attention
-// ---------------------------------------------------------------------------------
+// ---- Forgetting attention -----------------------------------------------------------------------
 
 struct ForgettingAttnOptions {
   Impl impl;
@@ -453,8 +447,7 @@ at::Tensor in_dtype_of(const at::Tensor& o, const at::Tensor& q) {
 
 }  // namespace
 
-// ---- public entry points
-// ------------------------------------------------------------------------------
+// ---- public entry points ------------------------------------------------------------------------
 
 OutputAndState gla(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                    const at::Tensor& g, Impl impl, c10::optional<double> scale,
@@ -561,8 +554,7 @@ at::Tensor parallel_forgetting_attn(const at::Tensor& q, const at::Tensor& k, co
   return forgetting_attn(q, k, v, g, Impl::chunk, scale, window_size, cu_seqlens, block_size);
 }
 
-// ---- FoX decoding
-// ---------------------------------------------------------------------------------------
+// ---- FoX decoding -------------------------------------------------------------------------------
 
 namespace {
 ForgettingAttnCache make_cache(std::int64_t batch, std::int64_t num_q_heads,
