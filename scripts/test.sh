@@ -18,7 +18,7 @@ bash examples/build_and_run.sh "$PWD/build/install"
 echo "== benchmark smoke run (smallest size, one iteration each)"
 benches=0
 for b in build/bench/*_bench; do
-  "$b" --benchmark_filter='/1024' --benchmark_min_time=0 >/dev/null
+  "$b" --benchmark_filter='T:1024/' --benchmark_min_time=0 >/dev/null
   echo "$(basename "$b"): ok"
   benches=$((benches + 1))
 done
