@@ -109,7 +109,7 @@ struct ChunkState {
   void prepare(const ChunkGram<S>& gram, const ValueInputs<S>& in) {
     L = in.v.rows();
     compute_gates(in.g);
-    m.setZero(L, L);  // the diagonal and upper part are never read; zero them once anyway
+    m.setZero(L, L);  // only the strictly lower part is read (by the unit-triangular solves)
     attn.resize(L, L);
     for (std::int64_t i = 0; i < L; ++i) {
       for (std::int64_t j = 0; j < i; ++j) m(i, j) = in.beta(i) * gram.kk(i, j) * pair(i, j);
