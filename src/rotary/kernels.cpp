@@ -35,9 +35,11 @@ void put_state_row(const RowD& row, const TensorView& x, std::int64_t n, std::in
   for (std::int64_t i = 0; i < row.size(); ++i) put(x, offset_of(x, n, h, i), row(i));
 }
 
-// Tokens per apply_rotary work item: enough to amortise the loads, small enough to spread a
-// single long sequence over the threads.
-constexpr std::int64_t kApplyBlock = 512;
+// Tokens per apply_rotary work item: enough to amortise the per-item overhead, small enough that
+// an item's matrices (64 × K values) stay far below glibc's mmap threshold (128 KiB) — larger
+// blocks made every allocation an mmap/munmap pair whose page faults serialised the threads — and
+// to spread a single long sequence over the threads.
+constexpr std::int64_t kApplyBlock = 64;
 
 // The work items of apply_rotary: (batch row, head, block of tokens).
 struct ApplyItem {
@@ -193,23 +195,31 @@ void angles(const AnglesProblem& p, const TensorView& theta) {
   });
 }
 
-// y_a = x_a cos θ − x_b sin θ, y_b = x_a sin θ + x_b cos θ on (row, head, token block) items.
+// y_a = x_a cos θ − x_b sin θ, y_b = x_a sin θ + x_b cos θ on (row, head, token block) items,
+// rotating the loaded rows in place (one pass, no pair matrices).
 void apply_forward(const TensorView& x, const TensorView& theta, RotaryLayout layout,
                    const TensorView& y) {
   dispatch_float(x, [&](auto zero) {
     using S = decltype(zero);
     parallel_for(apply_items(x), [&](std::int64_t item) {
       const ApplyItem it = apply_item(x, item);
-      Mat<S> xs, th, a, b, out;
+      Mat<S> xs, th;
       load_rows(x, it.rows, it.h, xs);
       load_rows(theta, it.rows, it.h, th);
-      split_pairs(xs, layout, a, b);
-      Mat<S> cs, sn;
-      cos_sin(th, cs, sn);
-      const Mat<S> ya = (a.array() * cs.array() - b.array() * sn.array()).matrix();
-      const Mat<S> yb = (a.array() * sn.array() + b.array() * cs.array()).matrix();
-      join_pairs(ya, yb, layout, out);
-      store_rows(out, y, it.rows, it.h);
+      const std::int64_t R = th.cols();
+      const std::int64_t a0 = 0, b0 = layout == RotaryLayout::half_split ? R : 1;
+      const std::int64_t step = layout == RotaryLayout::half_split ? 1 : 2;
+      for (std::int64_t t = 0; t < xs.rows(); ++t) {
+        S* row = xs.data() + t * xs.cols();
+        const S* angle = th.data() + t * R;
+        for (std::int64_t i = 0; i < R; ++i) {
+          const S cs = std::cos(angle[i]), sn = std::sin(angle[i]);
+          const S xa = row[a0 + step * i], xb = row[b0 + step * i];
+          row[a0 + step * i] = xa * cs - xb * sn;
+          row[b0 + step * i] = xa * sn + xb * cs;
+        }
+      }
+      store_rows(xs, y, it.rows, it.h);
     });
   });
 }
