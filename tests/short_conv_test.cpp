@@ -216,6 +216,8 @@ std::vector<Case> kernel_cases() {
       {"w2", 2, 20, 6, 2, {}, true, false, true},
       {"varlen_empty_single", 1, 0, 9, 4, {0, 1, 3, 0, 40, 1, 2}, true, true, true},
       {"varlen_w2", 1, 0, 4, 2, {1, 0, 7, 1}, true, true, false},
+      // Lengths just past the kernel's 128-token tiles: the last tile is shorter than W−1.
+      {"tile_boundaries", 1, 0, 5, 4, {129, 130, 256, 257, 2}, true, true, true},
       {"many_channel_blocks", 2, 19, 150, 4, {}, true, true, true},
       {"large_inputs_silu", 2, 25, 8, 4, {}, true, true, true, 300.0},
       {"tiny_inputs", 2, 25, 8, 4, {}, true, true, true, 1e-20},

@@ -1,13 +1,19 @@
 // Short convolution, optimized kernel. Work items are (sequence n, block of kChannelBlock
-// channels); each item loads its extended input xe = [cache (W−1 rows, or zeros); x of the
-// sequence] ((W−1+L) × channels, owned Eigen storage) and computes, vectorized over channels,
-//   z = bias + Σ_w diag(weight[:, w]) · xe[w : w+L]          (rows = tokens, short_conv.h)
-//   y = act(z)
+// channels), processed in tiles of kTile tokens over the extended input xe = [cache (W−1 rows,
+// or zeros); x of the sequence], vectorized over channels (rows = tokens, see short_conv.h):
+//   z = bias + Σ_w diag(weight[:, w]) · xe[w : w+L],      y = act(z)
 // The backward recomputes z, forms dz = dy ⊙ act'(z) and scatters
-//   dxe[w : w+L] += dz · diag(weight[:, w]),  dweight[:, w] = Σ_t dz_t ⊙ xe_{t+w},  dbias = Σ_t
-//   dz_t
-// plus d_final_cache into the last W−1 rows of dxe. dweight/dbias partials are kept per item and
-// summed over sequences in sequence order afterwards, so results do not depend on the threads.
+//   dxe[w : w+L] += dz · diag(weight[:, w]),   dweight[:, w] = Σ_t dz_t ⊙ xe_{t+w},
+//   dbias = Σ_t dz_t,   plus d_final_cache into the last W−1 rows of dxe.
+// dweight/dbias partials are kept per item and summed over sequences in sequence order
+// afterwards, so results do not depend on the thread count.
+
+// GCC 12 reports a false -Wmaybe-uninitialized inside its own AVX-512 intrinsics header
+// (_mm512_undefined_* in Eigen's vectorised exp used by SiLU; GCC bug 105593). Silence only that,
+// before any header pulls in the intrinsics.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -21,9 +27,8 @@ namespace phasor::detail::short_conv {
 namespace {
 
 constexpr std::int64_t kChannelBlock = 64;
-// Token sums (dweight, dbias) are accumulated per span of this many tokens, then added up, which
-// keeps float32 rounding error growing with T/kSumSpan instead of T.
-constexpr std::int64_t kSumSpan = 256;
+// Tokens per tile: an item's tile (inputs, outputs, gradients) stays in the L1/L2 cache.
+constexpr std::int64_t kTile = 128;
 
 std::int64_t num_blocks(const Problem& p) {
   return (p.D + kChannelBlock - 1) / kChannelBlock;
@@ -61,124 +66,150 @@ void store_tokens(const Mat<S>& in, const TensorView& v, const Sequence& s, cons
                         v.stride(1), v.stride(2));
 }
 
-// What every item needs: the extended input and the transposed weights/bias of its channels.
+// The block's weights as W × nb (row w: weight[:, w] of its channels) and bias as 1 × nb (zeros
+// without bias), so that every product below broadcasts one row over the tokens.
 template <class S>
-struct ItemInputs {
-  Mat<S> xe;      // (W−1+L) × nb
-  Mat<S> weight;  // W × nb (row w: weight[:, w] of the block's channels)
-  Mat<S> bias;    // 1 × nb (zeros without bias)
-};
-
-template <class S>
-void load_item(const Problem& p, const Item& it, ItemInputs<S>& in) {
-  const Sequence& s = p.sequences[static_cast<std::size_t>(it.n)];
-  const std::int64_t C = p.W - 1;
-  in.xe.resize(C + s.length, it.nb);
-  if (C > 0) {
-    if (p.initial_cache.defined()) {
-      Mat<S> cache;
-      load_cache(p.initial_cache, it, cache);
-      in.xe.topRows(C) = cache.transpose();
-    } else {
-      in.xe.topRows(C).setZero();
-    }
-  }
-  Mat<S> tokens;
-  load_tokens(p.x, s, it, tokens);
-  in.xe.bottomRows(s.length) = tokens;
+void load_parameters(const Problem& p, const Item& it, Mat<S>& weight, Mat<S>& bias) {
   Mat<S> w;
   slices_impl::load_2d(p.weight, it.d0 * p.weight.stride(0), it.nb, p.weight.stride(0), p.W,
                        p.weight.stride(1), w);
-  in.weight = w.transpose();
-  if (p.bias.defined()) {
-    Mat<S> b;
-    slices_impl::load_2d(p.bias, it.d0 * p.bias.stride(0), 1, 0, it.nb, p.bias.stride(0), b);
-    in.bias = b;
+  weight = w.transpose();
+  if (p.bias.defined())
+    slices_impl::load_2d(p.bias, it.d0 * p.bias.stride(0), 1, 0, it.nb, p.bias.stride(0), bias);
+  else
+    bias = Mat<S>::Zero(1, it.nb);
+}
+
+// The first W−1 rows of the extended input: the cache (transposed to rows = positions) or zeros.
+template <class S>
+void load_cache_rows(const Problem& p, const Item& it, Mat<S>& xe) {
+  const std::int64_t C = p.W - 1;
+  if (C == 0) return;
+  if (p.initial_cache.defined()) {
+    Mat<S> cache;
+    load_cache(p.initial_cache, it, cache);
+    xe.topRows(C) = cache.transpose();
   } else {
-    in.bias = Mat<S>::Zero(1, it.nb);
+    xe.topRows(C).setZero();
   }
 }
 
-// z = bias + Σ_w xe[w : w+L] ⊙ weight[w] (rows broadcast), accumulated in w order.
+// z = bias + Σ_w xe[w : w+len] ⊙ weight[w] (rows broadcast), accumulated in w order, where xe
+// holds the W−1 inputs before the tile followed by the tile's len inputs.
 template <class S>
-Mat<S> pre_activation(const ItemInputs<S>& in, std::int64_t W) {
-  const std::int64_t L = in.xe.rows() - (W - 1);
-  Mat<S> z = in.bias.replicate(L, 1);
-  for (std::int64_t w = 0; w < W; ++w)
-    z.array() += in.xe.middleRows(w, L).array().rowwise() * in.weight.row(w).array();
-  return z;
+void pre_activation(const Mat<S>& xe, const Mat<S>& weight, const Mat<S>& bias, std::int64_t len,
+                    Mat<S>& z) {
+  z = bias.replicate(len, 1);
+  for (std::int64_t w = 0; w < weight.rows(); ++w)
+    z.array() += xe.middleRows(w, len).array().rowwise() * weight.row(w).array();
 }
 
-// σ(z) without overflow: exp is only taken of −|z|.
+// σ(z) = 1 / (1 + exp(−z)), vectorized. For very negative z, exp(−z) overflows to +inf and σ is
+// exactly 0 (never NaN), which is its correctly rounded value there.
 template <class S>
-S sigmoid(S z) {
-  if (z >= S(0)) return S(1) / (S(1) + std::exp(-z));
-  const S e = std::exp(z);
-  return e / (S(1) + e);
+Eigen::Array<S, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor> sigmoid(const Mat<S>& z) {
+  return (S(1) + (-z.array()).exp()).inverse();
 }
 
+// Work is done in tiles of kTile tokens so the working set of an item stays in cache; xe keeps
+// the W−1 inputs before the tile in its first rows (the cache for the first tile).
 template <class S>
 void forward_item(const Problem& p, const Item& it, const TensorView& y,
                   const TensorView& final_cache) {
   const Sequence& s = p.sequences[static_cast<std::size_t>(it.n)];
-  ItemInputs<S> in;
-  load_item(p, it, in);  // initial_cache is read here, before final_cache (which may alias it)
-  Mat<S> z = pre_activation(in, p.W);
-  if (p.silu)
-    for (std::int64_t i = 0; i < z.size(); ++i) z.data()[i] *= sigmoid(z.data()[i]);
-  store_tokens(z, y, s, it);
-  if (final_cache.defined() && p.W > 1) {
-    const Mat<S> last = in.xe.bottomRows(p.W - 1).transpose();  // newest W−1 inputs
+  const std::int64_t C = p.W - 1;
+  Mat<S> weight, bias;
+  load_parameters(p, it, weight, bias);
+  Mat<S> xe(C + kTile, it.nb), tokens, z, tail;
+  load_cache_rows(p, it, xe);  // initial_cache is read here, before final_cache (may alias it)
+  for (std::int64_t t0 = 0; t0 < s.length; t0 += kTile) {
+    const std::int64_t len = std::min(kTile, s.length - t0);
+    const Sequence tile{s.batch, s.start + t0, len};
+    load_tokens(p.x, tile, it, tokens);
+    xe.middleRows(C, len) = tokens;
+    pre_activation(xe, weight, bias, len, z);
+    if (p.silu) z.array() *= sigmoid(z);  // silu(z) = z σ(z)
+    store_tokens(z, y, tile, it);
+    if (C > 0) {  // the newest W−1 inputs become the head of the next tile
+      tail = xe.middleRows(len, C);
+      xe.topRows(C) = tail;
+    }
+  }
+  if (final_cache.defined() && C > 0) {
+    const Mat<S> last = xe.topRows(C).transpose();  // newest W−1 inputs, oldest first
     store_cache(last, final_cache, it);
   }
 }
 
+// Backward, in the same tiles. dxe (gradient of the extended input, index j = position + W−1)
+// is scattered from each tile's dz: z_t uses xe_{t+w}, so dz_t reaches j ∈ [t, t+W−1]. After a
+// tile starting at t0 with len tokens, rows j < t0+len are final; rows [t0+len, t0+len+W−1) are
+// carried into the next tile, and after the last one receive d_final_cache (final_cache_i =
+// xe_{L+i}). Final rows j < W−1 are dinitial_cache, the others dx.
 template <class S>
 void backward_item(const Problem& p, const Item& it, const TensorView& dy,
                    const TensorView& d_final_cache, const ShortConvGrads& grads, Mat<S>& dweight,
                    Mat<S>& dbias) {
   const Sequence& s = p.sequences[static_cast<std::size_t>(it.n)];
   const std::int64_t L = s.length, C = p.W - 1;
-  ItemInputs<S> in;
-  load_item(p, it, in);
-  Mat<S> dz;
-  load_tokens(dy, s, it, dz);
-  if (p.silu) {
-    // silu'(z) = σ(z)(1 + z(1 − σ(z)))
-    const Mat<S> z = pre_activation(in, p.W);
-    for (std::int64_t i = 0; i < z.size(); ++i) {
-      const S zi = z.data()[i], sg = sigmoid(zi);
-      dz.data()[i] *= sg * (S(1) + zi * (S(1) - sg));
-    }
-  }
-  if (grads.dx.defined() || grads.dinitial_cache.defined()) {
-    Mat<S> dxe = Mat<S>::Zero(C + L, it.nb);
-    for (std::int64_t w = 0; w < p.W; ++w)
-      dxe.middleRows(w, L).array() += dz.array().rowwise() * in.weight.row(w).array();
-    if (d_final_cache.defined() && C > 0) {  // final_cache = the last W−1 rows of xe
-      Mat<S> dfc;
-      load_cache(d_final_cache, it, dfc);
-      dxe.bottomRows(C) += dfc.transpose();
-    }
-    if (grads.dx.defined()) {
-      const Mat<S> dx = dxe.bottomRows(L);
-      store_tokens(dx, grads.dx, s, it);
-    }
-    if (grads.dinitial_cache.defined() && C > 0) {
-      const Mat<S> dcache = dxe.topRows(C).transpose();
-      store_cache(dcache, grads.dinitial_cache, it);
-    }
-  }
+  Mat<S> weight, bias;
+  load_parameters(p, it, weight, bias);
+  Mat<S> xe(C + kTile, it.nb), tokens, z, dz, tail;
+  load_cache_rows(p, it, xe);
   dweight = Mat<S>::Zero(p.W, it.nb);
   dbias = Mat<S>::Zero(1, it.nb);
-  if (grads.dweight.defined() || grads.dbias.defined()) {
-    for (std::int64_t t0 = 0; t0 < L; t0 += kSumSpan) {
-      const std::int64_t len = std::min(kSumSpan, L - t0);
-      const auto dz_span = dz.middleRows(t0, len).array();
+  const bool need_dxe = grads.dx.defined() || grads.dinitial_cache.defined();
+  Mat<S> dxe = Mat<S>::Zero(C + kTile, it.nb), dcache_rows = Mat<S>::Zero(C, it.nb);
+  // Hands over the final rows [j0, j0 + rows.rows()) of dxe.
+  auto emit = [&](const auto& rows, std::int64_t j0) {
+    const std::int64_t j1 = j0 + rows.rows();
+    for (std::int64_t j = j0; j < std::min(j1, C); ++j) dcache_rows.row(j) = rows.row(j - j0);
+    const std::int64_t first = std::max(j0, C);
+    if (grads.dx.defined() && first < j1) {
+      const Mat<S> part = rows.middleRows(first - j0, j1 - first);
+      store_tokens(part, grads.dx, Sequence{s.batch, s.start + first - C, j1 - first}, it);
+    }
+  };
+  for (std::int64_t t0 = 0; t0 < L; t0 += kTile) {
+    const std::int64_t len = std::min(kTile, L - t0);
+    const Sequence tile{s.batch, s.start + t0, len};
+    load_tokens(p.x, tile, it, tokens);
+    xe.middleRows(C, len) = tokens;
+    load_tokens(dy, tile, it, dz);
+    if (p.silu) {  // silu'(z) = σ(z)(1 + z(1 − σ(z)))
+      pre_activation(xe, weight, bias, len, z);
+      const auto sg = sigmoid(z);
+      dz.array() *= sg * (S(1) + z.array() * (S(1) - sg));
+    }
+    // Per-tile sums, then added up: float32 rounding grows with L/kTile rather than L.
+    dbias += dz.colwise().sum();
+    for (std::int64_t w = 0; w < p.W; ++w)
+      dweight.row(w) += (dz.array() * xe.middleRows(w, len).array()).colwise().sum().matrix();
+    if (need_dxe) {
+      dxe.middleRows(C, len).setZero();  // rows [0, C) hold the carry
       for (std::int64_t w = 0; w < p.W; ++w)
-        dweight.row(w) +=
-            (dz_span * in.xe.middleRows(t0 + w, len).array()).colwise().sum().matrix();
-      dbias += dz_span.colwise().sum().matrix();
+        dxe.middleRows(w, len).array() += dz.array().rowwise() * weight.row(w).array();
+      emit(dxe.topRows(len), t0);
+      if (C > 0) {
+        tail = dxe.middleRows(len, C);
+        dxe.topRows(C) = tail;
+      }
+    }
+    if (C > 0) {
+      tail = xe.middleRows(len, C);
+      xe.topRows(C) = tail;
+    }
+  }
+  if (need_dxe) {
+    if (d_final_cache.defined() && C > 0) {
+      Mat<S> dfc;
+      load_cache(d_final_cache, it, dfc);
+      dxe.topRows(C) += dfc.transpose();
+    }
+    emit(dxe.topRows(C), L);
+    if (grads.dinitial_cache.defined() && C > 0) {
+      const Mat<S> dcache = dcache_rows.transpose();
+      store_cache(dcache, grads.dinitial_cache, it);
     }
   }
 }
