@@ -60,7 +60,9 @@ void* memalign(std::size_t alignment, std::size_t n) {
   on_alloc(p);
   return p;
 }
-void* aligned_alloc(std::size_t alignment, std::size_t n) { return memalign(alignment, n); }
+void* aligned_alloc(std::size_t alignment, std::size_t n) {
+  return memalign(alignment, n);
+}
 int posix_memalign(void** out, std::size_t alignment, std::size_t n) {
   void* p = memalign(alignment, n);
   if (!p) return ENOMEM;
@@ -70,11 +72,15 @@ int posix_memalign(void** out, std::size_t alignment, std::size_t n) {
 }
 
 namespace phasor::bench {
-std::int64_t heap_bytes_in_use() { return g_in_use.load(); }
+std::int64_t heap_bytes_in_use() {
+  return g_in_use.load();
+}
 void reset_peak_heap() {
   const std::int64_t now = g_in_use.load();
   g_base.store(now);
   g_peak.store(now);
 }
-std::int64_t peak_heap_bytes() { return g_peak.load() - g_base.load(); }
+std::int64_t peak_heap_bytes() {
+  return g_peak.load() - g_base.load();
+}
 }  // namespace phasor::bench

@@ -33,7 +33,8 @@ TEST(Check, ShapeMismatchNamesArgumentExpectedAndGiven) {
   Tensor k({1, 10, 4, 16}, DType::float32);
   testing::expect_error(
       [&] {
-        detail::check_float_tensor("chunk_gla", "k", k.view(), {{1, "B"}, {10, "T"}, {4, "H"}, {32, "K"}});
+        detail::check_float_tensor("chunk_gla", "k", k.view(),
+                                   {{1, "B"}, {10, "T"}, {4, "H"}, {32, "K"}});
       },
       {"chunk_gla", "'k'", "[B=1, T=10, H=4, K=32]", "[1, 10, 4, 16]"});
 }
@@ -42,8 +43,9 @@ TEST(Check, RejectsIntegerDtypeAndMissingTensor) {
   Tensor q({1, 2, 1, 4}, DType::int32);
   testing::expect_error([&] { detail::check_float_rank("op", "q", q.view(), 4, "[B, T, H, K]"); },
                         {"'q'", "float32 or float64", "int32"});
-  testing::expect_error([&] { detail::check_float_rank("op", "q", TensorView{}, 4, "[B, T, H, K]"); },
-                        {"'q'", "none"});
+  testing::expect_error(
+      [&] { detail::check_float_rank("op", "q", TensorView{}, 4, "[B, T, H, K]"); },
+      {"'q'", "none"});
 }
 
 TEST(Check, CuSeqlensValidation) {
@@ -52,20 +54,24 @@ TEST(Check, CuSeqlensValidation) {
   ASSERT_EQ(seqs.size(), 4u);
   EXPECT_EQ(seqs[1].length, 0);
   EXPECT_EQ(seqs[3].start, 4);
-  testing::expect_error([&] { detail::sequences("op", ok.view(), 2, 8); }, {"'cu_seqlens'", "B = 2"});
-  testing::expect_error([&] { detail::sequences("op", ok.view(), 1, 9); }, {"'cu_seqlens'", "T = 9"});
+  testing::expect_error([&] { detail::sequences("op", ok.view(), 2, 8); },
+                        {"'cu_seqlens'", "B = 2"});
+  testing::expect_error([&] { detail::sequences("op", ok.view(), 1, 9); },
+                        {"'cu_seqlens'", "T = 9"});
   Tensor bad = Tensor::from({3}, {0, 5, 3}, DType::int64);
   testing::expect_error([&] { detail::sequences("op", bad.view(), 1, 3); },
                         {"non-decreasing", "cu_seqlens[2] = 3"});
   Tensor start = Tensor::from({2}, {1, 3}, DType::int64);
-  testing::expect_error([&] { detail::sequences("op", start.view(), 1, 3); }, {"cu_seqlens[0] = 0"});
+  testing::expect_error([&] { detail::sequences("op", start.view(), 1, 3); },
+                        {"cu_seqlens[0] = 0"});
   Tensor fl = Tensor::from({2}, {0, 3}, DType::float32);
   testing::expect_error([&] { detail::sequences("op", fl.view(), 1, 3); }, {"int32 or int64"});
 }
 
 TEST(Check, LogGatesMustBeNonPositive) {
   Tensor g = Tensor::from({1, 2, 2}, {-1, 0, -INFINITY, 0.25});
-  testing::expect_error([&] { detail::check_log_gates("op", "g", g.view()); }, {"'g'", "g[0, 1, 1] = 0.25"});
+  testing::expect_error([&] { detail::check_log_gates("op", "g", g.view()); },
+                        {"'g'", "g[0, 1, 1] = 0.25"});
   Tensor nan = Tensor::from({2}, {-1, NAN});
   testing::expect_error([&] { detail::check_log_gates("op", "g", nan.view()); }, {"g[1]"});
   Tensor fine = Tensor::from({3}, {-1, 0, -INFINITY});

@@ -41,20 +41,32 @@ class Tensor {
   double at(std::int64_t i) const {
     const auto* p = bytes_.data();
     switch (dtype_) {
-      case DType::float32: return reinterpret_cast<const float*>(p)[i];
-      case DType::float64: return reinterpret_cast<const double*>(p)[i];
-      case DType::int32: return reinterpret_cast<const std::int32_t*>(p)[i];
-      case DType::int64: return static_cast<double>(reinterpret_cast<const std::int64_t*>(p)[i]);
+      case DType::float32:
+        return reinterpret_cast<const float*>(p)[i];
+      case DType::float64:
+        return reinterpret_cast<const double*>(p)[i];
+      case DType::int32:
+        return reinterpret_cast<const std::int32_t*>(p)[i];
+      case DType::int64:
+        return static_cast<double>(reinterpret_cast<const std::int64_t*>(p)[i]);
     }
     return 0;
   }
   void set(std::int64_t i, double v) {
     auto* p = bytes_.data();
     switch (dtype_) {
-      case DType::float32: reinterpret_cast<float*>(p)[i] = static_cast<float>(v); break;
-      case DType::float64: reinterpret_cast<double*>(p)[i] = v; break;
-      case DType::int32: reinterpret_cast<std::int32_t*>(p)[i] = static_cast<std::int32_t>(v); break;
-      case DType::int64: reinterpret_cast<std::int64_t*>(p)[i] = static_cast<std::int64_t>(v); break;
+      case DType::float32:
+        reinterpret_cast<float*>(p)[i] = static_cast<float>(v);
+        break;
+      case DType::float64:
+        reinterpret_cast<double*>(p)[i] = v;
+        break;
+      case DType::int32:
+        reinterpret_cast<std::int32_t*>(p)[i] = static_cast<std::int32_t>(v);
+        break;
+      case DType::int64:
+        reinterpret_cast<std::int64_t*>(p)[i] = static_cast<std::int64_t>(v);
+        break;
     }
   }
   Tensor to(DType dtype) const {
@@ -70,7 +82,9 @@ class Tensor {
   void fill(double v) {
     for (std::int64_t i = 0; i < numel(); ++i) set(i, v);
   }
-  bool bit_equal(const Tensor& o) const { return dtype_ == o.dtype_ && shape_ == o.shape_ && bytes_ == o.bytes_; }
+  bool bit_equal(const Tensor& o) const {
+    return dtype_ == o.dtype_ && shape_ == o.shape_ && bytes_ == o.bytes_;
+  }
 
   // A contiguous view; an undefined Tensor gives an undefined view.
   TensorView view() const {
@@ -168,11 +182,11 @@ inline double dot(const Tensor& a, const Tensor& b) {
 }
 
 // EXPECT that `actual` matches the trusted `expected` to relative RMS ≤ tol, naming the quantity.
-#define PHASOR_EXPECT_CLOSE(actual, expected, tol, what)                              \
-  do {                                                                                \
-    const double phasor_err_ = ::phasor::testing::rel_rms((actual), (expected));      \
+#define PHASOR_EXPECT_CLOSE(actual, expected, tol, what)                                      \
+  do {                                                                                        \
+    const double phasor_err_ = ::phasor::testing::rel_rms((actual), (expected));              \
     EXPECT_TRUE(::phasor::testing::all_finite(actual)) << (what) << " has non-finite values"; \
-    EXPECT_LE(phasor_err_, (tol)) << (what) << ": relative RMS error " << phasor_err_; \
+    EXPECT_LE(phasor_err_, (tol)) << (what) << ": relative RMS error " << phasor_err_;        \
   } while (0)
 
 // Runs `fn` and expects a phasor::Error whose message contains every one of `fragments`.

@@ -66,8 +66,8 @@ struct TensorView {
   template <class T>
   static TensorView of(T* data, std::initializer_list<std::int64_t> sizes,
                        Device device = Device::cpu) {
-    return contiguous(const_cast<std::remove_const_t<T>*>(data),
-                      dtype_of<std::remove_const_t<T>>(), sizes, device);
+    return contiguous(const_cast<std::remove_const_t<T>*>(data), dtype_of<std::remove_const_t<T>>(),
+                      sizes, device);
   }
   // A view with explicit strides (in elements).
   static TensorView strided(void* data, DType dtype, std::initializer_list<std::int64_t> sizes,

@@ -40,10 +40,10 @@ namespace phasor {
 
 struct ForgettingAttnParams {
   TensorView q, k, v, g;
-  TensorView cu_seqlens;                 // optional [N + 1]
-  std::optional<double> scale;           // default K^-1/2
+  TensorView cu_seqlens;                    // optional [N + 1]
+  std::optional<double> scale;              // default K^-1/2
   std::optional<std::int64_t> window_size;  // none: full causal attention; else ≥ 1
-  std::int64_t block_size = 64;          // Impl::chunk tile size (queries and keys)
+  std::int64_t block_size = 64;             // Impl::chunk tile size (queries and keys)
 };
 
 struct ForgettingAttnGrads {

@@ -38,8 +38,8 @@ namespace phasor {
 
 struct GatedDeltaRuleParams {
   TensorView q, k, v, g, beta;
-  TensorView initial_state;    // optional [N, HV, K, V]
-  TensorView cu_seqlens;       // optional [N + 1]
+  TensorView initial_state;     // optional [N, HV, K, V]
+  TensorView cu_seqlens;        // optional [N + 1]
   std::optional<double> scale;  // default K^-1/2
   bool use_qk_l2norm_in_kernel = false;
   // Impl::chunk: the chunk length (any positive value). Impl::recurrent backward: the state
@@ -63,8 +63,7 @@ void gated_delta_rule_forward(const GatedDeltaRuleParams& params, Impl impl, con
 // Backward of gated_delta_rule_forward. d_o: [B, T, HV, V], the gradient of the loss with respect
 // to o; d_final_state: [N, HV, K, V], optional (undefined: zero), the gradient with respect to
 // final_state (dht in fla).
-void gated_delta_rule_backward(const GatedDeltaRuleParams& params, Impl impl,
-                               const TensorView& d_o, const TensorView& d_final_state,
-                               const GatedDeltaRuleGrads& grads);
+void gated_delta_rule_backward(const GatedDeltaRuleParams& params, Impl impl, const TensorView& d_o,
+                               const TensorView& d_final_state, const GatedDeltaRuleGrads& grads);
 
 }  // namespace phasor

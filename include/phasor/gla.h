@@ -2,7 +2,8 @@
 // `fused_recurrent_gla`.
 //
 // For each sequence and head, with state S ∈ R^{K×V}:
-//   S_t = diag(exp(g_t)) S_{t−1} + k_t v_tᵀ,      o_t = S_tᵀ (scale · q_t),      S_0 = initial_state.
+//   S_t = diag(exp(g_t)) S_{t−1} + k_t v_tᵀ,      o_t = S_tᵀ (scale · q_t),      S_0 =
+//   initial_state.
 // g holds natural-log forget gates (≤ 0, per token and key channel); g = −inf (a gate of exactly 0)
 // is allowed. Strong gates are handled without exp(+big) factorisations: the chunked kernel only
 // ever exponentiates non-positive sums of gates accumulated within a chunk (never over the whole
@@ -41,8 +42,8 @@ namespace phasor {
 
 struct GlaParams {
   TensorView q, k, v, g;
-  TensorView initial_state;    // optional [N, H, K, V]
-  TensorView cu_seqlens;       // optional [N + 1]
+  TensorView initial_state;     // optional [N, H, K, V]
+  TensorView cu_seqlens;        // optional [N + 1]
   std::optional<double> scale;  // default K^-1/2
   // Impl::chunk: tokens per chunk (any positive value; T need not be a multiple). Impl::recurrent:
   // tokens between two state checkpoints of the backward, and the input segment length. Must be

@@ -84,7 +84,8 @@ double seconds(const std::function<void()>& fn, int repeats) {
   for (int r = 0; r < repeats; ++r) {
     auto t0 = std::chrono::steady_clock::now();
     fn();
-    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    best = std::min(best,
+                    std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
   return best;
 }
@@ -102,8 +103,9 @@ void print_row(const Row& r, std::int64_t tokens) {
 }  // namespace
 
 int run_demo(int argc, char** argv) {
-  CLI::App app{"Run every op through every implementation; print agreement with the float64 "
-               "reference and timing."};
+  CLI::App app{
+      "Run every op through every implementation; print agreement with the float64 "
+      "reference and timing."};
   std::int64_t T = 2048, H = 4, K = 64, V = 64, B = 2;
   int threads = 0, repeats = 2;
   std::uint64_t seed = 0;
@@ -114,7 +116,8 @@ int run_demo(int argc, char** argv) {
   app.add_option("--value-dim", V, "value dimension V")->check(CLI::PositiveNumber);
   app.add_option("--threads", threads, "threads (0: PHASOR_NUM_THREADS or all cores)")
       ->check(CLI::NonNegativeNumber);
-  app.add_option("--repeats", repeats, "timing repeats (best is shown)")->check(CLI::PositiveNumber);
+  app.add_option("--repeats", repeats, "timing repeats (best is shown)")
+      ->check(CLI::PositiveNumber);
   app.add_option("--seed", seed, "random seed");
   try {
     app.parse(argc, argv);
@@ -125,10 +128,11 @@ int run_demo(int argc, char** argv) {
 
   std::mt19937_64 rng(seed);
   const std::int64_t tokens = B * T;
-  std::printf("phasor demo: B=%lld T=%lld H=%lld K=%lld V=%lld, float32 kernels vs float64 "
-              "reference, %d thread(s)\n",
-              static_cast<long long>(B), static_cast<long long>(T), static_cast<long long>(H),
-              static_cast<long long>(K), static_cast<long long>(V), num_threads());
+  std::printf(
+      "phasor demo: B=%lld T=%lld H=%lld K=%lld V=%lld, float32 kernels vs float64 "
+      "reference, %d thread(s)\n",
+      static_cast<long long>(B), static_cast<long long>(T), static_cast<long long>(H),
+      static_cast<long long>(K), static_cast<long long>(V), num_threads());
   std::printf("%-18s %-10s %10s %12s %12s %12s %12s\n", "op", "impl", "fwd ms", "fwd+bwd ms",
               "tokens/s", "err(o)", "err(grads)");
   int failures = 0;
@@ -148,7 +152,8 @@ int run_demo(int argc, char** argv) {
     auto run = [&](Impl impl, auto scalar, int reps, Row& row) {
       using S = decltype(scalar);
       Buffer<S> o({B, T, H, V}), ht({B, H, K, V});
-      Buffer<S> dq({B, T, H, K}), dk({B, T, H, K}), dv({B, T, H, V}), dg({B, T, H, K}), dh0({B, H, K, V});
+      Buffer<S> dq({B, T, H, K}), dk({B, T, H, K}), dv({B, T, H, V}), dg({B, T, H, K}),
+          dh0({B, H, K, V});
       GlaGrads grads{dq.view(), dk.view(), dv.view(), dg.view(), dh0.view()};
       row.fwd_ms = 1e3 * seconds([&] { gla_forward(p, impl, o.view(), ht.view()); }, reps);
       row.fwd_bwd_ms = 1e3 * seconds(
@@ -166,7 +171,8 @@ int run_demo(int argc, char** argv) {
       Row row{"gla", to_string(impl), 0, 0, 0, 0};
       auto out = run(impl, float{}, repeats, row);
       row.err_out = rel_rms(out[0], ref[0]);
-      for (std::size_t i = 1; i < out.size(); ++i) row.err_grad = std::max(row.err_grad, rel_rms(out[i], ref[i]));
+      for (std::size_t i = 1; i < out.size(); ++i)
+        row.err_grad = std::max(row.err_grad, rel_rms(out[i], ref[i]));
       report(row);
     }
   }
@@ -175,7 +181,8 @@ int run_demo(int argc, char** argv) {
   {
     F q = randn({B, T, H, K}, rng), k = randn({B, T, H, K}, rng), v = randn({B, T, H, V}, rng);
     F g = log_gates({B, T, H}, rng, 4.0), beta = uniform01({B, T, H}, rng);
-    F h0 = randn({B, H, K, V}, rng, 0.1), d_o = randn({B, T, H, V}, rng), dht = randn({B, H, K, V}, rng, 0.1);
+    F h0 = randn({B, H, K, V}, rng, 0.1), d_o = randn({B, T, H, V}, rng),
+      dht = randn({B, H, K, V}, rng, 0.1);
     GatedDeltaRuleParams p;
     p.q = q.view(), p.k = k.view(), p.v = v.view(), p.g = g.view(), p.beta = beta.view();
     p.initial_state = h0.view();
@@ -186,13 +193,15 @@ int run_demo(int argc, char** argv) {
       Buffer<S> dq({B, T, H, K}), dk({B, T, H, K}), dv({B, T, H, V}), dg({B, T, H}), db({B, T, H}),
           dh0({B, H, K, V});
       GatedDeltaRuleGrads grads{dq.view(), dk.view(), dv.view(), dg.view(), db.view(), dh0.view()};
-      row.fwd_ms = 1e3 * seconds([&] { gated_delta_rule_forward(p, impl, o.view(), ht.view()); }, reps);
-      row.fwd_bwd_ms = 1e3 * seconds(
-                                 [&] {
-                                   gated_delta_rule_forward(p, impl, o.view(), ht.view());
-                                   gated_delta_rule_backward(p, impl, d_o.view(), dht.view(), grads);
-                                 },
-                                 reps);
+      row.fwd_ms =
+          1e3 * seconds([&] { gated_delta_rule_forward(p, impl, o.view(), ht.view()); }, reps);
+      row.fwd_bwd_ms =
+          1e3 * seconds(
+                    [&] {
+                      gated_delta_rule_forward(p, impl, o.view(), ht.view());
+                      gated_delta_rule_backward(p, impl, d_o.view(), dht.view(), grads);
+                    },
+                    reps);
       return std::vector<Buffer<S>>{o, ht, dq, dk, dv, dg, db, dh0};
     };
     Row ref_row{"gated_delta_rule", "reference", 0, 0, 0, 0};
@@ -202,7 +211,8 @@ int run_demo(int argc, char** argv) {
       Row row{"gated_delta_rule", to_string(impl), 0, 0, 0, 0};
       auto out = run(impl, float{}, repeats, row);
       row.err_out = rel_rms(out[0], ref[0]);
-      for (std::size_t i = 1; i < out.size(); ++i) row.err_grad = std::max(row.err_grad, rel_rms(out[i], ref[i]));
+      for (std::size_t i = 1; i < out.size(); ++i)
+        row.err_grad = std::max(row.err_grad, rel_rms(out[i], ref[i]));
       report(row);
     }
   }
@@ -218,13 +228,15 @@ int run_demo(int argc, char** argv) {
       Buffer<S> o({B, T, H, V}), lse({B, T, H});
       Buffer<S> dq({B, T, H, K}), dk({B, T, H, K}), dv({B, T, H, V}), dg({B, T, H});
       ForgettingAttnGrads grads{dq.view(), dk.view(), dv.view(), dg.view()};
-      row.fwd_ms = 1e3 * seconds([&] { forgetting_attn_forward(p, impl, o.view(), lse.view()); }, reps);
-      row.fwd_bwd_ms = 1e3 * seconds(
-                                 [&] {
-                                   forgetting_attn_forward(p, impl, o.view(), lse.view());
-                                   forgetting_attn_backward(p, impl, d_o.view(), o.view(), lse.view(), grads);
-                                 },
-                                 reps);
+      row.fwd_ms =
+          1e3 * seconds([&] { forgetting_attn_forward(p, impl, o.view(), lse.view()); }, reps);
+      row.fwd_bwd_ms =
+          1e3 * seconds(
+                    [&] {
+                      forgetting_attn_forward(p, impl, o.view(), lse.view());
+                      forgetting_attn_backward(p, impl, d_o.view(), o.view(), lse.view(), grads);
+                    },
+                    reps);
       return std::vector<Buffer<S>>{o, dq, dk, dv, dg};
     };
     Row ref_row{"forgetting_attn", "reference", 0, 0, 0, 0};
@@ -234,14 +246,17 @@ int run_demo(int argc, char** argv) {
       Row row{"forgetting_attn", to_string(impl), 0, 0, 0, 0};
       auto out = run(impl, float{}, repeats, row);
       row.err_out = rel_rms(out[0], ref[0]);
-      for (std::size_t i = 1; i < out.size(); ++i) row.err_grad = std::max(row.err_grad, rel_rms(out[i], ref[i]));
+      for (std::size_t i = 1; i < out.size(); ++i)
+        row.err_grad = std::max(row.err_grad, rel_rms(out[i], ref[i]));
       report(row);
     }
   }
 
-  std::printf("err: relative RMS error against the float64 reference (worst over o and final "
-              "state / all gradients).\n%s\n",
-              failures ? "Some implementation disagrees with the reference." : "All implementations agree with the reference.");
+  std::printf(
+      "err: relative RMS error against the float64 reference (worst over o and final "
+      "state / all gradients).\n%s\n",
+      failures ? "Some implementation disagrees with the reference."
+               : "All implementations agree with the reference.");
   return failures ? 1 : 0;
 }
 

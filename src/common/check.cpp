@@ -36,8 +36,8 @@ void check_defined_cpu_float(const std::string& op, const std::string& name, con
 
 }  // namespace
 
-void check_float_rank(const std::string& op, const std::string& name, const TensorView& x,
-                      int rank, const char* layout) {
+void check_float_rank(const std::string& op, const std::string& name, const TensorView& x, int rank,
+                      const char* layout) {
   check_defined_cpu_float(op, name, x);
   if (x.rank != rank)
     fail(op, name, std::to_string(rank) + "-D tensor " + layout,
@@ -64,13 +64,15 @@ std::vector<Sequence> sequences(const std::string& op, const TensorView& cu, std
     return out;
   }
   if (cu.device != Device::cpu)
-    fail(op, "cu_seqlens", "a tensor on the cpu", std::string("a tensor on ") + to_string(cu.device));
+    fail(op, "cu_seqlens", "a tensor on the cpu",
+         std::string("a tensor on ") + to_string(cu.device));
   if (cu.dtype != DType::int32 && cu.dtype != DType::int64)
     fail(op, "cu_seqlens", "dtype int32 or int64", std::string("dtype ") + to_string(cu.dtype));
   if (cu.rank != 1 || cu.size(0) < 2)
     fail(op, "cu_seqlens", "a 1-D tensor [N + 1] with N >= 1", "shape " + cu.shape_string());
   if (B != 1)
-    fail(op, "cu_seqlens", "batch size B = 1 when cu_seqlens is given (sequences are packed along T)",
+    fail(op, "cu_seqlens",
+         "batch size B = 1 when cu_seqlens is given (sequences are packed along T)",
          "B = " + std::to_string(B));
   const std::int64_t n = cu.size(0);
   auto at = [&](std::int64_t i) -> std::int64_t {
@@ -78,7 +80,8 @@ std::vector<Sequence> sequences(const std::string& op, const TensorView& cu, std
     return cu.dtype == DType::int32 ? static_cast<const std::int32_t*>(cu.data)[off]
                                     : static_cast<const std::int64_t*>(cu.data)[off];
   };
-  if (at(0) != 0) fail(op, "cu_seqlens", "cu_seqlens[0] = 0", "cu_seqlens[0] = " + std::to_string(at(0)));
+  if (at(0) != 0)
+    fail(op, "cu_seqlens", "cu_seqlens[0] = 0", "cu_seqlens[0] = " + std::to_string(at(0)));
   for (std::int64_t i = 1; i < n; ++i) {
     const std::int64_t a = at(i - 1), b = at(i);
     if (b < a)
@@ -149,7 +152,8 @@ void check_log_gates(const std::string& op, const std::string& name, const Tenso
   std::ostringstream where;
   where << name << '[';
   const int pad = TensorView::kMaxRank - g.rank;
-  for (int d = 0; d < g.rank; ++d) where << (d ? ", " : "") << bad_index[static_cast<std::size_t>(d + pad)];
+  for (int d = 0; d < g.rank; ++d)
+    where << (d ? ", " : "") << bad_index[static_cast<std::size_t>(d + pad)];
   where << "] = " << bad_value;
   fail(op, name, "natural-log forget gates <= 0 (-inf allowed)", where.str());
 }

@@ -29,8 +29,8 @@ inline void check_output(const std::string& op, const std::string& name, const T
   check_float_tensor(op, name, x, dims);
 }
 // `x` must be defined, CPU, floating, of this rank; returns nothing but fails with a clear message.
-void check_float_rank(const std::string& op, const std::string& name, const TensorView& x,
-                      int rank, const char* layout);
+void check_float_rank(const std::string& op, const std::string& name, const TensorView& x, int rank,
+                      const char* layout);
 
 // The packed sequences of a batch: either the B rows of a [B, T, ...] tensor, or, with
 // cu_seqlens (B must be 1), the N packed sequences [cu[n], cu[n+1]) of row 0.
@@ -41,8 +41,8 @@ struct Sequence {
 };
 // Validates cu_seqlens (1-D int32/int64 on the CPU, starts at 0, non-decreasing, ends at T;
 // requires B == 1) and returns the sequences.
-std::vector<Sequence> sequences(const std::string& op, const TensorView& cu_seqlens,
-                                std::int64_t B, std::int64_t T);
+std::vector<Sequence> sequences(const std::string& op, const TensorView& cu_seqlens, std::int64_t B,
+                                std::int64_t T);
 
 // The softmax/attention scale: the given one, or K^-1/2. Must be finite.
 double resolve_scale(const std::string& op, std::optional<double> scale, std::int64_t K);

@@ -22,8 +22,8 @@ using Vec = Eigen::Matrix<S, Eigen::Dynamic, 1>;
 
 namespace slices_impl {
 template <class From, class F>
-inline void for_rows(const TensorView& x, std::int64_t base, std::int64_t rows, std::int64_t row_stride,
-                     std::int64_t cols, std::int64_t col_stride, F&& f) {
+inline void for_rows(const TensorView& x, std::int64_t base, std::int64_t rows,
+                     std::int64_t row_stride, std::int64_t cols, std::int64_t col_stride, F&& f) {
   auto* p = static_cast<From*>(x.data);
   for (std::int64_t r = 0; r < rows; ++r)
     for (std::int64_t c = 0; c < cols; ++c) f(r, c, p[base + r * row_stride + c * col_stride]);
@@ -32,7 +32,8 @@ template <class S>
 inline void load_2d(const TensorView& x, std::int64_t base, std::int64_t rows, std::int64_t rs,
                     std::int64_t cols, std::int64_t cs, Mat<S>& out) {
   out.resize(rows, cols);
-  if (x.dtype == dtype_of<S>() && (cs == 1 || cols == 1)) {  // same type, rows contiguous: copy rows
+  if (x.dtype == dtype_of<S>() &&
+      (cs == 1 || cols == 1)) {  // same type, rows contiguous: copy rows
     const S* p = static_cast<const S*>(x.data) + base;
     for (std::int64_t r = 0; r < rows; ++r)
       std::memcpy(out.data() + r * cols, p + r * rs, static_cast<std::size_t>(cols) * sizeof(S));
@@ -55,18 +56,21 @@ inline void store_2d(const M& in, const TensorView& x, std::int64_t base, std::i
     if (x.dtype == dtype_of<Scalar>() && (cs == 1 || cols == 1)) {  // plain row-major: copy rows
       Scalar* p = static_cast<Scalar*>(x.data) + base;
       for (std::int64_t r = 0; r < rows; ++r)
-        std::memcpy(p + r * rs, in.data() + r * cols, static_cast<std::size_t>(cols) * sizeof(Scalar));
+        std::memcpy(p + r * rs, in.data() + r * cols,
+                    static_cast<std::size_t>(cols) * sizeof(Scalar));
       return;
     }
   }
   if (x.dtype == DType::float32) {
     auto* p = static_cast<float*>(x.data);
     for (std::int64_t r = 0; r < rows; ++r)
-      for (std::int64_t c = 0; c < cols; ++c) p[base + r * rs + c * cs] = static_cast<float>(in(r, c));
+      for (std::int64_t c = 0; c < cols; ++c)
+        p[base + r * rs + c * cs] = static_cast<float>(in(r, c));
   } else {
     auto* p = static_cast<double*>(x.data);
     for (std::int64_t r = 0; r < rows; ++r)
-      for (std::int64_t c = 0; c < cols; ++c) p[base + r * rs + c * cs] = static_cast<double>(in(r, c));
+      for (std::int64_t c = 0; c < cols; ++c)
+        p[base + r * rs + c * cs] = static_cast<double>(in(r, c));
   }
 }
 }  // namespace slices_impl

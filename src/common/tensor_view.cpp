@@ -7,31 +7,42 @@ namespace phasor {
 
 const char* to_string(DType dtype) {
   switch (dtype) {
-    case DType::float32: return "float32";
-    case DType::float64: return "float64";
-    case DType::int32: return "int32";
-    case DType::int64: return "int64";
+    case DType::float32:
+      return "float32";
+    case DType::float64:
+      return "float64";
+    case DType::int32:
+      return "int32";
+    case DType::int64:
+      return "int64";
   }
   return "unknown";
 }
 
-const char* to_string(Device device) { return device == Device::cpu ? "cpu" : "cuda"; }
+const char* to_string(Device device) {
+  return device == Device::cpu ? "cpu" : "cuda";
+}
 
 std::size_t element_size(DType dtype) {
   switch (dtype) {
     case DType::float32:
-    case DType::int32: return 4;
+    case DType::int32:
+      return 4;
     case DType::float64:
-    case DType::int64: return 8;
+    case DType::int64:
+      return 8;
   }
   return 0;
 }
 
 const char* to_string(Impl impl) {
   switch (impl) {
-    case Impl::reference: return "reference";
-    case Impl::recurrent: return "recurrent";
-    case Impl::chunk: return "chunk";
+    case Impl::reference:
+      return "reference";
+    case Impl::recurrent:
+      return "recurrent";
+    case Impl::chunk:
+      return "chunk";
   }
   return "unknown";
 }
@@ -68,8 +79,8 @@ std::string TensorView::shape_string() const {
   return s.str();
 }
 
-TensorView TensorView::contiguous(void* data, DType dtype, std::initializer_list<std::int64_t> sizes,
-                                  Device device) {
+TensorView TensorView::contiguous(void* data, DType dtype,
+                                  std::initializer_list<std::int64_t> sizes, Device device) {
   if (sizes.size() > static_cast<std::size_t>(kMaxRank))
     throw Error("TensorView: rank " + std::to_string(sizes.size()) + " exceeds the maximum of 4");
   TensorView v;
