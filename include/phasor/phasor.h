@@ -5,3 +5,5 @@
 #include "phasor/forgetting_attn.h"
 #include "phasor/gated_delta_rule.h"
 #include "phasor/gla.h"
+#include "phasor/rotary.h"
+#include "phasor/short_conv.h"
