@@ -18,7 +18,7 @@
 #include <random>
 #include <vector>
 
-#include "memory.h"
+#include "bench_util.h"
 #include "phasor/forgetting_attn.h"
 
 namespace {
@@ -38,18 +38,12 @@ struct Problem {
     const auto vv = static_cast<std::size_t>(kB * T * kH * kV);
     const auto gates = static_cast<std::size_t>(kB * T * kH);
     std::mt19937_64 rng(42);
-    std::normal_distribution<float> normal(0.f, 1.f);
-    auto fill = [&](std::vector<float>& x, std::size_t n) {
-      x.resize(n);
-      for (auto& e : x) e = normal(rng);
-    };
-    fill(q, qk);
-    fill(k, qk);
-    fill(v, vv);
-    fill(d_o, vv);
-    // log σ(x), x ~ N(5, 1): forget gates close to 1, so attention reaches far back.
-    g.resize(gates);
-    for (auto& e : g) e = -std::log1p(std::exp(-(5.f + normal(rng))));
+    q = phasor::bench::normal(qk, rng);
+    k = phasor::bench::normal(qk, rng);
+    v = phasor::bench::normal(vv, rng);
+    d_o = phasor::bench::normal(vv, rng);
+    // Forget gates close to 1 (σ(5)), so attention reaches far back.
+    g = phasor::bench::log_sigmoid_gates(gates, rng, 5.f);
     o.assign(vv, 0.f);
     lse.assign(gates, 0.f);
     dq.assign(qk, 0.f);
@@ -87,16 +81,8 @@ void BM_FoxForward(benchmark::State& state) {
   Problem problem(state.range(1));
   const phasor::ForgettingAttnParams params = problem.params();
   const TensorView o = problem.v_view(problem.o), lse = problem.gate_view(problem.lse);
-  std::int64_t peak = 0;
-  for (auto _ : state) {
-    phasor::bench::reset_peak_heap();
-    phasor::forgetting_attn_forward(params, impl, o, lse);
-    peak = std::max(peak, phasor::bench::peak_heap_bytes());
-    benchmark::ClobberMemory();
-  }
-  state.SetItemsProcessed(state.iterations() * problem.T);
-  state.counters["peak_MiB"] = mib(peak);
-  state.SetLabel(phasor::to_string(impl));
+  phasor::bench::time_calls(state, problem.T, impl,
+                            [&] { phasor::forgetting_attn_forward(params, impl, o, lse); });
 }
 
 void BM_FoxForwardBackward(benchmark::State& state) {
@@ -108,17 +94,10 @@ void BM_FoxForwardBackward(benchmark::State& state) {
   const phasor::ForgettingAttnGrads grads{problem.qk_view(problem.dq), problem.qk_view(problem.dk),
                                           problem.v_view(problem.dv),
                                           problem.gate_view(problem.dg)};
-  std::int64_t peak = 0;
-  for (auto _ : state) {
-    phasor::bench::reset_peak_heap();
+  phasor::bench::time_calls(state, problem.T, impl, [&] {
     phasor::forgetting_attn_forward(params, impl, o, lse);
     phasor::forgetting_attn_backward(params, impl, d_o, o, lse, grads);
-    peak = std::max(peak, phasor::bench::peak_heap_bytes());
-    benchmark::ClobberMemory();
-  }
-  state.SetItemsProcessed(state.iterations() * problem.T);
-  state.counters["peak_MiB"] = mib(peak);
-  state.SetLabel(phasor::to_string(impl));
+  });
 }
 
 // Decoding through the public cache: T calls of step(), each with views of token t.
@@ -147,18 +126,15 @@ void BM_FoxCacheDecode(benchmark::State& state) {
 }
 
 // Forward: chunk and recurrent side by side; forward + backward: chunk.
+using phasor::bench::impl_and_length;
 void forward_arguments(benchmark::internal::Benchmark* b, std::initializer_list<std::int64_t> Ts) {
-  b->ArgNames({"impl", "T"});
-  for (std::int64_t T : Ts)
-    for (Impl impl : {Impl::chunk, Impl::recurrent}) b->Args({static_cast<std::int64_t>(impl), T});
+  impl_and_length(b, {Impl::chunk, Impl::recurrent}, Ts);
 }
 void chunk_arguments(benchmark::internal::Benchmark* b, std::initializer_list<std::int64_t> Ts) {
-  b->ArgNames({"impl", "T"});
-  for (std::int64_t T : Ts) b->Args({static_cast<std::int64_t>(Impl::chunk), T});
+  impl_and_length(b, {Impl::chunk}, Ts);
 }
 void reference_arguments(benchmark::internal::Benchmark* b) {
-  b->ArgNames({"impl", "T"});
-  b->Args({static_cast<std::int64_t>(Impl::reference), 1024});
+  impl_and_length(b, {Impl::reference}, {1024});
 }
 
 // T = 16384 (full causal attention over 16k tokens) runs once.

@@ -5,13 +5,12 @@
 // backward (everything allocated on top of the inputs and outputs, Eigen included).
 #include <benchmark/benchmark.h>
 
-#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <random>
 #include <vector>
 
-#include "memory.h"
+#include "bench_util.h"
 #include "phasor/gated_delta_rule.h"
 
 namespace {
@@ -31,20 +30,13 @@ struct Problem {
     const auto vv = static_cast<std::size_t>(kB * T * kH * kV);
     const auto heads = static_cast<std::size_t>(kB * T * kH);
     std::mt19937_64 rng(42);
-    std::normal_distribution<float> normal(0.f, 1.f);
-    auto fill = [&](std::vector<float>& x, std::size_t n) {
-      x.resize(n);
-      for (auto& e : x) e = normal(rng);
-    };
-    fill(q, qk);
-    fill(k, qk);
-    fill(v, vv);
-    fill(d_o, vv);
-    // log σ(x), x ~ N(3, 1): typical trained forget gates; β = σ(x), x ~ N(0, 1).
-    g.resize(heads);
-    for (auto& e : g) e = -std::log1p(std::exp(-(3.f + normal(rng))));
-    beta.resize(heads);
-    for (auto& e : beta) e = 1.f / (1.f + std::exp(-normal(rng)));
+    q = phasor::bench::normal(qk, rng);
+    k = phasor::bench::normal(qk, rng);
+    v = phasor::bench::normal(vv, rng);
+    d_o = phasor::bench::normal(vv, rng);
+    g = phasor::bench::log_sigmoid_gates(heads, rng, 3.f);  // typical trained forget gates
+    beta = phasor::bench::normal(heads, rng);               // β = σ(x), x ~ N(0, 1)
+    for (auto& e : beta) e = 1.f / (1.f + std::exp(-e));
     o.assign(vv, 0.f);
     dv.assign(vv, 0.f);
     dq.assign(qk, 0.f);
@@ -80,12 +72,8 @@ void BM_GatedDeltaRuleForward(benchmark::State& state) {
   Problem problem(state.range(1));
   const phasor::GatedDeltaRuleParams params = problem.params();
   const TensorView o = problem.v_view(problem.o);
-  for (auto _ : state) {
-    phasor::gated_delta_rule_forward(params, impl, o);
-    benchmark::ClobberMemory();
-  }
-  state.SetItemsProcessed(state.iterations() * problem.T);
-  state.SetLabel(phasor::to_string(impl));
+  phasor::bench::time_calls(state, problem.T, impl,
+                            [&] { phasor::gated_delta_rule_forward(params, impl, o); });
 }
 
 void BM_GatedDeltaRuleForwardBackward(benchmark::State& state) {
@@ -96,50 +84,22 @@ void BM_GatedDeltaRuleForwardBackward(benchmark::State& state) {
   const phasor::GatedDeltaRuleGrads grads{
       problem.qk_view(problem.dq),   problem.qk_view(problem.dk),      problem.v_view(problem.dv),
       problem.head_view(problem.dg), problem.head_view(problem.dbeta), {}};
-  std::int64_t peak = 0;
-  for (auto _ : state) {
-    phasor::bench::reset_peak_heap();
+  phasor::bench::time_calls(state, problem.T, impl, [&] {
     phasor::gated_delta_rule_forward(params, impl, o);
     phasor::gated_delta_rule_backward(params, impl, d_o, {}, grads);
-    peak = std::max(peak, phasor::bench::peak_heap_bytes());
-    benchmark::ClobberMemory();
-  }
-  state.SetItemsProcessed(state.iterations() * problem.T);
-  state.counters["peak_MiB"] = static_cast<double>(peak) / (1024.0 * 1024.0);
-  state.SetLabel(phasor::to_string(impl));
+  });
 }
 
-void arguments(benchmark::internal::Benchmark* b) {
-  b->ArgNames({"impl", "T"});
-  for (std::int64_t T : {1024, 4096, 16384})
-    for (Impl impl : {Impl::recurrent, Impl::chunk}) b->Args({static_cast<std::int64_t>(impl), T});
-}
-
-void reference_arguments(benchmark::internal::Benchmark* b) {
-  b->ArgNames({"impl", "T"});
-  b->Args({static_cast<std::int64_t>(Impl::reference), 1024});
-}
-
-BENCHMARK(BM_GatedDeltaRuleForward)
-    ->Apply(arguments)
-    ->Unit(benchmark::kMillisecond)
-    ->MinTime(0.2)
-    ->UseRealTime();
-BENCHMARK(BM_GatedDeltaRuleForwardBackward)
-    ->Apply(arguments)
-    ->Unit(benchmark::kMillisecond)
-    ->MinTime(0.2)
-    ->UseRealTime();
-BENCHMARK(BM_GatedDeltaRuleForward)
-    ->Apply(reference_arguments)
-    ->Unit(benchmark::kMillisecond)
-    ->Iterations(1)
-    ->UseRealTime();
-BENCHMARK(BM_GatedDeltaRuleForwardBackward)
-    ->Apply(reference_arguments)
-    ->Unit(benchmark::kMillisecond)
-    ->Iterations(1)
-    ->UseRealTime();
+const bool registered = [] {
+  using benchmark::RegisterBenchmark;
+  phasor::bench::register_standard_grid(
+      RegisterBenchmark("BM_GatedDeltaRuleForward", BM_GatedDeltaRuleForward),
+      RegisterBenchmark("BM_GatedDeltaRuleForward", BM_GatedDeltaRuleForward));
+  phasor::bench::register_standard_grid(
+      RegisterBenchmark("BM_GatedDeltaRuleForwardBackward", BM_GatedDeltaRuleForwardBackward),
+      RegisterBenchmark("BM_GatedDeltaRuleForwardBackward", BM_GatedDeltaRuleForwardBackward));
+  return true;
+}();
 
 }  // namespace
 

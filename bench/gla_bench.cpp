@@ -4,12 +4,11 @@
 // (everything allocated on top of the inputs and outputs, Eigen included).
 #include <benchmark/benchmark.h>
 
-#include <cmath>
 #include <cstdint>
 #include <random>
 #include <vector>
 
-#include "memory.h"
+#include "bench_util.h"
 #include "phasor/gla.h"
 
 namespace {
@@ -28,18 +27,11 @@ struct Problem {
     const auto qk = static_cast<std::size_t>(kB * T * kH * kK);
     const auto vv = static_cast<std::size_t>(kB * T * kH * kV);
     std::mt19937_64 rng(42);
-    std::normal_distribution<float> normal(0.f, 1.f);
-    auto fill = [&](std::vector<float>& x, std::size_t n) {
-      x.resize(n);
-      for (auto& e : x) e = normal(rng);
-    };
-    fill(q, qk);
-    fill(k, qk);
-    fill(v, vv);
-    fill(d_o, vv);
-    // log σ(x), x ~ N(3, 1): typical trained GLA forget gates.
-    g.resize(qk);
-    for (auto& e : g) e = -std::log1p(std::exp(-(3.f + normal(rng))));
+    q = phasor::bench::normal(qk, rng);
+    k = phasor::bench::normal(qk, rng);
+    v = phasor::bench::normal(vv, rng);
+    d_o = phasor::bench::normal(vv, rng);
+    g = phasor::bench::log_sigmoid_gates(qk, rng, 3.f);  // typical trained GLA forget gates
     o.assign(vv, 0.f);
     dv.assign(vv, 0.f);
     dq.assign(qk, 0.f);
@@ -69,12 +61,7 @@ void BM_GlaForward(benchmark::State& state) {
   Problem problem(state.range(1));
   const phasor::GlaParams params = problem.params();
   const TensorView o = problem.v_view(problem.o);
-  for (auto _ : state) {
-    phasor::gla_forward(params, impl, o);
-    benchmark::ClobberMemory();
-  }
-  state.SetItemsProcessed(state.iterations() * problem.T);
-  state.SetLabel(phasor::to_string(impl));
+  phasor::bench::time_calls(state, problem.T, impl, [&] { phasor::gla_forward(params, impl, o); });
 }
 
 void BM_GlaForwardBackward(benchmark::State& state) {
@@ -87,50 +74,21 @@ void BM_GlaForwardBackward(benchmark::State& state) {
                                problem.v_view(problem.dv),
                                problem.qk_view(problem.dg),
                                {}};
-  std::int64_t peak = 0;
-  for (auto _ : state) {
-    phasor::bench::reset_peak_heap();
+  phasor::bench::time_calls(state, problem.T, impl, [&] {
     phasor::gla_forward(params, impl, o);
     phasor::gla_backward(params, impl, d_o, {}, grads);
-    peak = std::max(peak, phasor::bench::peak_heap_bytes());
-    benchmark::ClobberMemory();
-  }
-  state.SetItemsProcessed(state.iterations() * problem.T);
-  state.counters["peak_MiB"] = static_cast<double>(peak) / (1024.0 * 1024.0);
-  state.SetLabel(phasor::to_string(impl));
+  });
 }
 
-void arguments(benchmark::internal::Benchmark* b) {
-  b->ArgNames({"impl", "T"});
-  for (std::int64_t T : {1024, 4096, 16384})
-    for (Impl impl : {Impl::recurrent, Impl::chunk}) b->Args({static_cast<std::int64_t>(impl), T});
-}
-
-void reference_arguments(benchmark::internal::Benchmark* b) {
-  b->ArgNames({"impl", "T"});
-  b->Args({static_cast<std::int64_t>(Impl::reference), 1024});
-}
-
-BENCHMARK(BM_GlaForward)
-    ->Apply(arguments)
-    ->Unit(benchmark::kMillisecond)
-    ->MinTime(0.2)
-    ->UseRealTime();
-BENCHMARK(BM_GlaForwardBackward)
-    ->Apply(arguments)
-    ->Unit(benchmark::kMillisecond)
-    ->MinTime(0.2)
-    ->UseRealTime();
-BENCHMARK(BM_GlaForward)
-    ->Apply(reference_arguments)
-    ->Unit(benchmark::kMillisecond)
-    ->Iterations(1)
-    ->UseRealTime();
-BENCHMARK(BM_GlaForwardBackward)
-    ->Apply(reference_arguments)
-    ->Unit(benchmark::kMillisecond)
-    ->Iterations(1)
-    ->UseRealTime();
+const bool registered = [] {
+  using benchmark::RegisterBenchmark;
+  phasor::bench::register_standard_grid(RegisterBenchmark("BM_GlaForward", BM_GlaForward),
+                                        RegisterBenchmark("BM_GlaForward", BM_GlaForward));
+  phasor::bench::register_standard_grid(
+      RegisterBenchmark("BM_GlaForwardBackward", BM_GlaForwardBackward),
+      RegisterBenchmark("BM_GlaForwardBackward", BM_GlaForwardBackward));
+  return true;
+}();
 
 }  // namespace
 
