@@ -84,6 +84,13 @@ enum class Impl : std::uint8_t { reference, recurrent, chunk };
 const char* to_string(Impl impl);
 Impl impl_from_string(const std::string& name);  // "reference" | "recurrent" | "chunk"
 
+// Where the two members of each rotation pair sit within a row of K = 2R values, for RoPE-style
+// rotations (apply_rotary and the rotation fused into the attention kernels):
+//   half_split   pairs (i, i + R)    GPT-NeoX, fla and the public Selective RoPE code (default)
+//   interleaved  pairs (2i, 2i + 1)  GPT-J
+enum class RotaryLayout : std::uint8_t { half_split, interleaved };
+const char* to_string(RotaryLayout layout);  // "half_split" | "interleaved"
+
 // Threads. Kernels split work over (sequence, head) pairs; every pair is computed by one thread
 // in a fixed order, so results are bit-identical from run to run and for any thread count.
 // The default is the PHASOR_NUM_THREADS environment variable if set, else the number of hardware

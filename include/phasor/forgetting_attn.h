@@ -45,9 +45,18 @@ struct ForgettingAttnParams {
   std::optional<std::int64_t> window_size;  // none: full causal attention; else ≥ 1
   std::int64_t block_size = 64;             // Impl::chunk tile size (queries and keys)
 };
+// Optional rotation angles θ [B, T, H (key heads), K/2] (K even): q_t and k_t are rotated by θ_t
+// pair by pair inside the kernel (RoPE / Selective RoPE; see phasor/rotary.h for building θ),
+//   x_a' = x_a cos θ − x_b sin θ,   x_b' = x_a sin θ + x_b cos θ,
+// and the op then runs on the rotated q', k'. The rotated tensors are never written out.
+// θ is per KEY head: query head hq is rotated by the angles of its key head hq / (HQ / H).
+// Logits depend on θ only through θ_i − θ_j.
+TensorView theta;
+RotaryLayout rotary_layout = RotaryLayout::half_split;  // pairs (i, i + K/2) or (2i, 2i + 1)
 
 struct ForgettingAttnGrads {
   TensorView dq, dk, dv, dg;  // each optional
+  TensorView dtheta;          // [B, T, H, K/2], requires theta; sums the query group and the key
 };
 
 // o: [B, T, HQ, V]. lse: [B, T, HQ], optional: the natural-log softmax normaliser of each row,
@@ -80,8 +89,12 @@ class ForgettingAttnCache {
   ForgettingAttnCache& operator=(ForgettingAttnCache&&) noexcept;
 
   // q: [B, 1, HQ, K], k: [B, 1, H, K], v: [B, 1, H, V], g: [B, 1, HQ]; writes o: [B, 1, HQ, V].
+  // theta: [B, 1, H, K/2], optional: this token's rotation angles (as ForgettingAttnParams::theta);
+  // the cache keeps keys already rotated, so each key is rotated once. Give theta at every step
+  // or at none.
   void step(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& g,
-            const TensorView& o, std::optional<double> scale = std::nullopt);
+            const TensorView& o, std::optional<double> scale = std::nullopt,
+            const TensorView& theta = {}, RotaryLayout rotary_layout = RotaryLayout::half_split);
   std::int64_t length() const;  // tokens seen so far
   void reset();
 

@@ -94,7 +94,7 @@ void rope_angles(const RopeAnglesParams& params, Impl impl, const TensorView& th
 //   interleaved  (a, b) = (2i, 2i + 1) GPT-J
 // x: [B, T, H, K]; theta: [B, T, H, R] (any strides, a zero stride over H broadcasts angles
 // shared by heads); y: [B, T, H, K]. y must not overlap x unless it is exactly the same view.
-enum class RotaryLayout : std::uint8_t { half_split, interleaved };
+// (RotaryLayout is declared in phasor/common.h: the fused kernels take it too.)
 
 void apply_rotary_forward(const TensorView& x, const TensorView& theta, RotaryLayout layout,
                           Impl impl, const TensorView& y);

@@ -35,6 +35,7 @@
 #include <c10/util/Optional.h>
 
 #include <cstdint>
+#include <string>
 #include <tuple>
 
 #include "phasor/common.h"
@@ -45,6 +46,11 @@ namespace phasor {
 // (o, final_state): final_state is present iff output_final_state was set.
 using OutputAndState = std::tuple<at::Tensor, c10::optional<at::Tensor>>;
 
+// Rotation (every attention op below): theta, optional [B, T, H, K/2] (H: the q/k heads; for
+// forgetting attention the KEY heads, shared by each query group), rotates q_t and k_t by θ_t
+// inside the kernel, in rotary_layout (see phasor/common.h); theta receives a gradient. Build
+// theta with selective_rope_phases (Selective RoPE) or rope_angles (RoPE) below.
+
 // ---- Gated Linear Attention ---------------------------------------------------------------------
 // q, k, g: [B, T, H, K]; v: [B, T, H, V]; initial_state: [N, H, K, V]; o: [B, T, H, V];
 // final_state: [N, H, K, V]. g: log forget gates (≤ 0, −inf allowed), per token and key channel.
@@ -54,7 +60,9 @@ OutputAndState gla(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v
                    const c10::optional<at::Tensor>& initial_state = c10::nullopt,
                    bool output_final_state = false,
                    const c10::optional<at::Tensor>& cu_seqlens = c10::nullopt,
-                   std::int64_t chunk_size = 64);
+                   std::int64_t chunk_size = 64,
+                   const c10::optional<at::Tensor>& theta = c10::nullopt,
+                   RotaryLayout rotary_layout = RotaryLayout::half_split);
 
 // gla(..., Impl::chunk, ...).
 OutputAndState chunk_gla(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -62,14 +70,18 @@ OutputAndState chunk_gla(const at::Tensor& q, const at::Tensor& k, const at::Ten
                          const c10::optional<at::Tensor>& initial_state = c10::nullopt,
                          bool output_final_state = false,
                          const c10::optional<at::Tensor>& cu_seqlens = c10::nullopt,
-                         std::int64_t chunk_size = 64);
+                         std::int64_t chunk_size = 64,
+                         const c10::optional<at::Tensor>& theta = c10::nullopt,
+                         RotaryLayout rotary_layout = RotaryLayout::half_split);
 
 // gla(..., Impl::recurrent, ...).
 OutputAndState fused_recurrent_gla(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                    const at::Tensor& g, c10::optional<double> scale = c10::nullopt,
                                    const c10::optional<at::Tensor>& initial_state = c10::nullopt,
                                    bool output_final_state = false,
-                                   const c10::optional<at::Tensor>& cu_seqlens = c10::nullopt);
+                                   const c10::optional<at::Tensor>& cu_seqlens = c10::nullopt,
+                                   const c10::optional<at::Tensor>& theta = c10::nullopt,
+                                   RotaryLayout rotary_layout = RotaryLayout::half_split);
 
 // ---- Gated DeltaNet -----------------------------------------------------------------------------
 // q, k: [B, T, H, K]; v: [B, T, HV, V] (HV a multiple of H; value head hv reads q/k head
@@ -82,7 +94,9 @@ OutputAndState gated_delta_rule(const at::Tensor& q, const at::Tensor& k, const 
                                 const c10::optional<at::Tensor>& initial_state = c10::nullopt,
                                 bool output_final_state = false,
                                 const c10::optional<at::Tensor>& cu_seqlens = c10::nullopt,
-                                bool use_qk_l2norm_in_kernel = false, std::int64_t chunk_size = 64);
+                                bool use_qk_l2norm_in_kernel = false, std::int64_t chunk_size = 64,
+                                const c10::optional<at::Tensor>& theta = c10::nullopt,
+                                RotaryLayout rotary_layout = RotaryLayout::half_split);
 
 // gated_delta_rule(..., Impl::chunk, ...).
 OutputAndState chunk_gated_delta_rule(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -92,7 +106,9 @@ OutputAndState chunk_gated_delta_rule(const at::Tensor& q, const at::Tensor& k, 
                                       bool output_final_state = false,
                                       const c10::optional<at::Tensor>& cu_seqlens = c10::nullopt,
                                       bool use_qk_l2norm_in_kernel = false,
-                                      std::int64_t chunk_size = 64);
+                                      std::int64_t chunk_size = 64,
+                                      const c10::optional<at::Tensor>& theta = c10::nullopt,
+                                      RotaryLayout rotary_layout = RotaryLayout::half_split);
 
 // gated_delta_rule(..., Impl::recurrent, ...).
 OutputAndState fused_recurrent_gated_delta_rule(
@@ -100,7 +116,8 @@ OutputAndState fused_recurrent_gated_delta_rule(
     const at::Tensor& beta, c10::optional<double> scale = c10::nullopt,
     const c10::optional<at::Tensor>& initial_state = c10::nullopt, bool output_final_state = false,
     const c10::optional<at::Tensor>& cu_seqlens = c10::nullopt,
-    bool use_qk_l2norm_in_kernel = false);
+    bool use_qk_l2norm_in_kernel = false, const c10::optional<at::Tensor>& theta = c10::nullopt,
+    RotaryLayout rotary_layout = RotaryLayout::half_split);
 
 // ---- Forgetting attention (FoX) -----------------------------------------------------------------
 // q: [B, T, HQ, K]; k: [B, T, H, K]; v: [B, T, H, V] (HQ a multiple of H); g: [B, T, HQ], log
@@ -112,14 +129,50 @@ at::Tensor forgetting_attn(const at::Tensor& q, const at::Tensor& k, const at::T
                            c10::optional<double> scale = c10::nullopt,
                            c10::optional<std::int64_t> window_size = c10::nullopt,
                            const c10::optional<at::Tensor>& cu_seqlens = c10::nullopt,
-                           std::int64_t block_size = 64);
+                           std::int64_t block_size = 64,
+                           const c10::optional<at::Tensor>& theta = c10::nullopt,
+                           RotaryLayout rotary_layout = RotaryLayout::half_split);
 
 // forgetting_attn(..., Impl::chunk, ...).
 at::Tensor parallel_forgetting_attn(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                     const at::Tensor& g, c10::optional<double> scale = c10::nullopt,
                                     c10::optional<std::int64_t> window_size = c10::nullopt,
                                     const c10::optional<at::Tensor>& cu_seqlens = c10::nullopt,
-                                    std::int64_t block_size = 64);
+                                    std::int64_t block_size = 64,
+                                    const c10::optional<at::Tensor>& theta = c10::nullopt,
+                                    RotaryLayout rotary_layout = RotaryLayout::half_split);
+
+// ---- Rotary position embeddings and short convolution (phasor/rotary.h, phasor/short_conv.h) ----
+// Selective RoPE cumulative phases θ_t = ω ⊙ (θ_0 + Σ_{s ≤ t} φ_s), restarting per sequence.
+// phi: [B, T, H, R]; omega: [H, R] or [R]; initial_phase: [N, H, R]. Returns (theta [B, T, H, R]
+// in phi's dtype, final_phase [N, H, R] un-multiplied by ω, present iff output_final_phase).
+// Differentiable in phi, omega and initial_phase (final_phase included).
+std::tuple<at::Tensor, c10::optional<at::Tensor>> selective_rope_phases(
+    const at::Tensor& phi, const at::Tensor& omega,
+    const c10::optional<at::Tensor>& initial_phase = c10::nullopt, bool output_final_phase = false,
+    const c10::optional<at::Tensor>& cu_seqlens = c10::nullopt);
+
+// Standard RoPE angles θ[b, t, i] = (offset + position in its sequence) · base^(−2i/K), shape
+// [B, T, K/2] (shared by heads), dtype float32 or float64.
+at::Tensor rope_angles(std::int64_t batch, std::int64_t seq_len, std::int64_t head_dim,
+                       double base = 10000.0, std::int64_t offset = 0,
+                       const c10::optional<at::Tensor>& cu_seqlens = c10::nullopt,
+                       at::ScalarType dtype = at::kFloat);
+
+// x: [B, T, H, K] rotated by theta: [B, T, H, K/2], or [B, T, K/2] shared by all heads.
+// Differentiable in x and theta. Returns x's dtype (float16/bfloat16 computed in float32).
+at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& theta,
+                        RotaryLayout rotary_layout = RotaryLayout::half_split);
+
+// Short causal depthwise convolution (fla's causal_conv1d): x [B, T, D], weight [D, W], bias [D],
+// activation "none" or "silu", initial_state: the cache [N, D, W−1] of the last inputs. Returns
+// (y [B, T, D], final_state [N, D, W−1] present iff output_final_state). Differentiable in x,
+// weight, bias and initial_state.
+std::tuple<at::Tensor, c10::optional<at::Tensor>> causal_conv1d(
+    const at::Tensor& x, const at::Tensor& weight,
+    const c10::optional<at::Tensor>& bias = c10::nullopt, const std::string& activation = "none",
+    const c10::optional<at::Tensor>& initial_state = c10::nullopt, bool output_final_state = false,
+    const c10::optional<at::Tensor>& cu_seqlens = c10::nullopt);
 
 // FoX decoding with a key/value cache (wraps phasor::ForgettingAttnCache): feed one token per
 // batch row at a time; o equals the corresponding row of parallel_forgetting_attn over all tokens
@@ -132,10 +185,12 @@ class ForgettingAttnDecoder {
                         c10::optional<std::int64_t> window_size = c10::nullopt,
                         c10::optional<double> scale = c10::nullopt);
 
-  // q: [B, 1, HQ, K], k: [B, 1, H, K], v: [B, 1, H, V], g: [B, 1, HQ] (CPU, any float dtype).
-  // Returns o: [B, 1, HQ, V] in q's dtype.
+  // q: [B, 1, HQ, K], k: [B, 1, H, K], v: [B, 1, H, V], g: [B, 1, HQ] (CPU, any float dtype);
+  // theta: [B, 1, H, K/2], optional rotation angles of this token (give them at every step or
+  // at none). Returns o: [B, 1, HQ, V] in q's dtype.
   at::Tensor step(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                  const at::Tensor& g);
+                  const at::Tensor& g, const c10::optional<at::Tensor>& theta = c10::nullopt,
+                  RotaryLayout rotary_layout = RotaryLayout::half_split);
   std::int64_t length() const;  // tokens fed so far
   void reset();                 // forget every token
 

@@ -47,6 +47,10 @@ const char* to_string(Impl impl) {
   return "unknown";
 }
 
+const char* to_string(RotaryLayout layout) {
+  return layout == RotaryLayout::interleaved ? "interleaved" : "half_split";
+}
+
 Impl impl_from_string(const std::string& name) {
   if (name == "reference") return Impl::reference;
   if (name == "recurrent") return Impl::recurrent;

@@ -324,8 +324,10 @@ void ForgettingAttnCache::reset() {
 
 void ForgettingAttnCache::step(const TensorView& q, const TensorView& k, const TensorView& v,
                                const TensorView& g, const TensorView& o,
-                               std::optional<double> scale) {
+                               std::optional<double> scale, const TensorView& theta,
+                               RotaryLayout /*rotary_layout*/) {
   const std::string op = "ForgettingAttnCache::step";
+  if (theta.defined()) throw Error(op + ": theta: rotation is being added (issue 3)");
   if (!state_) throw Error(op + ": the cache was moved from");
   State& s = *state_;
   detail::check_float_tensor(

@@ -1,0 +1,109 @@
+// Internal: the RoPE-style rotation fused into the attention kernels (GLA, Gated DeltaNet, FoX).
+//
+// With angles θ [B, T, H, R] (R = K/2 rotation pairs), q_t and k_t are rotated pair by pair,
+//   y_a = x_a cos θ − x_b sin θ,      y_b = x_a sin θ + x_b cos θ,                      (R1)
+// right after a kernel loads its rows into owned Eigen storage (slices.h), so the rotated tensors
+// never exist in the caller's memory and cost no extra pass over it. The backward takes the
+// gradient with respect to the rotated rows, dy, and returns
+//   dx_a = dy_a cos θ + dy_b sin θ,   dx_b = −dy_a sin θ + dy_b cos θ    (dx = R(θ)ᵀ dy)   (R2)
+//   dθ  += dy_b · y_a − dy_a · y_b      (∂y_a/∂θ = −y_b, ∂y_b/∂θ = y_a)                  (R3)
+// q and k share θ_t, so their dθ contributions add up.
+//
+// cos θ and sin θ are evaluated in float64 and rounded to the compute type: θ may be a running
+// phase sum of many thousands of radians, and float32 argument reduction would lose it.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+#include "common/check.h"
+#include "common/slices.h"
+#include "phasor/common.h"
+
+namespace phasor::detail {
+
+// θ, if given, must be [B, T, H, K/2] with K even. `heads` labels H in the message (e.g.
+// "H (q/k heads)").
+inline void check_theta(const std::string& op, const TensorView& theta, std::int64_t B,
+                        std::int64_t T, std::int64_t H, std::int64_t K, const char* heads = "H") {
+  if (!theta.defined()) return;
+  if (K % 2 != 0)
+    fail(op, "theta", "an even head dimension K (rotation pairs) when theta is given",
+         "K = " + std::to_string(K));
+  check_float_tensor(op, "theta", theta, {{B, "B"}, {T, "T"}, {H, heads}, {K / 2, "K/2"}});
+}
+
+// dtheta, if requested, needs theta and must have its shape.
+inline void check_dtheta(const std::string& op, const TensorView& dtheta, const TensorView& theta) {
+  if (!dtheta.defined()) return;
+  if (!theta.defined())
+    fail(op, "dtheta", "theta to be given (dtheta is its gradient)",
+         "dtheta requested without theta");
+  check_output(
+      op, "dtheta", dtheta,
+      {{theta.size(0), "B"}, {theta.size(1), "T"}, {theta.size(2), "H"}, {theta.size(3), "K/2"}});
+}
+
+// cos θ and sin θ of a run of tokens of one head, rows = tokens, columns = rotation pairs.
+template <class S>
+struct PairAngles {
+  Mat<S> cos, sin;
+
+  // theta [B, T, H, R]: tokens s of head h.
+  void load(const TensorView& theta, const Sequence& s, std::int64_t h) {
+    Mat<double> angles;
+    load_rows(theta, s, h, angles);
+    // std::cos / std::sin in float64 (correctly reduced for any argument size), then rounded.
+    cos = angles.unaryExpr([](double a) { return static_cast<S>(std::cos(a)); });
+    sin = angles.unaryExpr([](double a) { return static_cast<S>(std::sin(a)); });
+  }
+  std::int64_t rows() const { return cos.rows(); }
+};
+
+// Column of the a / b member of pair i in a row of K = 2R values.
+inline std::int64_t rotation_pair_a(RotaryLayout layout, std::int64_t i) {
+  return layout == RotaryLayout::half_split ? i : 2 * i;
+}
+inline std::int64_t rotation_pair_b(RotaryLayout layout, std::int64_t i, std::int64_t R) {
+  return layout == RotaryLayout::half_split ? i + R : 2 * i + 1;
+}
+
+// (R1) in place on the rows [0, x.rows()) of x, which hold the tokens [first, first + x.rows())
+// of `angles`. X is any writable Eigen expression (a matrix, a block of rows).
+template <class S, class X>
+void rotate_rows(X&& x, const PairAngles<S>& angles, RotaryLayout layout, std::int64_t first = 0) {
+  const std::int64_t R = angles.cos.cols();
+  for (std::int64_t t = 0; t < x.rows(); ++t) {
+    const S* c = angles.cos.data() + (first + t) * R;
+    const S* s = angles.sin.data() + (first + t) * R;
+    for (std::int64_t i = 0; i < R; ++i) {
+      const std::int64_t a = rotation_pair_a(layout, i), b = rotation_pair_b(layout, i, R);
+      const S xa = x(t, a), xb = x(t, b);
+      x(t, a) = xa * c[i] - xb * s[i];
+      x(t, b) = xa * s[i] + xb * c[i];
+    }
+  }
+}
+
+// (R2) and (R3): dy holds the gradient with respect to the rotated rows y (same tokens as in
+// rotate_rows); it is replaced by the gradient with respect to the unrotated rows, and
+// dy_b·y_a − dy_a·y_b is added to dtheta (rows × R, same rows as dy).
+template <class S, class DY, class Y, class DT>
+void unrotate_gradient_rows(DY&& dy, const Y& y, const PairAngles<S>& angles, RotaryLayout layout,
+                            DT&& dtheta, std::int64_t first = 0) {
+  const std::int64_t R = angles.cos.cols();
+  for (std::int64_t t = 0; t < dy.rows(); ++t) {
+    const S* c = angles.cos.data() + (first + t) * R;
+    const S* s = angles.sin.data() + (first + t) * R;
+    for (std::int64_t i = 0; i < R; ++i) {
+      const std::int64_t a = rotation_pair_a(layout, i), b = rotation_pair_b(layout, i, R);
+      const S dya = dy(t, a), dyb = dy(t, b);
+      dtheta(t, i) += dyb * y(t, a) - dya * y(t, b);
+      dy(t, a) = dya * c[i] + dyb * s[i];
+      dy(t, b) = dyb * c[i] - dya * s[i];
+    }
+  }
+}
+
+}  // namespace phasor::detail
