@@ -44,15 +44,15 @@ struct ForgettingAttnParams {
   std::optional<double> scale;              // default K^-1/2
   std::optional<std::int64_t> window_size;  // none: full causal attention; else ≥ 1
   std::int64_t block_size = 64;             // Impl::chunk tile size (queries and keys)
+  // Optional rotation angles θ [B, T, H (key heads), K/2] (K even): q_t and k_t are rotated by θ_t
+  // pair by pair inside the kernel (RoPE / Selective RoPE; see phasor/rotary.h for building θ),
+  //   x_a' = x_a cos θ − x_b sin θ,   x_b' = x_a sin θ + x_b cos θ,
+  // and the op then runs on the rotated q', k'. The rotated tensors are never written out.
+  // θ is per KEY head: query head hq is rotated by the angles of its key head hq / (HQ / H).
+  // Logits depend on θ only through θ_i − θ_j.
+  TensorView theta;
+  RotaryLayout rotary_layout = RotaryLayout::half_split;  // pairs (i, i + K/2) or (2i, 2i + 1)
 };
-// Optional rotation angles θ [B, T, H (key heads), K/2] (K even): q_t and k_t are rotated by θ_t
-// pair by pair inside the kernel (RoPE / Selective RoPE; see phasor/rotary.h for building θ),
-//   x_a' = x_a cos θ − x_b sin θ,   x_b' = x_a sin θ + x_b cos θ,
-// and the op then runs on the rotated q', k'. The rotated tensors are never written out.
-// θ is per KEY head: query head hq is rotated by the angles of its key head hq / (HQ / H).
-// Logits depend on θ only through θ_i − θ_j.
-TensorView theta;
-RotaryLayout rotary_layout = RotaryLayout::half_split;  // pairs (i, i + K/2) or (2i, 2i + 1)
 
 struct ForgettingAttnGrads {
   TensorView dq, dk, dv, dg;  // each optional

@@ -45,15 +45,15 @@ struct GatedDeltaRuleParams {
   // Impl::chunk: the chunk length (any positive value). Impl::recurrent backward: the state
   // checkpoint interval (memory O(T / chunk_size + chunk_size) states per value head).
   std::int64_t chunk_size = 64;
+  // Optional rotation angles θ [B, T, H (q/k heads), K/2] (K even): q_t and k_t are rotated by θ_t
+  // pair by pair inside the kernel (RoPE / Selective RoPE; see phasor/rotary.h for building θ),
+  //   x_a' = x_a cos θ − x_b sin θ,   x_b' = x_a sin θ + x_b cos θ,
+  // and the op then runs on the rotated q', k'. The rotated tensors are never written out.
+  // Rotation commutes with use_qk_l2norm_in_kernel (it preserves norms). Outputs depend on θ only
+  // through differences θ_t − θ_s (the decay is a scalar), as for RoPE.
+  TensorView theta;
+  RotaryLayout rotary_layout = RotaryLayout::half_split;  // pairs (i, i + K/2) or (2i, 2i + 1)
 };
-// Optional rotation angles θ [B, T, H (q/k heads), K/2] (K even): q_t and k_t are rotated by θ_t
-// pair by pair inside the kernel (RoPE / Selective RoPE; see phasor/rotary.h for building θ),
-//   x_a' = x_a cos θ − x_b sin θ,   x_b' = x_a sin θ + x_b cos θ,
-// and the op then runs on the rotated q', k'. The rotated tensors are never written out.
-// Rotation commutes with use_qk_l2norm_in_kernel (it preserves norms). Outputs depend on θ only
-// through differences θ_t − θ_s (the decay is a scalar), as for RoPE.
-TensorView theta;
-RotaryLayout rotary_layout = RotaryLayout::half_split;  // pairs (i, i + K/2) or (2i, 2i + 1)
 
 // Gradients. Each view is optional (undefined: not computed); dh0 requires initial_state.
 // Shapes are those of the matching input; any float dtype. Every element of a requested gradient

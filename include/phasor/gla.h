@@ -49,16 +49,16 @@ struct GlaParams {
   // tokens between two state checkpoints of the backward, and the input segment length. Must be
   // positive for both; ignored by Impl::reference.
   std::int64_t chunk_size = 64;
+  // Optional rotation angles θ [B, T, H, K/2] (K even): q_t and k_t are rotated by θ_t
+  // pair by pair inside the kernel (RoPE / Selective RoPE; see phasor/rotary.h for building θ),
+  //   x_a' = x_a cos θ − x_b sin θ,   x_b' = x_a sin θ + x_b cos θ,
+  // and the op then runs on the rotated q', k'. The rotated tensors are never written out.
+  // With the gate g tied across each rotation pair (g_a = g_b), S_t is the paper's complex
+  // recurrence and outputs depend on θ only through differences (θ_t − θ_s): adding a constant to
+  // every θ changes nothing. With untied gates that invariance does not hold.
+  TensorView theta;
+  RotaryLayout rotary_layout = RotaryLayout::half_split;  // pairs (i, i + K/2) or (2i, 2i + 1)
 };
-// Optional rotation angles θ [B, T, H, K/2] (K even): q_t and k_t are rotated by θ_t
-// pair by pair inside the kernel (RoPE / Selective RoPE; see phasor/rotary.h for building θ),
-//   x_a' = x_a cos θ − x_b sin θ,   x_b' = x_a sin θ + x_b cos θ,
-// and the op then runs on the rotated q', k'. The rotated tensors are never written out.
-// With the gate g tied across each rotation pair (g_a = g_b), S_t is the paper's complex
-// recurrence and outputs depend on θ only through differences (θ_t − θ_s): adding a constant to
-// every θ changes nothing. With untied gates that invariance does not hold.
-TensorView theta;
-RotaryLayout rotary_layout = RotaryLayout::half_split;  // pairs (i, i + K/2) or (2i, 2i + 1)
 
 // Gradients. Each view is optional: an undefined view is not computed. dh0 requires
 // initial_state (else phasor::Error). Shapes are those of the matching input; any float dtype.
