@@ -9,10 +9,12 @@
 #include <cstdint>
 #include <initializer_list>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "memory.h"
 #include "phasor/common.h"
+#include "phasor/rotary.h"
 
 namespace phasor::bench {
 
@@ -73,6 +75,135 @@ inline void register_standard_grid(benchmark::internal::Benchmark* fast,
       ->Unit(benchmark::kMillisecond)
       ->Iterations(1)
       ->UseRealTime();
+}
+
+// ---- Rotation: fused into the kernel vs rotate-then-call ---------------------------------------
+// How a benchmark applies rotation angles θ to q and k.
+//  none:     no rotation at all (the cost of the op alone, for reference)
+//  fused:    θ passed to the op, which rotates on load and returns dθ from its backward
+//  separate: what the public Selective RoPE code does: apply_rotary writes rotated copies of q and
+//            k, the op runs on them, and apply_rotary_backward turns dq', dk' into dq, dk and dθ
+//            (two dθ halves, summed).
+enum class Rotation : std::int64_t { none = 0, fused = 1, separate = 2 };
+inline const char* to_string(Rotation r) {
+  return r == Rotation::none ? "none" : r == Rotation::fused ? "fused" : "separate";
+}
+
+// Angles and the scratch buffers of the separate path for q, k: [B, T, H, K] (float32).
+// θ is a Selective-RoPE-like running phase: cumulative sums of positive increments times a
+// RoPE-like spectrum, so angles grow to thousands of radians as in a trained model.
+struct RotationBuffers {
+  std::int64_t B = 0, T = 0, H = 0, K = 0;
+  std::vector<float> theta, q_rot, k_rot, dq_rot, dk_rot, dtheta, dtheta_k;
+
+  RotationBuffers(std::int64_t B_, std::int64_t T_, std::int64_t H_, std::int64_t K_,
+                  std::mt19937_64& rng)
+      : B(B_), T(T_), H(H_), K(K_) {
+    const std::int64_t R = K / 2;
+    std::uniform_real_distribution<float> step(0.f, 2.f);
+    theta.assign(static_cast<std::size_t>(B * T * H * R), 0.f);
+    for (std::int64_t b = 0; b < B; ++b)
+      for (std::int64_t h = 0; h < H; ++h)
+        for (std::int64_t i = 0; i < R; ++i) {
+          const double omega = std::pow(10000.0, -2.0 * static_cast<double>(i) / K);
+          double phase = 0.0;
+          for (std::int64_t t = 0; t < T; ++t) {
+            phase += step(rng);
+            theta[static_cast<std::size_t>(((b * T + t) * H + h) * R + i)] =
+                static_cast<float>(omega * phase);
+          }
+        }
+    const auto n = static_cast<std::size_t>(B * T * H * K);
+    q_rot.assign(n, 0.f);
+    k_rot.assign(n, 0.f);
+    dq_rot.assign(n, 0.f);
+    dk_rot.assign(n, 0.f);
+    dtheta.assign(theta.size(), 0.f);
+    dtheta_k.assign(theta.size(), 0.f);
+  }
+  TensorView x_view(const std::vector<float>& x) const {
+    return TensorView::of(x.data(), {B, T, H, K});
+  }
+  TensorView theta_view(const std::vector<float>& x) const {
+    return TensorView::of(x.data(), {B, T, H, K / 2});
+  }
+  // separate path, forward: q_rot, k_rot = R(θ) q, R(θ) k.
+  void rotate(const TensorView& q, const TensorView& k) {
+    apply_rotary_forward(q, theta_view(theta), RotaryLayout::half_split, Impl::chunk,
+                         x_view(q_rot));
+    apply_rotary_forward(k, theta_view(theta), RotaryLayout::half_split, Impl::chunk,
+                         x_view(k_rot));
+  }
+  // separate path, backward: given dq_rot, dk_rot from the op, writes dq, dk and dθ.
+  void unrotate(const TensorView& q, const TensorView& k, const TensorView& dq,
+                const TensorView& dk) {
+    apply_rotary_backward(q, theta_view(theta), RotaryLayout::half_split, Impl::chunk,
+                          x_view(dq_rot), dq, theta_view(dtheta));
+    apply_rotary_backward(k, theta_view(theta), RotaryLayout::half_split, Impl::chunk,
+                          x_view(dk_rot), dk, theta_view(dtheta_k));
+    for (std::size_t i = 0; i < dtheta.size(); ++i) dtheta[i] += dtheta_k[i];
+  }
+};
+
+// The timed loop of a rotation benchmark, forward only. `params` holds the op's inputs without
+// θ; forward(p) runs the op on params p. The label is "<impl>/<rotation>".
+template <class Params, class Forward>
+void time_rotation_forward(benchmark::State& state, std::int64_t tokens, Impl impl,
+                           Rotation rotation, RotationBuffers& rot, Params params,
+                           Forward&& forward) {
+  Params rotated = params;
+  rotated.q = rot.x_view(rot.q_rot);
+  rotated.k = rot.x_view(rot.k_rot);
+  if (rotation == Rotation::fused) params.theta = rot.theta_view(rot.theta);
+  time_calls(state, tokens, impl, [&] {
+    if (rotation == Rotation::separate) {
+      rot.rotate(params.q, params.k);
+      forward(rotated);
+    } else {
+      forward(params);
+    }
+  });
+  state.SetLabel(std::string(to_string(impl)) + "/" + to_string(rotation));
+}
+
+// Same for forward + backward: step(p, grads) runs the op's forward and backward on params p,
+// writing the gradients `grads` (which include dq and dk; dθ is added for the rotated modes).
+template <class Params, class Grads, class Step>
+void time_rotation_forward_backward(benchmark::State& state, std::int64_t tokens, Impl impl,
+                                    Rotation rotation, RotationBuffers& rot, Params params,
+                                    Grads grads, Step&& step) {
+  Params rotated = params;
+  rotated.q = rot.x_view(rot.q_rot);
+  rotated.k = rot.x_view(rot.k_rot);
+  Grads rotated_grads = grads;
+  rotated_grads.dq = rot.x_view(rot.dq_rot);
+  rotated_grads.dk = rot.x_view(rot.dk_rot);
+  if (rotation == Rotation::fused) {
+    params.theta = rot.theta_view(rot.theta);
+    grads.dtheta = rot.theta_view(rot.dtheta);
+  }
+  time_calls(state, tokens, impl, [&] {
+    if (rotation == Rotation::separate) {
+      rot.rotate(params.q, params.k);
+      step(rotated, rotated_grads);
+      rot.unrotate(params.q, params.k, grads.dq, grads.dk);
+    } else {
+      step(params, grads);
+    }
+  });
+  state.SetLabel(std::string(to_string(impl)) + "/" + to_string(rotation));
+}
+
+// Arguments (rotation, impl, T) of the rotation benchmarks: every rotation mode side by side for
+// each impl, at T ∈ {1024, 4096}.
+inline void register_rotation_grid(benchmark::internal::Benchmark* b,
+                                   std::initializer_list<Impl> impls) {
+  b->ArgNames({"rotation", "impl", "T"});
+  for (std::int64_t T : {1024, 4096})
+    for (Impl impl : impls)
+      for (Rotation r : {Rotation::none, Rotation::fused, Rotation::separate})
+        b->Args({static_cast<std::int64_t>(r), static_cast<std::int64_t>(impl), T});
+  b->Unit(benchmark::kMillisecond)->MinTime(0.2)->UseRealTime();
 }
 
 }  // namespace phasor::bench

@@ -70,6 +70,14 @@ struct Problem {
     p.block_size = 64;
     return p;
   }
+  phasor::ForgettingAttnGrads grads() {
+    phasor::ForgettingAttnGrads gr;
+    gr.dq = qk_view(dq);
+    gr.dk = qk_view(dk);
+    gr.dv = v_view(dv);
+    gr.dg = gate_view(dg);
+    return gr;
+  }
 };
 
 double mib(std::int64_t bytes) {
@@ -91,13 +99,42 @@ void BM_FoxForwardBackward(benchmark::State& state) {
   const phasor::ForgettingAttnParams params = problem.params();
   const TensorView o = problem.v_view(problem.o), lse = problem.gate_view(problem.lse),
                    d_o = problem.v_view(problem.d_o);
-  const phasor::ForgettingAttnGrads grads{problem.qk_view(problem.dq), problem.qk_view(problem.dk),
-                                          problem.v_view(problem.dv),
-                                          problem.gate_view(problem.dg)};
+  const phasor::ForgettingAttnGrads grads = problem.grads();
   phasor::bench::time_calls(state, problem.T, impl, [&] {
     phasor::forgetting_attn_forward(params, impl, o, lse);
     phasor::forgetting_attn_backward(params, impl, d_o, o, lse, grads);
   });
+}
+
+// Rotation by Selective-RoPE-like angles: none / fused into the kernel / apply_rotary + op
+// (bench_util.h, Rotation), chunk kernel; label "chunk/<rotation>". Gradients include dθ.
+void BM_FoxRotationForward(benchmark::State& state) {
+  const auto impl = static_cast<Impl>(state.range(1));
+  Problem problem(state.range(2));
+  std::mt19937_64 rng(7);
+  phasor::bench::RotationBuffers rot(kB, problem.T, kH, kK, rng);
+  const TensorView o = problem.v_view(problem.o), lse = problem.gate_view(problem.lse);
+  phasor::bench::time_rotation_forward(
+      state, problem.T, impl, static_cast<phasor::bench::Rotation>(state.range(0)), rot,
+      problem.params(), [&](const phasor::ForgettingAttnParams& p) {
+        phasor::forgetting_attn_forward(p, impl, o, lse);
+      });
+}
+
+void BM_FoxRotationForwardBackward(benchmark::State& state) {
+  const auto impl = static_cast<Impl>(state.range(1));
+  Problem problem(state.range(2));
+  std::mt19937_64 rng(7);
+  phasor::bench::RotationBuffers rot(kB, problem.T, kH, kK, rng);
+  const TensorView o = problem.v_view(problem.o), lse = problem.gate_view(problem.lse),
+                   d_o = problem.v_view(problem.d_o);
+  phasor::bench::time_rotation_forward_backward(
+      state, problem.T, impl, static_cast<phasor::bench::Rotation>(state.range(0)), rot,
+      problem.params(), problem.grads(),
+      [&](const phasor::ForgettingAttnParams& p, const phasor::ForgettingAttnGrads& gr) {
+        phasor::forgetting_attn_forward(p, impl, o, lse);
+        phasor::forgetting_attn_backward(p, impl, d_o, o, lse, gr);
+      });
 }
 
 // Decoding through the public cache: T calls of step(), each with views of token t.
@@ -161,6 +198,12 @@ BENCHMARK(BM_FoxForwardBackward)
     ->Unit(benchmark::kMillisecond)
     ->Iterations(1)
     ->UseRealTime();
+BENCHMARK(BM_FoxRotationForward)->Apply([](auto* b) {
+  phasor::bench::register_rotation_grid(b, {Impl::chunk});
+});
+BENCHMARK(BM_FoxRotationForwardBackward)->Apply([](auto* b) {
+  phasor::bench::register_rotation_grid(b, {Impl::chunk});
+});
 BENCHMARK(BM_FoxCacheDecode)
     ->ArgName("T")
     ->Arg(1024)

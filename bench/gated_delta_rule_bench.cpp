@@ -65,6 +65,15 @@ struct Problem {
     p.chunk_size = 64;
     return p;
   }
+  phasor::GatedDeltaRuleGrads grads() {
+    phasor::GatedDeltaRuleGrads gr;
+    gr.dq = qk_view(dq);
+    gr.dk = qk_view(dk);
+    gr.dv = v_view(dv);
+    gr.dg = head_view(dg);
+    gr.dbeta = head_view(dbeta);
+    return gr;
+  }
 };
 
 void BM_GatedDeltaRuleForward(benchmark::State& state) {
@@ -81,13 +90,40 @@ void BM_GatedDeltaRuleForwardBackward(benchmark::State& state) {
   Problem problem(state.range(1));
   const phasor::GatedDeltaRuleParams params = problem.params();
   const TensorView o = problem.v_view(problem.o), d_o = problem.v_view(problem.d_o);
-  const phasor::GatedDeltaRuleGrads grads{
-      problem.qk_view(problem.dq),   problem.qk_view(problem.dk),      problem.v_view(problem.dv),
-      problem.head_view(problem.dg), problem.head_view(problem.dbeta), {}};
+  const phasor::GatedDeltaRuleGrads grads = problem.grads();
   phasor::bench::time_calls(state, problem.T, impl, [&] {
     phasor::gated_delta_rule_forward(params, impl, o);
     phasor::gated_delta_rule_backward(params, impl, d_o, {}, grads);
   });
+}
+
+// Rotation by Selective-RoPE-like angles: none / fused into the kernel / apply_rotary + op
+// (bench_util.h, Rotation); label "<impl>/<rotation>". Gradients include dθ.
+void BM_GatedDeltaRuleRotationForward(benchmark::State& state) {
+  const auto impl = static_cast<Impl>(state.range(1));
+  Problem problem(state.range(2));
+  std::mt19937_64 rng(7);
+  phasor::bench::RotationBuffers rot(kB, problem.T, kH, kK, rng);
+  const TensorView o = problem.v_view(problem.o);
+  phasor::bench::time_rotation_forward(
+      state, problem.T, impl, static_cast<phasor::bench::Rotation>(state.range(0)), rot,
+      problem.params(),
+      [&](const phasor::GatedDeltaRuleParams& p) { phasor::gated_delta_rule_forward(p, impl, o); });
+}
+
+void BM_GatedDeltaRuleRotationForwardBackward(benchmark::State& state) {
+  const auto impl = static_cast<Impl>(state.range(1));
+  Problem problem(state.range(2));
+  std::mt19937_64 rng(7);
+  phasor::bench::RotationBuffers rot(kB, problem.T, kH, kK, rng);
+  const TensorView o = problem.v_view(problem.o), d_o = problem.v_view(problem.d_o);
+  phasor::bench::time_rotation_forward_backward(
+      state, problem.T, impl, static_cast<phasor::bench::Rotation>(state.range(0)), rot,
+      problem.params(), problem.grads(),
+      [&](const phasor::GatedDeltaRuleParams& p, const phasor::GatedDeltaRuleGrads& gr) {
+        phasor::gated_delta_rule_forward(p, impl, o);
+        phasor::gated_delta_rule_backward(p, impl, d_o, {}, gr);
+      });
 }
 
 const bool registered = [] {
@@ -98,6 +134,13 @@ const bool registered = [] {
   phasor::bench::register_standard_grid(
       RegisterBenchmark("BM_GatedDeltaRuleForwardBackward", BM_GatedDeltaRuleForwardBackward),
       RegisterBenchmark("BM_GatedDeltaRuleForwardBackward", BM_GatedDeltaRuleForwardBackward));
+  phasor::bench::register_rotation_grid(
+      RegisterBenchmark("BM_GatedDeltaRuleRotationForward", BM_GatedDeltaRuleRotationForward),
+      {Impl::recurrent, Impl::chunk});
+  phasor::bench::register_rotation_grid(
+      RegisterBenchmark("BM_GatedDeltaRuleRotationForwardBackward",
+                        BM_GatedDeltaRuleRotationForwardBackward),
+      {Impl::recurrent, Impl::chunk});
   return true;
 }();
 

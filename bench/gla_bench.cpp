@@ -2,6 +2,8 @@
 // forward + backward for the recurrent and chunk kernels (reference at T = 1024 only).
 // items_per_second is tokens per second; peak_MiB is the peak heap of one forward + backward
 // (everything allocated on top of the inputs and outputs, Eigen included).
+// BM_GlaRotation*: rotation angles θ fused into the kernel vs apply_rotary then the op (the
+// public Selective RoPE code's way), and no rotation for reference; label "<impl>/<rotation>".
 #include <benchmark/benchmark.h>
 
 #include <cstdint>
@@ -54,6 +56,14 @@ struct Problem {
     p.chunk_size = 64;
     return p;
   }
+  phasor::GlaGrads grads() {
+    phasor::GlaGrads gr;
+    gr.dq = qk_view(dq);
+    gr.dk = qk_view(dk);
+    gr.dv = v_view(dv);
+    gr.dg = qk_view(dg);
+    return gr;
+  }
 };
 
 void BM_GlaForward(benchmark::State& state) {
@@ -69,15 +79,39 @@ void BM_GlaForwardBackward(benchmark::State& state) {
   Problem problem(state.range(1));
   const phasor::GlaParams params = problem.params();
   const TensorView o = problem.v_view(problem.o), d_o = problem.v_view(problem.d_o);
-  const phasor::GlaGrads grads{problem.qk_view(problem.dq),
-                               problem.qk_view(problem.dk),
-                               problem.v_view(problem.dv),
-                               problem.qk_view(problem.dg),
-                               {}};
+  const phasor::GlaGrads grads = problem.grads();
   phasor::bench::time_calls(state, problem.T, impl, [&] {
     phasor::gla_forward(params, impl, o);
     phasor::gla_backward(params, impl, d_o, {}, grads);
   });
+}
+
+// Rotation by Selective-RoPE-like angles: none / fused into the kernel / apply_rotary + op
+// (bench_util.h, Rotation). Same inputs as above; gradients include dθ.
+void BM_GlaRotationForward(benchmark::State& state) {
+  const auto impl = static_cast<Impl>(state.range(1));
+  Problem problem(state.range(2));
+  std::mt19937_64 rng(7);
+  phasor::bench::RotationBuffers rot(kB, problem.T, kH, kK, rng);
+  const TensorView o = problem.v_view(problem.o);
+  phasor::bench::time_rotation_forward(
+      state, problem.T, impl, static_cast<phasor::bench::Rotation>(state.range(0)), rot,
+      problem.params(), [&](const phasor::GlaParams& p) { phasor::gla_forward(p, impl, o); });
+}
+
+void BM_GlaRotationForwardBackward(benchmark::State& state) {
+  const auto impl = static_cast<Impl>(state.range(1));
+  Problem problem(state.range(2));
+  std::mt19937_64 rng(7);
+  phasor::bench::RotationBuffers rot(kB, problem.T, kH, kK, rng);
+  const TensorView o = problem.v_view(problem.o), d_o = problem.v_view(problem.d_o);
+  phasor::bench::time_rotation_forward_backward(
+      state, problem.T, impl, static_cast<phasor::bench::Rotation>(state.range(0)), rot,
+      problem.params(), problem.grads(),
+      [&](const phasor::GlaParams& p, const phasor::GlaGrads& gr) {
+        phasor::gla_forward(p, impl, o);
+        phasor::gla_backward(p, impl, d_o, {}, gr);
+      });
 }
 
 const bool registered = [] {
@@ -87,6 +121,12 @@ const bool registered = [] {
   phasor::bench::register_standard_grid(
       RegisterBenchmark("BM_GlaForwardBackward", BM_GlaForwardBackward),
       RegisterBenchmark("BM_GlaForwardBackward", BM_GlaForwardBackward));
+  phasor::bench::register_rotation_grid(
+      RegisterBenchmark("BM_GlaRotationForward", BM_GlaRotationForward),
+      {Impl::recurrent, Impl::chunk});
+  phasor::bench::register_rotation_grid(
+      RegisterBenchmark("BM_GlaRotationForwardBackward", BM_GlaRotationForwardBackward),
+      {Impl::recurrent, Impl::chunk});
   return true;
 }();
 
