@@ -68,6 +68,27 @@ F uniform01(std::vector<std::int64_t> shape, std::mt19937_64& rng) {
   return b;
 }
 
+// Selective-RoPE-like rotation angles [B, T, H, K/2]: running sums of random positive phase
+// increments times a RoPE spectrum ω_i = 10000^(−2i/K), so angles reach thousands of radians.
+F cumulative_phases(std::int64_t B, std::int64_t T, std::int64_t H, std::int64_t K,
+                    std::mt19937_64& rng) {
+  const std::int64_t R = K / 2;
+  F theta({B, T, H, R});
+  std::uniform_real_distribution<double> increment(0.0, 2.0);
+  for (std::int64_t b = 0; b < B; ++b)
+    for (std::int64_t h = 0; h < H; ++h)
+      for (std::int64_t i = 0; i < R; ++i) {
+        const double omega = std::pow(10000.0, -2.0 * static_cast<double>(i) / K);
+        double phase = 0.0;
+        for (std::int64_t t = 0; t < T; ++t) {
+          phase += increment(rng);
+          theta.data[static_cast<std::size_t>(((b * T + t) * H + h) * R + i)] =
+              static_cast<float>(omega * phase);
+        }
+      }
+  return theta;
+}
+
 template <class A, class B>
 double rel_rms(const A& actual, const B& trusted) {
   double num = 0, den = 0;
@@ -96,7 +117,7 @@ struct Row {
 };
 
 void print_row(const Row& r, std::int64_t tokens) {
-  std::printf("%-18s %-10s %10.2f %12.2f %12.0f %12.2e %12.2e\n", r.op.c_str(), r.impl.c_str(),
+  std::printf("%-24s %-10s %10.2f %12.2f %12.0f %12.2e %12.2e\n", r.op.c_str(), r.impl.c_str(),
               r.fwd_ms, r.fwd_bwd_ms, tokens / (r.fwd_bwd_ms / 1e3), r.err_out, r.err_grad);
 }
 
@@ -133,7 +154,7 @@ int run_demo(int argc, char** argv) {
       "reference, %d thread(s)\n",
       static_cast<long long>(B), static_cast<long long>(T), static_cast<long long>(H),
       static_cast<long long>(K), static_cast<long long>(V), num_threads());
-  std::printf("%-18s %-10s %10s %12s %12s %12s %12s\n", "op", "impl", "fwd ms", "fwd+bwd ms",
+  std::printf("%-24s %-10s %10s %12s %12s %12s %12s\n", "op", "impl", "fwd ms", "fwd+bwd ms",
               "tokens/s", "err(o)", "err(grads)");
   int failures = 0;
   const double tolerance = 1e-4;  // float32 kernels vs float64 reference, relative RMS
@@ -142,19 +163,46 @@ int run_demo(int argc, char** argv) {
     if (!(r.err_out <= tolerance && r.err_grad <= tolerance)) ++failures;
   };
 
+  // Runs `run` (which returns o, then every gradient) for the reference in float64 and the
+  // recurrent and chunk kernels in float32, and reports each against the reference.
+  auto compare = [&](const std::string& op, auto&& run) {
+    Row ref_row{op, "reference", 0, 0, 0, 0};
+    auto ref = run(Impl::reference, double{}, 1, ref_row);
+    report(ref_row);
+    for (Impl impl : {Impl::recurrent, Impl::chunk}) {
+      Row row{op, to_string(impl), 0, 0, 0, 0};
+      auto out = run(impl, float{}, repeats, row);
+      row.err_out = rel_rms(out[0], ref[0]);
+      for (std::size_t i = 1; i < out.size(); ++i)
+        row.err_grad = std::max(row.err_grad, rel_rms(out[i], ref[i]));
+      report(row);
+    }
+  };
+  // Every op runs without rotation and with Selective-RoPE-like angles θ fused into the kernel
+  // (rows "<op>+theta"; their gradients include dθ).
+  const std::int64_t R = K / 2;
+  const F theta = cumulative_phases(B, T, H, K, rng);
+  if (K % 2 != 0) std::printf("(K is odd: the rotated rows are skipped)\n");
+  const std::vector<bool> rotations =
+      K % 2 == 0 ? std::vector<bool>{false, true} : std::vector<bool>{false};
+
   // ---- GLA -----------------------------------------------------------------------------------
-  {
+  for (bool rotate : rotations) {
     F q = randn({B, T, H, K}, rng), k = randn({B, T, H, K}, rng), v = randn({B, T, H, V}, rng);
     F g = log_gates({B, T, H, K}, rng, 3.0), h0 = randn({B, H, K, V}, rng, 0.1);
     F d_o = randn({B, T, H, V}, rng), dht = randn({B, H, K, V}, rng, 0.1);
     GlaParams p;
     p.q = q.view(), p.k = k.view(), p.v = v.view(), p.g = g.view(), p.initial_state = h0.view();
+    if (rotate) p.theta = theta.view();
     auto run = [&](Impl impl, auto scalar, int reps, Row& row) {
       using S = decltype(scalar);
       Buffer<S> o({B, T, H, V}), ht({B, H, K, V});
       Buffer<S> dq({B, T, H, K}), dk({B, T, H, K}), dv({B, T, H, V}), dg({B, T, H, K}),
-          dh0({B, H, K, V});
-      GlaGrads grads{dq.view(), dk.view(), dv.view(), dg.view(), dh0.view()};
+          dh0({B, H, K, V}), dtheta({B, T, H, rotate ? R : 0});
+      GlaGrads grads;
+      grads.dq = dq.view(), grads.dk = dk.view(), grads.dv = dv.view(), grads.dg = dg.view();
+      grads.dh0 = dh0.view();
+      if (rotate) grads.dtheta = dtheta.view();
       row.fwd_ms = 1e3 * seconds([&] { gla_forward(p, impl, o.view(), ht.view()); }, reps);
       row.fwd_bwd_ms = 1e3 * seconds(
                                  [&] {
@@ -162,23 +210,13 @@ int run_demo(int argc, char** argv) {
                                    gla_backward(p, impl, d_o.view(), dht.view(), grads);
                                  },
                                  reps);
-      return std::vector<Buffer<S>>{o, ht, dq, dk, dv, dg, dh0};
+      return std::vector<Buffer<S>>{o, ht, dq, dk, dv, dg, dh0, dtheta};
     };
-    Row ref_row{"gla", "reference", 0, 0, 0, 0};
-    auto ref = run(Impl::reference, double{}, 1, ref_row);
-    report(ref_row);
-    for (Impl impl : {Impl::recurrent, Impl::chunk}) {
-      Row row{"gla", to_string(impl), 0, 0, 0, 0};
-      auto out = run(impl, float{}, repeats, row);
-      row.err_out = rel_rms(out[0], ref[0]);
-      for (std::size_t i = 1; i < out.size(); ++i)
-        row.err_grad = std::max(row.err_grad, rel_rms(out[i], ref[i]));
-      report(row);
-    }
+    compare(rotate ? "gla+theta" : "gla", run);
   }
 
   // ---- Gated DeltaNet ------------------------------------------------------------------------
-  {
+  for (bool rotate : rotations) {
     F q = randn({B, T, H, K}, rng), k = randn({B, T, H, K}, rng), v = randn({B, T, H, V}, rng);
     F g = log_gates({B, T, H}, rng, 4.0), beta = uniform01({B, T, H}, rng);
     F h0 = randn({B, H, K, V}, rng, 0.1), d_o = randn({B, T, H, V}, rng),
@@ -187,12 +225,16 @@ int run_demo(int argc, char** argv) {
     p.q = q.view(), p.k = k.view(), p.v = v.view(), p.g = g.view(), p.beta = beta.view();
     p.initial_state = h0.view();
     p.use_qk_l2norm_in_kernel = true;
+    if (rotate) p.theta = theta.view();
     auto run = [&](Impl impl, auto scalar, int reps, Row& row) {
       using S = decltype(scalar);
       Buffer<S> o({B, T, H, V}), ht({B, H, K, V});
       Buffer<S> dq({B, T, H, K}), dk({B, T, H, K}), dv({B, T, H, V}), dg({B, T, H}), db({B, T, H}),
-          dh0({B, H, K, V});
-      GatedDeltaRuleGrads grads{dq.view(), dk.view(), dv.view(), dg.view(), db.view(), dh0.view()};
+          dh0({B, H, K, V}), dtheta({B, T, H, rotate ? R : 0});
+      GatedDeltaRuleGrads grads;
+      grads.dq = dq.view(), grads.dk = dk.view(), grads.dv = dv.view(), grads.dg = dg.view();
+      grads.dbeta = db.view(), grads.dh0 = dh0.view();
+      if (rotate) grads.dtheta = dtheta.view();
       row.fwd_ms =
           1e3 * seconds([&] { gated_delta_rule_forward(p, impl, o.view(), ht.view()); }, reps);
       row.fwd_bwd_ms =
@@ -202,32 +244,26 @@ int run_demo(int argc, char** argv) {
                       gated_delta_rule_backward(p, impl, d_o.view(), dht.view(), grads);
                     },
                     reps);
-      return std::vector<Buffer<S>>{o, ht, dq, dk, dv, dg, db, dh0};
+      return std::vector<Buffer<S>>{o, ht, dq, dk, dv, dg, db, dh0, dtheta};
     };
-    Row ref_row{"gated_delta_rule", "reference", 0, 0, 0, 0};
-    auto ref = run(Impl::reference, double{}, 1, ref_row);
-    report(ref_row);
-    for (Impl impl : {Impl::recurrent, Impl::chunk}) {
-      Row row{"gated_delta_rule", to_string(impl), 0, 0, 0, 0};
-      auto out = run(impl, float{}, repeats, row);
-      row.err_out = rel_rms(out[0], ref[0]);
-      for (std::size_t i = 1; i < out.size(); ++i)
-        row.err_grad = std::max(row.err_grad, rel_rms(out[i], ref[i]));
-      report(row);
-    }
+    compare(rotate ? "gated_delta_rule+theta" : "gated_delta_rule", run);
   }
 
   // ---- FoX (forgetting attention) -------------------------------------------------------------
-  {
+  for (bool rotate : rotations) {
     F q = randn({B, T, H, K}, rng), k = randn({B, T, H, K}, rng), v = randn({B, T, H, V}, rng);
     F g = log_gates({B, T, H}, rng, 4.0), d_o = randn({B, T, H, V}, rng);
     ForgettingAttnParams p;
     p.q = q.view(), p.k = k.view(), p.v = v.view(), p.g = g.view();
+    if (rotate) p.theta = theta.view();
     auto run = [&](Impl impl, auto scalar, int reps, Row& row) {
       using S = decltype(scalar);
       Buffer<S> o({B, T, H, V}), lse({B, T, H});
-      Buffer<S> dq({B, T, H, K}), dk({B, T, H, K}), dv({B, T, H, V}), dg({B, T, H});
-      ForgettingAttnGrads grads{dq.view(), dk.view(), dv.view(), dg.view()};
+      Buffer<S> dq({B, T, H, K}), dk({B, T, H, K}), dv({B, T, H, V}), dg({B, T, H}),
+          dtheta({B, T, H, rotate ? R : 0});
+      ForgettingAttnGrads grads;
+      grads.dq = dq.view(), grads.dk = dk.view(), grads.dv = dv.view(), grads.dg = dg.view();
+      if (rotate) grads.dtheta = dtheta.view();
       row.fwd_ms =
           1e3 * seconds([&] { forgetting_attn_forward(p, impl, o.view(), lse.view()); }, reps);
       row.fwd_bwd_ms =
@@ -237,19 +273,9 @@ int run_demo(int argc, char** argv) {
                       forgetting_attn_backward(p, impl, d_o.view(), o.view(), lse.view(), grads);
                     },
                     reps);
-      return std::vector<Buffer<S>>{o, dq, dk, dv, dg};
+      return std::vector<Buffer<S>>{o, dq, dk, dv, dg, dtheta};
     };
-    Row ref_row{"forgetting_attn", "reference", 0, 0, 0, 0};
-    auto ref = run(Impl::reference, double{}, 1, ref_row);
-    report(ref_row);
-    for (Impl impl : {Impl::recurrent, Impl::chunk}) {
-      Row row{"forgetting_attn", to_string(impl), 0, 0, 0, 0};
-      auto out = run(impl, float{}, repeats, row);
-      row.err_out = rel_rms(out[0], ref[0]);
-      for (std::size_t i = 1; i < out.size(); ++i)
-        row.err_grad = std::max(row.err_grad, rel_rms(out[i], ref[i]));
-      report(row);
-    }
+    compare(rotate ? "forgetting_attn+theta" : "forgetting_attn", run);
   }
 
   std::printf(
