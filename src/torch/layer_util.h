@@ -1,0 +1,229 @@
+// Internal to the LibTorch layer (src/torch/*.cpp): at::Tensor → TensorView conversion, argument
+// checks in the core's message format, and autograd helpers shared by every op's Function.
+#pragma once
+
+#include <torch/autograd.h>
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <sstream>
+#include <string>
+
+#include "phasor/common.h"
+
+namespace phasor::torch_detail {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// ---- names --------------------------------------------------------------------------------------
+
+// The op name used in messages: fla's name for the implementation (as the core uses).
+inline std::string gla_op_name(Impl impl) {
+  switch (impl) {
+    case Impl::chunk:
+      return "chunk_gla";
+    case Impl::recurrent:
+      return "fused_recurrent_gla";
+    case Impl::reference:
+      break;
+  }
+  return "gla_reference";
+}
+inline std::string gated_delta_rule_op_name(Impl impl) {
+  switch (impl) {
+    case Impl::chunk:
+      return "chunk_gated_delta_rule";
+    case Impl::recurrent:
+      return "fused_recurrent_gated_delta_rule";
+    case Impl::reference:
+      break;
+  }
+  return "gated_delta_rule_reference";
+}
+inline std::string forgetting_attn_op_name(Impl impl) {
+  switch (impl) {
+    case Impl::chunk:
+      return "parallel_forgetting_attn";
+    case Impl::recurrent:
+      return "forgetting_attn_recurrent";
+    case Impl::reference:
+      break;
+  }
+  return "forgetting_attn_reference";
+}
+
+inline std::string shape_of(const at::Tensor& t) {
+  std::ostringstream s;
+  s << t.sizes();
+  return s.str();
+}
+
+// ---- torch-side checks --------------------------------------------------------------------------
+// Messages follow the core's format: "<op>: argument '<name>': expected <...>, got <...>".
+
+[[noreturn]] inline void fail(const std::string& op, const std::string& name,
+                              const std::string& expected, const std::string& got) {
+  TORCH_CHECK(false, op, ": argument '", name, "': expected ", expected, ", got ", got);
+  std::abort();  // unreachable: TORCH_CHECK(false, ...) always throws
+}
+
+inline bool is_float_dtype(at::ScalarType t) {
+  return t == at::kFloat || t == at::kDouble || t == at::kHalf || t == at::kBFloat16;
+}
+
+// A defined, dense, CPU tensor of the given rank. `layout` documents the expected dimensions.
+inline void check_tensor(const std::string& op, const std::string& name, const at::Tensor& t,
+                         int rank, const char* layout) {
+  if (!t.defined()) fail(op, name, std::string("a tensor ") + layout, "an undefined tensor");
+  if (!t.device().is_cpu())
+    fail(op, name, "a tensor on the cpu", "a tensor on " + t.device().str());
+  if (t.layout() != at::kStrided) fail(op, name, "a dense (strided) tensor", "a sparse tensor");
+  if (t.dim() != rank)
+    fail(op, name, std::to_string(rank) + "-D tensor " + layout,
+         std::to_string(t.dim()) + "-D tensor of shape " + shape_of(t));
+}
+
+inline void check_float(const std::string& op, const std::string& name, const at::Tensor& t,
+                        int rank, const char* layout) {
+  check_tensor(op, name, t, rank, layout);
+  if (!is_float_dtype(t.scalar_type()))
+    fail(op, name, "a floating dtype (float32, float64, float16 or bfloat16)",
+         std::string("dtype ") + c10::toString(t.scalar_type()));
+}
+
+inline void check_optional_float(const std::string& op, const std::string& name,
+                                 const c10::optional<at::Tensor>& t, int rank, const char* layout) {
+  if (t.has_value() && t->defined()) check_float(op, name, *t, rank, layout);
+}
+
+inline void check_cu_seqlens(const std::string& op, const c10::optional<at::Tensor>& cu) {
+  if (!cu.has_value() || !cu->defined()) return;
+  check_tensor(op, "cu_seqlens", *cu, 1, "[N + 1]");
+  if (cu->scalar_type() != at::kInt && cu->scalar_type() != at::kLong)
+    fail(op, "cu_seqlens", "dtype int32 or int64",
+         std::string("dtype ") + c10::toString(cu->scalar_type()));
+}
+
+// ---- conversion ---------------------------------------------------------------------------------
+
+// The one place an at::Tensor becomes a TensorView: same memory, sizes, strides (in elements, as
+// in torch), dtype and device. Callers have checked device, layout, rank and dtype; half and
+// bfloat16 never get here (they are converted to float32 first).
+inline TensorView view_of(const at::Tensor& t) {
+  TensorView v;
+  if (!t.defined()) return v;  // absent optional
+  TORCH_INTERNAL_ASSERT(t.dim() <= TensorView::kMaxRank, "rank ", t.dim(), " > 4");
+  switch (t.scalar_type()) {
+    case at::kFloat:
+      v.dtype = DType::float32;
+      break;
+    case at::kDouble:
+      v.dtype = DType::float64;
+      break;
+    case at::kInt:
+      v.dtype = DType::int32;
+      break;
+    case at::kLong:
+      v.dtype = DType::int64;
+      break;
+    default:
+      TORCH_INTERNAL_ASSERT(false, "unsupported dtype ", t.scalar_type());
+  }
+  v.device = t.device().is_cpu() ? Device::cpu : Device::cuda;
+  v.data = t.data_ptr();
+  v.rank = static_cast<int>(t.dim());
+  for (int d = 0; d < v.rank; ++d) {
+    v.sizes[static_cast<std::size_t>(d)] = t.size(d);
+    v.strides[static_cast<std::size_t>(d)] = t.stride(d);
+  }
+  return v;
+}
+
+inline at::Tensor value_or_undefined(const c10::optional<at::Tensor>& t) {
+  return t.has_value() ? *t : at::Tensor();
+}
+
+// float16/bfloat16 → float32 (differentiable, so their gradients come back in their dtype);
+// float32/float64 pass through untouched.
+inline at::Tensor to_compute(const at::Tensor& t) {
+  if (t.defined() && (t.scalar_type() == at::kHalf || t.scalar_type() == at::kBFloat16))
+    return t.to(at::kFloat);
+  return t;
+}
+inline c10::optional<at::Tensor> to_compute(const c10::optional<at::Tensor>& t) {
+  if (!t.has_value() || !t->defined()) return c10::nullopt;
+  return to_compute(*t);
+}
+
+// Runs a core call; a phasor::Error becomes a c10::Error with the same message.
+template <class F>
+inline void rethrow_as_torch(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    TORCH_CHECK(false, e.what());
+  }
+}
+
+// Number of sequences: N + 1 entries of cu_seqlens, or the batch size. A malformed cu_seqlens is
+// reported by the core; here it only must not produce a negative size.
+inline std::int64_t num_sequences(const at::Tensor& q, const at::Tensor& cu_seqlens) {
+  if (!cu_seqlens.defined()) return q.size(0);
+  return std::max<std::int64_t>(cu_seqlens.numel() - 1, 0);
+}
+
+// The dtype of final states and of FoX's saved log-sum-exp: float64 for float64 q, else float32.
+inline at::ScalarType state_dtype(const at::Tensor& q) {
+  return q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+}
+
+// A fresh contiguous gradient buffer for `input` (same shape and dtype), or undefined when the
+// input is absent or does not require grad.
+inline at::Tensor grad_buffer(const at::Tensor& input, bool needed) {
+  if (!needed || !input.defined()) return at::Tensor();
+  return at::empty(input.sizes(), input.options());
+}
+
+// The incoming gradient of output i; undefined when that output took no part in the loss
+// (materialize_grads is off), which the callers treat as zero.
+inline at::Tensor incoming_grad(const variable_list& grads, std::size_t i) {
+  return i < grads.size() ? grads[i] : at::Tensor();
+}
+
+inline c10::IValue optional_double(c10::optional<double> x) {
+  return x ? c10::IValue(*x) : c10::IValue();
+}
+inline c10::optional<double> to_optional_double(const c10::IValue& x) {
+  return x.isNone() ? c10::nullopt : c10::optional<double>(x.toDouble());
+}
+
+// Which inputs need gradients. Read in forward (requires_grad of the function's inputs) and kept
+// for backward, so gradients nobody asked for are not computed.
+inline bool requires_grad(const at::Tensor& t) {
+  return t.defined() && t.requires_grad();
+}
+
+// The backward passes are not themselves differentiable (the core returns plain numbers), so a
+// graph built through them would silently give wrong second derivatives. Autograd runs backward
+// with grad mode on only for create_graph=true: refuse that instead.
+inline void check_first_order(const std::string& op) {
+  TORCH_CHECK(
+      !at::GradMode::is_enabled(), op,
+      " backward: double backward (create_graph=true) is not supported; phasor's gradients are "
+      "first order only");
+}
+
+// The rotary layout a Function's forward saved in ctx->saved_data["rotary_layout"].
+inline RotaryLayout saved_layout(AutogradContext* ctx) {
+  return static_cast<RotaryLayout>(ctx->saved_data["rotary_layout"].toInt());
+}
+
+// o in q's original dtype (float16/bfloat16 inputs were computed in float32).
+inline at::Tensor in_dtype_of(const at::Tensor& o, const at::Tensor& q) {
+  return o.scalar_type() == q.scalar_type() ? o : o.to(q.scalar_type());
+}
+
+}  // namespace phasor::torch_detail
