@@ -1,7 +1,8 @@
 // The LibTorch layer (phasor/torch.h): autograd against the core backward called directly,
 // float64 central finite differences through the torch API, errors as c10::Error naming the
 // argument, float16/bfloat16 inputs, gradients flowing from final_state, dtypes and strides,
-// and the FoX decoder against the parallel forward.
+// the FoX decoder against the parallel forward, and the rotary ops, short convolution and fused
+// rotation against plain torch operations.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -114,6 +115,9 @@ const Impl kImpls[] = {Impl::reference, Impl::recurrent, Impl::chunk};
 void PrintTo(Impl impl, std::ostream* os) {
   *os << to_string(impl);
 }
+void PrintTo(RotaryLayout layout, std::ostream* os) {
+  *os << to_string(layout);
+}
 
 namespace {
 
@@ -147,7 +151,7 @@ TEST_P(TorchImpl, GlaAutogradMatchesCoreBackward) {
   const at::Tensor dq = at::empty_like(q0), dk = at::empty_like(k0), dv = at::empty_like(v0),
                    dg = at::empty_like(g0), dh0 = at::empty_like(h00);
   gla_backward(p, impl, core_view(d_o), core_view(dht),
-               {core_view(dq), core_view(dk), core_view(dv), core_view(dg), core_view(dh0)});
+               {core_view(dq), core_view(dk), core_view(dv), core_view(dg), core_view(dh0), {}});
 
   EXPECT_CLOSE(o, o_ref, 1e-13, "o");
   EXPECT_CLOSE(*ht, ht_ref, 1e-13, "final_state");
@@ -178,7 +182,7 @@ TEST_P(TorchImpl, GlaVarlenAutogradMatchesCoreBackward) {
   const at::Tensor dq = at::empty_like(q0), dk = at::empty_like(k0), dv = at::empty_like(v0),
                    dg = at::empty_like(g0), dh0 = at::empty_like(h00);
   gla_backward(p, impl, core_view(d_o), core_view(dht),
-               {core_view(dq), core_view(dk), core_view(dv), core_view(dg), core_view(dh0)});
+               {core_view(dq), core_view(dk), core_view(dv), core_view(dg), core_view(dh0), {}});
   EXPECT_CLOSE(q.grad(), dq, 1e-13, "dq");
   EXPECT_CLOSE(k.grad(), dk, 1e-13, "dk");
   EXPECT_CLOSE(v.grad(), dv, 1e-13, "dv");
@@ -214,8 +218,13 @@ TEST_P(TorchImpl, GatedDeltaRuleAutogradMatchesCoreBackward) {
                    dg = at::empty_like(g0), dbeta = at::empty_like(beta0),
                    dh0 = at::empty_like(h00);
   gated_delta_rule_backward(p, impl, core_view(d_o), core_view(dht),
-                            {core_view(dq), core_view(dk), core_view(dv), core_view(dg),
-                             core_view(dbeta), core_view(dh0)});
+                            {core_view(dq),
+                             core_view(dk),
+                             core_view(dv),
+                             core_view(dg),
+                             core_view(dbeta),
+                             core_view(dh0),
+                             {}});
   EXPECT_CLOSE(o, o_ref, 1e-13, "o");
   EXPECT_CLOSE(*ht, ht_ref, 1e-13, "final_state");
   EXPECT_CLOSE(q.grad(), dq, 1e-13, "dq");
@@ -251,7 +260,7 @@ TEST_P(TorchImpl, ForgettingAttnAutogradMatchesCoreBackward) {
                      dg = at::empty_like(g0);
     // No o / lse: the core recomputes them, so this also checks what the layer saved.
     forgetting_attn_backward(p, impl, core_view(d_o), {}, {},
-                             {core_view(dq), core_view(dk), core_view(dv), core_view(dg)});
+                             {core_view(dq), core_view(dk), core_view(dv), core_view(dg), {}});
     EXPECT_CLOSE(o, o_ref, 1e-13, "o");
     EXPECT_CLOSE(q.grad(), dq, 1e-12, "dq");
     EXPECT_CLOSE(k.grad(), dk, 1e-12, "dk");
@@ -356,7 +365,7 @@ TEST_P(TorchImpl, FinalStateGradientFlowsWhenOnlyTheStateIsUsed) {
   const at::Tensor dq = at::empty_like(q0), dk = at::empty_like(k0), dv = at::empty_like(v0),
                    dg = at::empty_like(g0), dh0 = at::empty_like(h00);
   gla_backward(p, impl, core_view(zeros), core_view(dht),
-               {core_view(dq), core_view(dk), core_view(dv), core_view(dg), core_view(dh0)});
+               {core_view(dq), core_view(dk), core_view(dv), core_view(dg), core_view(dh0), {}});
   EXPECT_CLOSE(k.grad(), dk, 1e-13, "dk");
   EXPECT_CLOSE(v.grad(), dv, 1e-13, "dv");
   EXPECT_CLOSE(g.grad(), dg, 1e-13, "dg");
@@ -375,7 +384,7 @@ TEST_P(TorchImpl, FinalStateGradientFlowsWhenOnlyTheStateIsUsed) {
   pd.beta = core_view(b0), pd.initial_state = core_view(h00);
   const at::Tensor dgg = at::empty_like(gg0), dbeta = at::empty_like(b0), dh1 = at::empty_like(h00);
   gated_delta_rule_backward(pd, impl, core_view(zeros), core_view(dht),
-                            {{}, {}, {}, core_view(dgg), core_view(dbeta), core_view(dh1)});
+                            {{}, {}, {}, core_view(dgg), core_view(dbeta), core_view(dh1), {}});
   EXPECT_CLOSE(gg.grad(), dgg, 1e-13, "dg (gated delta rule)");
   EXPECT_CLOSE(beta.grad(), dbeta, 1e-13, "dbeta");
   EXPECT_CLOSE(h1.grad(), dh1, 1e-13, "dh0 (gated delta rule)");
@@ -645,6 +654,308 @@ TEST(Torch, ForgettingAttnDecoderErrors) {
                      at::zeros({1, 1, 2}));
       },
       {"argument 'q': expected 4-D"});
+}
+
+// ---- rotary ops, short convolution and fused rotation
+// --------------------------------------------- The expected values come from plain torch
+// operations differentiated by torch's own autograd, an implementation independent of phasor's
+// kernels.
+
+// Rotation of x [B, T, H, K] by theta [B, T, H, R] (or [B, T, R]) written with torch ops.
+at::Tensor torch_rotate(const at::Tensor& x, at::Tensor theta, RotaryLayout layout) {
+  if (theta.dim() == 3) theta = theta.unsqueeze(2);
+  const std::int64_t R = x.size(3) / 2;
+  const at::Tensor c = theta.cos(), s = theta.sin();
+  if (layout == RotaryLayout::half_split) {
+    const at::Tensor a = x.slice(3, 0, R), b = x.slice(3, R, 2 * R);
+    return at::cat({a * c - b * s, a * s + b * c}, 3);
+  }
+  const at::Tensor pairs = x.reshape({x.size(0), x.size(1), x.size(2), R, 2});
+  const at::Tensor a = pairs.select(4, 0), b = pairs.select(4, 1);
+  return at::stack({a * c - b * s, a * s + b * c}, 4).reshape(x.sizes());
+}
+
+const RotaryLayout kLayouts[] = {RotaryLayout::half_split, RotaryLayout::interleaved};
+
+TEST(TorchRotary, ApplyRotaryMatchesTorchOpsWithGradients) {
+  torch::manual_seed(20);
+  const std::int64_t B = 2, T = 5, H = 3, K = 6;
+  for (RotaryLayout layout : kLayouts) {
+    for (bool shared : {false, true}) {
+      SCOPED_TRACE(std::string(to_string(layout)) + (shared ? " shared over heads" : " per head"));
+      const at::Tensor x0 = at::randn({B, T, H, K}, f64);
+      const at::Tensor t0 =
+          shared ? at::randn({B, T, K / 2}, f64) * 3 : at::randn({B, T, H, K / 2}, f64) * 3;
+      at::Tensor x = strided_leaf(x0), theta = leaf(t0), xr = leaf(x0), tr = leaf(t0);
+      const at::Tensor y = apply_rotary(x, theta, layout), y_ref = torch_rotate(xr, tr, layout);
+      EXPECT_CLOSE(y, y_ref, 1e-14, "y");
+      const at::Tensor dy = at::randn_like(y_ref);
+      y.backward(dy);
+      y_ref.backward(dy);
+      EXPECT_CLOSE(x.grad(), xr.grad(), 1e-14, "dx");
+      EXPECT_CLOSE(theta.grad(), tr.grad(), 1e-13, "dtheta");
+    }
+  }
+  // float32 and float16 inputs keep their dtype.
+  const at::Tensor xh = at::randn({1, 3, 2, 4}).to(at::kHalf);
+  EXPECT_EQ(apply_rotary(xh, at::randn({1, 3, 2})).scalar_type(), at::kHalf);
+  EXPECT_EQ(apply_rotary(xh.to(at::kFloat), at::randn({1, 3, 2})).scalar_type(), at::kFloat);
+}
+
+TEST(TorchRotary, SelectiveRopePhasesMatchTorchCumsumWithGradients) {
+  torch::manual_seed(21);
+  const std::int64_t T = 9, H = 2, R = 3;
+  const at::Tensor cu = at::tensor({0, 4, 4, 9}, at::kLong);  // one empty sequence
+  for (bool per_head_omega : {true, false}) {
+    SCOPED_TRACE(per_head_omega ? "omega [H, R]" : "omega [R]");
+    const at::Tensor phi0 = at::randn({1, T, H, R}, f64),
+                     w0 = per_head_omega ? at::rand({H, R}, f64) : at::rand({R}, f64),
+                     p00 = at::randn({3, H, R}, f64);
+    at::Tensor phi = leaf(phi0), omega = leaf(w0), p0 = leaf(p00);
+    auto [theta, final_phase] = selective_rope_phases(phi, omega, p0, true, cu);
+    ASSERT_TRUE(final_phase.has_value());
+    // Reference: a cumulative sum per sequence, restarted at each boundary of cu_seqlens.
+    at::Tensor phir = leaf(phi0), omegar = leaf(w0), p0r = leaf(p00);
+    std::vector<at::Tensor> pieces, finals;
+    const std::int64_t bounds[] = {0, 4, 4, 9};
+    for (int n = 0; n < 3; ++n) {
+      const at::Tensor run =
+          p0r[n] + phir.slice(1, bounds[n], bounds[n + 1]).cumsum(1);  // [1, L, H, R]
+      pieces.push_back(run * omegar);
+      finals.push_back(p0r[n] + phir.slice(1, bounds[n], bounds[n + 1]).sum(at::IntArrayRef{0, 1}));
+    }
+    const at::Tensor theta_ref = at::cat(pieces, 1), final_ref = at::stack(finals, 0);
+    EXPECT_CLOSE(theta, theta_ref, 1e-14, "theta");
+    EXPECT_CLOSE(*final_phase, final_ref, 1e-14, "final_phase");
+    const at::Tensor dtheta = at::randn_like(theta_ref), dfinal = at::randn_like(final_ref);
+    torch::autograd::backward({theta, *final_phase}, {dtheta, dfinal});
+    torch::autograd::backward({theta_ref, final_ref}, {dtheta, dfinal});
+    EXPECT_CLOSE(phi.grad(), phir.grad(), 1e-13, "dphi");
+    EXPECT_CLOSE(omega.grad(), omegar.grad(), 1e-13, "domega");
+    EXPECT_CLOSE(p0.grad(), p0r.grad(), 1e-13, "dinitial_phase");
+  }
+  // Continuing from final_phase equals one call over the whole sequence.
+  const at::Tensor phi = at::randn({2, 8, H, R}, f64), omega = at::rand({R}, f64);
+  const at::Tensor whole = std::get<0>(selective_rope_phases(phi, omega));
+  auto [first, mid] = selective_rope_phases(phi.slice(1, 0, 5), omega, c10::nullopt, true);
+  const at::Tensor rest = std::get<0>(selective_rope_phases(phi.slice(1, 5, 8), omega, *mid));
+  EXPECT_CLOSE(at::cat({first, rest}, 1), whole, 1e-14, "continued phases");
+}
+
+TEST(TorchRotary, RopeAnglesArePositionTimesFrequency) {
+  const std::int64_t K = 8;
+  const at::Tensor theta = rope_angles(2, 5, K, 10000.0, 3, c10::nullopt, at::kDouble);
+  ASSERT_EQ(theta.sizes(), (at::IntArrayRef{2, 5, K / 2}));
+  const at::Tensor pos = at::arange(3, 8, f64).view({1, 5, 1});
+  const at::Tensor freq = at::pow(10000.0, -at::arange(0, K, 2, f64) / K).view({1, 1, K / 2});
+  EXPECT_CLOSE(theta, (pos * freq).expand({2, 5, K / 2}), 1e-15, "rope angles");
+  // Positions restart at every sequence of cu_seqlens.
+  const at::Tensor packed =
+      rope_angles(1, 6, K, 10000.0, 0, at::tensor({0, 2, 6}, at::kInt), at::kDouble);
+  EXPECT_TRUE(at::allclose(packed[0][2], packed[0][0].mul(0)));
+  EXPECT_TRUE(at::allclose(packed[0][3], packed[0][1]));
+  expect_torch_error([] { rope_angles(1, 4, 7); }, {"argument 'head_dim'"});
+  expect_torch_error([] { rope_angles(1, 4, 8, 10000.0, 0, c10::nullopt, at::kInt); },
+                     {"argument 'dtype'"});
+}
+
+TEST(TorchRotary, StandardRopeLogitsDependOnlyOnTheOffset) {
+  // q·k after RoPE at positions (m, n) equals the same at (m + d, n + d): the relative law.
+  torch::manual_seed(22);
+  const std::int64_t T = 12, K = 8;
+  const at::Tensor q = at::randn({1, 1, 1, K}, f64).expand({1, T, 1, K}),
+                   k = at::randn({1, 1, 1, K}, f64).expand({1, T, 1, K});
+  const at::Tensor theta = rope_angles(1, T, K, 10000.0, 0, c10::nullopt, at::kDouble);
+  for (RotaryLayout layout : kLayouts) {
+    const at::Tensor qr = apply_rotary(q, theta, layout)[0].select(1, 0),
+                     kr = apply_rotary(k, theta, layout)[0].select(1, 0);
+    const at::Tensor logits = qr.matmul(kr.t());  // [T, T]
+    for (std::int64_t m = 0; m + 3 < T; ++m)
+      for (std::int64_t n = 0; n + 3 < T; ++n)
+        EXPECT_NEAR(logits[m][n].item<double>(), logits[m + 3][n + 3].item<double>(), 1e-12);
+  }
+}
+
+TEST(TorchRotary, CausalConv1dMatchesTorchConvWithGradientsAndCache) {
+  torch::manual_seed(23);
+  const std::int64_t B = 2, T = 7, D = 5, W = 4;
+  for (const char* activation : {"none", "silu"}) {
+    SCOPED_TRACE(activation);
+    const at::Tensor x0 = at::randn({B, T, D}, f64), w0 = at::randn({D, W}, f64),
+                     b0 = at::randn({D}, f64), c0 = at::randn({B, D, W - 1}, f64);
+    at::Tensor x = leaf(x0), w = leaf(w0), b = leaf(b0), c = leaf(c0);
+    auto [y, final_state] = causal_conv1d(x, w, b, activation, c, true);
+    // Reference: depthwise conv1d over [cache, x] along time.
+    at::Tensor xr = leaf(x0), wr = leaf(w0), br = leaf(b0), cr = leaf(c0);
+    const at::Tensor ext = at::cat({cr, xr.transpose(1, 2)}, 2);  // [B, D, W-1+T]
+    at::Tensor y_ref = at::conv1d(ext, wr.unsqueeze(1), br, at::IntArrayRef{1}, at::IntArrayRef{0},
+                                  at::IntArrayRef{1}, D)
+                           .transpose(1, 2);
+    if (std::string(activation) == "silu") y_ref = at::silu(y_ref);
+    const at::Tensor final_ref = ext.slice(2, T, T + W - 1);
+    EXPECT_CLOSE(y, y_ref, 1e-14, "y");
+    EXPECT_CLOSE(*final_state, final_ref, 1e-15, "final_state");
+    const at::Tensor dy = at::randn_like(y_ref), dfinal = at::randn_like(final_ref);
+    torch::autograd::backward({y, *final_state}, {dy, dfinal});
+    torch::autograd::backward({y_ref, final_ref}, {dy, dfinal});
+    EXPECT_CLOSE(x.grad(), xr.grad(), 1e-13, "dx");
+    EXPECT_CLOSE(w.grad(), wr.grad(), 1e-13, "dweight");
+    EXPECT_CLOSE(b.grad(), br.grad(), 1e-13, "dbias");
+    EXPECT_CLOSE(c.grad(), cr.grad(), 1e-13, "dinitial_state");
+  }
+  // Decoding one token at a time through the cache reproduces the full call.
+  const at::Tensor x = at::randn({B, T, D}, f64), w = at::randn({D, W}, f64);
+  const at::Tensor full = std::get<0>(causal_conv1d(x, w, c10::nullopt, "silu"));
+  at::Tensor cache = at::zeros({B, D, W - 1}, f64);
+  for (std::int64_t t = 0; t < T; ++t) {
+    auto [y, next] = causal_conv1d(x.slice(1, t, t + 1), w, c10::nullopt, "silu", cache, true);
+    EXPECT_CLOSE(y, full.slice(1, t, t + 1), 1e-14, "decoded token " + std::to_string(t));
+    cache = *next;
+  }
+  expect_torch_error([&] { causal_conv1d(x, w, c10::nullopt, "gelu"); }, {"activation"});
+  expect_torch_error([&] { causal_conv1d(x, at::randn({D + 1, W}, f64)); }, {"'weight'"});
+}
+
+// Fused rotation through the torch API == apply_rotary on q and k, then the op without theta:
+// outputs and every gradient, theta's included (autograd sums the q and k paths of the explicit
+// version; the fused kernel returns the same sum).
+class TorchFusedRotation : public ::testing::TestWithParam<std::tuple<Impl, RotaryLayout>> {};
+INSTANTIATE_TEST_SUITE_P(AllImplsAndLayouts, TorchFusedRotation,
+                         ::testing::Combine(::testing::ValuesIn(kImpls),
+                                            ::testing::ValuesIn(kLayouts)),
+                         [](const auto& info) {
+                           return std::string(to_string(std::get<0>(info.param))) + "_" +
+                                  to_string(std::get<1>(info.param));
+                         });
+
+TEST_P(TorchFusedRotation, GlaMatchesExplicitRotation) {
+  const auto [impl, layout] = GetParam();
+  torch::manual_seed(24);
+  const std::int64_t B = 2, T = 7, H = 2, K = 4, V = 3;
+  const at::Tensor q0 = at::randn({B, T, H, K}, f64), k0 = at::randn({B, T, H, K}, f64),
+                   v0 = at::randn({B, T, H, V}, f64), g0 = log_gates({B, T, H, K}),
+                   t0 = at::randn({B, T, H, K / 2}, f64) * 4, h00 = at::randn({B, H, K, V}, f64);
+  at::Tensor q = leaf(q0), k = leaf(k0), v = leaf(v0), g = leaf(g0), theta = leaf(t0),
+             h0 = leaf(h00);
+  auto [o, ht] = gla(q, k, v, g, impl, c10::nullopt, h0, true, c10::nullopt, 3, theta, layout);
+  at::Tensor qr = leaf(q0), kr = leaf(k0), vr = leaf(v0), gr = leaf(g0), tr = leaf(t0),
+             h0r = leaf(h00);
+  auto [o_ref, ht_ref] = gla(apply_rotary(qr, tr, layout), apply_rotary(kr, tr, layout), vr, gr,
+                             impl, c10::nullopt, h0r, true, c10::nullopt, 3);
+  EXPECT_CLOSE(o, o_ref, 1e-12, "o");
+  EXPECT_CLOSE(*ht, *ht_ref, 1e-12, "final_state");
+  const at::Tensor d_o = at::randn_like(o_ref), dht = at::randn_like(*ht_ref);
+  torch::autograd::backward({o, *ht}, {d_o, dht});
+  torch::autograd::backward({o_ref, *ht_ref}, {d_o, dht});
+  EXPECT_CLOSE(q.grad(), qr.grad(), 1e-12, "dq");
+  EXPECT_CLOSE(k.grad(), kr.grad(), 1e-12, "dk");
+  EXPECT_CLOSE(v.grad(), vr.grad(), 1e-12, "dv");
+  EXPECT_CLOSE(g.grad(), gr.grad(), 1e-12, "dg");
+  EXPECT_CLOSE(h0.grad(), h0r.grad(), 1e-12, "dh0");
+  EXPECT_CLOSE(theta.grad(), tr.grad(), 1e-12, "dtheta");
+}
+
+TEST_P(TorchFusedRotation, GatedDeltaRuleMatchesExplicitRotation) {
+  const auto [impl, layout] = GetParam();
+  torch::manual_seed(25);
+  const std::int64_t B = 2, T = 7, H = 1, HV = 2, K = 4, V = 3;
+  const at::Tensor q0 = at::randn({B, T, H, K}, f64), k0 = at::randn({B, T, H, K}, f64),
+                   v0 = at::randn({B, T, HV, V}, f64), g0 = log_gates({B, T, HV}, 3.0),
+                   beta0 = 2 * at::rand({B, T, HV}, f64), t0 = at::randn({B, T, H, K / 2}, f64),
+                   h00 = at::randn({B, HV, K, V}, f64);
+  at::Tensor q = leaf(q0), k = leaf(k0), v = leaf(v0), g = leaf(g0), beta = leaf(beta0),
+             theta = leaf(t0), h0 = leaf(h00);
+  auto [o, ht] = gated_delta_rule(q, k, v, g, beta, impl, c10::nullopt, h0, true, c10::nullopt,
+                                  true, 3, theta, layout);
+  at::Tensor qr = leaf(q0), kr = leaf(k0), vr = leaf(v0), gr = leaf(g0), br = leaf(beta0),
+             tr = leaf(t0), h0r = leaf(h00);
+  auto [o_ref, ht_ref] =
+      gated_delta_rule(apply_rotary(qr, tr, layout), apply_rotary(kr, tr, layout), vr, gr, br, impl,
+                       c10::nullopt, h0r, true, c10::nullopt, true, 3);
+  EXPECT_CLOSE(o, o_ref, 1e-12, "o");
+  EXPECT_CLOSE(*ht, *ht_ref, 1e-12, "final_state");
+  const at::Tensor d_o = at::randn_like(o_ref), dht = at::randn_like(*ht_ref);
+  torch::autograd::backward({o, *ht}, {d_o, dht});
+  torch::autograd::backward({o_ref, *ht_ref}, {d_o, dht});
+  EXPECT_CLOSE(q.grad(), qr.grad(), 1e-12, "dq");
+  EXPECT_CLOSE(k.grad(), kr.grad(), 1e-12, "dk");
+  EXPECT_CLOSE(v.grad(), vr.grad(), 1e-12, "dv");
+  EXPECT_CLOSE(g.grad(), gr.grad(), 1e-12, "dg");
+  EXPECT_CLOSE(beta.grad(), br.grad(), 1e-12, "dbeta");
+  EXPECT_CLOSE(h0.grad(), h0r.grad(), 1e-12, "dh0");
+  EXPECT_CLOSE(theta.grad(), tr.grad(), 1e-12, "dtheta");
+}
+
+TEST_P(TorchFusedRotation, ForgettingAttnMatchesExplicitRotation) {
+  const auto [impl, layout] = GetParam();
+  torch::manual_seed(26);
+  const std::int64_t B = 2, T = 9, HQ = 4, H = 2, K = 4, V = 3;
+  const at::Tensor q0 = at::randn({B, T, HQ, K}, f64), k0 = at::randn({B, T, H, K}, f64),
+                   v0 = at::randn({B, T, H, V}, f64), g0 = log_gates({B, T, HQ}, 1.0),
+                   t0 = at::randn({B, T, H, K / 2}, f64) * 4;
+  at::Tensor q = leaf(q0), k = leaf(k0), v = leaf(v0), g = leaf(g0), theta = leaf(t0);
+  const at::Tensor o =
+      forgetting_attn(q, k, v, g, impl, c10::nullopt, c10::nullopt, c10::nullopt, 4, theta, layout);
+  at::Tensor qr = leaf(q0), kr = leaf(k0), vr = leaf(v0), gr = leaf(g0), tr = leaf(t0);
+  // Each query head uses the angles of its key head: repeat theta over the query group.
+  const at::Tensor tq = tr.repeat_interleave(HQ / H, 2);
+  const at::Tensor o_ref =
+      forgetting_attn(apply_rotary(qr, tq, layout), apply_rotary(kr, tr, layout), vr, gr, impl,
+                      c10::nullopt, c10::nullopt, c10::nullopt, 4);
+  EXPECT_CLOSE(o, o_ref, 1e-12, "o");
+  const at::Tensor d_o = at::randn_like(o_ref);
+  o.backward(d_o);
+  o_ref.backward(d_o);
+  EXPECT_CLOSE(q.grad(), qr.grad(), 1e-12, "dq");
+  EXPECT_CLOSE(k.grad(), kr.grad(), 1e-12, "dk");
+  EXPECT_CLOSE(v.grad(), vr.grad(), 1e-12, "dv");
+  EXPECT_CLOSE(g.grad(), gr.grad(), 1e-12, "dg");
+  EXPECT_CLOSE(theta.grad(), tr.grad(), 1e-12, "dtheta");
+}
+
+TEST(TorchRotary, ForgettingAttnDecoderWithThetaMatchesParallelForward) {
+  torch::manual_seed(27);
+  const std::int64_t B = 2, T = 8, HQ = 4, H = 2, K = 4, V = 3;
+  const at::Tensor q = at::randn({B, T, HQ, K}, f64), k = at::randn({B, T, H, K}, f64),
+                   v = at::randn({B, T, H, V}, f64), g = log_gates({B, T, HQ}, 1.0),
+                   theta = at::randn({B, T, H, K / 2}, f64) * 5;
+  for (RotaryLayout layout : kLayouts) {
+    const at::Tensor expected = parallel_forgetting_attn(q, k, v, g, c10::nullopt, c10::nullopt,
+                                                         c10::nullopt, 64, theta, layout);
+    ForgettingAttnDecoder decoder(B, HQ, H, K, V);
+    for (std::int64_t t = 0; t < T; ++t) {
+      const auto tok = [&](const at::Tensor& x) { return x.slice(1, t, t + 1); };
+      const at::Tensor o = decoder.step(tok(q), tok(k), tok(v), tok(g), tok(theta), layout);
+      EXPECT_CLOSE(o, tok(expected), 1e-12, "o at token " + std::to_string(t));
+    }
+  }
+}
+
+TEST(TorchRotary, ThetaErrorsNameTheArgument) {
+  const at::Tensor q = at::randn({1, 4, 2, 6}), v = at::randn({1, 4, 2, 3}),
+                   g = at::zeros({1, 4, 2, 6});
+  expect_torch_error(
+      [&] {
+        chunk_gla(q, q, v, g, {}, {}, false, {}, 64, at::zeros({1, 4, 2}));
+      },
+      {"chunk_gla", "argument 'theta'", "4-D"});
+  expect_torch_error(
+      [&] {
+        chunk_gla(q, q, v, g, {}, {}, false, {}, 64, at::zeros({1, 4, 2, 2}));
+      },
+      {"chunk_gla", "argument 'theta'", "K/2=3"});
+  expect_torch_error(
+      [&] {
+        parallel_forgetting_attn(q, q, v, at::zeros({1, 4, 2}), {}, {}, {}, 64,
+                                 at::zeros({1, 4, 1, 3}));
+      },
+      {"argument 'theta'"});
+  expect_torch_error([&] { apply_rotary(q, at::zeros({1, 4, 2, 2})); }, {"argument 'theta'"});
+  expect_torch_error(
+      [&] {
+        selective_rope_phases(at::zeros({1, 4, 2, 3}), at::zeros({2, 2}));
+      },
+      {"argument 'omega'"});
 }
 
 }  // namespace
