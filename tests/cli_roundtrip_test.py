@@ -389,6 +389,65 @@ def test_forgetting_attn():
     compare("parallel_forgetting_attn float32, strong and zero gates, fwd+bwd", out, expected, 1e-4)
 
 
+# ---- fused rotation (theta) ------------------------------------------------------------------------------
+
+def rotate(x, theta, interleaved):
+    """Pairs (i, i + K/2) (half-split) or (2i, 2i + 1) (interleaved) of x [B, T, H, K] rotated by
+    theta [B, T, H, K/2]: y_a = x_a cos θ − x_b sin θ, y_b = x_a sin θ + x_b cos θ."""
+    R = x.shape[-1] // 2
+    c, s = torch.cos(theta), torch.sin(theta)
+    if interleaved:
+        a, b = x[..., 0::2], x[..., 1::2]
+        return torch.stack([a * c - b * s, a * s + b * c], dim=-1).flatten(-2)
+    a, b = x[..., :R], x[..., R:]
+    return torch.cat([a * c - b * s, a * s + b * c], dim=-1)
+
+
+def test_rotation():
+    """Each op with theta in the input == the pure-PyTorch implementation on rotated q and k, for
+    both layouts; dtheta is autograd's gradient through the explicit rotation."""
+    torch.manual_seed(5)
+    B, T, H, K, V = 2, 10, 2, 6, 3
+    base = {"q": torch.randn(B, T, H, K, dtype=torch.float64),
+            "k": torch.randn(B, T, H, K, dtype=torch.float64),
+            "v": torch.randn(B, T, H, V, dtype=torch.float64),
+            "theta": 3 * torch.randn(B, T, H, K // 2, dtype=torch.float64),
+            "do": torch.randn(B, T, H, V, dtype=torch.float64)}
+    for interleaved in (False, True):
+        flag = ["--rotary-interleaved"] if interleaved else []
+        layout = "interleaved" if interleaved else "half-split"
+        rot = lambda a, key: rotate(a[key], a["theta"], interleaved)
+        cases = [
+            ("gla", dict(base, g=log_gates((B, T, H, K))),
+             lambda a: [gla_ref(rot(a, "q"), rot(a, "k"), a["v"], a["g"])[0]],
+             ["q", "k", "v", "g", "theta"]),
+            ("gated_delta_rule",
+             dict(base, g=log_gates((B, T, H), 3.0), beta=torch.rand(B, T, H, dtype=torch.float64)),
+             lambda a: [gated_delta_rule_ref(rot(a, "q"), rot(a, "k"), a["v"], a["g"], a["beta"],
+                                             None, None, None, True)[0]],
+             ["q", "k", "v", "g", "beta", "theta"]),
+            ("forgetting_attn", dict(base, g=log_gates((B, T, H), 1.0)),
+             lambda a: [forgetting_attn_ref(rot(a, "q"), rot(a, "k"), a["v"], a["g"])],
+             ["q", "k", "v", "g", "theta"]),
+        ]
+        for op, x, fwd, names in cases:
+            o = fwd(x)[0]
+            grads = reference_grads(fwd, x, names, [0], [x["do"]])
+            expected = {"o": o, **{"d" + n: grads[n] for n in names}}
+            extra = ["--use-qk-l2norm"] if op == "gated_delta_rule" else []
+            for impl in IMPLS:
+                _, err, out = run_phasor([op, "--impl", impl, "--chunk-size", "4", *flag, *extra], x)
+                compare(f"{op} {impl} with theta ({layout}) fwd+bwd", out, expected, 1e-9)
+                if out is None:
+                    print(err)
+    x = dict(base, g=log_gates((B, T, H, K)))
+    expect_usage_error("error: theta of the wrong shape", ["gla"],
+                       dict(x, theta=torch.zeros(B, T, H, K)), ["'theta'"])
+    no_theta = {key: value for key, value in x.items() if key != "theta"}
+    expect_usage_error("error: --rotary-interleaved without theta", ["gla", "--rotary-interleaved"],
+                       no_theta, ["'--rotary-interleaved'"])
+
+
 # ---- bad input -----------------------------------------------------------------------------------------------
 
 def expect_usage_error(name, args, inputs, fragments):
@@ -439,7 +498,8 @@ def test_errors():
 
 
 def main():
-    for test in (test_gla, test_gated_delta_rule, test_forgetting_attn, test_errors):
+    for test in (test_gla, test_gated_delta_rule, test_forgetting_attn, test_rotation,
+                 test_errors):
         try:
             test()
         except Exception as e:  # a crash in one group must not hide the others' results

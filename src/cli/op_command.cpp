@@ -61,11 +61,11 @@ std::string joined_op_names(bool fla_names_only = false) {
 std::set<std::string> allowed_keys(Op op) {
   switch (op) {
     case Op::gla:
-      return {"q", "k", "v", "g", "initial_state", "cu_seqlens", "do", "dht"};
+      return {"q", "k", "v", "g", "initial_state", "cu_seqlens", "theta", "do", "dht"};
     case Op::gated_delta_rule:
-      return {"q", "k", "v", "g", "beta", "initial_state", "cu_seqlens", "do", "dht"};
+      return {"q", "k", "v", "g", "beta", "initial_state", "cu_seqlens", "theta", "do", "dht"};
     case Op::forgetting_attn:
-      return {"q", "k", "v", "g", "cu_seqlens", "do"};
+      return {"q", "k", "v", "g", "cu_seqlens", "theta", "do"};
   }
   return {};
 }
@@ -144,7 +144,7 @@ struct Options {
   std::string impl_name;
   std::optional<double> scale;
   std::optional<std::int64_t> chunk_size, window_size;
-  bool output_final_state = false, use_qk_l2norm = false;
+  bool output_final_state = false, use_qk_l2norm = false, rotary_interleaved = false;
   int threads = 0;
 };
 
@@ -213,6 +213,13 @@ int run(const Options& opt) {
       {"q", "dq"}, {"k", "dk"}, {"v", "dv"}, {"g", "dg"}};
   if (op == Op::gated_delta_rule) differentiable.push_back({"beta", "dbeta"});
   if (op != Op::forgetting_attn) differentiable.push_back({"initial_state", "dh0"});
+  differentiable.push_back({"theta", "dtheta"});
+  if (opt.rotary_interleaved && !in.count("theta"))
+    throw InputError(
+        "argument '--rotary-interleaved': expected together with 'theta' in the input (it selects "
+        "how theta rotates q and k), got it without");
+  const RotaryLayout layout =
+      opt.rotary_interleaved ? RotaryLayout::interleaved : RotaryLayout::half_split;
   for (const char* key : {"q", "k", "v", "g"}) required(key);
   if (op == Op::gated_delta_rule) required("beta");
   if (backward)
@@ -230,20 +237,21 @@ int run(const Options& opt) {
   c10::optional<at::Tensor> final_state;
   switch (op) {
     case Op::gla:
-      std::tie(o, final_state) =
-          phasor::gla(in["q"], in["k"], in["v"], in["g"], impl, scale, optional("initial_state"),
-                      opt.output_final_state, optional("cu_seqlens"), chunk_size);
+      std::tie(o, final_state) = phasor::gla(
+          in["q"], in["k"], in["v"], in["g"], impl, scale, optional("initial_state"),
+          opt.output_final_state, optional("cu_seqlens"), chunk_size, optional("theta"), layout);
       break;
     case Op::gated_delta_rule:
       std::tie(o, final_state) = phasor::gated_delta_rule(
           in["q"], in["k"], in["v"], in["g"], in["beta"], impl, scale, optional("initial_state"),
-          opt.output_final_state, optional("cu_seqlens"), opt.use_qk_l2norm, chunk_size);
+          opt.output_final_state, optional("cu_seqlens"), opt.use_qk_l2norm, chunk_size,
+          optional("theta"), layout);
       break;
     case Op::forgetting_attn: {
       c10::optional<std::int64_t> window;
       if (opt.window_size) window = *opt.window_size;
       o = phasor::forgetting_attn(in["q"], in["k"], in["v"], in["g"], impl, scale, window,
-                                  optional("cu_seqlens"), chunk_size);
+                                  optional("cu_seqlens"), chunk_size, optional("theta"), layout);
       break;
     }
   }
@@ -286,9 +294,10 @@ int run(const Options& opt) {
 int run_op(int argc, char** argv) {
   CLI::App app{
       "Run one op on a dict of named tensors saved with Python's torch.save (keys: q, k, v, g, "
-      "beta, initial_state, cu_seqlens; with `do` and optionally `dht`, also the backward pass) "
-      "and write a dict with o, final_state and the gradients dq, dk, dv, dg, dbeta, dh0 that "
-      "apply, loadable with torch.load.",
+      "beta, initial_state, cu_seqlens, theta (rotation angles [B, T, H, K/2] applied to q and k "
+      "inside the kernel); with `do` and optionally `dht`, also the backward pass) and write a "
+      "dict with o, final_state and the gradients dq, dk, dv, dg, dbeta, dh0, dtheta that apply, "
+      "loadable with torch.load.",
       "phasor op"};
   Options opt;
   double scale = 0;
@@ -314,6 +323,9 @@ int run_op(int argc, char** argv) {
                "also write final_state (gla, gated_delta_rule)");
   app.add_flag("--use-qk-l2norm", opt.use_qk_l2norm,
                "gated_delta_rule: l2-normalise q and k in the kernel");
+  app.add_flag("--rotary-interleaved", opt.rotary_interleaved,
+               "theta rotates the pairs (2i, 2i+1) (GPT-J) instead of (i, i+K/2) (GPT-NeoX, "
+               "default)");
   app.add_option("--threads", opt.threads, "threads (default 0: PHASOR_NUM_THREADS or all cores)");
   try {
     app.parse(argc, argv);
