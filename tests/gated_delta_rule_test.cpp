@@ -1,6 +1,8 @@
 // Tests of the Gated DeltaNet op (gated delta rule): the float64 reference against central finite
 // differences, the recurrent and chunk kernels (float32 and float64) against the reference on
-// random and adversarial inputs, long sequences, decoding, thread invariance and bad inputs.
+// random and adversarial inputs, long sequences, decoding, thread invariance and bad inputs; the
+// fused rotation by θ (RoPE / Selective RoPE) against rotating q and k explicitly, its dθ against
+// finite differences, and its relative-position invariance.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -16,6 +18,7 @@
 #include <vector>
 
 #include "phasor/gated_delta_rule.h"
+#include "phasor/rotary.h"
 #include "test_util.h"
 
 namespace phasor {
@@ -61,6 +64,10 @@ struct Case {
   double key_std = 0.7;
   Layout layout = Layout::contiguous;  // of every tensor argument and output
   std::uint64_t seed = 1;
+  // Fused rotation: θ [B, T, H, K/2] drawn as theta_offset + N(0, theta_std²) (K must be even).
+  bool rotation = false;
+  RotaryLayout rotary_layout = RotaryLayout::half_split;
+  double theta_std = 3.0, theta_offset = 0.0;
 };
 
 // The logical (contiguous float64) inputs of a case and the cotangents of its outputs.
@@ -69,6 +76,7 @@ struct Data {
   std::int64_t B = 0, T = 0, N = 0;
   Tensor q, k, v, g, beta, h0, cu;  // h0 / cu undefined when absent
   Tensor d_o, d_ht;
+  Tensor theta;  // undefined without rotation
 };
 
 Tensor make_gates(const std::vector<std::int64_t>& shape, Gates kind, std::mt19937_64& rng) {
@@ -121,6 +129,11 @@ Data make_data(const Case& c) {
   if (!c.lengths.empty()) d.cu = testing::cu_seqlens(c.lengths);
   d.d_o = testing::randn({d.B, d.T, c.HV, c.V}, rng);
   d.d_ht = testing::randn({d.N, c.HV, c.K, c.V}, rng);
+  if (c.rotation) {  // drawn last: the other inputs do not depend on whether θ is used
+    d.theta = testing::randn({d.B, d.T, c.H, c.K / 2}, rng, c.theta_std);
+    for (std::int64_t i = 0; i < d.theta.numel(); ++i)
+      d.theta.set(i, d.theta.at(i) + c.theta_offset);
+  }
   return d;
 }
 
@@ -196,8 +209,22 @@ Tensor gather(const Arg& a) {
 }
 
 struct Result {
-  Tensor o, ht, dq, dk, dv, dg, dbeta, dh0;
+  Tensor o, ht, dq, dk, dv, dg, dbeta, dh0, dtheta;
 };
+
+GatedDeltaRuleGrads make_grads(const TensorView& dq, const TensorView& dk, const TensorView& dv,
+                               const TensorView& dg, const TensorView& dbeta, const TensorView& dh0,
+                               const TensorView& dtheta = {}) {
+  GatedDeltaRuleGrads grads;
+  grads.dq = dq;
+  grads.dk = dk;
+  grads.dv = dv;
+  grads.dg = dg;
+  grads.dbeta = dbeta;
+  grads.dh0 = dh0;
+  grads.dtheta = dtheta;
+  return grads;
+}
 
 // Runs forward (and backward) of `impl` on the case's inputs converted to `dtype`; outputs are
 // written in `dtype` too.
@@ -208,6 +235,7 @@ Result run(const Data& d, Impl impl, DType dtype, bool backward = true) {
             v = make_arg(d.v, dtype, st);
   const Arg g = make_arg(d.g, dtype, st), beta = make_arg(d.beta, dtype, st);
   const Arg h0 = make_arg(d.h0, dtype, st);
+  const Arg theta = make_arg(d.theta, dtype, st);
   GatedDeltaRuleParams p;
   p.q = q.view;
   p.k = k.view;
@@ -219,6 +247,8 @@ Result run(const Data& d, Impl impl, DType dtype, bool backward = true) {
   p.scale = c.scale;
   p.use_qk_l2norm_in_kernel = c.l2norm;
   p.chunk_size = c.chunk_size;
+  p.theta = theta.view;
+  p.rotary_layout = c.rotary_layout;
   Arg o = make_output({d.B, d.T, c.HV, c.V}, dtype, st);
   Arg ht = make_output({d.N, c.HV, c.K, c.V}, dtype, st);
   gated_delta_rule_forward(p, impl, o.view, ht.view);
@@ -233,14 +263,17 @@ Result run(const Data& d, Impl impl, DType dtype, bool backward = true) {
   Arg dg = make_output({d.B, d.T, c.HV}, dtype, st);
   Arg dbeta = make_output({d.B, d.T, c.HV}, dtype, st);
   Arg dh0 = c.initial_state ? make_output({d.N, c.HV, c.K, c.V}, dtype, st) : Arg{};
-  gated_delta_rule_backward(p, impl, d_o.view, d_ht.view,
-                            {dq.view, dk.view, dv.view, dg.view, dbeta.view, dh0.view});
+  Arg dtheta = d.theta.defined() ? make_output(d.theta.shape(), dtype, st) : Arg{};
+  gated_delta_rule_backward(
+      p, impl, d_o.view, d_ht.view,
+      make_grads(dq.view, dk.view, dv.view, dg.view, dbeta.view, dh0.view, dtheta.view));
   r.dq = gather(dq);
   r.dk = gather(dk);
   r.dv = gather(dv);
   r.dg = gather(dg);
   r.dbeta = gather(dbeta);
   r.dh0 = gather(dh0);
+  r.dtheta = gather(dtheta);
   return r;
 }
 
@@ -249,7 +282,7 @@ void expect_close(const Result& actual, const Result& expected, double tol,
   const std::pair<const char*, const Tensor Result::*> fields[] = {
       {"o", &Result::o},         {"final_state", &Result::ht}, {"dq", &Result::dq},
       {"dk", &Result::dk},       {"dv", &Result::dv},          {"dg", &Result::dg},
-      {"dbeta", &Result::dbeta}, {"dh0", &Result::dh0}};
+      {"dbeta", &Result::dbeta}, {"dh0", &Result::dh0},        {"dtheta", &Result::dtheta}};
   for (const auto& [name, field] : fields) {
     const Tensor& a = actual.*field;
     const Tensor& e = expected.*field;
@@ -262,7 +295,7 @@ void expect_close(const Result& actual, const Result& expected, double tol,
 bool bit_equal(const Result& a, const Result& b) {
   return a.o.bit_equal(b.o) && a.ht.bit_equal(b.ht) && a.dq.bit_equal(b.dq) &&
          a.dk.bit_equal(b.dk) && a.dv.bit_equal(b.dv) && a.dg.bit_equal(b.dg) &&
-         a.dbeta.bit_equal(b.dbeta) && a.dh0.bit_equal(b.dh0);
+         a.dbeta.bit_equal(b.dbeta) && a.dh0.bit_equal(b.dh0) && a.dtheta.bit_equal(b.dtheta);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -277,9 +310,13 @@ void check_reference_gradients(const Case& c) {
   Data d = make_data(c);
   const Result analytic = run(d, Impl::reference, DType::float64);
   const std::pair<const char*, std::pair<Tensor Data::*, const Tensor Result::*>> inputs[] = {
-      {"q", {&Data::q, &Result::dq}},          {"k", {&Data::k, &Result::dk}},
-      {"v", {&Data::v, &Result::dv}},          {"g", {&Data::g, &Result::dg}},
-      {"beta", {&Data::beta, &Result::dbeta}}, {"initial_state", {&Data::h0, &Result::dh0}}};
+      {"q", {&Data::q, &Result::dq}},
+      {"k", {&Data::k, &Result::dk}},
+      {"v", {&Data::v, &Result::dv}},
+      {"g", {&Data::g, &Result::dg}},
+      {"beta", {&Data::beta, &Result::dbeta}},
+      {"initial_state", {&Data::h0, &Result::dh0}},
+      {"theta", {&Data::theta, &Result::dtheta}}};
   const double eps = 1e-5;
   for (const auto& [name, members] : inputs) {
     Tensor& x = d.*(members.first);
@@ -322,6 +359,31 @@ TEST(GatedDeltaRuleReference, GradientsMatchFiniteDifferencesVarlenGroupedHeads)
   c.beta_lo = 0.0, c.beta_hi = 2.0;
   c.seed = 3;
   check_reference_gradients(c);
+}
+
+// The fused rotation: dθ (and every other gradient, through the rotated q and k) against finite
+// differences of the reference, for both pair layouts, with and without the normalisation,
+// grouped value heads (dθ sums over them) and packed sequences.
+TEST(GatedDeltaRuleReference, GradientsMatchFiniteDifferencesWithRotation) {
+  for (RotaryLayout layout : {RotaryLayout::half_split, RotaryLayout::interleaved}) {
+    Case c;
+    c.rotation = true;
+    c.rotary_layout = layout;
+    c.B = 2, c.T = 6, c.H = 1, c.HV = 2, c.K = 4, c.V = 3;
+    c.beta_lo = 0.2, c.beta_hi = 1.8;
+    c.name = std::string("rotation plain ") + to_string(layout);
+    c.l2norm = false;
+    check_reference_gradients(c);
+    c = Case{};
+    c.rotation = true;
+    c.rotary_layout = layout;
+    c.name = std::string("rotation varlen l2norm ") + to_string(layout);
+    c.lengths = {3, 0, 5};
+    c.H = 2, c.HV = 4, c.K = 4, c.V = 2;
+    c.scale = 0.8;
+    c.seed = 4;
+    check_reference_gradients(c);
+  }
 }
 
 // With use_qk_l2norm_in_kernel the op equals the plain op on inputs normalised beforehand.
@@ -425,6 +487,38 @@ std::vector<Case> adversarial_cases() {
     c.lengths = {7, 0, 12}, c.H = 1, c.HV = 2, c.layout = Layout::swapped, c.gates = Gates::mixed;
     c.chunk_size = 5;
   });
+  // Fused rotation by θ (the reference rotates with its own plain loops).
+  for (RotaryLayout layout : {RotaryLayout::half_split, RotaryLayout::interleaved}) {
+    const std::string suffix = layout == RotaryLayout::half_split ? "_half_split" : "_interleaved";
+    auto add_rotation = [&](const std::string& name, auto&& edit) {
+      add(name + suffix, [&](Case& c) {
+        c.rotation = true;
+        c.rotary_layout = layout;
+        edit(c);
+      });
+    };
+    add_rotation("rotation", [](Case& c) {
+      c.B = 2, c.T = 29, c.H = 2, c.HV = 4, c.K = 8, c.V = 6, c.chunk_size = 8;
+    });
+    add_rotation("rotation_no_l2norm", [](Case& c) {
+      c.B = 2, c.T = 30, c.l2norm = false, c.chunk_size = 8, c.K = 6, c.V = 3;
+    });
+    add_rotation("rotation_varlen", [](Case& c) {
+      c.lengths = {5, 0, 13, 1}, c.HV = 2, c.K = 6, c.V = 3, c.chunk_size = 4;
+    });
+    add_rotation("rotation_chunk_1", [](Case& c) { c.T = 9, c.chunk_size = 1; });
+    add_rotation("rotation_chunk_longer_than_sequence",
+                 [](Case& c) { c.T = 20, c.chunk_size = 64, c.K = 2, c.V = 5; });
+    add_rotation("rotation_mixed_gates",
+                 [](Case& c) { c.T = 45, c.H = 2, c.HV = 4, c.gates = Gates::mixed; });
+    // Running phases of thousands of radians, as Selective RoPE produces on long sequences.
+    add_rotation("rotation_large_angles", [](Case& c) {
+      c.T = 23, c.theta_offset = 3000.0, c.theta_std = 500.0, c.chunk_size = 8;
+    });
+    add_rotation("rotation_transposed_layout", [](Case& c) {
+      c.B = 2, c.T = 19, c.H = 2, c.HV = 4, c.layout = Layout::transposed, c.chunk_size = 8;
+    });
+  }
   return cases;
 }
 
@@ -481,7 +575,7 @@ TEST(GatedDeltaRuleKernels, OptionalGradientsAndFinalStateGradient) {
     dq.fill(kNaN);
     dbeta.fill(kNaN);
     gated_delta_rule_backward(p, impl, d.d_o.view(), d.d_ht.view(),
-                              {dq.view(), {}, {}, {}, dbeta.view(), {}});
+                              make_grads(dq.view(), {}, {}, {}, dbeta.view(), {}));
     EXPECT_TRUE(dq.bit_equal(full.dq)) << to_string(impl);
     EXPECT_TRUE(dbeta.bit_equal(full.dbeta)) << to_string(impl);
 
@@ -490,7 +584,8 @@ TEST(GatedDeltaRuleKernels, OptionalGradientsAndFinalStateGradient) {
     zero_dht.d_ht.fill(0.0);
     const Result expected = run(zero_dht, impl, DType::float64);
     Tensor dv = Tensor::zeros(d.v.shape()), dh0 = Tensor::zeros(d.h0.shape());
-    gated_delta_rule_backward(p, impl, d.d_o.view(), {}, {{}, {}, dv.view(), {}, {}, dh0.view()});
+    gated_delta_rule_backward(p, impl, d.d_o.view(), {},
+                              make_grads({}, {}, dv.view(), {}, {}, dh0.view()));
     EXPECT_TRUE(dv.bit_equal(expected.dv)) << to_string(impl);
     EXPECT_TRUE(dh0.bit_equal(expected.dh0)) << to_string(impl);
   }
@@ -679,10 +774,229 @@ TEST(GatedDeltaRuleKernels, BitIdenticalForAnyThreadCount) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Fused rotation
+
+// The explicit path: q and k rotated by apply_rotary (float64, its reference implementation),
+// the op called on them without θ, and the gradients taken back through apply_rotary_backward.
+// dθ is the sum of the rotation's dθ for q and for k.
+Result run_explicitly_rotated(const Data& d, Impl impl, DType dtype) {
+  const RotaryLayout layout = d.c.rotary_layout;
+  Data e = d;
+  e.c.rotation = false;
+  e.theta = Tensor();
+  apply_rotary_forward(d.q.view(), d.theta.view(), layout, Impl::reference, e.q.view());
+  apply_rotary_forward(d.k.view(), d.theta.view(), layout, Impl::reference, e.k.view());
+  Result r = run(e, impl, dtype);
+  Tensor dq(d.q.shape(), DType::float64), dk(d.k.shape(), DType::float64);
+  Tensor dtheta_q(d.theta.shape(), DType::float64), dtheta_k(d.theta.shape(), DType::float64);
+  apply_rotary_backward(d.q.view(), d.theta.view(), layout, Impl::reference, r.dq.view(), dq.view(),
+                        dtheta_q.view());
+  apply_rotary_backward(d.k.view(), d.theta.view(), layout, Impl::reference, r.dk.view(), dk.view(),
+                        dtheta_k.view());
+  r.dq = dq;
+  r.dk = dk;
+  r.dtheta = dtheta_q;
+  for (std::int64_t i = 0; i < dtheta_k.numel(); ++i)
+    r.dtheta.set(i, dtheta_q.at(i) + dtheta_k.at(i));
+  return r;
+}
+
+// Fused rotation == rotating q and k explicitly and calling the op: o, final state and all
+// gradients (dθ included), every implementation, both layouts, float64 and float32; with initial
+// states, packed sequences, grouped value heads, K != V and T not a multiple of the chunk.
+TEST(GatedDeltaRuleRotation, FusedEqualsExplicitRotation) {
+  std::vector<Case> cases;
+  {
+    Case c;
+    c.name = "varlen";
+    c.lengths = {7, 0, 13, 2}, c.H = 2, c.HV = 4, c.K = 6, c.V = 4, c.chunk_size = 5;
+    cases.push_back(c);
+    c.name = "varlen_no_l2norm";
+    c.l2norm = false, c.seed = 2;
+    cases.push_back(c);
+    c = Case{};
+    c.name = "batch_chunk_1";
+    c.B = 2, c.T = 11, c.H = 1, c.HV = 2, c.K = 8, c.V = 3, c.chunk_size = 1, c.seed = 3;
+    cases.push_back(c);
+    c.name = "batch_chunk_longer_than_sequence";
+    c.chunk_size = 64, c.seed = 4, c.gates = Gates::mixed;
+    cases.push_back(c);
+  }
+  for (Case c : cases) {
+    for (RotaryLayout layout : {RotaryLayout::half_split, RotaryLayout::interleaved}) {
+      c.rotation = true;
+      c.rotary_layout = layout;
+      const Data d = make_data(c);
+      for (DType dtype : {DType::float64, DType::float32}) {
+        const double tol = dtype == DType::float64 ? 1e-10 : 1e-5;
+        for (Impl impl : {Impl::reference, Impl::recurrent, Impl::chunk}) {
+          const std::string what =
+              c.name + " " + to_string(layout) + " " + to_string(impl) + " " + to_string(dtype);
+          expect_close(run(d, impl, dtype), run_explicitly_rotated(d, impl, dtype), tol, what);
+        }
+      }
+    }
+  }
+}
+
+// dθ of the recurrent and chunk kernels against central finite differences of their own forward
+// (float64), both layouts; chunk size 3 so that chunks and checkpoint segments are crossed.
+TEST(GatedDeltaRuleRotation, DthetaMatchesFiniteDifferencesInEveryImpl) {
+  for (RotaryLayout layout : {RotaryLayout::half_split, RotaryLayout::interleaved}) {
+    Case c;
+    c.lengths = {4, 0, 7}, c.H = 1, c.HV = 2, c.K = 4, c.V = 3, c.chunk_size = 3;
+    c.rotation = true;
+    c.rotary_layout = layout;
+    c.seed = 5;
+    Data d = make_data(c);
+    for (Impl impl : {Impl::reference, Impl::recurrent, Impl::chunk}) {
+      const Tensor analytic = run(d, impl, DType::float64).dtheta;
+      Tensor numeric(d.theta.shape(), DType::float64);
+      auto loss_of = [&] {
+        const Result r = run(d, impl, DType::float64, /*backward=*/false);
+        return testing::dot(r.o, d.d_o) + testing::dot(r.ht, d.d_ht);
+      };
+      const double eps = 1e-5;
+      for (std::int64_t i = 0; i < d.theta.numel(); ++i) {
+        const double x0 = d.theta.at(i);
+        d.theta.set(i, x0 + eps);
+        const double up = loss_of();
+        d.theta.set(i, x0 - eps);
+        const double down = loss_of();
+        d.theta.set(i, x0);
+        numeric.set(i, (up - down) / (2 * eps));
+      }
+      PHASOR_EXPECT_CLOSE(analytic, numeric, 1e-7,
+                          std::string(to_string(layout)) + " " + to_string(impl) + " dtheta");
+    }
+  }
+}
+
+// R(c) applied to every column of states [N, HV, K, V] (the K index holds the rotation pairs).
+Tensor rotate_states(const Tensor& states, double c, RotaryLayout layout) {
+  Tensor out = states;
+  const std::int64_t K = states.shape()[2], V = states.shape()[3], R = K / 2;
+  for (std::int64_t m = 0; m < states.numel() / (K * V); ++m)
+    for (std::int64_t i = 0; i < R; ++i) {
+      const std::int64_t a = layout == RotaryLayout::half_split ? i : 2 * i;
+      const std::int64_t b = layout == RotaryLayout::half_split ? i + R : 2 * i + 1;
+      for (std::int64_t j = 0; j < V; ++j) {
+        const double xa = states.at((m * K + a) * V + j), xb = states.at((m * K + b) * V + j);
+        out.set((m * K + a) * V + j, xa * std::cos(c) - xb * std::sin(c));
+        out.set((m * K + b) * V + j, xa * std::sin(c) + xb * std::cos(c));
+      }
+    }
+  return out;
+}
+
+// The decay is a scalar, so q'_tᵀ k'_s = q_tᵀ R(θ_t − θ_s) k_s and every product of the delta rule
+// depends on θ only through differences: adding a constant c to every θ leaves o unchanged. The
+// state is NOT invariant: it accumulates the rotated k'_s, so it lives in the rotated frame and
+// becomes R(c) S. Hence, exactly: (θ + c, R(c) S_0) gives (o, R(c) S_T), the same o, dq, dk, dv,
+// dg, dβ, dθ and R(c) dh0; with no initial state o is invariant as is, and then (d_final_state =
+// 0) Σ_t dθ_t = 0 for every sequence, head and pair. With an unrotated S_0, o changes.
+TEST(GatedDeltaRuleRotation, ConstantShiftOfThetaLeavesOutputsUnchanged) {
+  const double shift = 1.234;
+  for (RotaryLayout layout : {RotaryLayout::half_split, RotaryLayout::interleaved}) {
+    Case c;
+    c.lengths = {9, 0, 6}, c.H = 2, c.HV = 4, c.K = 6, c.V = 3, c.chunk_size = 4;
+    c.rotation = true;
+    c.rotary_layout = layout;
+    const Data d = make_data(c);
+    Data shifted = d;
+    for (std::int64_t i = 0; i < d.theta.numel(); ++i) shifted.theta.set(i, d.theta.at(i) + shift);
+    shifted.h0 = rotate_states(d.h0, shift, layout);
+    shifted.d_ht = rotate_states(d.d_ht, shift, layout);  // the same loss of the rotated state
+    for (Impl impl : {Impl::reference, Impl::recurrent, Impl::chunk}) {
+      const std::string what = std::string(to_string(layout)) + " " + to_string(impl);
+      const Result base = run(d, impl, DType::float64);
+      const Result moved = run(shifted, impl, DType::float64);
+      Result expected = base;
+      expected.ht = rotate_states(base.ht, shift, layout);
+      expected.dh0 = rotate_states(base.dh0, shift, layout);
+      expect_close(moved, expected, 1e-12, what + " shifted with rotated states");
+      // The state does change, and an unrotated initial state changes o.
+      EXPECT_GT(testing::rel_rms(moved.ht, base.ht), 0.1) << what;
+      Data unrotated_h0 = shifted;
+      unrotated_h0.h0 = d.h0;
+      EXPECT_GT(testing::rel_rms(run(unrotated_h0, impl, DType::float64, false).o, base.o), 1e-3)
+          << what;
+
+      // No initial state: o invariant as is; Σ_t dθ_t = 0 when the loss depends on o only.
+      Data fresh = d, fresh_shifted = shifted;
+      for (Data* x : {&fresh, &fresh_shifted}) {
+        x->c.initial_state = false;
+        x->h0 = Tensor();
+        x->d_ht.fill(0.0);
+      }
+      const Result a = run(fresh, impl, DType::float64),
+                   b = run(fresh_shifted, impl, DType::float64);
+      PHASOR_EXPECT_CLOSE(b.o, a.o, 1e-12, what + " o without initial state");
+      PHASOR_EXPECT_CLOSE(b.dtheta, a.dtheta, 1e-12, what + " dtheta without initial state");
+      const std::int64_t R = c.K / 2;
+      double worst = 0, scale = 0;
+      for (std::size_t n = 0; n < c.lengths.size(); ++n) {
+        const std::int64_t start = d.cu.at(static_cast<std::int64_t>(n));
+        const std::int64_t end = d.cu.at(static_cast<std::int64_t>(n) + 1);
+        for (std::int64_t h = 0; h < c.H; ++h)
+          for (std::int64_t i = 0; i < R; ++i) {
+            double sum = 0;
+            for (std::int64_t t = start; t < end; ++t) {
+              const double x = a.dtheta.at((t * c.H + h) * R + i);
+              sum += x;
+              scale = std::max(scale, std::fabs(x));
+            }
+            worst = std::max(worst, std::fabs(sum));
+          }
+      }
+      EXPECT_GT(scale, 1e-3) << what;
+      EXPECT_LE(worst, 1e-12 * scale) << what << ": Σ_t dθ_t";
+    }
+  }
+}
+
+// Standard RoPE (θ_t = position_t · ω): the logits q'_mᵀ k'_n depend on m − n only, so starting
+// the positions at another offset leaves o unchanged (no initial state). The angles are shared by
+// the heads: passed once as a view with a zero stride over H.
+TEST(GatedDeltaRuleRotation, StandardRopeDependsOnlyOnDistance) {
+  Case c;
+  c.B = 2, c.T = 23, c.H = 2, c.HV = 4, c.K = 8, c.V = 4, c.chunk_size = 8;
+  c.initial_state = false;
+  const Data d = make_data(c);
+  const std::int64_t R = c.K / 2;
+  for (RotaryLayout layout : {RotaryLayout::half_split, RotaryLayout::interleaved}) {
+    for (Impl impl : {Impl::reference, Impl::recurrent, Impl::chunk}) {
+      std::vector<Tensor> outputs;
+      for (std::int64_t offset : {0, 1000}) {
+        RopeAnglesParams rp;
+        rp.B = c.B, rp.T = c.T, rp.head_dim = c.K, rp.offset = offset;
+        Tensor angles({c.B, c.T, R}, DType::float64);
+        rope_angles(rp, Impl::reference, angles.view());
+        GatedDeltaRuleParams p;
+        p.q = d.q.view(), p.k = d.k.view(), p.v = d.v.view(), p.g = d.g.view();
+        p.beta = d.beta.view();
+        p.use_qk_l2norm_in_kernel = true;
+        p.chunk_size = c.chunk_size;
+        p.theta = TensorView::strided(angles.view().data, DType::float64, {c.B, c.T, c.H, R},
+                                      {c.T * R, R, 0, 1});
+        p.rotary_layout = layout;
+        Tensor o(d.d_o.shape(), DType::float64);
+        gated_delta_rule_forward(p, impl, o.view());
+        outputs.push_back(o);
+      }
+      const std::string what = std::string(to_string(layout)) + " " + to_string(impl);
+      PHASOR_EXPECT_CLOSE(outputs[1], outputs[0], 1e-11, what + " o at offset 1000 vs 0");
+      // It does rotate: o differs from the unrotated op.
+      EXPECT_GT(testing::rel_rms(run(d, impl, DType::float64, false).o, outputs[0]), 1e-3) << what;
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
 // Bad inputs
 
 GatedDeltaRuleGrads grads_with_dq(const TensorView& dq) {
-  return {dq, {}, {}, {}, {}, {}};
+  return make_grads(dq, {}, {}, {}, {}, {});
 }
 
 struct ValidCall {
@@ -782,7 +1096,7 @@ TEST(GatedDeltaRuleErrors, BadInputsNameTheArgument) {
     testing::expect_error(
         [&] {
           gated_delta_rule_backward(p, Impl::chunk, c.o.view(), {},
-                                    {{}, {}, {}, {}, {}, dh0.view()});
+                                    make_grads({}, {}, {}, {}, {}, dh0.view()));
         },
         {"chunk_gated_delta_rule", "argument 'dh0'", "initial_state"});
     testing::expect_error(
@@ -804,7 +1118,7 @@ TEST(GatedDeltaRuleErrors, BadInputsNameTheArgument) {
     testing::expect_error(
         [&] {
           gated_delta_rule_backward(p, Impl::chunk, c.o.view(), {},
-                                    GatedDeltaRuleGrads{{}, {}, {}, dq.view(), {}, {}});
+                                    make_grads({}, {}, {}, dq.view(), {}, {}));
         },
         {"argument 'dg'", "HV=4"});
     // The recurrent backward recomputes from checkpoints every chunk_size tokens.
@@ -816,9 +1130,69 @@ TEST(GatedDeltaRuleErrors, BadInputsNameTheArgument) {
         {"fused_recurrent_gated_delta_rule", "argument 'chunk_size'"});
     p.initial_state = c.h0.view();
     p.chunk_size = 4;
-    EXPECT_NO_THROW(gated_delta_rule_backward(p, Impl::chunk, c.o.view(), c.ht.view(),
-                                              {dq.view(), {}, {}, dg.view(), {}, dh0.view()}));
+    EXPECT_NO_THROW(
+        gated_delta_rule_backward(p, Impl::chunk, c.o.view(), c.ht.view(),
+                                  make_grads(dq.view(), {}, {}, dg.view(), {}, dh0.view())));
   }
+}
+
+// θ and dθ: shape (per q/k head), even K, dθ only with θ, dθ's shape, each implementation's name.
+TEST(GatedDeltaRuleErrors, BadRotationArgumentsNameThetaOrDtheta) {
+  ValidCall odd;  // K = 3
+  const Tensor theta_odd({1, 6, 2, 1}, DType::float32);
+  for (Impl impl : {Impl::reference, Impl::recurrent, Impl::chunk}) {
+    GatedDeltaRuleParams p = odd.params();
+    p.theta = theta_odd.view();
+    testing::expect_error([&] { gated_delta_rule_forward(p, impl, odd.o.view()); },
+                          {"argument 'theta'", "even", "K = 3"});
+  }
+  // K = 4, H = 2 q/k heads, HV = 4 value heads.
+  const Tensor q({1, 6, 2, 4}, DType::float32), k({1, 6, 2, 4}, DType::float32);
+  const Tensor v({1, 6, 4, 2}, DType::float32), g({1, 6, 4}, DType::float32);
+  const Tensor o({1, 6, 4, 2}, DType::float32), dq({1, 6, 2, 4}, DType::float32);
+  const Tensor theta({1, 6, 2, 2}, DType::float32), theta_hv({1, 6, 4, 2}, DType::float32);
+  const Tensor theta_k({1, 6, 2, 4}, DType::float32), theta_int({1, 6, 2, 2}, DType::int32);
+  const Tensor dtheta_bad({1, 6, 2, 3}, DType::float32), dtheta({1, 6, 2, 2}, DType::float32);
+  GatedDeltaRuleParams p;
+  p.q = q.view(), p.k = k.view(), p.v = v.view(), p.g = g.view(), p.beta = g.view();
+  auto forward_with = [&](const Tensor& t, Impl impl = Impl::chunk) {
+    GatedDeltaRuleParams pt = p;
+    pt.theta = t.view();
+    gated_delta_rule_forward(pt, impl, o.view());
+  };
+  testing::expect_error(
+      [&] { forward_with(theta_hv); },
+      {"chunk_gated_delta_rule", "argument 'theta'", "H (q/k heads)=2", "[1, 6, 4, 2]"});
+  testing::expect_error([&] { forward_with(theta_k, Impl::recurrent); },
+                        {"fused_recurrent_gated_delta_rule", "argument 'theta'", "K/2=2"});
+  testing::expect_error([&] { forward_with(theta_int, Impl::reference); },
+                        {"gated_delta_rule_reference", "argument 'theta'", "int32"});
+  EXPECT_NO_THROW(forward_with(theta));
+  // dθ without θ, and of the wrong shape; the backward validates θ too.
+  testing::expect_error(
+      [&] {
+        gated_delta_rule_backward(p, Impl::chunk, o.view(), {},
+                                  make_grads(dq.view(), {}, {}, {}, {}, {}, dtheta.view()));
+      },
+      {"chunk_gated_delta_rule", "argument 'dtheta'", "theta"});
+  GatedDeltaRuleParams pt = p;
+  pt.theta = theta.view();
+  testing::expect_error(
+      [&] {
+        gated_delta_rule_backward(pt, Impl::recurrent, o.view(), {},
+                                  make_grads({}, {}, {}, {}, {}, {}, dtheta_bad.view()));
+      },
+      {"argument 'dtheta'", "K/2=2", "[1, 6, 2, 3]"});
+  pt.theta = theta_hv.view();
+  testing::expect_error(
+      [&] {
+        gated_delta_rule_backward(pt, Impl::reference, o.view(), {},
+                                  make_grads(dq.view(), {}, {}, {}, {}, {}));
+      },
+      {"argument 'theta'", "H (q/k heads)=2"});
+  pt.theta = theta.view();
+  EXPECT_NO_THROW(gated_delta_rule_backward(pt, Impl::chunk, o.view(), {},
+                                            make_grads({}, {}, {}, {}, {}, {}, dtheta.view())));
 }
 
 }  // namespace

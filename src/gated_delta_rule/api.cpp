@@ -6,6 +6,7 @@
 #include <string>
 
 #include "common/check.h"
+#include "common/rotation.h"
 #include "gated_delta_rule/kernels.h"
 #include "phasor/gated_delta_rule.h"
 
@@ -64,6 +65,8 @@ Problem validate_inputs(const std::string& op, const GatedDeltaRuleParams& param
   if (uses_chunk_size) detail::check_positive(op, "chunk_size", params.chunk_size);
   p.chunk_size = params.chunk_size;
   p.l2norm = params.use_qk_l2norm_in_kernel;
+  // θ is per q/k head (value heads of a group share their q/k head's rotation).
+  detail::check_theta(op, params.theta, p.B, p.T, p.H, p.K, "H (q/k heads)");
   detail::check_log_gates(op, "g", params.g);
   return p;
 }
@@ -118,6 +121,7 @@ void gated_delta_rule_backward(const GatedDeltaRuleParams& params, Impl impl, co
                    "dh0 requested without initial_state");
     check_state_shaped(op, "dh0", grads.dh0, p);
   }
+  detail::check_dtheta(op, grads.dtheta, params.theta);
   switch (impl) {
     case Impl::reference:
       detail::gdn::reference_backward(p, d_o, d_final_state, grads);

@@ -33,6 +33,9 @@
 // GCC 12 reports false -Wmaybe-uninitialized warnings inside Eigen's AVX-512 kernels
 // (-march=native); silence them for this file before any header pulls in the intrinsics.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+// Likewise a false -Wuninitialized inside Eigen's AVX-512 float sin/cos (psincos_float), which
+// PairAngles<float> (common/rotation.h) uses for the fused rotation.
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #include <algorithm>
 #include <cmath>
 #include <vector>

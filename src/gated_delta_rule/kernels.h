@@ -8,6 +8,12 @@
 //   S_t = S'_t + β_t k_t r_tᵀ,  o_t = S_tᵀ q̃_t.
 // Kernels work in q̃ and k̂ and return dq̃ and dk̂; store_qk_grads turns those into dq and dk.
 //
+// Fused rotation (θ given): load_qk rotates q̂ and k̂ by θ_t (R1 of common/rotation.h) right
+// after the normalisation, so q̃ = scale · R(θ_t) q̂ and k̂ ← R(θ_t) k̂ are what every kernel sees,
+// in the output o_t = S_tᵀ q̃_t and in the delta-rule update alike; the kernels themselves are
+// unchanged. store_qk_grads undoes it: dq̃, dk̂ are then gradients with respect to the ROTATED
+// rows, turned into gradients of the unrotated inputs and dθ (R2, R3).
+//
 // Work items: one item = one sequence and one q/k head h together with its HV/H value heads
 // hv = h·G … h·G + G − 1 (G = HV/H), so the dq/dk rows of an item (sums over its value heads) are
 // written by that item only. Each item runs start to finish on one thread.
@@ -19,6 +25,7 @@
 #include <vector>
 
 #include "common/check.h"
+#include "common/rotation.h"
 #include "common/slices.h"
 #include "phasor/gated_delta_rule.h"
 
@@ -134,23 +141,37 @@ inline void prefetch_inputs(const Problem& p, const Sequence& b, std::int64_t h,
   }
 }
 
-// The q/k inputs of one block of tokens of one work item, rows × K each.
+// The q/k inputs of one block of tokens of one work item, rows × K each. With θ (and `rotate`
+// in load_qk) q_hat, q and k are rotated: q̂' = R(θ) q̂, q̃ = scale · q̂', k̂' = R(θ) k̂.
 template <class S>
 struct QKInputs {
-  Mat<S> q_hat;       // q̂ (normalised if requested, unscaled)
+  Mat<S> q_hat;       // q̂ (normalised if requested, unscaled; rotated if `rotated`)
   Mat<S> q;           // q̃ = scale · q̂, what the kernels use
-  Mat<S> k;           // k̂
-  Vec<S> q_inv_norm;  // only with l2norm
+  Mat<S> k;           // k̂ (rotated if `rotated`)
+  Vec<S> q_inv_norm;  // only with l2norm: ρ = (Σx² + ε)^{-1/2} of the raw rows
   Vec<S> k_inv_norm;
+  bool rotated = false;
+  PairAngles<S> angles;  // cos θ, sin θ of the block's tokens, only if `rotated`
 };
 
+// Loads q, k of a block; normalises them if requested, then rotates them by θ if θ is given and
+// `rotate` (the reference passes false and rotates on its own, from the equations). Normalising
+// first, as the header documents; the rotation preserves norms, so the order does not change the
+// function, only the backward's bookkeeping (see store_qk_grads).
 template <class S>
-void load_qk(const Problem& p, const Sequence& block, std::int64_t h, QKInputs<S>& in) {
+void load_qk(const Problem& p, const Sequence& block, std::int64_t h, QKInputs<S>& in,
+             bool rotate = true) {
   load_block(p.params->q, block, h, in.q_hat);
   load_block(p.params->k, block, h, in.k);
   if (p.l2norm) {
     l2_normalize_rows(in.q_hat, in.q_inv_norm);
     l2_normalize_rows(in.k, in.k_inv_norm);
+  }
+  in.rotated = rotate && p.params->theta.defined();
+  if (in.rotated) {
+    in.angles.load(p.params->theta, block, h);
+    rotate_rows(in.q_hat, in.angles, p.params->rotary_layout);
+    rotate_rows(in.k, in.angles, p.params->rotary_layout);
   }
   in.q = S(p.scale) * in.q_hat;
 }
@@ -189,20 +210,49 @@ void load_final_state_grad(const Problem& p, const TensorView& d_final_state, st
     dS = Mat<S>::Zero(p.K, p.V);
 }
 
-// dq̃, dk̂ of a block (summed over the item's value heads) → dq, dk: the chain rule through
-// q̃ = scale·q̂ and, with l2norm, through the normalisation. Consumes dq_tilde and dk_hat.
+// The gradient dx̂ with respect to rows x̂ (= x·ρ, normalised by l2_normalize_rows and then, if
+// in.rotated, rotated: x̂ = R(θ) x ρ) becomes the gradient dx with respect to the raw rows x; with
+// rotation, dθ += the rows' contribution (R3). Consumes dx_hat.
+//
+// With rotation, the function is evaluated as "rotate, then normalise" (the same function, since
+// ‖R x‖ = ‖x‖): y = R x, x̂ = y ρ. The normalisation's backward ρ (dx̂ − x̂ (x̂·dx̂)) is run in
+// the rotated frame on the stored rotated x̂, giving dy; then (R2, R3) with y = x̂ / ρ turn dy into
+// dx and dθ. (R3 with the normalised x̂ and dx̂ instead gives the same dθ: the projection term
+// x̂ (x̂·dx̂) contributes c (x̂_b x̂_a − x̂_a x̂_b) = 0 and the factors ρ and 1/ρ cancel.)
+template <class S>
+void qk_row_grads(const Problem& p, const QKInputs<S>& in, const Mat<S>& x_hat,
+                  const Vec<S>& inv_norm, Mat<S>& dx_hat, Mat<S>& dtheta) {
+  if (p.l2norm) l2_normalize_rows_backward(x_hat, inv_norm, dx_hat);
+  if (!in.rotated) return;
+  if (p.l2norm) {
+    const Mat<S> y = (x_hat.array().colwise() / inv_norm.array()).matrix();
+    unrotate_gradient_rows(dx_hat, y, in.angles, p.params->rotary_layout, dtheta);
+  } else {
+    unrotate_gradient_rows(dx_hat, x_hat, in.angles, p.params->rotary_layout, dtheta);
+  }
+}
+
+// dq̃, dk̂ of a block (summed over the item's value heads) → dq, dk (and dθ, with rotation): the
+// chain rule through q̃ = scale·q̂ and, with l2norm, through the normalisation, and with θ
+// through the rotation (qk_row_grads). q and k share θ_t, so their dθ rows add, and so do those
+// of the item's value heads (already summed into dq̃, dk̂). Consumes dq_tilde and dk_hat.
 template <class S>
 void store_qk_grads(const Problem& p, const Sequence& block, std::int64_t h, const QKInputs<S>& in,
                     Mat<S>& dq_tilde, Mat<S>& dk_hat, const GatedDeltaRuleGrads& grads) {
-  if (grads.dq.defined()) {
+  // dθ needs both gradients whether or not dq, dk are stored.
+  const bool want_dtheta = in.rotated && grads.dtheta.defined();
+  Mat<S> dtheta;
+  if (in.rotated) dtheta.setZero(block.length, p.K / 2);
+  if (grads.dq.defined() || want_dtheta) {
     dq_tilde *= S(p.scale);  // now dq̂
-    if (p.l2norm) l2_normalize_rows_backward(in.q_hat, in.q_inv_norm, dq_tilde);
-    store_block(dq_tilde, grads.dq, block, h);
+    qk_row_grads(p, in, in.q_hat, in.q_inv_norm, dq_tilde, dtheta);
+    if (grads.dq.defined()) store_block(dq_tilde, grads.dq, block, h);
   }
-  if (grads.dk.defined()) {
-    if (p.l2norm) l2_normalize_rows_backward(in.k, in.k_inv_norm, dk_hat);
-    store_block(dk_hat, grads.dk, block, h);
+  if (grads.dk.defined() || want_dtheta) {
+    qk_row_grads(p, in, in.k, in.k_inv_norm, dk_hat, dtheta);
+    if (grads.dk.defined()) store_block(dk_hat, grads.dk, block, h);
   }
+  if (want_dtheta) store_block(dtheta, grads.dtheta, block, h);
 }
 
 // The gradients of one value head for one block of tokens.

@@ -1,6 +1,9 @@
 // Gated DeltaNet reference: the recurrence token by token in float64, whatever the input dtype,
 // and its backward as the plain adjoint of each step with every state kept in memory. Slow and
 // memory-hungry (T + 1 states per value head) on purpose: this is what the tests trust.
+// The optional rotation by θ is applied here with plain loops from its equations (not with the
+// helpers the fast kernels share), to whole-sequence copies of q̃ and k̂ before the recurrence,
+// and its gradient is taken at the end.
 
 // GCC 12 reports false -Wmaybe-uninitialized warnings inside Eigen's AVX-512 kernels
 // (-march=native); silence them for this file before any header pulls in the intrinsics.
@@ -16,12 +19,79 @@ namespace phasor::detail::gdn {
 using Matd = Mat<double>;
 using Vecd = Vec<double>;
 
+// The rotation pair (a, b) of pair i in a row of K = 2R values (see RotaryLayout).
+std::int64_t pair_a(RotaryLayout layout, std::int64_t i) {
+  return layout == RotaryLayout::half_split ? i : 2 * i;
+}
+std::int64_t pair_b(RotaryLayout layout, std::int64_t i, std::int64_t R) {
+  return layout == RotaryLayout::half_split ? i + R : 2 * i + 1;
+}
+
+// θ of sequence s, q/k head h, as float64 (length × K/2).
+Matd load_angles(const Problem& p, const Sequence& s, std::int64_t h) {
+  Matd theta;
+  load_rows(p.params->theta, s, h, theta);
+  return theta;
+}
+
+// x' = R(θ) x row by row:  x'_a = x_a cos θ − x_b sin θ,  x'_b = x_a sin θ + x_b cos θ.
+Matd rotate(const Matd& x, const Matd& theta, RotaryLayout layout) {
+  const std::int64_t R = theta.cols();
+  Matd y = x;
+  for (std::int64_t t = 0; t < x.rows(); ++t)
+    for (std::int64_t i = 0; i < R; ++i) {
+      const std::int64_t a = pair_a(layout, i), b = pair_b(layout, i, R);
+      const double c = std::cos(theta(t, i)), sn = std::sin(theta(t, i));
+      y(t, a) = x(t, a) * c - x(t, b) * sn;
+      y(t, b) = x(t, a) * sn + x(t, b) * c;
+    }
+  return y;
+}
+
+// Given dy = ∂L/∂x' for x' = R(θ) x: returns dx = R(θ)ᵀ dy and adds
+// ∂L/∂θ = dy_a ∂x'_a/∂θ + dy_b ∂x'_b/∂θ = −dy_a x'_b + dy_b x'_a to dtheta.
+Matd unrotate_grad(const Matd& dy, const Matd& y, const Matd& theta, RotaryLayout layout,
+                   Matd& dtheta) {
+  const std::int64_t R = theta.cols();
+  Matd dx = dy;
+  for (std::int64_t t = 0; t < dy.rows(); ++t)
+    for (std::int64_t i = 0; i < R; ++i) {
+      const std::int64_t a = pair_a(layout, i), b = pair_b(layout, i, R);
+      const double c = std::cos(theta(t, i)), sn = std::sin(theta(t, i));
+      dx(t, a) = dy(t, a) * c + dy(t, b) * sn;
+      dx(t, b) = -dy(t, a) * sn + dy(t, b) * c;
+      dtheta(t, i) += -dy(t, a) * y(t, b) + dy(t, b) * y(t, a);
+    }
+  return dx;
+}
+
+// q̃ and k̂ of a whole sequence (normalised if requested, unrotated) and, with θ, their rotated
+// versions q̃' = R(θ) q̃, k̂' = R(θ) k̂, which the recurrence uses.
+struct ReferenceQK {
+  QKInputs<double> in;  // unrotated
+  Matd theta;           // length × K/2, only with θ
+  Matd q, k;            // what the recurrence reads: rotated if θ is given
+};
+
+ReferenceQK load_reference_qk(const Problem& p, const Sequence& s, std::int64_t h) {
+  ReferenceQK r;
+  load_qk(p, s, h, r.in, /*rotate=*/false);
+  if (p.params->theta.defined()) {
+    r.theta = load_angles(p, s, h);
+    r.q = rotate(r.in.q, r.theta, p.params->rotary_layout);
+    r.k = rotate(r.in.k, r.theta, p.params->rotary_layout);
+  } else {
+    r.q = r.in.q;
+    r.k = r.in.k;
+  }
+  return r;
+}
+
 void reference_forward(const Problem& p, const TensorView& o, const TensorView& final_state) {
   parallel_for(p.num_items(), [&](std::int64_t item) {
     const std::int64_t n = p.item_sequence(item), h = p.item_head(item);
     const Sequence& s = p.sequences[static_cast<std::size_t>(n)];
-    QKInputs<double> qk;
-    load_qk(p, s, h, qk);
+    const ReferenceQK qk = load_reference_qk(p, s, h);
     for (std::int64_t hv = h * p.group; hv < (h + 1) * p.group; ++hv) {
       ValueInputs<double> in;
       load_values(p, s, hv, in);
@@ -51,8 +121,7 @@ void reference_backward(const Problem& p, const TensorView& d_o, const TensorVie
   parallel_for(p.num_items(), [&](std::int64_t item) {
     const std::int64_t n = p.item_sequence(item), h = p.item_head(item);
     const Sequence& s = p.sequences[static_cast<std::size_t>(n)];
-    QKInputs<double> qk;
-    load_qk(p, s, h, qk);
+    const ReferenceQK qk = load_reference_qk(p, s, h);
     Matd dq = Matd::Zero(s.length, p.K), dk = Matd::Zero(s.length, p.K);
     for (std::int64_t hv = h * p.group; hv < (h + 1) * p.group; ++hv) {
       ValueInputs<double> in;
@@ -93,7 +162,14 @@ void reference_backward(const Problem& p, const TensorView& d_o, const TensorVie
       store_value_grads(s, hv, d, grads);
       if (grads.dh0.defined()) store_state(dS, grads.dh0, n, hv);
     }
-    store_qk_grads(p, s, h, qk, dq, dk, grads);
+    // dq, dk are with respect to q̃ and k̂ as the recurrence saw them (rotated, with θ).
+    if (p.params->theta.defined()) {
+      Matd dtheta = Matd::Zero(s.length, p.K / 2);
+      dq = unrotate_grad(dq, qk.q, qk.theta, p.params->rotary_layout, dtheta);
+      dk = unrotate_grad(dk, qk.k, qk.theta, p.params->rotary_layout, dtheta);
+      if (grads.dtheta.defined()) store_block(dtheta, grads.dtheta, s, h);
+    }
+    store_qk_grads(p, s, h, qk.in, dq, dk, grads);
   });
 }
 
