@@ -1191,6 +1191,14 @@ TEST(GatedDeltaRuleErrors, BadRotationArgumentsNameThetaOrDtheta) {
       },
       {"argument 'theta'", "H (q/k heads)=2"});
   pt.theta = theta.view();
+  const TensorView dtheta_broadcast =
+      TensorView::strided(dtheta.view().data, DType::float32, {1, 6, 2, 2}, {12, 2, 0, 1});
+  testing::expect_error(
+      [&] {
+        gated_delta_rule_backward(pt, Impl::chunk, o.view(), {},
+                                  make_grads({}, {}, {}, {}, {}, {}, dtheta_broadcast));
+      },
+      {"argument 'dtheta'", "no zero strides", "dimension 2"});
   EXPECT_NO_THROW(gated_delta_rule_backward(pt, Impl::chunk, o.view(), {},
                                             make_grads({}, {}, {}, {}, {}, {}, dtheta.view())));
 }

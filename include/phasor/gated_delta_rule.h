@@ -48,9 +48,14 @@ struct GatedDeltaRuleParams {
   // Optional rotation angles θ [B, T, H (q/k heads), K/2] (K even): q_t and k_t are rotated by θ_t
   // pair by pair inside the kernel (RoPE / Selective RoPE; see phasor/rotary.h for building θ),
   //   x_a' = x_a cos θ − x_b sin θ,   x_b' = x_a sin θ + x_b cos θ,
-  // and the op then runs on the rotated q', k'. The rotated tensors are never written out.
-  // Rotation commutes with use_qk_l2norm_in_kernel (it preserves norms). Outputs depend on θ only
-  // through differences θ_t − θ_s (the decay is a scalar), as for RoPE.
+  // and the op then runs on the rotated q', k' everywhere: in o_t = S_tᵀ (scale · q'_t) and in
+  // the delta-rule update S_t = S' + β_t k'_t (v_t − S'ᵀ k'_t)ᵀ. The rotated tensors are never
+  // written out. Value head hv uses the angles of its q/k head hv / (HV / H). Rotation commutes
+  // with use_qk_l2norm_in_kernel (it preserves norms). The decay is a scalar, so o depends on θ
+  // only through differences θ_t − θ_s, as for RoPE: adding a constant c to every θ leaves o
+  // unchanged when there is no initial state. The states are NOT invariant: they accumulate the
+  // rotated k'_t, i.e. live in the rotated frame, and θ + c turns S_T into R(c) S_T (an initial
+  // state must be R(c) S_0 for o to stay the same).
   TensorView theta;
   RotaryLayout rotary_layout = RotaryLayout::half_split;  // pairs (i, i + K/2) or (2i, 2i + 1)
 };
@@ -60,7 +65,9 @@ struct GatedDeltaRuleParams {
 // is written (overwritten, never accumulated into).
 struct GatedDeltaRuleGrads {
   TensorView dq, dk, dv, dg, dbeta, dh0;
-  TensorView dtheta;  // [B, T, H, K/2], summed over the value heads of each q/k head
+  // [B, T, H, K/2], requires theta: the gradient through the rotation of q and of k (summed),
+  // and over the value heads of each q/k head. Must own each element (no zero strides).
+  TensorView dtheta;
 };
 
 // o: [B, T, HV, V]; final_state: [N, HV, K, V], optional (undefined: not computed).
