@@ -758,18 +758,22 @@ TEST(GatedDeltaRuleKernels, DefaultScaleIsInverseSqrtK) {
 // Threads
 
 TEST(GatedDeltaRuleKernels, BitIdenticalForAnyThreadCount) {
-  Case c;
-  c.B = 2, c.T = 50, c.H = 3, c.HV = 3, c.K = 8, c.V = 8, c.chunk_size = 16, c.gates = Gates::mixed;
-  const Data d = make_data(c);
-  for (Impl impl : {Impl::reference, Impl::recurrent, Impl::chunk}) {
-    set_num_threads(1);
-    const Result one = run(d, impl, DType::float32);
-    for (int threads : {2, 3, 2}) {
-      set_num_threads(threads);
-      EXPECT_TRUE(bit_equal(run(d, impl, DType::float32), one))
-          << to_string(impl) << " with " << threads << " threads";
+  for (bool rotation : {false, true}) {
+    Case c;
+    c.B = 2, c.T = 50, c.H = 3, c.HV = 3, c.K = 8, c.V = 8, c.chunk_size = 16;
+    c.gates = Gates::mixed, c.rotation = rotation;
+    const Data d = make_data(c);
+    for (Impl impl : {Impl::reference, Impl::recurrent, Impl::chunk}) {
+      set_num_threads(1);
+      const Result one = run(d, impl, DType::float32);
+      for (int threads : {2, 3, 2}) {
+        set_num_threads(threads);
+        EXPECT_TRUE(bit_equal(run(d, impl, DType::float32), one))
+            << to_string(impl) << " with " << threads << " threads"
+            << (rotation ? ", rotation" : "");
+      }
+      set_num_threads(0);
     }
-    set_num_threads(0);
   }
 }
 
@@ -869,6 +873,35 @@ TEST(GatedDeltaRuleRotation, DthetaMatchesFiniteDifferencesInEveryImpl) {
       PHASOR_EXPECT_CLOSE(analytic, numeric, 1e-7,
                           std::string(to_string(layout)) + " " + to_string(impl) + " dtheta");
     }
+  }
+}
+
+// dθ alone (no dq, dk requested), or dq alone with θ, gives the same values as the full call:
+// dθ needs both the q and the k gradient internally whether or not they are stored.
+TEST(GatedDeltaRuleRotation, OptionalGradientsWithRotation) {
+  Case c;
+  c.lengths = {5, 0, 8}, c.H = 2, c.HV = 4, c.K = 4, c.V = 3, c.chunk_size = 3;
+  c.rotation = true, c.rotary_layout = RotaryLayout::interleaved;
+  const Data d = make_data(c);
+  for (Impl impl : {Impl::reference, Impl::recurrent, Impl::chunk}) {
+    const Result full = run(d, impl, DType::float64);
+    GatedDeltaRuleParams p;
+    p.q = d.q.view(), p.k = d.k.view(), p.v = d.v.view(), p.g = d.g.view(), p.beta = d.beta.view();
+    p.initial_state = d.h0.view();
+    p.cu_seqlens = d.cu.view();
+    p.use_qk_l2norm_in_kernel = c.l2norm;
+    p.chunk_size = c.chunk_size;
+    p.theta = d.theta.view();
+    p.rotary_layout = c.rotary_layout;
+    Tensor dtheta = Tensor::zeros(d.theta.shape()), dq = Tensor::zeros(d.q.shape());
+    dtheta.fill(kNaN);
+    dq.fill(kNaN);
+    gated_delta_rule_backward(p, impl, d.d_o.view(), d.d_ht.view(),
+                              make_grads({}, {}, {}, {}, {}, {}, dtheta.view()));
+    EXPECT_TRUE(dtheta.bit_equal(full.dtheta)) << to_string(impl);
+    gated_delta_rule_backward(p, impl, d.d_o.view(), d.d_ht.view(),
+                              make_grads(dq.view(), {}, {}, {}, {}, {}));
+    EXPECT_TRUE(dq.bit_equal(full.dq)) << to_string(impl);
   }
 }
 
