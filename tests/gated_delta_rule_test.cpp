@@ -905,6 +905,36 @@ TEST(GatedDeltaRuleRotation, OptionalGradientsWithRotation) {
   }
 }
 
+// θ may have another dtype than q: float32 θ with float64 q (converted on load), and float64 θ
+// with float32 q (cos/sin evaluated in float64, then rounded).
+TEST(GatedDeltaRuleRotation, ThetaOfAnotherDtype) {
+  Case c;
+  c.B = 2, c.T = 13, c.H = 1, c.HV = 2, c.K = 6, c.V = 3, c.chunk_size = 4, c.rotation = true;
+  Data d = make_data(c);
+  d.theta = d.theta.to(DType::float32).to(DType::float64);  // exactly representable in both
+  for (Impl impl : {Impl::reference, Impl::recurrent, Impl::chunk}) {
+    for (DType q_dtype : {DType::float64, DType::float32}) {
+      const DType theta_dtype = q_dtype == DType::float64 ? DType::float32 : DType::float64;
+      const Result expected = run(d, impl, q_dtype);  // θ of q's dtype
+      const Tensor q = d.q.to(q_dtype), k = d.k.to(q_dtype), theta = d.theta.to(theta_dtype);
+      GatedDeltaRuleParams p;
+      p.q = q.view(), p.k = k.view(), p.v = d.v.view(), p.g = d.g.view(), p.beta = d.beta.view();
+      p.initial_state = d.h0.view();
+      p.use_qk_l2norm_in_kernel = c.l2norm;
+      p.chunk_size = c.chunk_size;
+      p.theta = theta.view();
+      Tensor o = Tensor::zeros(d.d_o.shape()), dtheta = Tensor::zeros(d.theta.shape());
+      gated_delta_rule_forward(p, impl, o.view());
+      gated_delta_rule_backward(p, impl, d.d_o.view(), d.d_ht.view(),
+                                make_grads({}, {}, {}, {}, {}, {}, dtheta.view()));
+      const double tol = q_dtype == DType::float64 ? 1e-14 : 1e-6;
+      const std::string what = std::string(to_string(impl)) + " q " + to_string(q_dtype);
+      PHASOR_EXPECT_CLOSE(o, expected.o, tol, what + " o");
+      PHASOR_EXPECT_CLOSE(dtheta, expected.dtheta, tol, what + " dtheta");
+    }
+  }
+}
+
 // R(c) applied to every column of states [N, HV, K, V] (the K index holds the rotation pairs).
 Tensor rotate_states(const Tensor& states, double c, RotaryLayout layout) {
   Tensor out = states;
