@@ -22,7 +22,10 @@
 // (g = −inf) give exact zeros and sums never span more than one chunk.
 //
 // Inputs are loaded one chunk at a time; K Kᵀ, Q̃ Kᵀ and [K; Q̃] are formed once per chunk for
-// all the value heads of a q/k head.
+// all the value heads of a q/k head. With θ, the chunk's q and k are rotated once as they are
+// loaded (load_qk, kernels.h), so K, Q̃ above are the rotated ones and (1)–(4) are unchanged;
+// the backward unrotates each chunk's dQ̃, dK with the angles it loaded (store_qk_grads) and
+// writes dθ.
 //
 // Backward: the forward is replayed keeping the state at every chunk boundary (O(T/C · K · V) per
 // value head); chunks are then walked in reverse carrying dS = ∂L/∂S_next, each chunk's M and

@@ -7,6 +7,9 @@
 // being recomputed from its checkpoint. Memory per work item (G = HV/H value heads):
 // O(G · T/C · K · V) checkpoints + O(C · K · V) for one segment's states; inputs are loaded one
 // block of tokens at a time.
+// With θ, q and k are rotated as each block is loaded (load_qk, kernels.h), in the forward, the
+// checkpoint replay and the backward walk alike; the backward walk's angles also serve to unrotate
+// the block's dq, dk and give its dθ (store_qk_grads).
 
 // GCC 12 reports false -Wmaybe-uninitialized warnings inside Eigen's AVX-512 kernels
 // (-march=native); silence them for this file before any header pulls in the intrinsics.

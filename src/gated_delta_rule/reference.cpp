@@ -19,6 +19,8 @@ namespace phasor::detail::gdn {
 using Matd = Mat<double>;
 using Vecd = Vec<double>;
 
+namespace {
+
 // The rotation pair (a, b) of pair i in a row of K = 2R values (see RotaryLayout).
 std::int64_t pair_a(RotaryLayout layout, std::int64_t i) {
   return layout == RotaryLayout::half_split ? i : 2 * i;
@@ -86,6 +88,8 @@ ReferenceQK load_reference_qk(const Problem& p, const Sequence& s, std::int64_t 
   }
   return r;
 }
+
+}  // namespace
 
 void reference_forward(const Problem& p, const TensorView& o, const TensorView& final_state) {
   parallel_for(p.num_items(), [&](std::int64_t item) {
