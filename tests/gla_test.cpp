@@ -1,10 +1,13 @@
 // Tests of the GLA op (include/phasor/gla.h): the float64 reference against finite differences,
 // the recurrent and chunk kernels (forward and backward, float32 and float64) against the
 // reference on random and adversarial inputs, a 65,536-token sequence, decoding one token at a
-// time, thread-count invariance and argument validation.
+// time, thread-count invariance and argument validation; and the fused rotation by θ (RoPE /
+// Selective RoPE) against explicit rotation, finite differences, shift invariance with tied and
+// untied gates, the complex-valued recurrence, and RoPE's relative-position property.
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <complex>
 #include <cstdint>
 #include <cstdio>
 #include <limits>
@@ -14,6 +17,7 @@
 #include <vector>
 
 #include "phasor/gla.h"
+#include "phasor/rotary.h"
 #include "test_util.h"
 
 namespace phasor {
@@ -65,13 +69,31 @@ struct Case {
   bool initial_state = true;
   bool d_final_state = true;
   bool strided = false;  // inputs and outputs as non-contiguous views
+  // Fused rotation: θ [B, T, H, K/2] given, in this layout. With running_phase, θ is a running
+  // sum of per-token phases (Selective RoPE-like, hundreds of radians), else uniform in [−π, π].
+  bool rotate = false;
+  RotaryLayout layout = RotaryLayout::half_split;
+  bool running_phase = false;
 };
+
+// GlaGrads without brace initialisation (which would leave members implicit).
+GlaGrads make_grads(TensorView dq, TensorView dk, TensorView dv, TensorView dg, TensorView dh0,
+                    TensorView dtheta = {}) {
+  GlaGrads grads;
+  grads.dq = dq;
+  grads.dk = dk;
+  grads.dv = dv;
+  grads.dg = dg;
+  grads.dh0 = dh0;
+  grads.dtheta = dtheta;
+  return grads;
+}
 
 // float64 master copies of every input.
 struct Inputs {
   Case c;
   std::int64_t N = 0;
-  Tensor q, k, v, g, h0, cu, d_o, dht;
+  Tensor q, k, v, g, h0, cu, d_o, dht, theta;
 };
 
 Inputs make_inputs(const Case& c, std::uint64_t seed) {
@@ -87,6 +109,21 @@ Inputs make_inputs(const Case& c, std::uint64_t seed) {
   if (!c.lengths.empty()) in.cu = testing::cu_seqlens(c.lengths);
   in.d_o = testing::randn({c.B, c.T, c.H, c.V}, rng);
   if (c.d_final_state) in.dht = testing::randn({in.N, c.H, c.K, c.V}, rng);
+  if (c.rotate) {
+    const double pi = std::acos(-1.0);
+    in.theta = testing::uniform({c.B, c.T, c.H, c.K / 2}, rng, c.running_phase ? 0.0 : -pi, pi);
+    if (c.running_phase) {  // θ_t = Σ_{s ≤ t} φ_s along T, per (b, h, pair)
+      const std::int64_t R = c.K / 2, row = c.H * R;
+      for (std::int64_t b = 0; b < c.B; ++b)
+        for (std::int64_t t = 1; t < c.T; ++t)
+          for (std::int64_t j = 0; j < row; ++j) {
+            const std::int64_t i = (b * c.T + t) * row + j;
+            in.theta.set(i, in.theta.at(i) + in.theta.at(i - row));
+          }
+    }
+    // float32-representable angles, so float32 runs see exactly the same θ.
+    in.theta = in.theta.to(DType::float32).to(DType::float64);
+  }
   return in;
 }
 
@@ -158,7 +195,7 @@ Arg make_output(const std::vector<std::int64_t>& shape, DType dtype, bool stride
 }
 
 struct Result {
-  Tensor o, final_state, dq, dk, dv, dg, dh0;
+  Tensor o, final_state, dq, dk, dv, dg, dh0, dtheta;
 };
 
 // Runs forward (o, final_state) and backward (every gradient) of one implementation.
@@ -169,7 +206,7 @@ Result run(const Inputs& in, Impl impl, DType in_dtype, DType out_dtype) {
   Arg q = make_arg(in.q, in_dtype, s), k = make_arg(in.k, in_dtype, s),
       v = make_arg(in.v, in_dtype, s), g = make_arg(in.g, in_dtype, s),
       h0 = make_arg(in.h0, in_dtype, s), d_o = make_arg(in.d_o, in_dtype, s),
-      dht = make_arg(in.dht, in_dtype, s);
+      dht = make_arg(in.dht, in_dtype, s), theta = make_arg(in.theta, in_dtype, s);
   GlaParams params;
   params.q = q.view();
   params.k = k.view();
@@ -178,6 +215,8 @@ Result run(const Inputs& in, Impl impl, DType in_dtype, DType out_dtype) {
   params.initial_state = h0.view();
   params.cu_seqlens = in.cu.view();
   params.chunk_size = c.chunk_size;
+  params.theta = theta.view();
+  params.rotary_layout = c.layout;
 
   const std::vector<std::int64_t> qk_shape{c.B, c.T, c.H, c.K}, v_shape{c.B, c.T, c.H, c.V},
       state_shape{in.N, c.H, c.K, c.V};
@@ -186,12 +225,20 @@ Result run(const Inputs& in, Impl impl, DType in_dtype, DType out_dtype) {
 
   Arg dq = make_output(qk_shape, out_dtype, s), dk = make_output(qk_shape, out_dtype, s),
       dv = make_output(v_shape, out_dtype, s), dg = make_output(qk_shape, out_dtype, s);
-  Arg dh0;
+  Arg dh0, dtheta;
   if (c.initial_state) dh0 = make_output(state_shape, out_dtype, s);
+  if (in.theta.defined()) dtheta = make_output(in.theta.shape(), out_dtype, s);
   gla_backward(params, impl, d_o.view(), dht.view(),
-               GlaGrads{dq.view(), dk.view(), dv.view(), dg.view(), dh0.view()});
-  Result r{o.value(), final_state.value(), dq.value(), dk.value(), dv.value(), dg.value(), {}};
+               make_grads(dq.view(), dk.view(), dv.view(), dg.view(), dh0.view(), dtheta.view()));
+  Result r;
+  r.o = o.value();
+  r.final_state = final_state.value();
+  r.dq = dq.value();
+  r.dk = dk.value();
+  r.dv = dv.value();
+  r.dg = dg.value();
   if (c.initial_state) r.dh0 = dh0.value();
+  if (in.theta.defined()) r.dtheta = dtheta.value();
   return r;
 }
 
@@ -204,7 +251,8 @@ double worst_error(const Result& actual, const Result& expected) {
                       {&actual.dk, &expected.dk},
                       {&actual.dv, &expected.dv},
                       {&actual.dg, &expected.dg},
-                      {&actual.dh0, &expected.dh0}})
+                      {&actual.dh0, &expected.dh0},
+                      {&actual.dtheta, &expected.dtheta}})
     if (e->defined()) worst = std::max(worst, testing::rel_rms(*a, *e));
   return worst;
 }
@@ -217,6 +265,8 @@ void expect_close(const Result& actual, const Result& expected, double tol) {
   PHASOR_EXPECT_CLOSE(actual.dv, expected.dv, tol, "dv");
   PHASOR_EXPECT_CLOSE(actual.dg, expected.dg, tol, "dg");
   if (expected.dh0.defined()) PHASOR_EXPECT_CLOSE(actual.dh0, expected.dh0, tol, "dh0");
+  EXPECT_EQ(actual.dtheta.defined(), expected.dtheta.defined());
+  if (expected.dtheta.defined()) PHASOR_EXPECT_CLOSE(actual.dtheta, expected.dtheta, tol, "dtheta");
 }
 
 void expect_bit_equal(const Result& a, const Result& b, const std::string& what) {
@@ -227,13 +277,15 @@ void expect_bit_equal(const Result& a, const Result& b, const std::string& what)
   EXPECT_TRUE(a.dv.bit_equal(b.dv)) << what << ": dv";
   EXPECT_TRUE(a.dg.bit_equal(b.dg)) << what << ": dg";
   EXPECT_TRUE(a.dh0.bit_equal(b.dh0)) << what << ": dh0";
+  EXPECT_TRUE(a.dtheta.bit_equal(b.dtheta)) << what << ": dtheta";
 }
 
 // ---------------------------------------------------------------------------------------------
 // Reference against central finite differences (float64).
 
-// loss = Σ o · do + Σ final_state · dht, computed by the reference.
-double reference_loss(const Inputs& in) {
+// loss = Σ o · do + Σ final_state · dht, computed by `impl` in float64 (the reference unless
+// told otherwise).
+double reference_loss(const Inputs& in, Impl impl = Impl::reference) {
   const Case& c = in.c;
   GlaParams params;
   params.q = in.q.view();
@@ -242,23 +294,26 @@ double reference_loss(const Inputs& in) {
   params.g = in.g.view();
   params.initial_state = in.h0.view();
   params.cu_seqlens = in.cu.view();
+  params.chunk_size = c.chunk_size;
+  params.theta = in.theta.view();
+  params.rotary_layout = c.layout;
   Tensor o({c.B, c.T, c.H, c.V}, DType::float64), fin({in.N, c.H, c.K, c.V}, DType::float64);
-  gla_forward(params, Impl::reference, o.view(), fin.view());
+  gla_forward(params, impl, o.view(), fin.view());
   double loss = testing::dot(o, in.d_o);
   if (in.dht.defined()) loss += testing::dot(fin, in.dht);
   return loss;
 }
 
 // d loss / d x by central differences, for every element of the input `x` points to.
-Tensor finite_difference(Inputs& in, Tensor* x) {
+Tensor finite_difference(Inputs& in, Tensor* x, Impl impl = Impl::reference) {
   const double h = 1e-6;
   Tensor grad(x->shape(), DType::float64);
   for (std::int64_t i = 0; i < x->numel(); ++i) {
     const double saved = x->at(i);
     x->set(i, saved + h);
-    const double plus = reference_loss(in);
+    const double plus = reference_loss(in, impl);
     x->set(i, saved - h);
-    const double minus = reference_loss(in);
+    const double minus = reference_loss(in, impl);
     x->set(i, saved);
     grad.set(i, (plus - minus) / (2 * h));
   }
@@ -434,7 +489,7 @@ TEST(GlaKernels, MixedDtypes) {
     r.dg = Tensor({1, 40, 2, 6}, DType::float64);
     r.dh0 = Tensor({1, 2, 6, 5}, DType::float64);
     gla_backward(params, impl, d_o.view(), dht.view(),
-                 GlaGrads{r.dq.view(), r.dk.view(), r.dv.view(), r.dg.view(), r.dh0.view()});
+                 make_grads(r.dq.view(), r.dk.view(), r.dv.view(), r.dg.view(), r.dh0.view()));
     // float32 compute on float64-rounded-to-float32 inputs: compare with the float64 reference
     // on the original inputs, so the input rounding (~3e-8) is included.
     expect_close(r, expected, 1e-5);
@@ -458,9 +513,10 @@ TEST(GlaKernels, PartialGradientsAndOptionalOutputs) {
     gla_forward(params, impl, o.view());  // no final_state
     EXPECT_TRUE(o.bit_equal(full.o));
     Tensor dg({1, 50, 2, 4}, DType::float64), dh0({1, 2, 4, 4}, DType::float64);
-    gla_backward(params, impl, in.d_o.view(), in.dht.view(), GlaGrads{{}, {}, {}, dg.view(), {}});
+    gla_backward(params, impl, in.d_o.view(), in.dht.view(), make_grads({}, {}, {}, dg.view(), {}));
     EXPECT_TRUE(dg.bit_equal(full.dg));
-    gla_backward(params, impl, in.d_o.view(), in.dht.view(), GlaGrads{{}, {}, {}, {}, dh0.view()});
+    gla_backward(params, impl, in.d_o.view(), in.dht.view(),
+                 make_grads({}, {}, {}, {}, dh0.view()));
     EXPECT_TRUE(dh0.bit_equal(full.dh0));
   }
 }
@@ -599,6 +655,433 @@ TEST(GlaKernels, ThreadCountInvariance) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Fused rotation by θ (GlaParams::theta).
+
+// Columns (a, b) of rotation pair i, written out here independently of the library.
+std::int64_t pair_a(RotaryLayout layout, std::int64_t i) {
+  return layout == RotaryLayout::half_split ? i : 2 * i;
+}
+std::int64_t pair_b(RotaryLayout layout, std::int64_t i, std::int64_t R) {
+  return layout == RotaryLayout::half_split ? i + R : 2 * i + 1;
+}
+
+// Plain float64 params of a case's master inputs (contiguous views).
+GlaParams plain_params(const Inputs& in) {
+  GlaParams params;
+  params.q = in.q.view();
+  params.k = in.k.view();
+  params.v = in.v.view();
+  params.g = in.g.view();
+  params.initial_state = in.h0.view();
+  params.cu_seqlens = in.cu.view();
+  params.chunk_size = in.c.chunk_size;
+  params.theta = in.theta.view();
+  params.rotary_layout = in.c.layout;
+  return params;
+}
+
+// The same inputs with q' = R(θ) q and k' = R(θ) k materialised by apply_rotary (float64
+// reference) and no θ: the explicit path that the fused rotation must reproduce.
+Inputs explicitly_rotated(const Inputs& in) {
+  Inputs out = in;
+  out.theta = Tensor();
+  out.c.rotate = false;
+  out.q = Tensor(in.q.shape(), DType::float64);
+  out.k = Tensor(in.k.shape(), DType::float64);
+  apply_rotary_forward(in.q.view(), in.theta.view(), in.c.layout, Impl::reference, out.q.view());
+  apply_rotary_forward(in.k.view(), in.theta.view(), in.c.layout, Impl::reference, out.k.view());
+  return out;
+}
+
+// Explicit rotation, then `impl` without θ (float64); the gradients with respect to q', k' are
+// taken back through apply_rotary_backward: dq, dk of the unrotated inputs, and
+// dθ = dθ (through q) + dθ (through k).
+Result explicit_rotation_result(const Inputs& in, Impl impl) {
+  Result r = run(explicitly_rotated(in), impl, DType::float64, DType::float64);
+  Tensor dq(in.q.shape(), DType::float64), dk(in.k.shape(), DType::float64),
+      dtheta_q(in.theta.shape(), DType::float64), dtheta_k(in.theta.shape(), DType::float64);
+  apply_rotary_backward(in.q.view(), in.theta.view(), in.c.layout, Impl::reference, r.dq.view(),
+                        dq.view(), dtheta_q.view());
+  apply_rotary_backward(in.k.view(), in.theta.view(), in.c.layout, Impl::reference, r.dk.view(),
+                        dk.view(), dtheta_k.view());
+  r.dq = dq;
+  r.dk = dk;
+  r.dtheta = Tensor(in.theta.shape(), DType::float64);
+  for (std::int64_t i = 0; i < r.dtheta.numel(); ++i)
+    r.dtheta.set(i, dtheta_q.at(i) + dtheta_k.at(i));
+  return r;
+}
+
+std::vector<Case> rotation_cases() {
+  std::vector<Case> cases = {
+      {"random", 2, 37, 2, 8, 6, Gates::realistic, 16},
+      {"varlen", 1, 53, 2, 6, 5, Gates::realistic, 16, {5, 0, 1, 17, 0, 30}},
+      {"strong_gates_chunk7", 1, 40, 1, 4, 6, Gates::strong, 7},
+      {"zero_gates_chunk1", 1, 23, 2, 4, 5, Gates::zeros, 1},
+      {"weak_gates_K_greater_than_V", 1, 45, 1, 10, 3, Gates::weak, 16},
+      {"K2_mixed_channels", 1, 30, 2, 2, 7, Gates::mixed_channels, 8},
+  };
+  Case running{"running_phase_chunk40", 1, 100, 1, 8, 8, Gates::realistic, 40};
+  running.running_phase = true;
+  cases.push_back(running);
+  Case no_state{"no_initial_state", 2, 29, 2, 6, 4, Gates::realistic, 8};
+  no_state.initial_state = false;
+  no_state.d_final_state = false;
+  cases.push_back(no_state);
+  Case strided{"strided_varlen", 1, 45, 2, 6, 5, Gates::zeros, 16, {20, 0, 25}};
+  strided.strided = true;
+  cases.push_back(strided);
+  for (Case& c : cases) c.rotate = true;
+  return cases;
+}
+
+constexpr std::array<RotaryLayout, 2> kLayouts = {RotaryLayout::half_split,
+                                                  RotaryLayout::interleaved};
+constexpr std::array<Impl, 3> kImpls = {Impl::reference, Impl::recurrent, Impl::chunk};
+
+// Fused rotation == explicit rotation (apply_rotary) + the op, for o, final_state and every
+// gradient including dθ: float64 against the same implementation on explicitly rotated inputs
+// and against the reference; float32 against the float64 explicit reference.
+TEST(GlaRotation, FusedMatchesExplicitRotation) {
+  std::uint64_t seed = 300;
+  double worst[2][3] = {};  // [float32, float64][impl]
+  for (Case c : rotation_cases())
+    for (RotaryLayout layout : kLayouts) {
+      c.layout = layout;
+      const Inputs in = make_inputs(c, seed++);
+      const Result expected = explicit_rotation_result(in, Impl::reference);
+      for (Impl impl : kImpls) {
+        SCOPED_TRACE(c.name + " " + to_string(layout) + " " + to_string(impl));
+        const Result fused64 = run(in, impl, DType::float64, DType::float64);
+        {
+          SCOPED_TRACE("float64 vs explicit rotation + same impl");
+          expect_close(fused64, explicit_rotation_result(in, impl), 1e-12);
+        }
+        {
+          SCOPED_TRACE("float64 vs explicit rotation + reference");
+          expect_close(fused64, expected, 1e-10);
+        }
+        const Result fused32 = run(in, impl, DType::float32, DType::float32);
+        {
+          SCOPED_TRACE("float32 vs explicit rotation + reference");
+          expect_close(fused32, expected, 1e-5);
+        }
+        const auto i = static_cast<std::size_t>(impl);
+        worst[1][i] = std::max(worst[1][i], worst_error(fused64, expected));
+        worst[0][i] = std::max(worst[0][i], worst_error(fused32, expected));
+      }
+    }
+  std::printf(
+      "fused rotation, worst relative RMS vs explicit rotation + reference: float64 reference "
+      "%.2g, recurrent %.2g, chunk %.2g; float32 reference %.2g, recurrent %.2g, chunk %.2g\n",
+      worst[1][0], worst[1][1], worst[1][2], worst[0][0], worst[0][1], worst[0][2]);
+}
+
+// dθ (and dq, dk through the rotation) against central differences of each implementation's own
+// float64 loss.
+TEST(GlaRotation, GradientsMatchFiniteDifferences) {
+  for (RotaryLayout layout : kLayouts)
+    for (Impl impl : kImpls) {
+      SCOPED_TRACE(std::string(to_string(layout)) + " " + to_string(impl));
+      Case c{"fd", 1, 11, 2, 4, 3, Gates::realistic, 4, {4, 0, 7}};
+      c.rotate = true;
+      c.layout = layout;
+      Inputs in = make_inputs(c, 21);
+      const Result analytic = run(in, impl, DType::float64, DType::float64);
+      PHASOR_EXPECT_CLOSE(analytic.dtheta, finite_difference(in, &in.theta, impl), 1e-7, "dtheta");
+      PHASOR_EXPECT_CLOSE(analytic.dq, finite_difference(in, &in.q, impl), 1e-7, "dq");
+      PHASOR_EXPECT_CLOSE(analytic.dk, finite_difference(in, &in.k, impl), 1e-7, "dk");
+    }
+}
+
+// g_b = g_a for every rotation pair (a, b) of the layout.
+void tie_gates(Inputs& in) {
+  const std::int64_t K = in.c.K, R = K / 2, rows = in.g.numel() / K;
+  for (std::int64_t row = 0; row < rows; ++row)
+    for (std::int64_t i = 0; i < R; ++i)
+      in.g.set(row * K + pair_b(in.c.layout, i, R), in.g.at(row * K + pair_a(in.c.layout, i)));
+}
+
+// A [N, H, K, V] state with every pair of rows (a, b) turned by the angle c (as R1, per column).
+Tensor turn_state(const Tensor& state, double c, RotaryLayout layout) {
+  Tensor out = state;
+  const std::int64_t K = state.shape()[2], V = state.shape()[3], R = K / 2;
+  const std::int64_t blocks = state.numel() / (K * V);
+  for (std::int64_t n = 0; n < blocks; ++n)
+    for (std::int64_t i = 0; i < R; ++i)
+      for (std::int64_t col = 0; col < V; ++col) {
+        const std::int64_t a = (n * K + pair_a(layout, i)) * V + col,
+                           b = (n * K + pair_b(layout, i, R)) * V + col;
+        out.set(a, state.at(a) * std::cos(c) - state.at(b) * std::sin(c));
+        out.set(b, state.at(a) * std::sin(c) + state.at(b) * std::cos(c));
+      }
+  return out;
+}
+
+// dg_a + dg_b per rotation pair: [.., K] → [.., K/2], the derivative along tied gates.
+Tensor pair_sums(const Tensor& dg, RotaryLayout layout) {
+  std::vector<std::int64_t> shape = dg.shape();
+  const std::int64_t K = shape.back(), R = K / 2, rows = dg.numel() / K;
+  shape.back() = R;
+  Tensor out(shape, DType::float64);
+  for (std::int64_t row = 0; row < rows; ++row)
+    for (std::int64_t i = 0; i < R; ++i)
+      out.set(row * R + i,
+              dg.at(row * K + pair_a(layout, i)) + dg.at(row * K + pair_b(layout, i, R)));
+  return out;
+}
+
+// θ rounded to multiples of 2^−10 (so that θ + c for c = 0.75 is exact, in float32 too: the
+// shift is then exactly the same constant everywhere), and the shifted copy.
+std::pair<Inputs, Inputs> shifted_angles(const Inputs& in, double c) {
+  std::pair<Inputs, Inputs> out{in, in};
+  for (std::int64_t i = 0; i < in.theta.numel(); ++i) {
+    const double grid = std::round(in.theta.at(i) * 1024.0) / 1024.0;
+    out.first.theta.set(i, grid);
+    out.second.theta.set(i, grid + c);
+  }
+  return out;
+}
+
+// Relative-position invariance: with the gate tied across each rotation pair, θ + c gives the
+// same o (and, without d_final_state, the same dq, dk, dv, dθ). dg is the derivative with respect
+// to each gate channel on its own, which leaves the tied set where the invariance holds, so only
+// its tied direction dg_a + dg_b is invariant (the entries themselves do change). The states are
+// expressed in the frame of θ = 0 (the rotated keys are summed into them), so the final state
+// turns by c, and an initial state must be turned by c as well for o to stay unchanged.
+TEST(GlaRotation, ShiftInvarianceWithTiedGates) {
+  const double shift = 0.75;
+  for (bool with_state : {false, true})
+    for (RotaryLayout layout : kLayouts) {
+      Case c{"shift", 2, 37, 2, 6, 5, Gates::realistic, 16, {}, with_state, false};
+      c.rotate = true;
+      c.layout = layout;
+      Inputs raw = make_inputs(c, 41);
+      tie_gates(raw);
+      auto [in, moved] = shifted_angles(raw, shift);
+      if (with_state) moved.h0 = turn_state(in.h0, shift, layout);
+      for (Impl impl : kImpls)
+        for (DType dtype : {DType::float64, DType::float32}) {
+          SCOPED_TRACE(std::string(with_state ? "initial state " : "") + to_string(layout) + " " +
+                       to_string(impl) + " " + to_string(dtype));
+          const double tol = dtype == DType::float64 ? 1e-12 : 1e-5;
+          const Result a = run(in, impl, dtype, DType::float64);
+          const Result b = run(moved, impl, dtype, DType::float64);
+          PHASOR_EXPECT_CLOSE(b.o, a.o, tol, "o");
+          PHASOR_EXPECT_CLOSE(b.dq, a.dq, tol, "dq");
+          PHASOR_EXPECT_CLOSE(b.dk, a.dk, tol, "dk");
+          PHASOR_EXPECT_CLOSE(b.dv, a.dv, tol, "dv");
+          PHASOR_EXPECT_CLOSE(pair_sums(b.dg, layout), pair_sums(a.dg, layout), tol, "dg_a + dg_b");
+          EXPECT_GT(testing::rel_rms(b.dg, a.dg), 1e-2) << "dg entries are not invariant";
+          PHASOR_EXPECT_CLOSE(b.dtheta, a.dtheta, tol, "dtheta");
+          PHASOR_EXPECT_CLOSE(b.final_state, turn_state(a.final_state, shift, layout), tol,
+                              "final_state turned by the shift");
+          EXPECT_GT(testing::rel_rms(b.final_state, a.final_state), 0.1)
+              << "the final state itself is not invariant";
+        }
+    }
+}
+
+// With untied gates (g_a ≠ g_b) the invariance fails: the same shift changes o by far more than
+// rounding.
+TEST(GlaRotation, ShiftChangesOutputWithUntiedGates) {
+  for (RotaryLayout layout : kLayouts) {
+    Case c{"untied", 2, 37, 2, 6, 5, Gates::realistic, 16, {}, false, false};
+    c.rotate = true;
+    c.layout = layout;
+    const auto [in, moved] = shifted_angles(make_inputs(c, 41), 0.75);
+    for (Impl impl : kImpls) {
+      SCOPED_TRACE(std::string(to_string(layout)) + " " + to_string(impl));
+      const Result a = run(in, impl, DType::float64, DType::float64);
+      const Result b = run(moved, impl, DType::float64, DType::float64);
+      const double change = testing::rel_rms(b.o, a.o);
+      EXPECT_GT(change, 1e-2) << "o moved by only " << change;
+    }
+  }
+}
+
+// GLA with rotation and a tied gate is the complex-valued recurrence of Selective RoPE. Per
+// rotation pair i write x̂_i = x_a + i·x_b (a complex channel) and λ_t,i = exp(g_t,a) = exp(g_t,b).
+// Rotating by θ multiplies x̂ by e^{iθ}, and a real inner product over a pair is
+// Re(conj(x̂) ŷ). With W_t = e^{−iθ_t} Z_t, Z_t = S_t[a, :] + i S_t[b, :] (the state in the frame
+// of the current token), the op is, written directly with complex numbers,
+//   W_t = λ_t e^{−i(θ_t − θ_{t−1})} W_{t−1} + k̂_t v_tᵀ,    (S_t = S_{t−1} Λ_t R_t + k_t v_tᵀ)
+//   o_t = scale · Σ_i Re(conj(q̂_t,i) W_t,i),
+// with θ_{−1} = 0 and W_{−1} = the initial state; the final state is Z = e^{iθ_last} W.
+TEST(GlaRotation, TiedGatesEqualComplexRecurrence) {
+  using Complex = std::complex<double>;
+  for (RotaryLayout layout : kLayouts) {
+    Case c{"complex", 1, 41, 2, 6, 3, Gates::realistic, 8, {17, 0, 24}};
+    c.rotate = true;
+    c.running_phase = true;
+    c.layout = layout;
+    Inputs in = make_inputs(c, 51);
+    tie_gates(in);
+    const std::int64_t T = c.T, H = c.H, K = c.K, V = c.V, R = K / 2;
+    const double scale = 1 / std::sqrt(static_cast<double>(K));
+    auto row = [&](std::int64_t t, std::int64_t h) { return (t * H + h); };  // B = 1
+    Tensor o_expected({1, T, H, V}, DType::float64), fin_expected({in.N, H, K, V}, DType::float64);
+    std::int64_t start = 0;
+    for (std::int64_t n = 0; n < in.N; ++n) {
+      const std::int64_t length = c.lengths[static_cast<std::size_t>(n)];
+      for (std::int64_t h = 0; h < H; ++h) {
+        const std::int64_t state0 = (n * H + h) * K * V;
+        std::vector<Complex> W(static_cast<std::size_t>(R * V));
+        std::vector<double> previous_theta(static_cast<std::size_t>(R), 0.0);
+        for (std::int64_t i = 0; i < R; ++i)
+          for (std::int64_t col = 0; col < V; ++col)
+            W[static_cast<std::size_t>(i * V + col)] =
+                Complex(in.h0.at(state0 + pair_a(layout, i) * V + col),
+                        in.h0.at(state0 + pair_b(layout, i, R) * V + col));
+        for (std::int64_t t = start; t < start + length; ++t) {
+          const std::int64_t qk = row(t, h) * K, vr = row(t, h) * V, tr = row(t, h) * R;
+          for (std::int64_t col = 0; col < V; ++col) o_expected.set(vr + col, 0.0);
+          for (std::int64_t i = 0; i < R; ++i) {
+            const std::int64_t a = pair_a(layout, i), b = pair_b(layout, i, R);
+            const double theta = in.theta.at(tr + i);
+            const Complex step = std::exp(in.g.at(qk + a)) *
+                                 std::polar(1.0, -(theta - previous_theta[std::size_t(i)]));
+            previous_theta[static_cast<std::size_t>(i)] = theta;
+            const Complex k_hat(in.k.at(qk + a), in.k.at(qk + b)),
+                q_hat(in.q.at(qk + a), in.q.at(qk + b));
+            for (std::int64_t col = 0; col < V; ++col) {
+              Complex& w = W[static_cast<std::size_t>(i * V + col)];
+              w = step * w + k_hat * in.v.at(vr + col);
+              o_expected.set(vr + col,
+                             o_expected.at(vr + col) + scale * std::real(std::conj(q_hat) * w));
+            }
+          }
+        }
+        for (std::int64_t i = 0; i < R; ++i)
+          for (std::int64_t col = 0; col < V; ++col) {
+            const Complex z = std::polar(1.0, previous_theta[static_cast<std::size_t>(i)]) *
+                              W[static_cast<std::size_t>(i * V + col)];
+            fin_expected.set(state0 + pair_a(layout, i) * V + col, z.real());
+            fin_expected.set(state0 + pair_b(layout, i, R) * V + col, z.imag());
+          }
+      }
+      start += length;
+    }
+    for (Impl impl : kImpls) {
+      SCOPED_TRACE(std::string(to_string(layout)) + " " + to_string(impl));
+      const Result r = run(in, impl, DType::float64, DType::float64);
+      PHASOR_EXPECT_CLOSE(r.o, o_expected, 1e-12, "o vs complex recurrence");
+      PHASOR_EXPECT_CLOSE(r.final_state, fin_expected, 1e-12, "final_state vs complex recurrence");
+    }
+  }
+}
+
+// Standard RoPE (θ_t = t·ω from rope_angles, shared by heads through a zero stride): with no
+// decay (g = 0) and a single key k at position n (v_n = 1, V = 1, every other k and v zero),
+// o_m = scale · (R(θ_m) q)·(R(θ_n) k) is the attention logit, which depends only on m − n.
+TEST(GlaRotation, RopeLogitsDependOnlyOnDistance) {
+  const std::int64_t T = 24, H = 2, K = 8, R = K / 2;
+  std::mt19937_64 rng(61);
+  const Tensor q_head = testing::randn({H, K}, rng), k_head = testing::randn({H, K}, rng);
+  Tensor angles({1, T, R}, DType::float64);
+  RopeAnglesParams rope;
+  rope.T = T;
+  rope.head_dim = K;
+  rope_angles(rope, Impl::reference, angles.view());
+  const TensorView theta =
+      TensorView::strided(angles.view().data, DType::float64, {1, T, H, R}, {T * R, R, 0, 1});
+  // logits[m] for the key at position n, from one forward call.
+  auto logits = [&](Impl impl, RotaryLayout layout, std::int64_t n) {
+    Tensor q({1, T, H, K}, DType::float64), k({1, T, H, K}, DType::float64),
+        v({1, T, H, 1}, DType::float64), g({1, T, H, K}, DType::float64),
+        o({1, T, H, 1}, DType::float64);
+    for (std::int64_t t = 0; t < T; ++t)
+      for (std::int64_t h = 0; h < H; ++h)
+        for (std::int64_t d = 0; d < K; ++d) {
+          q.set((t * H + h) * K + d, q_head.at(h * K + d));
+          if (t == n) k.set((t * H + h) * K + d, k_head.at(h * K + d));
+        }
+    for (std::int64_t h = 0; h < H; ++h) v.set(n * H + h, 1.0);
+    GlaParams params;
+    params.q = q.view();
+    params.k = k.view();
+    params.v = v.view();
+    params.g = g.view();
+    params.theta = theta;
+    params.rotary_layout = layout;
+    params.chunk_size = 5;
+    gla_forward(params, impl, o.view());
+    return o;
+  };
+  for (RotaryLayout layout : kLayouts)
+    for (Impl impl : kImpls) {
+      SCOPED_TRACE(std::string(to_string(layout)) + " " + to_string(impl));
+      const Tensor from0 = logits(impl, layout, 0), from9 = logits(impl, layout, 9);
+      double spread = 0;
+      for (std::int64_t d = 0; d + 9 < T; ++d)
+        for (std::int64_t h = 0; h < H; ++h) {
+          const double expected = from0.at(d * H + h), actual = from9.at((d + 9) * H + h);
+          EXPECT_NEAR(actual, expected, 1e-12 * (1 + std::fabs(expected))) << "m − n = " << d;
+          spread = std::max(spread, std::fabs(expected - from0.at(h)));
+        }
+      EXPECT_GT(spread, 0.1) << "logits should vary with the distance";
+    }
+}
+
+// Requesting dθ alone (dq, dk not requested) gives the same dθ as with every gradient, and
+// results are bit-identical for any thread count.
+TEST(GlaRotation, PartialGradientsAndThreadInvariance) {
+  Case c{"partial", 1, 50, 3, 6, 4, Gates::zeros, 16, {22, 0, 28}};
+  c.rotate = true;
+  c.layout = RotaryLayout::interleaved;
+  const Inputs in = make_inputs(c, 71);
+  for (Impl impl : kImpls) {
+    SCOPED_TRACE(to_string(impl));
+    const Result full = run(in, impl, DType::float64, DType::float64);
+    const GlaParams params = plain_params(in);
+    Tensor dtheta(in.theta.shape(), DType::float64), dq(in.q.shape(), DType::float64);
+    gla_backward(params, impl, in.d_o.view(), in.dht.view(),
+                 make_grads({}, {}, {}, {}, {}, dtheta.view()));
+    EXPECT_TRUE(dtheta.bit_equal(full.dtheta));
+    gla_backward(params, impl, in.d_o.view(), in.dht.view(), make_grads(dq.view(), {}, {}, {}, {}));
+    EXPECT_TRUE(dq.bit_equal(full.dq));
+    for (DType dtype : {DType::float32, DType::float64}) {
+      set_num_threads(1);
+      const Result one = run(in, impl, dtype, dtype);
+      set_num_threads(3);
+      expect_bit_equal(run(in, impl, dtype, dtype), one,
+                       std::string("3 threads ") + to_string(dtype));
+    }
+    set_num_threads(0);
+  }
+}
+
+// Decoding with rotation: the recurrent kernel one token at a time, each call given that token's
+// θ and the previous state, continues exactly (the state carries the θ = 0 frame across calls).
+TEST(GlaRotation, DecodingOneTokenAtATimeMatchesChunkForward) {
+  const std::int64_t B = 2, T = 20, H = 2, K = 6, V = 5;
+  Case c{"decode", B, T, H, K, V, Gates::zeros, 8};
+  c.rotate = true;
+  c.running_phase = true;
+  for (RotaryLayout layout : kLayouts) {
+    SCOPED_TRACE(to_string(layout));
+    c.layout = layout;
+    const Inputs in = make_inputs(c, 81);
+    const GlaParams full = plain_params(in);
+    Tensor o_chunk({B, T, H, V}, DType::float64), fin_chunk({B, H, K, V}, DType::float64);
+    gla_forward(full, Impl::chunk, o_chunk.view(), fin_chunk.view());
+    Tensor o_steps({B, T, H, V}, DType::float64), state = in.h0;
+    for (std::int64_t t = 0; t < T; ++t) {
+      GlaParams step = full;
+      step.q = token(in.q, t);
+      step.k = token(in.k, t);
+      step.v = token(in.v, t);
+      step.g = token(in.g, t);
+      step.theta = token(in.theta, t);
+      step.initial_state = state.view();
+      gla_forward(step, Impl::recurrent, token(o_steps, t), state.view());
+    }
+    PHASOR_EXPECT_CLOSE(o_steps, o_chunk, 1e-12, "o");
+    PHASOR_EXPECT_CLOSE(state, fin_chunk, 1e-12, "final state");
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
 // Argument validation.
 
 struct BadInputs {
@@ -709,9 +1192,7 @@ TEST(GlaValidation, GatesChunkSizeScaleAndGradients) {
   p = b.params();
   p.initial_state = {};
   expect_error(
-      [&] {
-        gla_backward(p, Impl::chunk, b.o.view(), {}, GlaGrads{{}, {}, {}, {}, dh0.view()});
-      },
+      [&] { gla_backward(p, Impl::chunk, b.o.view(), {}, make_grads({}, {}, {}, {}, dh0.view())); },
       {"chunk_gla", "'dh0'", "initial_state"});
   Tensor do_bad({1, 6, 2, 4}, DType::float32);
   expect_error([&] { gla_backward(b.params(), Impl::chunk, do_bad.view(), {}, GlaGrads{}); },
@@ -724,16 +1205,75 @@ TEST(GlaValidation, GatesChunkSizeScaleAndGradients) {
   expect_error(
       [&] {
         gla_backward(b.params(), Impl::chunk, b.o.view(), {},
-                     GlaGrads{dq_bad.view(), {}, {}, {}, {}});
+                     make_grads(dq_bad.view(), {}, {}, {}, {}));
       },
       {"'dq'", "K=4"});
   Tensor dg_int({1, 6, 2, 4}, DType::int64);
   expect_error(
       [&] {
         gla_backward(b.params(), Impl::chunk, b.o.view(), {},
-                     GlaGrads{{}, {}, {}, dg_int.view(), {}});
+                     make_grads({}, {}, {}, dg_int.view(), {}));
       },
       {"'dg'", "int64"});
+}
+
+TEST(GlaValidation, RotationAngles) {
+  BadInputs b;  // K = 4: θ is [1, 6, 2, 2]
+  using testing::expect_error;
+  Tensor theta({1, 6, 2, 2}, DType::float32);
+  GlaParams p = b.params();
+  Tensor theta_wide({1, 6, 2, 4}, DType::float32);
+  p.theta = theta_wide.view();
+  expect_error([&] { gla_forward(p, Impl::chunk, b.o.view()); },
+               {"chunk_gla", "'theta'", "K/2=2", "[1, 6, 2, 4]"});
+  Tensor theta_heads({1, 6, 1, 2}, DType::float32);
+  p.theta = theta_heads.view();
+  expect_error([&] { gla_forward(p, Impl::recurrent, b.o.view()); },
+               {"fused_recurrent_gla", "'theta'", "H=2", "[1, 6, 1, 2]"});
+  Tensor theta_int({1, 6, 2, 2}, DType::int32);
+  p.theta = theta_int.view();
+  expect_error([&] { gla_forward(p, Impl::reference, b.o.view()); },
+               {"gla_reference", "'theta'", "int32"});
+  // Odd K: no rotation pairs.
+  Tensor q3({1, 6, 2, 3}, DType::float32), g3({1, 6, 2, 3}, DType::float32),
+      theta1({1, 6, 2, 1}, DType::float32);
+  p = b.params();
+  p.q = q3.view();
+  p.k = q3.view();
+  p.g = g3.view();
+  p.initial_state = {};
+  p.theta = theta1.view();
+  expect_error([&] { gla_forward(p, Impl::chunk, b.o.view()); },
+               {"chunk_gla", "'theta'", "even", "K = 3"});
+
+  Tensor dtheta({1, 6, 2, 2}, DType::float32);
+  p = b.params();
+  expect_error(
+      [&] {
+        gla_backward(p, Impl::chunk, b.o.view(), {}, make_grads({}, {}, {}, {}, {}, dtheta.view()));
+      },
+      {"chunk_gla", "'dtheta'", "theta to be given"});
+  p.theta = theta.view();
+  Tensor dtheta_bad({1, 6, 2, 3}, DType::float32);
+  expect_error(
+      [&] {
+        gla_backward(p, Impl::recurrent, b.o.view(), {},
+                     make_grads({}, {}, {}, {}, {}, dtheta_bad.view()));
+      },
+      {"fused_recurrent_gla", "'dtheta'", "K/2=2", "[1, 6, 2, 3]"});
+  // Angles shared by the heads (zero stride over H) are fine as θ, but their gradient must own
+  // each element: sum the [B, T, H, K/2] dθ over H instead.
+  Tensor shared({1, 6, 2}, DType::float32);
+  const TensorView broadcast =
+      TensorView::strided(shared.view().data, DType::float32, {1, 6, 2, 2}, {12, 2, 0, 1});
+  p.theta = broadcast;
+  Tensor o({1, 6, 2, 3}, DType::float32);
+  gla_forward(p, Impl::chunk, o.view());
+  expect_error(
+      [&] {
+        gla_backward(p, Impl::chunk, b.o.view(), {}, make_grads({}, {}, {}, {}, {}, broadcast));
+      },
+      {"chunk_gla", "'dtheta'", "no zero strides", "dimension 2"});
 }
 
 }  // namespace

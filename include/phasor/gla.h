@@ -53,9 +53,18 @@ struct GlaParams {
   // pair by pair inside the kernel (RoPE / Selective RoPE; see phasor/rotary.h for building θ),
   //   x_a' = x_a cos θ − x_b sin θ,   x_b' = x_a sin θ + x_b cos θ,
   // and the op then runs on the rotated q', k'. The rotated tensors are never written out.
+  // Every implementation supports it (reference, recurrent incl. segments, chunk), forward and
+  // backward (GlaGrads::dtheta). Angles shared by all heads may be passed with a zero stride
+  // over H.
+  // The states (initial_state, final_state) hold rotated keys: they are in the frame of
+  // zero angles, so decoding token by token, each call given its token's θ_t, continues a
+  // sequence exactly.
   // With the gate g tied across each rotation pair (g_a = g_b), S_t is the paper's complex
-  // recurrence and outputs depend on θ only through differences (θ_t − θ_s): adding a constant to
-  // every θ changes nothing. With untied gates that invariance does not hold.
+  // recurrence (per pair, a complex channel with decay exp(g_a) e^{−i(θ_t − θ_{t−1})} in the
+  // frame of the current token) and o depends on θ only through differences θ_t − θ_s: adding a
+  // constant c to every θ leaves o unchanged when there is no initial_state (an initial state
+  // would have to be turned by c too), while the final state turns by c. With untied gates that
+  // invariance does not hold.
   TensorView theta;
   RotaryLayout rotary_layout = RotaryLayout::half_split;  // pairs (i, i + K/2) or (2i, 2i + 1)
 };
@@ -65,7 +74,10 @@ struct GlaParams {
 // Every element of a requested view is written (overwritten, never accumulated into).
 struct GlaGrads {
   TensorView dq, dk, dv, dg, dh0;
-  TensorView dtheta;  // [B, T, H, K/2]; requires theta
+  // [B, T, H, K/2]; requires theta. The sum of the contributions through q and through k (they
+  // share θ_t). Must own each element (no zero strides): for angles shared by the heads, sum it
+  // over H.
+  TensorView dtheta;
 };
 
 // o: [B, T, H, V]; final_state: [N, H, K, V], optional (undefined: not computed).

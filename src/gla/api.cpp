@@ -5,6 +5,7 @@
 #include <string>
 
 #include "common/check.h"
+#include "common/rotation.h"
 #include "gla/kernels.h"
 #include "phasor/gla.h"
 
@@ -67,6 +68,9 @@ Problem validate_inputs(const std::string& op, const GlaParams& params, Impl imp
     detail::check_float_tensor(op, "initial_state", params.initial_state,
                                {{N, "N"}, {H, "H"}, {K, "K"}, {V, "V"}});
   p.initial_state = params.initial_state;
+  detail::check_theta(op, params.theta, B, T, H, K);
+  p.theta = params.theta;
+  p.rotary_layout = params.rotary_layout;
   p.scale = detail::resolve_scale(op, params.scale, K);
   // The recurrent kernel uses chunk_size as its backward checkpoint interval; only the
   // reference ignores it.
@@ -127,6 +131,15 @@ void gla_backward(const GlaParams& params, Impl impl, const TensorView& d_o,
                    "dh0 requested without initial_state");
     detail::check_output(op, "dh0", grads.dh0, {{N, "N"}, {p.H, "H"}, {p.K, "K"}, {p.V, "V"}});
   }
+  detail::check_dtheta(op, grads.dtheta, params.theta);
+  // Work items write disjoint (sequence, head) blocks of dθ; a zero stride (e.g. angles broadcast
+  // over heads, passed back as the gradient view) would make them race on one element.
+  if (grads.dtheta.defined())
+    for (int d = 0; d < 4; ++d)
+      if (grads.dtheta.size(d) > 1 && grads.dtheta.stride(d) == 0)
+        detail::fail(op, "dtheta", "a tensor that owns each element (no zero strides)",
+                     "stride 0 in dimension " + std::to_string(d) + " of shape " +
+                         grads.dtheta.shape_string());
   switch (impl) {
     case Impl::reference:
       detail::gla::reference_backward(p, d_o, d_final_state, grads);

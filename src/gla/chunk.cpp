@@ -42,11 +42,19 @@
 // off-diagonal strips); pairs with j in B and i in a later block are k_j ⊙ dk_j^off; pairs with
 // i after B and j before B are whole block pairs X_IJ = Σ_{i∈I, j∈J} M_ij, summed per block.
 // Every term summed is a product that passes through t: no cancellation beyond the true one.
+//
+// Rotation (θ given): load() rotates the chunk's q and k rows by θ (R1, common/rotation.h) once,
+// and everything above runs on the rotated rows unchanged (dg, dv and the state only ever see
+// q', k'). The backward's dq, dk are then with respect to q', k'; unrotate() turns them into the
+// gradients of the inputs and dθ (R2, R3), reusing the cos/sin computed at load.
 
 // GCC 12 reports a false -Wmaybe-uninitialized inside its own AVX-512 intrinsics header
 // (_mm512_undefined_pd in Eigen's vectorised double exp; GCC bug 105593). Silence only that.
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+// Likewise a false -Wuninitialized inside Eigen's AVX-512 float sin/cos (psincos_float), which
+// PairAngles<float> (common/rotation.h) uses for the fused rotation.
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #endif
 #include <Eigen/Core>
 #include <algorithm>
@@ -90,7 +98,11 @@ struct ChunkWork {
   Mat<S> cross_diag;                 // Σ of M_ij over in-block pairs j < t ≤ i
   Mat<S> cross_blocks;               // Σ of X_IJ over blocks J < B < I, one row per B
   RowVec<S> qd, kd, acc;
+  // Rotation only.
+  PairAngles<S> angles;  // cos θ, sin θ of the chunk's tokens
+  Mat<S> dtheta;         // n × K/2
 
+  // With θ, q and k hold the rotated rows R(θ_i) q_i, R(θ_i) k_i.
   void load(const Problem& p, const Sequence& part, std::int64_t h, bool with_q,
             const TensorView& d_o) {
     n = part.length;
@@ -100,6 +112,19 @@ struct ChunkWork {
     load_token_rows(p.v, part, h, v);
     load_token_rows(p.g, part, h, g);
     if (d_o.defined()) load_token_rows(d_o, part, h, d_out);
+    if (p.theta.defined()) {
+      angles.load(p.theta, part, h);
+      if (with_q) rotate_rows(q, angles, p.rotary_layout);
+      rotate_rows(k, angles, p.rotary_layout);
+    }
+  }
+
+  // After backward(): dq, dk (w.r.t. the rotated q', k') become the gradients w.r.t. the inputs,
+  // and dθ = the sum of both rows' contributions (R2, R3).
+  void unrotate(RotaryLayout layout) {
+    dtheta.setZero(n, q.cols() / 2);
+    unrotate_gradient_rows(dq, q, angles, layout, dtheta);
+    unrotate_gradient_rows(dk, k, angles, layout, dtheta);
   }
 
   // E (suffix) and P_last; with with_prefix also decay and P (prefix). Each factor is the exp
@@ -325,6 +350,10 @@ void backward_item(const Problem& p, std::int64_t n, std::int64_t h, const Tenso
     work.load(p, part, h, /*with_q=*/true, d_o);
     work.gate_factors();
     work.backward(states.middleRows(c * K, K), d_state);
+    if (p.theta.defined()) {
+      work.unrotate(p.rotary_layout);
+      if (grads.dtheta.defined()) store_token_rows(work.dtheta, grads.dtheta, part, h);
+    }
     if (grads.dq.defined()) store_token_rows(work.dq, grads.dq, part, h);
     if (grads.dk.defined()) store_token_rows(work.dk, grads.dk, part, h);
     if (grads.dv.defined()) store_token_rows(work.dv, grads.dv, part, h);

@@ -3,6 +3,13 @@
 // api.cpp validates every argument and builds a Problem; the kernels then trust it. Each kernel
 // splits the work over (sequence, head) pairs with parallel_for; one pair is computed start to
 // finish by one thread, in a fixed order, so results are bit-identical for any thread count.
+//
+// Fused rotation (theta defined): the recurrent and chunk kernels rotate q_t and k_t by θ_t
+// (R1 of common/rotation.h) right after loading a segment's / chunk's rows, and run unchanged on
+// the rotated q', k'. Their backward computes dq', dk' with respect to the rotated rows exactly as
+// without rotation (dg and dv only ever see q', k'), then turns them into dq, dk and dθ (R2, R3)
+// with the same cos/sin, q and k adding into one dθ block. The reference rotates on its own,
+// with plain loops from the equations.
 #pragma once
 
 #include <Eigen/Core>
@@ -10,6 +17,7 @@
 #include <vector>
 
 #include "common/check.h"
+#include "common/rotation.h"
 #include "common/slices.h"
 #include "phasor/common.h"
 #include "phasor/gla.h"
@@ -25,6 +33,8 @@ struct Problem {
   double scale = 1.0;
   // chunk: tokens per chunk; recurrent backward: tokens between two state checkpoints.
   std::int64_t chunk_size = 64;
+  TensorView theta;  // undefined: no rotation; else [B, T, H, K/2]
+  RotaryLayout rotary_layout = RotaryLayout::half_split;
 
   std::int64_t num_sequences() const { return static_cast<std::int64_t>(sequences.size()); }
   std::int64_t num_work_items() const { return num_sequences() * H; }

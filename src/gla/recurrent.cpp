@@ -11,11 +11,18 @@
 // from its checkpoint and the adjoint dS is carried back token by token. Memory per (sequence,
 // head) is O(T/C · K·V + C · K·V), never O(T · K·V). The gate gradient uses the direct per-step
 // form dg_t = exp(g_t) ⊙ rowsum(S_{t−1} ⊙ dS_t), a sum of products without cancellation.
+//
+// Rotation (θ given): each segment's q and k rows are rotated by θ (R1, common/rotation.h) as
+// they are loaded, in the forward, in both backward passes; the backward's dq, dk (with respect
+// to the rotated rows) are turned into dq, dk, dθ (R2, R3) per segment with the same cos/sin.
 
 // GCC 12 reports a false -Wmaybe-uninitialized inside its own AVX-512 intrinsics header
 // (_mm512_undefined_pd in Eigen's vectorised double exp; GCC bug 105593). Silence only that.
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+// Likewise a false -Wuninitialized inside Eigen's AVX-512 float sin/cos (psincos_float), which
+// PairAngles<float> (common/rotation.h) uses for the fused rotation.
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #endif
 #include <Eigen/Core>
 #include <algorithm>
@@ -30,10 +37,12 @@ namespace {
 template <class S>
 using RowVec = Eigen::Matrix<S, 1, Eigen::Dynamic>;
 
-// The inputs of one segment of a (sequence, head) pair. decay = exp(g), elementwise.
+// The inputs of one segment of a (sequence, head) pair. decay = exp(g), elementwise. With θ,
+// q and k hold the rotated rows R(θ_t) q_t, R(θ_t) k_t and `angles` the segment's cos/sin.
 template <class S>
 struct Segment {
   Mat<S> q, k, v, decay;
+  PairAngles<S> angles;
 
   void load(const Problem& p, const Sequence& part, std::int64_t h, bool with_q) {
     if (with_q) load_token_rows(p.q, part, h, q);
@@ -41,6 +50,11 @@ struct Segment {
     load_token_rows(p.v, part, h, v);
     load_token_rows(p.g, part, h, decay);
     decay = decay.array().exp().matrix();
+    if (p.theta.defined()) {
+      angles.load(p.theta, part, h);
+      if (with_q) rotate_rows(q, angles, p.rotary_layout);
+      rotate_rows(k, angles, p.rotary_layout);
+    }
   }
 };
 
@@ -103,7 +117,7 @@ void backward_item(const Problem& p, std::int64_t n, std::int64_t h, const Tenso
   Mat<S> d_state = Mat<S>::Zero(K, V);
   if (d_final_state.defined()) load_state(d_final_state, n, h, d_state);
   Mat<S> states;  // (length + 1) blocks of K rows: states[t] = state before token t of the segment
-  Mat<S> d_out, dq, dk, dv, dg;
+  Mat<S> d_out, dq, dk, dv, dg, dtheta;
   for (std::int64_t i = num_segments - 1; i >= 0; --i) {
     const Sequence part = subsequence(s, i * C, std::min(C, s.length - i * C));
     const std::int64_t L = part.length;
@@ -133,6 +147,12 @@ void backward_item(const Problem& p, std::int64_t n, std::int64_t h, const Tenso
         dg(t, a) = seg.decay(t, a) * previous.row(a).dot(d_row);  // exp(g) ⊙ rowsum(S_{t−1} ⊙ dS_t)
         d_row *= seg.decay(t, a);  // dS_{t−1} = diag(exp(g_t)) dS_t
       }
+    }
+    if (p.theta.defined()) {  // dq', dk' (rotated frame) → dq, dk, and dθ from both
+      dtheta.setZero(L, K / 2);
+      unrotate_gradient_rows(dq, seg.q, seg.angles, p.rotary_layout, dtheta);
+      unrotate_gradient_rows(dk, seg.k, seg.angles, p.rotary_layout, dtheta);
+      if (grads.dtheta.defined()) store_token_rows(dtheta, grads.dtheta, part, h);
     }
     if (grads.dq.defined()) store_token_rows(dq, grads.dq, part, h);
     if (grads.dk.defined()) store_token_rows(dk, grads.dk, part, h);

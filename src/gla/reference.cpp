@@ -5,6 +5,13 @@
 //   o_t = S_tᵀ (scale · q_t)
 //
 // The backward is the plain adjoint of that recurrence, with every state kept in memory.
+//
+// Rotation (θ given): q and k of the whole sequence are first rotated pair by pair, with plain
+// loops straight from the equations (not with the helpers the fast kernels share),
+//   x'_a = x_a cos θ_t − x_b sin θ_t,   x'_b = x_a sin θ_t + x_b cos θ_t,
+// and the recurrence runs on q', k'. Its adjoint gives dq', dk'; at the end
+//   dx_a = dx'_a cos θ + dx'_b sin θ,   dx_b = −dx'_a sin θ + dx'_b cos θ,
+//   dθ_t = Σ_{x ∈ {q, k}} (dx'_b x'_a − dx'_a x'_b)     (∂x'_a/∂θ = −x'_b, ∂x'_b/∂θ = x'_a).
 #include <cmath>
 #include <vector>
 
@@ -18,8 +25,45 @@ namespace {
 using Matrix = Mat<double>;
 
 struct SequenceInputs {
-  Matrix q, k, v, g;  // length × K, length × K, length × V, length × K
+  Matrix q, k, v, g;  // length × K, length × K, length × V, length × K; q, k rotated if θ given
+  Matrix theta;       // length × K/2, only with θ
 };
+
+// The columns (a, b) of rotation pair i in a row of K = 2R values (see RotaryLayout).
+std::int64_t pair_a(RotaryLayout layout, std::int64_t i) {
+  return layout == RotaryLayout::half_split ? i : 2 * i;
+}
+std::int64_t pair_b(RotaryLayout layout, std::int64_t i, std::int64_t R) {
+  return layout == RotaryLayout::half_split ? i + R : 2 * i + 1;
+}
+
+// x ← R(θ) x row by row: x'_a = x_a cos θ − x_b sin θ, x'_b = x_a sin θ + x_b cos θ.
+void rotate(Matrix& x, const Matrix& theta, RotaryLayout layout) {
+  const std::int64_t R = theta.cols();
+  for (std::int64_t t = 0; t < x.rows(); ++t)
+    for (std::int64_t i = 0; i < R; ++i) {
+      const std::int64_t a = pair_a(layout, i), b = pair_b(layout, i, R);
+      const double c = std::cos(theta(t, i)), sn = std::sin(theta(t, i));
+      const double xa = x(t, a), xb = x(t, b);
+      x(t, a) = xa * c - xb * sn;
+      x(t, b) = xa * sn + xb * c;
+    }
+}
+
+// dx' (gradient w.r.t. the rotated rows x') ← dx = R(θ)ᵀ dx', and dθ += dx'_b x'_a − dx'_a x'_b.
+void unrotate_gradient(Matrix& dx, const Matrix& x_rotated, const Matrix& theta,
+                       RotaryLayout layout, Matrix& dtheta) {
+  const std::int64_t R = theta.cols();
+  for (std::int64_t t = 0; t < dx.rows(); ++t)
+    for (std::int64_t i = 0; i < R; ++i) {
+      const std::int64_t a = pair_a(layout, i), b = pair_b(layout, i, R);
+      const double c = std::cos(theta(t, i)), sn = std::sin(theta(t, i));
+      const double da = dx(t, a), db = dx(t, b);
+      dtheta(t, i) += db * x_rotated(t, a) - da * x_rotated(t, b);
+      dx(t, a) = da * c + db * sn;
+      dx(t, b) = -da * sn + db * c;
+    }
+}
 
 SequenceInputs load_inputs(const Problem& p, const Sequence& s, std::int64_t h) {
   SequenceInputs in;
@@ -27,6 +71,11 @@ SequenceInputs load_inputs(const Problem& p, const Sequence& s, std::int64_t h) 
   load_rows(p.k, s, h, in.k);
   load_rows(p.v, s, h, in.v);
   load_rows(p.g, s, h, in.g);
+  if (p.theta.defined()) {
+    load_rows(p.theta, s, h, in.theta);
+    rotate(in.q, in.theta, p.rotary_layout);
+    rotate(in.k, in.theta, p.rotary_layout);
+  }
   return in;
 }
 
@@ -122,6 +171,13 @@ void reference_backward(const Problem& p, const TensorView& d_o, const TensorVie
         const double decay = std::exp(in.g(t, a));
         for (std::int64_t b = 0; b < p.V; ++b) d_state(a, b) *= decay;
       }
+    }
+    // dq, dk are so far with respect to the rotated q', k' the recurrence read.
+    if (p.theta.defined()) {
+      Matrix dtheta = Matrix::Zero(s.length, p.K / 2);
+      unrotate_gradient(dq, in.q, in.theta, p.rotary_layout, dtheta);
+      unrotate_gradient(dk, in.k, in.theta, p.rotary_layout, dtheta);
+      if (grads.dtheta.defined()) store_rows(dtheta, grads.dtheta, s, h);
     }
     if (grads.dq.defined()) store_rows(dq, grads.dq, s, h);
     if (grads.dk.defined()) store_rows(dk, grads.dk, s, h);
