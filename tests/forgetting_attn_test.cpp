@@ -2,7 +2,10 @@
 // a brute-force evaluation of the definition and against finite differences; the chunk (tiled)
 // and recurrent (decode) kernels, forward and backward, float32 and float64, against the
 // reference on random and adversarial inputs; a 65,536-token sequence; ForgettingAttnCache step
-// by step; thread-count invariance; argument validation.
+// by step; thread-count invariance; argument validation. The rotation by θ fused into the kernels
+// (RoPE / Selective RoPE): against rotating q and k explicitly with apply_rotary, dθ against
+// finite differences, invariance under θ + c, standard RoPE logits depending only on m − n,
+// decoding with θ, and its errors.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -15,6 +18,7 @@
 #include <vector>
 
 #include "phasor/forgetting_attn.h"
+#include "phasor/rotary.h"
 #include "test_util.h"
 
 namespace phasor {
@@ -120,6 +124,8 @@ struct Arg {
 
 struct Problem {
   Tensor q, k, v, g, d_o;
+  Tensor theta;  // [B, T, H, K/2] rotation angles; undefined: none
+  RotaryLayout layout = RotaryLayout::half_split;
   Tensor cu;  // undefined: none
   std::optional<std::int64_t> window;
   std::optional<double> scale;
@@ -140,6 +146,7 @@ struct Problem {
     p.v = v.to(dtype);
     p.g = g.to(dtype);
     p.d_o = d_o.to(dtype);
+    if (theta.defined()) p.theta = theta.to(dtype);
     return p;
   }
 };
@@ -160,7 +167,7 @@ Problem make_problem(const Shape& s, Gates gates, std::mt19937_64& rng, double l
 
 // Views of the problem's inputs (kept alive by the Args).
 struct Inputs {
-  Arg q, k, v, g, d_o;
+  Arg q, k, v, g, d_o, theta;
   ForgettingAttnParams params;
   explicit Inputs(const Problem& p)
       : q(p.q, p.strided),
@@ -168,6 +175,9 @@ struct Inputs {
         v(p.v, p.strided),
         g(p.g, p.strided),
         d_o(p.d_o, p.strided) {
+    if (p.theta.defined()) theta = Arg(p.theta, p.strided);
+    params.theta = theta.view();
+    params.rotary_layout = p.layout;
     params.q = q.view();
     params.k = k.view();
     params.v = v.view();
@@ -205,8 +215,19 @@ Forward run_forward(const Problem& p, Impl impl) {
 }
 
 struct Grads {
-  Tensor dq, dk, dv, dg;
+  Tensor dq, dk, dv, dg, dtheta;  // dtheta: only with θ
 };
+
+ForgettingAttnGrads make_grads(TensorView dq, TensorView dk, TensorView dv, TensorView dg,
+                               TensorView dtheta = {}) {
+  ForgettingAttnGrads grads;
+  grads.dq = dq;
+  grads.dk = dk;
+  grads.dv = dv;
+  grads.dg = dg;
+  grads.dtheta = dtheta;
+  return grads;
+}
 
 // saved: the forward outputs to pass to the backward (null: the backward recomputes them).
 Grads run_backward(const Problem& p, Impl impl, const Forward* saved) {
@@ -214,6 +235,8 @@ Grads run_backward(const Problem& p, Impl impl, const Forward* saved) {
   const DType dt = output_dtype(p, impl);
   Arg dq = nan_output(p.q.shape(), dt, p.strided), dk = nan_output(p.k.shape(), dt, p.strided),
       dv = nan_output(p.v.shape(), dt, p.strided), dg = nan_output(p.g.shape(), dt, p.strided);
+  Arg dtheta;
+  if (p.theta.defined()) dtheta = nan_output(p.theta.shape(), dt, p.strided);
   Arg o, lse;
   if (saved) {
     o = Arg(saved->o, p.strided);
@@ -221,8 +244,9 @@ Grads run_backward(const Problem& p, Impl impl, const Forward* saved) {
   }
   forgetting_attn_backward(in.params, impl, in.d_o.view(), saved ? o.view() : TensorView{},
                            saved ? lse.view() : TensorView{},
-                           {dq.view(), dk.view(), dv.view(), dg.view()});
-  return {dq.values(), dk.values(), dv.values(), dg.values()};
+                           make_grads(dq.view(), dk.view(), dv.view(), dg.view(), dtheta.view()));
+  return {dq.values(), dk.values(), dv.values(), dg.values(),
+          p.theta.defined() ? dtheta.values() : Tensor()};
 }
 
 // ---- the reference against the definition -----------------------------------------------------
@@ -241,7 +265,7 @@ BruteForce brute_force(const Problem& p) {
   const std::int64_t B = p.B(), T = p.T(), HQ = p.HQ(), H = p.H(), K = p.K(), V = p.V();
   BruteForce out{{Tensor::zeros({B, T, HQ, V}), Tensor::zeros({B, T, HQ})},
                  {Tensor::zeros(p.q.shape()), Tensor::zeros(p.k.shape()),
-                  Tensor::zeros(p.v.shape()), Tensor::zeros(p.g.shape())}};
+                  Tensor::zeros(p.v.shape()), Tensor::zeros(p.g.shape()), Tensor()}};
   const Real scale = p.scale.value_or(1.0 / std::sqrt(static_cast<double>(K)));
   auto idx4 = [](const Tensor& x, std::int64_t b, std::int64_t t, std::int64_t h, std::int64_t c) {
     const auto& s = x.shape();
@@ -348,21 +372,21 @@ TEST(ForgettingAttnReference, ZeroGateCutsThePast) {
 
 // ---- reference gradients against central finite differences ------------------------------------
 
-// Σ d_o ⊙ o of the reference.
-double loss(const Problem& p) {
-  return testing::dot(run_forward(p, Impl::reference).o, p.d_o);
+// Σ d_o ⊙ o of an implementation (the reference unless told).
+double loss(const Problem& p, Impl impl = Impl::reference) {
+  return testing::dot(run_forward(p, impl).o, p.d_o);
 }
 
-Tensor finite_differences(Problem p, Tensor Problem::*input) {
+Tensor finite_differences(Problem p, Tensor Problem::*input, Impl impl = Impl::reference) {
   const double h = 1e-5;
   Tensor& x = p.*input;
   Tensor grad = Tensor::zeros(x.shape());
   for (std::int64_t i = 0; i < x.numel(); ++i) {
     const double x0 = x.at(i);
     x.set(i, x0 + h);
-    const double up = loss(p);
+    const double up = loss(p, impl);
     x.set(i, x0 - h);
-    const double down = loss(p);
+    const double down = loss(p, impl);
     x.set(i, x0);
     grad.set(i, std::isinf(x0) ? 0.0 : (up - down) / (2 * h));
   }
@@ -375,6 +399,8 @@ void expect_gradients_match_finite_differences(const Problem& p) {
   PHASOR_EXPECT_CLOSE(g.dk, finite_differences(p, &Problem::k), 1e-7, "dk");
   PHASOR_EXPECT_CLOSE(g.dv, finite_differences(p, &Problem::v), 1e-7, "dv");
   PHASOR_EXPECT_CLOSE(g.dg, finite_differences(p, &Problem::g), 1e-7, "dg");
+  if (p.theta.defined())
+    PHASOR_EXPECT_CLOSE(g.dtheta, finite_differences(p, &Problem::theta), 1e-7, "dtheta");
 }
 
 TEST(ForgettingAttnReference, GradientsMatchFiniteDifferences) {
@@ -575,7 +601,7 @@ TEST(ForgettingAttnKernels, MixedDtypes) {
     Tensor dq(p.q.shape(), DType::float64), dk(p.k.shape(), DType::float64),
         dv(p.v.shape(), DType::float64), dg(p.g.shape(), DType::float64);
     forgetting_attn_backward(in.params, impl, in.d_o.view(), expected.o.view(), expected.lse.view(),
-                             {dq.view(), dk.view(), dv.view(), dg.view()});
+                             make_grads(dq.view(), dk.view(), dv.view(), dg.view()));
     EXPECT_TRUE(dq.bit_equal(expected_grads.dq.to(DType::float64)));
     EXPECT_TRUE(dk.bit_equal(expected_grads.dk.to(DType::float64)));
     EXPECT_TRUE(dv.bit_equal(expected_grads.dv.to(DType::float64)));
@@ -633,6 +659,324 @@ TEST(ForgettingAttnLong, Sequence8192FullCausal) {
               testing::all_finite(grads.dv) && testing::all_finite(grads.dg));
 }
 
+// ---- rotation by θ fused into the kernels -------------------------------------------------------
+
+// θ [B, T, H, K/2] ~ offset + N(0, std²) for p's key heads.
+Tensor random_theta(const Problem& p, std::mt19937_64& rng, double stddev = 3.0,
+                    double offset = 0.0) {
+  Tensor theta = testing::randn({p.B(), p.T(), p.H(), p.K() / 2}, rng, stddev);
+  for (std::int64_t i = 0; i < theta.numel(); ++i) theta.set(i, theta.at(i) + offset);
+  return theta;
+}
+
+// The explicit path, in float64: q rotated by the angles of its key head (θ repeated over the
+// query group) and k by θ, both with apply_rotary (its reference), the op called on them without
+// θ, and the gradients taken back through apply_rotary_backward; dθ is the sum of q's over the
+// group plus k's.
+struct Explicit {
+  Forward forward;
+  Grads grads;
+};
+
+Explicit explicit_rotation(const Problem& p, Impl impl) {
+  const std::int64_t B = p.B(), T = p.T(), HQ = p.HQ(), H = p.H(), R = p.K() / 2, G = HQ / H;
+  const Tensor theta = p.theta.to(DType::float64), q = p.q.to(DType::float64),
+               k = p.k.to(DType::float64);
+  Tensor theta_q({B, T, HQ, R}, DType::float64);
+  for (std::int64_t bt = 0; bt < B * T; ++bt)
+    for (std::int64_t hq = 0; hq < HQ; ++hq)
+      for (std::int64_t i = 0; i < R; ++i)
+        theta_q.set((bt * HQ + hq) * R + i, theta.at((bt * H + hq / G) * R + i));
+  Problem e = p.to(DType::float64);
+  e.theta = Tensor();
+  apply_rotary_forward(q.view(), theta_q.view(), p.layout, Impl::reference, e.q.view());
+  apply_rotary_forward(k.view(), theta.view(), p.layout, Impl::reference, e.k.view());
+  Explicit out{run_forward(e, impl), run_backward(e, impl, nullptr)};
+  Tensor dq(q.shape(), DType::float64), dk(k.shape(), DType::float64),
+      dtheta_q(theta_q.shape(), DType::float64), dtheta_k(theta.shape(), DType::float64);
+  apply_rotary_backward(q.view(), theta_q.view(), p.layout, Impl::reference,
+                        out.grads.dq.to(DType::float64).view(), dq.view(), dtheta_q.view());
+  apply_rotary_backward(k.view(), theta.view(), p.layout, Impl::reference,
+                        out.grads.dk.to(DType::float64).view(), dk.view(), dtheta_k.view());
+  out.grads.dq = dq;
+  out.grads.dk = dk;
+  out.grads.dtheta = dtheta_k;
+  for (std::int64_t bt = 0; bt < B * T; ++bt)
+    for (std::int64_t hq = 0; hq < HQ; ++hq)
+      for (std::int64_t i = 0; i < R; ++i) {
+        const std::int64_t at = (bt * H + hq / G) * R + i;
+        out.grads.dtheta.set(at, out.grads.dtheta.at(at) + dtheta_q.at((bt * HQ + hq) * R + i));
+      }
+  return out;
+}
+
+struct RotationCase {
+  Case c;
+  double theta_std = 3.0, theta_offset = 0.0;
+};
+void PrintTo(const RotationCase& rc, std::ostream* os) {
+  *os << rc.c.name;
+}
+
+std::vector<RotationCase> rotation_cases() {
+  return {
+      {{"random", {2, 37, 4, 2, 8, 8}, Gates::realistic}},
+      {{"strong_gates", {2, 29, 2, 1, 8, 5}, Gates::strong, 5}},
+      {{"zero_gates", {1, 40, 4, 2, 6, 6}, Gates::zeros}},
+      {{"weak_gates", {1, 50, 2, 2, 8, 8}, Gates::weak}},
+      {{"large_logits", {2, 33, 2, 2, 8, 8}, Gates::realistic, 16, std::nullopt, 10.0}},
+      {{"K_ne_V", {1, 25, 2, 2, 4, 11}, Gates::mixed, 5}},
+      {{"K2", {1, 20, 1, 1, 2, 3}, Gates::realistic, 5}},
+      {{"mixed_block1", {1, 9, 2, 1, 4, 3}, Gates::mixed, 1}},
+      {{"grouped_4_window_7", {1, 30, 4, 1, 6, 6}, Gates::mixed, 5, 7}},
+      {{"window_1", {1, 20, 2, 1, 4, 4}, Gates::mixed, 5, 1}},
+      {{"varlen", {1, 32, 2, 1, 6, 4}, Gates::mixed, 5, std::nullopt, 1.0, {5, 0, 1, 17, 0, 9}}},
+      {{"varlen_window", {1, 32, 4, 2, 6, 4}, Gates::zeros, 4, 3, 1.0, {1, 12, 0, 19}}},
+      {{"strided_varlen",
+        {1, 26, 2, 2, 6, 6},
+        Gates::realistic,
+        8,
+        std::nullopt,
+        1.0,
+        {13, 0, 13},
+        true}},
+      // Selective-RoPE-like running phases of thousands of radians.
+      {{"large_angles", {1, 23, 2, 1, 8, 4}, Gates::realistic, 8}, 500.0, 3000.0},
+  };
+}
+
+Problem make_rotation_case(const RotationCase& rc, RotaryLayout layout) {
+  std::mt19937_64 rng(std::hash<std::string>{}(rc.c.name));
+  Problem p = make_case(rc.c, rng);
+  p.theta = random_theta(p, rng, rc.theta_std, rc.theta_offset);
+  p.layout = layout;
+  return p;
+}
+
+constexpr RotaryLayout kLayouts[] = {RotaryLayout::half_split, RotaryLayout::interleaved};
+constexpr Impl kImpls[] = {Impl::reference, Impl::recurrent, Impl::chunk};
+
+void expect_all_close(const Forward& fwd, const Grads& g, const Forward& expected_fwd,
+                      const Grads& expected, double tol, double dqdk_tol) {
+  PHASOR_EXPECT_CLOSE(fwd.o, expected_fwd.o, tol, "o");
+  PHASOR_EXPECT_CLOSE(fwd.lse, expected_fwd.lse, tol, "lse");
+  PHASOR_EXPECT_CLOSE(g.dq, expected.dq, dqdk_tol, "dq");
+  PHASOR_EXPECT_CLOSE(g.dk, expected.dk, dqdk_tol, "dk");
+  PHASOR_EXPECT_CLOSE(g.dv, expected.dv, tol, "dv");
+  PHASOR_EXPECT_CLOSE(g.dg, expected.dg, tol, "dg");
+  PHASOR_EXPECT_CLOSE(g.dtheta, expected.dtheta, dqdk_tol, "dtheta");
+}
+
+class ForgettingAttnRotation : public ::testing::TestWithParam<RotationCase> {};
+
+// Fused rotation == explicit rotation + op, every impl, both layouts, forward and all gradients.
+// float64: against the explicit path through the same impl. float32 (θ float32 or float64):
+// against the explicit path in float64 through the reference, on the float32-rounded inputs.
+TEST_P(ForgettingAttnRotation, FusedEqualsExplicitRotation) {
+  const RotationCase& rc = GetParam();
+  for (RotaryLayout layout : kLayouts) {
+    const Problem p = make_rotation_case(rc, layout);
+    const Problem rounded = p.to(DType::float32).to(DType::float64);
+    // As in expect_matches_reference: with gates of −20 the plain softmax adjoint of the
+    // reference amplifies input rounding by ~e^20 in dq and dk (and so dθ).
+    const bool strong = rc.c.gates == Gates::strong;
+    for (Impl impl : kImpls) {
+      SCOPED_TRACE(std::string(to_string(layout)) + " " + to_string(impl));
+      {
+        SCOPED_TRACE("float64");
+        const Explicit expected = explicit_rotation(p, impl);
+        const Forward got = run_forward(p, impl);
+        for (const Forward* saved : {&got, static_cast<const Forward*>(nullptr)})
+          expect_all_close(got, run_backward(p, impl, saved), expected.forward, expected.grads,
+                           1e-10, strong && impl == Impl::reference ? 1e-7 : 1e-10);
+      }
+      if (impl == Impl::reference) continue;  // the reference computes in float64 anyway
+      const Explicit expected = explicit_rotation(rounded, Impl::reference);
+      for (DType theta_dtype : {DType::float32, DType::float64}) {
+        SCOPED_TRACE(std::string("float32, theta ") + to_string(theta_dtype));
+        Problem f32 = rounded.to(DType::float32);
+        f32.theta = rounded.theta.to(theta_dtype);
+        const Forward got = run_forward(f32, impl);
+        expect_all_close(got, run_backward(f32, impl, &got), expected.forward, expected.grads, 1e-5,
+                         1e-5);
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, ForgettingAttnRotation, ::testing::ValuesIn(rotation_cases()),
+                         [](const ::testing::TestParamInfo<RotationCase>& info) {
+                           return info.param.c.name;
+                         });
+
+// The reference with θ: every gradient (dθ included) against central finite differences of its
+// own forward.
+TEST(ForgettingAttnRotation, ReferenceGradientsMatchFiniteDifferences) {
+  for (RotaryLayout layout : kLayouts) {
+    SCOPED_TRACE(to_string(layout));
+    std::mt19937_64 rng(21);
+    Problem p = make_problem({1, 11, 4, 2, 4, 3}, Gates::zeros, rng);  // (weak gates + h > 0)
+    p.cu = testing::cu_seqlens({5, 0, 6});
+    p.window = 4;
+    p.theta = random_theta(p, rng);
+    p.layout = layout;
+    expect_gradients_match_finite_differences(p);
+  }
+}
+
+// dθ of every implementation against central finite differences of the same implementation's
+// forward (float64), grouped queries, a window, packed sequences, blocks that do not divide T.
+TEST(ForgettingAttnRotation, DthetaMatchesFiniteDifferencesInEveryImpl) {
+  for (RotaryLayout layout : kLayouts) {
+    std::mt19937_64 rng(22);
+    Problem p = make_problem({1, 13, 4, 2, 6, 3}, Gates::realistic, rng);
+    p.cu = testing::cu_seqlens({6, 7});
+    p.window = 5;
+    p.block_size = 4;
+    p.theta = random_theta(p, rng);
+    p.layout = layout;
+    for (Impl impl : kImpls) {
+      SCOPED_TRACE(std::string(to_string(layout)) + " " + to_string(impl));
+      PHASOR_EXPECT_CLOSE(run_backward(p, impl, nullptr).dtheta,
+                          finite_differences(p, &Problem::theta, impl), 1e-7, "dtheta");
+    }
+  }
+}
+
+// q_i'·k_j' = q_iᵀ R(θ_j − θ_i) k_j: logits depend on θ only through θ_i − θ_j (per pair), so
+// adding the same constant to every θ leaves o, lse and every gradient (dθ included) unchanged.
+// FoX has no recurrent state output; the cache's keys, which are in the rotated frame, do change
+// but are not observable. A shift that grows with t (θ + c·t) is not a constant and does change
+// o: the test can fail.
+TEST(ForgettingAttnRotation, ConstantShiftOfThetaLeavesOutputsUnchanged) {
+  for (RotaryLayout layout : kLayouts) {
+    std::mt19937_64 rng(23);
+    Problem p = make_problem({2, 21, 4, 2, 6, 5}, Gates::mixed, rng);
+    p.block_size = 8;
+    p.window = 11;
+    p.theta = random_theta(p, rng);
+    p.layout = layout;
+    for (Impl impl : kImpls) {
+      SCOPED_TRACE(std::string(to_string(layout)) + " " + to_string(impl));
+      const Forward base = run_forward(p, impl);
+      const Grads base_grads = run_backward(p, impl, nullptr);
+      for (double shift : {2.5, -1000.0}) {
+        SCOPED_TRACE("shift " + std::to_string(shift));
+        Problem shifted = p;
+        for (std::int64_t i = 0; i < p.theta.numel(); ++i)
+          shifted.theta.set(i, p.theta.at(i) + shift);
+        expect_all_close(run_forward(shifted, impl), run_backward(shifted, impl, nullptr), base,
+                         base_grads, 1e-10, 1e-10);
+      }
+      Problem growing = p;  // θ_t + 0.3 t: not relative-position invariant
+      const std::int64_t per_token = p.H() * (p.K() / 2);
+      for (std::int64_t i = 0; i < p.theta.numel(); ++i)
+        growing.theta.set(i, p.theta.at(i) + 0.3 * static_cast<double>((i / per_token) % p.T()));
+      EXPECT_GT(testing::rel_rms(run_forward(growing, impl).o, base.o), 1e-3);
+    }
+  }
+}
+
+// Standard RoPE (θ_t = t ω from rope_angles, shared by the heads through a zero stride): the
+// logit of query position m and key position n depends only on m − n. With the same q and k at
+// every position, g = 0 (no forgetting) and one-hot values v_j = e_j, o_i[j] = P_ij, so
+// ℓ_ij = log o_i[j] + lse_i is read back from the fused kernel for every pair.
+TEST(ForgettingAttnRotation, StandardRopeLogitsDependOnlyOnDistance) {
+  const std::int64_t T = 12, H = 2, HQ = 4, K = 8, R = K / 2;
+  std::mt19937_64 rng(24);
+  const Tensor q_row = testing::randn({HQ, K}, rng), k_row = testing::randn({H, K}, rng);
+  Problem p;
+  p.q = Tensor({1, T, HQ, K}, DType::float64);
+  p.k = Tensor({1, T, H, K}, DType::float64);
+  p.v = Tensor::zeros({1, T, H, T});
+  p.g = Tensor::zeros({1, T, HQ});
+  p.d_o = Tensor::zeros({1, T, HQ, T});
+  for (std::int64_t t = 0; t < T; ++t) {
+    for (std::int64_t i = 0; i < HQ * K; ++i) p.q.set(t * HQ * K + i, q_row.at(i));
+    for (std::int64_t i = 0; i < H * K; ++i) p.k.set(t * H * K + i, k_row.at(i));
+    for (std::int64_t h = 0; h < H; ++h) p.v.set((t * H + h) * T + t, 1.0);
+  }
+  p.block_size = 5;
+  RopeAnglesParams rp;
+  rp.B = 1, rp.T = T, rp.head_dim = K, rp.offset = 7;
+  Tensor angles({1, T, R}, DType::float64);
+  rope_angles(rp, Impl::reference, angles.view());
+  for (RotaryLayout layout : kLayouts)
+    for (Impl impl : kImpls) {
+      SCOPED_TRACE(std::string(to_string(layout)) + " " + to_string(impl));
+      Inputs in(p);
+      in.params.theta =
+          TensorView::strided(angles.view().data, DType::float64, {1, T, H, R}, {T * R, R, 0, 1});
+      in.params.rotary_layout = layout;
+      Tensor o({1, T, HQ, T}, DType::float64), lse({1, T, HQ}, DType::float64);
+      forgetting_attn_forward(in.params, impl, o.view(), lse.view());
+      auto logit = [&](std::int64_t hq, std::int64_t m, std::int64_t n) {
+        return std::log(o.at((m * HQ + hq) * T + n)) + lse.at(m * HQ + hq);
+      };
+      for (std::int64_t hq = 0; hq < HQ; ++hq) {
+        for (std::int64_t m = 0; m < T; ++m)
+          for (std::int64_t n = 0; n <= m; ++n)
+            for (std::int64_t d = 1; m + d < T; ++d)
+              EXPECT_NEAR(logit(hq, m + d, n + d), logit(hq, m, n), 1e-10)
+                  << "hq " << hq << " (m, n) = (" << m << ", " << n << "), d = " << d;
+        // And the logits do vary with the distance (the rotation is applied).
+        EXPECT_GT(std::fabs(logit(hq, T - 1, 0) - logit(hq, T - 1, T - 1)), 1e-3);
+      }
+    }
+}
+
+// Each gradient requested alone with θ (dθ alone needs dq and dk internally) equals its value
+// when all are computed, bit for bit.
+TEST(ForgettingAttnRotation, GradientsRequestedAlone) {
+  std::mt19937_64 rng(25);
+  Problem p = make_problem({1, 30, 4, 2, 4, 4}, Gates::mixed, rng);
+  p.block_size = 8;
+  p.theta = random_theta(p, rng);
+  p.layout = RotaryLayout::interleaved;
+  for (Impl impl : kImpls) {
+    SCOPED_TRACE(to_string(impl));
+    const Grads all = run_backward(p, impl, nullptr);
+    const Tensor* expected[5] = {&all.dq, &all.dk, &all.dv, &all.dg, &all.dtheta};
+    Inputs in(p);
+    for (int which = 0; which < 5; ++which) {
+      Tensor alone(expected[which]->shape(), DType::float64);
+      alone.fill(kNaN);
+      ForgettingAttnGrads grads;
+      TensorView* slot[5] = {&grads.dq, &grads.dk, &grads.dv, &grads.dg, &grads.dtheta};
+      *slot[which] = alone.view();
+      forgetting_attn_backward(in.params, impl, in.d_o.view(), {}, {}, grads);
+      EXPECT_TRUE(alone.bit_equal(*expected[which])) << "gradient " << which;
+    }
+  }
+}
+
+// With θ, results are bit-identical for any thread count too.
+TEST(ForgettingAttnRotation, BitIdenticalForAnyThreadCount) {
+  std::mt19937_64 rng(26);
+  Problem p = make_problem({2, 40, 6, 3, 8, 8}, Gates::mixed, rng);
+  p.block_size = 16;
+  p.window = 30;
+  p.theta = random_theta(p, rng);
+  p = p.to(DType::float32);
+  for (Impl impl : kImpls) {
+    SCOPED_TRACE(to_string(impl));
+    std::vector<Forward> forwards;
+    std::vector<Grads> backwards;
+    for (int threads : {1, 3, 2}) {
+      set_num_threads(threads);
+      forwards.push_back(run_forward(p, impl));
+      backwards.push_back(run_backward(p, impl, nullptr));
+    }
+    for (std::size_t r = 1; r < forwards.size(); ++r) {
+      EXPECT_TRUE(forwards[r].o.bit_equal(forwards[0].o));
+      EXPECT_TRUE(backwards[r].dq.bit_equal(backwards[0].dq));
+      EXPECT_TRUE(backwards[r].dk.bit_equal(backwards[0].dk));
+      EXPECT_TRUE(backwards[r].dtheta.bit_equal(backwards[0].dtheta));
+    }
+  }
+  set_num_threads(0);
+}
+
 // ---- decoding ----------------------------------------------------------------------------------
 
 // A [B, 1, ...] view of token t of a [B, T, ...] tensor.
@@ -644,12 +988,19 @@ TensorView token_view(const Tensor& x, std::int64_t t) {
   return v;
 }
 
-void expect_decode_matches_forward(const Shape& s, std::optional<std::int64_t> window,
-                                   DType dtype) {
+// rotation: θ given at every step (with this layout), or none.
+void expect_decode_matches_forward(const Shape& s, std::optional<std::int64_t> window, DType dtype,
+                                   std::optional<RotaryLayout> rotation = std::nullopt) {
   SCOPED_TRACE(std::string(to_string(dtype)) +
-               (window ? " window " + std::to_string(*window) : ""));
+               (window ? " window " + std::to_string(*window) : "") +
+               (rotation ? std::string(" theta ") + to_string(*rotation) : ""));
   std::mt19937_64 rng(9);
-  Problem p = make_problem(s, Gates::mixed, rng).to(dtype);
+  Problem p = make_problem(s, Gates::mixed, rng);
+  if (rotation) {
+    p.theta = random_theta(p, rng);
+    p.layout = *rotation;
+  }
+  p = p.to(dtype);
   p.window = window;
   p.scale = 0.6;
   const Forward expected = run_forward(p, Impl::chunk);
@@ -659,7 +1010,8 @@ void expect_decode_matches_forward(const Shape& s, std::optional<std::int64_t> w
     o.fill(kNaN);
     for (std::int64_t t = 0; t < s.T; ++t) {
       cache.step(token_view(p.q, t), token_view(p.k, t), token_view(p.v, t), token_view(p.g, t),
-                 token_view(o, t), 0.6);
+                 token_view(o, t), 0.6, p.theta.defined() ? token_view(p.theta, t) : TensorView{},
+                 p.layout);
       EXPECT_EQ(cache.length(), t + 1);
     }
     PHASOR_EXPECT_CLOSE(o, expected.o, dtype == DType::float32 ? 1e-5 : 1e-12, "o");
@@ -675,6 +1027,60 @@ TEST(ForgettingAttnCache, StepByStepEqualsParallelForward) {
     expect_decode_matches_forward({3, 20, 2, 2, 3, 4}, 1, dtype);
     expect_decode_matches_forward({1, 50, 4, 1, 4, 4}, 64, dtype);
   }
+}
+
+// Decoding with θ (each key rotated once, when cached; the queries of the group by the token's θ
+// of their key head) equals the parallel forward with θ; windows and grouped queries included.
+TEST(ForgettingAttnCache, StepByStepWithThetaEqualsParallelForward) {
+  for (DType dtype : {DType::float64, DType::float32})
+    for (RotaryLayout layout : kLayouts) {
+      expect_decode_matches_forward({2, 40, 4, 2, 6, 5}, std::nullopt, dtype, layout);
+      expect_decode_matches_forward({2, 40, 4, 2, 6, 5}, 7, dtype, layout);
+      expect_decode_matches_forward({1, 30, 4, 1, 2, 4}, 1, dtype, layout);
+    }
+}
+
+// A cache holds rotated keys or unrotated ones, in one layout: a step that does not match the
+// first step since construction or reset() is an error (and changes nothing); reset() clears
+// the mode.
+TEST(ForgettingAttnCache, ThetaModeIsFixedUntilReset) {
+  const std::string op = "ForgettingAttnCache::step";
+  ForgettingAttnCache cache(1, 2, 1, 4, 3);
+  Tensor q({1, 1, 2, 4}, DType::float64), k({1, 1, 1, 4}, DType::float64),
+      v({1, 1, 1, 3}, DType::float64), g({1, 1, 2}, DType::float64),
+      o({1, 1, 2, 3}, DType::float64), theta({1, 1, 1, 2}, DType::float64),
+      theta_bad({1, 1, 2, 2}, DType::float64), theta_k({1, 1, 1, 4}, DType::float64);
+  testing::expect_error(
+      [&] { cache.step(q.view(), k.view(), v.view(), g.view(), o.view(), {}, theta_bad.view()); },
+      {op.c_str(), "'theta'", "num_kv_heads=1", "[1, 1, 2, 2]"});
+  testing::expect_error(
+      [&] { cache.step(q.view(), k.view(), v.view(), g.view(), o.view(), {}, theta_k.view()); },
+      {op.c_str(), "'theta'", "K/2=2", "[1, 1, 1, 4]"});
+  EXPECT_EQ(cache.length(), 0);
+  cache.step(q.view(), k.view(), v.view(), g.view(), o.view(), {}, theta.view());
+  testing::expect_error([&] { cache.step(q.view(), k.view(), v.view(), g.view(), o.view()); },
+                        {op.c_str(), "'theta'", "theta at every step", "no theta"});
+  testing::expect_error(
+      [&] {
+        cache.step(q.view(), k.view(), v.view(), g.view(), o.view(), {}, theta.view(),
+                   RotaryLayout::interleaved);
+      },
+      {op.c_str(), "'rotary_layout'", "half_split", "interleaved"});
+  EXPECT_EQ(cache.length(), 1);
+  cache.reset();
+  cache.step(q.view(), k.view(), v.view(), g.view(), o.view());  // now without θ
+  testing::expect_error(
+      [&] { cache.step(q.view(), k.view(), v.view(), g.view(), o.view(), {}, theta.view()); },
+      {op.c_str(), "'theta'", "no theta at any step", "theta given"});
+  EXPECT_EQ(cache.length(), 1);
+  // Odd head_dim: no rotation pairs.
+  ForgettingAttnCache odd(1, 1, 1, 3, 3);
+  Tensor q3({1, 1, 1, 3}, DType::float64), k3({1, 1, 1, 3}, DType::float64),
+      v3({1, 1, 1, 3}, DType::float64), g1({1, 1, 1}, DType::float64),
+      o3({1, 1, 1, 3}, DType::float64), theta1({1, 1, 1, 1}, DType::float64);
+  testing::expect_error(
+      [&] { odd.step(q3.view(), k3.view(), v3.view(), g1.view(), o3.view(), {}, theta1.view()); },
+      {op.c_str(), "'theta'", "even", "K = 3"});
 }
 
 TEST(ForgettingAttnCache, MovedCacheKeepsItsState) {
@@ -808,15 +1214,68 @@ TEST(ForgettingAttnErrors, BadArgumentsNameTheArgument) {
   testing::expect_error(
       [&] {
         forgetting_attn_backward(good, Impl::recurrent, d_o.view(), {}, {},
-                                 {dq_bad.view(), {}, {}, {}});
+                                 make_grads(dq_bad.view(), {}, {}, {}));
       },
       {"forgetting_attn_recurrent", "'dq'", "HQ=4"});
   testing::expect_error(
       [&] {
         forgetting_attn_backward(good, Impl::chunk, d_o.view(), {}, {},
-                                 {{}, {}, {}, dg_bad.view()});
+                                 make_grads({}, {}, {}, dg_bad.view()));
       },
       {"'dg'", "HQ=4", "[1, 6, 4, 1]"});
+}
+
+// θ with the query heads' count, θ with odd K, dθ without θ, dθ of the wrong shape or with a zero
+// stride (would make work items race): phasor::Error naming 'theta' / 'dtheta'.
+TEST(ForgettingAttnErrors, BadRotationArgumentsNameThetaOrDtheta) {
+  std::mt19937_64 rng(27);
+  const Problem p = make_problem({1, 6, 4, 2, 4, 5}, Gates::realistic, rng);
+  const Inputs in(p);
+  Tensor o({1, 6, 4, 5}, DType::float64), theta({1, 6, 2, 2}, DType::float64),
+      theta_hq({1, 6, 4, 2}, DType::float64), theta_k({1, 6, 2, 4}, DType::float64),
+      dtheta_bad({1, 6, 2, 3}, DType::float64), dtheta(theta.shape(), DType::float64);
+  for (Impl impl : kImpls) {
+    SCOPED_TRACE(to_string(impl));
+    ForgettingAttnParams params = in.params;
+    params.theta = theta_hq.view();
+    testing::expect_error([&] { forgetting_attn_forward(params, impl, o.view()); },
+                          {"argument 'theta'", "H (key heads)=2", "[1, 6, 4, 2]"});
+    params.theta = theta_k.view();
+    testing::expect_error([&] { forgetting_attn_forward(params, impl, o.view()); },
+                          {"argument 'theta'", "K/2=2", "[1, 6, 2, 4]"});
+    params.theta = {};
+    testing::expect_error(
+        [&] {
+          forgetting_attn_backward(params, impl, in.d_o.view(), {}, {},
+                                   make_grads({}, {}, {}, {}, dtheta.view()));
+        },
+        {"argument 'dtheta'", "theta to be given", "without theta"});
+    params.theta = theta.view();
+    testing::expect_error(
+        [&] {
+          forgetting_attn_backward(params, impl, in.d_o.view(), {}, {},
+                                   make_grads({}, {}, {}, {}, dtheta_bad.view()));
+        },
+        {"argument 'dtheta'", "K/2=2", "[1, 6, 2, 3]"});
+    const TensorView broadcast =
+        TensorView::strided(dtheta.view().data, DType::float64, {1, 6, 2, 2}, {24, 4, 0, 1});
+    testing::expect_error(
+        [&] {
+          forgetting_attn_backward(params, impl, in.d_o.view(), {}, {},
+                                   make_grads({}, {}, {}, {}, broadcast));
+        },
+        {"argument 'dtheta'", "no zero strides", "dimension 2"});
+    EXPECT_NO_THROW(forgetting_attn_backward(params, impl, in.d_o.view(), {}, {},
+                                             make_grads({}, {}, {}, {}, dtheta.view())));
+  }
+  // Odd K (3): no rotation pairs.
+  const Problem odd = make_problem({1, 6, 4, 2, 3, 5}, Gates::realistic, rng);
+  Inputs odd_in(odd);
+  Tensor theta1({1, 6, 2, 1}, DType::float64);
+  odd_in.params.theta = theta1.view();
+  testing::expect_error(
+      [&] { forgetting_attn_forward(odd_in.params, Impl::chunk, o.view()); },
+      {"parallel_forgetting_attn", "argument 'theta'", "even head dimension", "K = 3"});
 }
 
 TEST(ForgettingAttnErrors, CacheBadArguments) {

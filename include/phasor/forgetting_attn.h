@@ -49,14 +49,21 @@ struct ForgettingAttnParams {
   //   x_a' = x_a cos θ − x_b sin θ,   x_b' = x_a sin θ + x_b cos θ,
   // and the op then runs on the rotated q', k'. The rotated tensors are never written out.
   // θ is per KEY head: query head hq is rotated by the angles of its key head hq / (HQ / H).
-  // Logits depend on θ only through θ_i − θ_j.
+  // Logits depend on θ only through θ_i − θ_j (q_i'·k_j' = q_iᵀ R(θ_j − θ_i) k_j), so adding the
+  // same constant to every θ changes no output and no gradient. θ may have another float dtype
+  // than q; cos θ and sin θ are evaluated in float64 when θ is float64 (large running phases).
+  // Undefined: no rotation, and no cost.
   TensorView theta;
   RotaryLayout rotary_layout = RotaryLayout::half_split;  // pairs (i, i + K/2) or (2i, 2i + 1)
 };
 
 struct ForgettingAttnGrads {
   TensorView dq, dk, dv, dg;  // each optional
-  TensorView dtheta;          // [B, T, H, K/2], requires theta; sums the query group and the key
+  // dtheta: [B, T, H, K/2], requires theta; every element is written (overwritten). Per key head
+  // h and token t: the contributions of the rotated q_t of every query head of h's group plus
+  // that of the rotated k_t. Must own each element (no zero strides). Requesting it alone costs
+  // the dq and dk computation.
+  TensorView dtheta;
 };
 
 // o: [B, T, HQ, V]. lse: [B, T, HQ], optional: the natural-log softmax normaliser of each row,
@@ -90,8 +97,11 @@ class ForgettingAttnCache {
 
   // q: [B, 1, HQ, K], k: [B, 1, H, K], v: [B, 1, H, V], g: [B, 1, HQ]; writes o: [B, 1, HQ, V].
   // theta: [B, 1, H, K/2], optional: this token's rotation angles (as ForgettingAttnParams::theta);
-  // the cache keeps keys already rotated, so each key is rotated once. Give theta at every step
-  // or at none.
+  // the cache keeps keys already rotated, so each key is rotated once, and the token's queries
+  // are rotated by the θ of their key head. The first step after construction or reset() fixes
+  // whether the cache rotates and with which rotary_layout: a later step without theta (or with
+  // it, if the first had none) fails naming 'theta', one with another layout naming
+  // 'rotary_layout'.
   void step(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& g,
             const TensorView& o, std::optional<double> scale = std::nullopt,
             const TensorView& theta = {}, RotaryLayout rotary_layout = RotaryLayout::half_split);

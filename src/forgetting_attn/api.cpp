@@ -5,6 +5,7 @@
 #include <string>
 
 #include "common/check.h"
+#include "common/rotation.h"
 #include "forgetting_attn/kernels.h"
 #include "phasor/forgetting_attn.h"
 
@@ -66,6 +67,10 @@ Problem validate_inputs(const std::string& op, const ForgettingAttnParams& param
   if (impl == Impl::chunk) detail::check_positive(op, "block_size", params.block_size);
   p.block_size = params.block_size;
   detail::check_log_gates(op, "g", params.g);
+  // θ is per key head: query head hq is rotated by the angles of its key head hq / (HQ / H).
+  detail::check_theta(op, params.theta, B, T, H, K, "H (key heads)");
+  p.theta = params.theta;
+  p.rotary_layout = params.rotary_layout;
   return p;
 }
 
@@ -109,6 +114,15 @@ void forgetting_attn_backward(const ForgettingAttnParams& params, Impl impl, con
     detail::check_output(op, "dv", grads.dv, {{B, "B"}, {T, "T"}, {p.H, "H"}, {p.V, "V"}});
   if (grads.dg.defined())
     detail::check_output(op, "dg", grads.dg, {{B, "B"}, {T, "T"}, {p.HQ, "HQ"}});
+  detail::check_dtheta(op, grads.dtheta, params.theta);
+  // Work items write disjoint (sequence, key head) blocks of dθ; a zero stride (e.g. angles
+  // broadcast over heads, passed back as the gradient view) would make them race on one element.
+  if (grads.dtheta.defined())
+    for (int d = 0; d < 4; ++d)
+      if (grads.dtheta.size(d) > 1 && grads.dtheta.stride(d) == 0)
+        detail::fail(op, "dtheta", "a tensor that owns each element (no zero strides)",
+                     "stride 0 in dimension " + std::to_string(d) + " of shape " +
+                         grads.dtheta.shape_string());
   switch (impl) {
     case Impl::reference:
       detail::fox::reference_backward(p, d_o, grads);

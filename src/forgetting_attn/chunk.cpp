@@ -29,12 +29,22 @@
 //    sums", accumulated in float64), instead of the reverse cumulative sum of dℓ's row minus
 //    column sums, which cancels catastrophically (row sums are 0 analytically) and would carry
 //    the float32 rounding of the dominant terms along the whole sequence.
+//
+// Rotation by θ (optional, common/rotation.h): the item loads the cos/sin of its key head's
+// angles for the whole sequence once (PairAngles) and rotates its keys once, right after loading
+// them, and each block of queries right after loading it (R1): O(T·K) work next to the O(T²·K)
+// of the tiles. The backward takes dq, dk with respect to the rotated rows exactly as without θ,
+// then turns them into dq, dk and dθ (R2, R3) — each query block's dq when it is complete, dk
+// once at the end — with the same cos/sin.
 
 // GCC 12 reports false -Wmaybe-uninitialized warnings inside its own AVX-512 intrinsics
 // (avx512fintrin.h, GCC bug 105593) when Eigen is compiled with -march=native. This must come
 // before the first include of Eigen to take effect.
 #if defined(__GNUC__) && !defined(__clang__) && __GNUC__ == 12
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+// Likewise a false -Wuninitialized inside Eigen's AVX-512 float sin/cos (psincos_float), which
+// PairAngles<float> (common/rotation.h) uses for the fused rotation.
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #endif
 
 #include <algorithm>
@@ -43,6 +53,7 @@
 #include <vector>
 
 #include "common/parallel.h"
+#include "common/rotation.h"
 #include "common/slices.h"
 #include "forgetting_attn/kernels.h"
 
@@ -193,11 +204,17 @@ void forward_typed(const Problem& p, const TensorView& o, const TensorView& lse)
     BlockGates gates;
     load_rows(p.k, seq, h, k);
     load_rows(p.v, seq, h, v);
+    PairAngles<S> angles;  // θ of key head h, for the whole sequence
+    if (p.theta.defined()) {
+      angles.load(p.theta, seq, h);
+      rotate_rows(k, angles, p.rotary_layout);
+    }
     for (std::int64_t hq = h * p.group(); hq < (h + 1) * p.group(); ++hq) {
       gates.load(p, seq, hq);
       for (std::int64_t i0 = 0; i0 < L; i0 += B) {
         const Sequence rows = rows_of(seq, i0, std::min(B, L - i0));
         load_rows(p.q, rows, hq, q);
+        if (p.theta.defined()) rotate_rows(q, angles, p.rotary_layout, i0);
         q *= static_cast<S>(p.scale);
         forward_block(p, k, v, gates, i0, q, tmp, out, out_lse);
         store_rows(out, o, rows, hq);
@@ -248,8 +265,11 @@ void add_gate_grads(const Mat<S>& dlogits, const Vec<S>& row_sums, std::int64_t 
 template <class S>
 void backward_typed(const Problem& p, const TensorView& d_o, const TensorView& o,
                     const TensorView& lse, const ForgettingAttnGrads& grads) {
-  const bool want_dq = grads.dq.defined(), want_dk = grads.dk.defined(),
-             want_dv = grads.dv.defined(), want_dg = grads.dg.defined();
+  // dθ is made of the gradients with respect to the rotated q and k: it needs both.
+  const bool rotated = p.theta.defined(), want_dtheta = grads.dtheta.defined();
+  const bool want_dq = grads.dq.defined() || want_dtheta,
+             want_dk = grads.dk.defined() || want_dtheta, want_dv = grads.dv.defined(),
+             want_dg = grads.dg.defined();
   const bool want_dlogits = want_dq || want_dk || want_dg;
   const bool saved = o.defined() && lse.defined();
   if (!want_dlogits && !want_dv) return;
@@ -263,6 +283,16 @@ void backward_typed(const Problem& p, const TensorView& d_o, const TensorView& o
     BlockGates gates;
     load_rows(p.k, seq, h, k);
     load_rows(p.v, seq, h, v);
+    // With θ, k and the query blocks are the rotated rows, and dk, dq are first taken with
+    // respect to them.
+    PairAngles<S> angles;
+    if (rotated) {
+      angles.load(p.theta, seq, h);
+      rotate_rows(k, angles, p.rotary_layout);
+    }
+    // dθ of key head h: the group's q contributions and the k contribution (also accumulated,
+    // unused, when only dq or dk is requested: (R2) and (R3) come together).
+    Mat<S> dtheta = Mat<S>::Zero(rotated ? L : 0, p.K / 2);
     Mat<S> dk = Mat<S>::Zero(want_dk ? L : 0, p.K), dv = Mat<S>::Zero(want_dv ? L : 0, p.V);
     Vec<S> row_lse(L), delta(L);  // lse_i and D_i = do_i·o_i of the current query head
     std::vector<double> dg, spans;
@@ -278,6 +308,7 @@ void backward_typed(const Problem& p, const TensorView& d_o, const TensorView& o
           load_column(lse, rows, hq, block_lse);
         } else {
           load_rows(p.q, rows, hq, q_scaled);
+          if (rotated) rotate_rows(q_scaled, angles, p.rotary_layout, i0);
           q_scaled *= static_cast<S>(p.scale);
           forward_block(p, k, v, gates, i0, q_scaled, tmp, out, block_lse);
         }
@@ -291,6 +322,7 @@ void backward_typed(const Problem& p, const TensorView& d_o, const TensorView& o
         const std::int64_t nI = std::min(B, L - i0);
         const Sequence rows = rows_of(seq, i0, nI);
         load_rows(p.q, rows, hq, q);
+        if (rotated) rotate_rows(q, angles, p.rotary_layout, i0);
         q_scaled = q * static_cast<S>(p.scale);
         load_rows(d_o, rows, hq, dout);
         const Vec<S> lse_rows = row_lse.segment(i0, nI), delta_rows = delta.segment(i0, nI);
@@ -338,7 +370,9 @@ void backward_typed(const Problem& p, const TensorView& d_o, const TensorView& o
         }
         if (want_dq) {
           dq *= static_cast<S>(p.scale);
-          store_rows(dq, grads.dq, rows, hq);
+          if (rotated)
+            unrotate_gradient_rows(dq, q, angles, p.rotary_layout, dtheta.middleRows(i0, nI), i0);
+          if (grads.dq.defined()) store_rows(dq, grads.dq, rows, hq);
         }
       }
       if (want_dg) {
@@ -353,7 +387,9 @@ void backward_typed(const Problem& p, const TensorView& d_o, const TensorView& o
     }
     if (want_dk) {
       dk *= static_cast<S>(p.scale);
-      store_rows(dk, grads.dk, seq, h);
+      if (rotated) unrotate_gradient_rows(dk, k, angles, p.rotary_layout, dtheta);
+      if (want_dtheta) store_rows(dtheta, grads.dtheta, seq, h);
+      if (grads.dk.defined()) store_rows(dk, grads.dk, seq, h);
     }
     if (want_dv) store_rows(dv, grads.dv, seq, h);
   });

@@ -34,6 +34,12 @@ struct Problem {
   std::int64_t window = kNoWindow;  // ≥ 1
   std::int64_t block_size = 64;     // Impl::chunk tile size
   std::int64_t HQ = 0, H = 0, K = 0, V = 0;
+  // Optional rotation angles θ [B, T, H, K/2], per key head: the kernels rotate k_t and the q_t
+  // of the key head's query group by θ_t right after loading them (common/rotation.h, (R1)), and
+  // in the backward turn the gradients with respect to the rotated rows into dq, dk and dθ
+  // ((R2), (R3)). Undefined: no rotation, and nothing of it runs.
+  TensorView theta;
+  RotaryLayout rotary_layout = RotaryLayout::half_split;
 
   std::int64_t group() const { return HQ / H; }  // query heads per key/value head
   std::int64_t num_items() const { return static_cast<std::int64_t>(sequences.size()) * H; }
@@ -51,7 +57,9 @@ void chunk_forward(const Problem& p, const TensorView& o, const TensorView& lse)
 void recurrent_forward(const Problem& p, const TensorView& o, const TensorView& lse);
 
 // Backward: d_o [B, T, HQ, V]; o and lse optional (recomputed unless both are given; the
-// reference always recomputes); each gradient optional.
+// reference always recomputes); each gradient optional. grads.dtheta (only with θ) is
+// overwritten for every element: the q contributions of the key head's query group plus the k
+// contribution.
 void reference_backward(const Problem& p, const TensorView& d_o, const ForgettingAttnGrads& grads);
 void chunk_backward(const Problem& p, const TensorView& d_o, const TensorView& o,
                     const TensorView& lse, const ForgettingAttnGrads& grads);

@@ -17,12 +17,21 @@
 // dominant token (P_tp* > 1/2) is −Σ_{p≠p*} dℓ_tp, which keeps float32 accurate when strong gates
 // or large logits make P_tp* ≈ 1.
 // Everything is computed in the input's precision (the gate sums in float64).
+//
+// Rotation by θ (optional, common/rotation.h): each item rotates its keys and the queries of its
+// group once, right after loading them (R1), so the cache only ever holds rotated keys (each key
+// rotated once, in ForgettingAttnCache too). The backward computes dq, dk with respect to the
+// rotated rows and turns them into dq, dk, dθ at the end of each query head / of the item
+// (R2, R3), reusing the cos/sin of the forward's load.
 
 // GCC 12 reports false -Wmaybe-uninitialized warnings inside its own AVX-512 intrinsics
 // (avx512fintrin.h, GCC bug 105593) when Eigen is compiled with -march=native. This must come
 // before the first include of Eigen to take effect.
 #if defined(__GNUC__) && !defined(__clang__) && __GNUC__ == 12
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+// Likewise a false -Wuninitialized inside Eigen's AVX-512 float sin/cos (psincos_float), which
+// PairAngles<float> (common/rotation.h) uses for the fused rotation.
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #endif
 
 #include <algorithm>
@@ -33,6 +42,7 @@
 
 #include "common/check.h"
 #include "common/parallel.h"
+#include "common/rotation.h"
 #include "common/slices.h"
 #include "forgetting_attn/kernels.h"
 #include "phasor/forgetting_attn.h"
@@ -136,11 +146,17 @@ void forward_typed(const Problem& p, const TensorView& o, const TensorView& lse)
     Mat<S> k, v;
     load_rows(p.k, seq, h, k);
     load_rows(p.v, seq, h, v);
+    PairAngles<S> angles;
+    if (p.theta.defined()) {
+      angles.load(p.theta, seq, h);
+      rotate_rows(k, angles, p.rotary_layout);
+    }
     std::vector<Mat<S>> q(static_cast<std::size_t>(G)), out(static_cast<std::size_t>(G));
     Mat<double> gates(L, G);
     Vec<double> column;
     for (std::int64_t r = 0; r < G; ++r) {
       load_rows(p.q, seq, h * G + r, q[static_cast<std::size_t>(r)]);
+      if (p.theta.defined()) rotate_rows(q[static_cast<std::size_t>(r)], angles, p.rotary_layout);
       load_column(p.g, seq, h * G + r, column);
       gates.col(r) = column;
       out[static_cast<std::size_t>(r)].resize(L, p.V);
@@ -175,10 +191,19 @@ void backward_typed(const Problem& p, const TensorView& d_o, const TensorView& o
     Vec<double> g;
     load_rows(p.k, seq, h, k);
     load_rows(p.v, seq, h, v);
+    // With θ, k and q are the rotated rows and dk, dq are first taken with respect to them.
+    const bool rotated = p.theta.defined();
+    PairAngles<S> angles;
+    if (rotated) {
+      angles.load(p.theta, seq, h);
+      rotate_rows(k, angles, p.rotary_layout);
+    }
+    Mat<S> dtheta = Mat<S>::Zero(rotated ? L : 0, p.K / 2);  // the group's q and k contributions
     Mat<S> dk = Mat<S>::Zero(L, p.K), dv = Mat<S>::Zero(L, p.V);
     std::vector<double> gate_sums;  // gate_sums[t − j] = Σ_{s ∈ (j, t]} g_s
     for (std::int64_t hq = h * p.group(); hq < (h + 1) * p.group(); ++hq) {
       load_rows(p.q, seq, hq, q);
+      if (rotated) rotate_rows(q, angles, p.rotary_layout);
       load_rows(d_o, seq, hq, dout);
       load_column(p.g, seq, hq, g);
       if (saved) {
@@ -236,13 +261,16 @@ void backward_typed(const Problem& p, const TensorView& d_o, const TensorView& o
           dg[j + 1] += run;
         }
       }
+      if (rotated) unrotate_gradient_rows(dq, q, angles, p.rotary_layout, dtheta);
       if (grads.dq.defined()) store_rows(dq, grads.dq, seq, hq);
       if (grads.dg.defined()) store_column(dg, grads.dg, seq, hq);
     }
-    if (grads.dk.defined()) {
-      dk *= static_cast<S>(p.scale);
-      store_rows(dk, grads.dk, seq, h);
+    dk *= static_cast<S>(p.scale);
+    if (rotated) {
+      unrotate_gradient_rows(dk, k, angles, p.rotary_layout, dtheta);
+      if (grads.dtheta.defined()) store_rows(dtheta, grads.dtheta, seq, h);
     }
+    if (grads.dk.defined()) store_rows(dk, grads.dk, seq, h);
     if (grads.dv.defined()) store_rows(dv, grads.dv, seq, h);
   });
 }
@@ -268,6 +296,11 @@ struct ForgettingAttnCache::State {
   // The compute type is q's dtype at the first step after construction or reset().
   bool started = false;
   DType compute = DType::float32;
+  // Rotation, also set by the first step since construction or reset(): the cached keys are
+  // rotated (with this layout) or not, and every later step must agree, or the logits of new
+  // queries against old keys would mix frames.
+  bool rotated = false;
+  RotaryLayout layout = RotaryLayout::half_split;
   std::vector<detail::fox::KvCache<float>> f32;  // [batch × H]
   std::vector<detail::fox::KvCache<double>> f64;
 
@@ -325,9 +358,8 @@ void ForgettingAttnCache::reset() {
 void ForgettingAttnCache::step(const TensorView& q, const TensorView& k, const TensorView& v,
                                const TensorView& g, const TensorView& o,
                                std::optional<double> scale, const TensorView& theta,
-                               RotaryLayout /*rotary_layout*/) {
+                               RotaryLayout rotary_layout) {
   const std::string op = "ForgettingAttnCache::step";
-  if (theta.defined()) throw Error(op + ": theta: rotation is being added (issue 3)");
   if (!state_) throw Error(op + ": the cache was moved from");
   State& s = *state_;
   detail::check_float_tensor(
@@ -352,6 +384,19 @@ void ForgettingAttnCache::step(const TensorView& q, const TensorView& k, const T
                      "reset())",
                  std::string("dtype ") + to_string(q.dtype));
   detail::check_log_gates(op, "g", g);
+  detail::check_theta(op, theta, s.batch, 1, s.H, s.K, "num_kv_heads");
+  if (s.started && theta.defined() != s.rotated)
+    detail::fail(op, "theta",
+                 std::string(s.rotated ? "theta at every step" : "no theta at any step") +
+                     " (the cache's keys are " + (s.rotated ? "" : "not ") +
+                     "rotated: set by the first step since construction or reset())",
+                 theta.defined() ? "theta given" : "no theta");
+  if (s.started && s.rotated && rotary_layout != s.layout)
+    detail::fail(op, "rotary_layout",
+                 std::string(to_string(s.layout)) +
+                     " (the layout of the cached keys, set by the first step since construction "
+                     "or reset())",
+                 to_string(rotary_layout));
 
   const std::int64_t G = s.HQ / s.H;
   detail::dispatch_float(q, [&](auto type_tag) {
@@ -361,6 +406,8 @@ void ForgettingAttnCache::step(const TensorView& q, const TensorView& k, const T
       caches.clear();
       for (std::int64_t i = 0; i < s.batch * s.H; ++i) caches.emplace_back(s.K, s.V, G, s.window);
       s.compute = q.dtype;
+      s.rotated = theta.defined();
+      s.layout = rotary_layout;
       s.started = true;
     }
     auto step_item = [&](std::int64_t item) {
@@ -377,6 +424,15 @@ void ForgettingAttnCache::step(const TensorView& q, const TensorView& k, const T
       }
       detail::load_rows(k, token, h, k_t);
       detail::load_rows(v, token, h, v_t);
+      if (theta.defined()) {
+        // This token's angles of key head h rotate its key (cached rotated) and the queries of
+        // the group.
+        detail::PairAngles<S> angles;
+        angles.load(theta, token, h);
+        detail::rotate_rows(k_t, angles, rotary_layout);
+        for (std::int64_t r = 0; r < G; ++r)
+          detail::rotate_rows(q_t.middleRows(r, 1), angles, rotary_layout);
+      }
       caches[static_cast<std::size_t>(item)].step(q_t, k_t, v_t, gates, resolved_scale, o_t, lse_t);
       for (std::int64_t r = 0; r < G; ++r) detail::store_rows(o_t.row(r), o, token, h * G + r);
     };

@@ -3,6 +3,9 @@
 //   g_s,
 // one row of logits at a time; the backward pass is the plain softmax adjoint. Whatever the
 // input dtype, everything is computed in float64. This is what the tests trust.
+// The optional rotation by θ is applied here with plain loops from its equations (not with the
+// helpers the fast kernels share), to whole-sequence copies of k and q before the attention, and
+// its gradient is taken at the end from the gradients with respect to the rotated copies.
 
 // GCC 12 reports false -Wmaybe-uninitialized warnings inside its own AVX-512 intrinsics
 // (avx512fintrin.h, GCC bug 105593) when Eigen is compiled with -march=native. This must come
@@ -24,6 +27,43 @@ namespace phasor::detail::fox {
 namespace {
 
 constexpr double kNegInf = -std::numeric_limits<double>::infinity();
+
+// The rotation pair (a, b) of pair i in a row of K = 2R values (see RotaryLayout).
+std::int64_t pair_a(RotaryLayout layout, std::int64_t i) {
+  return layout == RotaryLayout::half_split ? i : 2 * i;
+}
+std::int64_t pair_b(RotaryLayout layout, std::int64_t i, std::int64_t R) {
+  return layout == RotaryLayout::half_split ? i + R : 2 * i + 1;
+}
+
+// x ← R(θ) x row by row:  x'_a = x_a cos θ − x_b sin θ,  x'_b = x_a sin θ + x_b cos θ.
+void rotate(Mat<double>& x, const Mat<double>& theta, RotaryLayout layout) {
+  const std::int64_t R = theta.cols();
+  for (std::int64_t t = 0; t < x.rows(); ++t)
+    for (std::int64_t i = 0; i < R; ++i) {
+      const std::int64_t a = pair_a(layout, i), b = pair_b(layout, i, R);
+      const double c = std::cos(theta(t, i)), sn = std::sin(theta(t, i));
+      const double xa = x(t, a), xb = x(t, b);
+      x(t, a) = xa * c - xb * sn;
+      x(t, b) = xa * sn + xb * c;
+    }
+}
+
+// dy = ∂L/∂x' for x' = R(θ) x (y = x', the rotated rows): dy ← dx = R(θ)ᵀ dy, and
+// ∂L/∂θ = dy_a ∂x'_a/∂θ + dy_b ∂x'_b/∂θ = −dy_a x'_b + dy_b x'_a is added to dtheta.
+void unrotate_grad(Mat<double>& dy, const Mat<double>& y, const Mat<double>& theta,
+                   RotaryLayout layout, Mat<double>& dtheta) {
+  const std::int64_t R = theta.cols();
+  for (std::int64_t t = 0; t < dy.rows(); ++t)
+    for (std::int64_t i = 0; i < R; ++i) {
+      const std::int64_t a = pair_a(layout, i), b = pair_b(layout, i, R);
+      const double c = std::cos(theta(t, i)), sn = std::sin(theta(t, i));
+      const double da = dy(t, a), db = dy(t, b);
+      dy(t, a) = da * c + db * sn;
+      dy(t, b) = -da * sn + db * c;
+      dtheta(t, i) += -da * y(t, b) + db * y(t, a);
+    }
+}
 
 // Row i of the attention matrix of one (sequence, query head): the visible keys first..i and
 // their softmax probabilities.
@@ -67,12 +107,18 @@ void reference_forward(const Problem& p, const TensorView& o, const TensorView& 
   parallel_for(p.num_items(), [&](std::int64_t item) {
     const Sequence& seq = p.sequences[static_cast<std::size_t>(item / p.H)];
     const std::int64_t h = item % p.H, L = seq.length;
-    Mat<double> k, v, q;
+    Mat<double> k, v, q, theta;
     Vec<double> g;
     load_rows(p.k, seq, h, k);
     load_rows(p.v, seq, h, v);
+    // θ of key head h rotates k and the q of every query head of its group.
+    if (p.theta.defined()) {
+      load_rows(p.theta, seq, h, theta);
+      rotate(k, theta, p.rotary_layout);
+    }
     for (std::int64_t hq = h * p.group(); hq < (h + 1) * p.group(); ++hq) {
       load_rows(p.q, seq, hq, q);
+      if (p.theta.defined()) rotate(q, theta, p.rotary_layout);
       load_column(p.g, seq, hq, g);
       Mat<double> out = Mat<double>::Zero(L, p.V);
       Vec<double> out_lse(L);
@@ -93,14 +139,23 @@ void reference_backward(const Problem& p, const TensorView& d_o, const Forgettin
   parallel_for(p.num_items(), [&](std::int64_t item) {
     const Sequence& seq = p.sequences[static_cast<std::size_t>(item / p.H)];
     const std::int64_t h = item % p.H, L = seq.length;
-    Mat<double> k, v, q, dout;
+    Mat<double> k, v, q, dout, theta;
     Vec<double> g;
     load_rows(p.k, seq, h, k);
     load_rows(p.v, seq, h, v);
+    // With θ, q and k below are the rotated q' = R(θ) q, k' = R(θ) k, and dq, dk are first taken
+    // with respect to them.
+    if (p.theta.defined()) {
+      load_rows(p.theta, seq, h, theta);
+      rotate(k, theta, p.rotary_layout);
+    }
+    // dθ of key head h: q' of every query head of the group and k' share θ, so all add up.
+    Mat<double> dtheta = Mat<double>::Zero(p.theta.defined() ? L : 0, p.K / 2);
     // dk, dv sum over the query heads of the group.
     Mat<double> dk = Mat<double>::Zero(L, p.K), dv = Mat<double>::Zero(L, p.V);
     for (std::int64_t hq = h * p.group(); hq < (h + 1) * p.group(); ++hq) {
       load_rows(p.q, seq, hq, q);
+      if (p.theta.defined()) rotate(q, theta, p.rotary_layout);
       load_rows(d_o, seq, hq, dout);
       load_column(p.g, seq, hq, g);
       Mat<double> dq = Mat<double>::Zero(L, p.K);
@@ -132,8 +187,13 @@ void reference_backward(const Problem& p, const TensorView& d_o, const Forgettin
           if (j < i) dg[j + 1] += dlogit_prefix;
         }
       }
+      if (p.theta.defined()) unrotate_grad(dq, q, theta, p.rotary_layout, dtheta);
       if (grads.dq.defined()) store_rows(dq, grads.dq, seq, hq);
       if (grads.dg.defined()) store_column(dg, grads.dg, seq, hq);
+    }
+    if (p.theta.defined()) {
+      unrotate_grad(dk, k, theta, p.rotary_layout, dtheta);
+      if (grads.dtheta.defined()) store_rows(dtheta, grads.dtheta, seq, h);
     }
     if (grads.dk.defined()) store_rows(dk, grads.dk, seq, h);
     if (grads.dv.defined()) store_rows(dv, grads.dv, seq, h);
