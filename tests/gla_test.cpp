@@ -720,6 +720,8 @@ std::vector<Case> rotation_cases() {
       {"zero_gates_chunk1", 1, 23, 2, 4, 5, Gates::zeros, 1},
       {"weak_gates_K_greater_than_V", 1, 45, 1, 10, 3, Gates::weak, 16},
       {"K2_mixed_channels", 1, 30, 2, 2, 7, Gates::mixed_channels, 8},
+      {"chunk_longer_than_T", 2, 20, 1, 4, 4, Gates::realistic, 64},
+      {"T1", 2, 1, 2, 4, 3, Gates::realistic, 64},
   };
   Case running{"running_phase_chunk40", 1, 100, 1, 8, 8, Gates::realistic, 40};
   running.running_phase = true;
@@ -1021,6 +1023,46 @@ TEST(GlaRotation, RopeLogitsDependOnlyOnDistance) {
         }
       EXPECT_GT(spread, 0.1) << "logits should vary with the distance";
     }
+}
+
+// θ may have another dtype than q (the compute type): float32 θ with float64 q, and float64 θ
+// (e.g. a long running phase) with float32 q, whose cos/sin are then taken in float64.
+TEST(GlaRotation, ThetaOfAnotherDtypeThanQ) {
+  Case c{"theta_dtype", 1, 60, 2, 6, 5, Gates::realistic, 16, {25, 35}};
+  c.rotate = true;
+  c.running_phase = true;
+  std::uint64_t seed = 91;
+  for (RotaryLayout layout : kLayouts) {
+    c.layout = layout;
+    const Inputs in = make_inputs(c, seed++);
+    const Result expected = explicit_rotation_result(in, Impl::reference);
+    for (DType dtype : {DType::float32, DType::float64}) {
+      const DType theta_dtype = dtype == DType::float32 ? DType::float64 : DType::float32;
+      Inputs cast = in;
+      for (Tensor* x : {&cast.q, &cast.k, &cast.v, &cast.g, &cast.h0, &cast.d_o, &cast.dht})
+        *x = x->to(dtype);
+      cast.theta = in.theta.to(theta_dtype);  // exact: the angles are float32-representable
+      for (Impl impl : kImpls) {
+        SCOPED_TRACE(std::string(to_string(layout)) + " " + to_string(impl) + " q " +
+                     to_string(dtype) + ", theta " + to_string(theta_dtype));
+        const GlaParams params = plain_params(cast);
+        Result r;
+        r.o = Tensor({1, c.T, c.H, c.V}, DType::float64);
+        r.final_state = Tensor({in.N, c.H, c.K, c.V}, DType::float64);
+        gla_forward(params, impl, r.o.view(), r.final_state.view());
+        r.dq = Tensor(in.q.shape(), DType::float64);
+        r.dk = Tensor(in.k.shape(), DType::float64);
+        r.dv = Tensor(in.v.shape(), DType::float64);
+        r.dg = Tensor(in.g.shape(), DType::float64);
+        r.dh0 = Tensor(in.h0.shape(), DType::float64);
+        r.dtheta = Tensor(in.theta.shape(), DType::float64);
+        gla_backward(params, impl, cast.d_o.view(), cast.dht.view(),
+                     make_grads(r.dq.view(), r.dk.view(), r.dv.view(), r.dg.view(), r.dh0.view(),
+                                r.dtheta.view()));
+        expect_close(r, expected, dtype == DType::float64 ? 1e-10 : 1e-5);
+      }
+    }
+  }
 }
 
 // Requesting dθ alone (dq, dk not requested) gives the same dθ as with every gradient, and
