@@ -1065,8 +1065,8 @@ TEST(GlaRotation, ThetaOfAnotherDtypeThanQ) {
   }
 }
 
-// Requesting dθ alone (dq, dk not requested) gives the same dθ as with every gradient, and
-// results are bit-identical for any thread count.
+// Requesting a subset of the gradients (dθ alone, dq alone, dv and dg alone) gives the same
+// values as requesting every gradient, and results are bit-identical for any thread count.
 TEST(GlaRotation, PartialGradientsAndThreadInvariance) {
   Case c{"partial", 1, 50, 3, 6, 4, Gates::zeros, 16, {22, 0, 28}};
   c.rotate = true;
@@ -1082,6 +1082,12 @@ TEST(GlaRotation, PartialGradientsAndThreadInvariance) {
     EXPECT_TRUE(dtheta.bit_equal(full.dtheta));
     gla_backward(params, impl, in.d_o.view(), in.dht.view(), make_grads(dq.view(), {}, {}, {}, {}));
     EXPECT_TRUE(dq.bit_equal(full.dq));
+    // Without dq, dk, dθ the rotated-frame dq', dk' are not turned back; dv, dg are unaffected.
+    Tensor dv(in.v.shape(), DType::float64), dg(in.g.shape(), DType::float64);
+    gla_backward(params, impl, in.d_o.view(), in.dht.view(),
+                 make_grads({}, {}, dv.view(), dg.view(), {}));
+    EXPECT_TRUE(dv.bit_equal(full.dv));
+    EXPECT_TRUE(dg.bit_equal(full.dg));
     for (DType dtype : {DType::float32, DType::float64}) {
       set_num_threads(1);
       const Result one = run(in, impl, dtype, dtype);

@@ -329,6 +329,9 @@ void backward_item(const Problem& p, std::int64_t n, std::int64_t h, const Tenso
   const std::int64_t C = p.chunk_size, K = p.K, V = p.V;
   const std::int64_t num_chunks = (s.length + C - 1) / C;
   ChunkWork<S> work;
+  // dq', dk' (rotated frame) need turning back only if dq, dk or dθ is requested.
+  const bool unrotate =
+      p.theta.defined() && (grads.dq.defined() || grads.dk.defined() || grads.dtheta.defined());
 
   // Pass 1: states[c] = the state before chunk c.
   Mat<S> states(num_chunks * K, V);
@@ -350,7 +353,7 @@ void backward_item(const Problem& p, std::int64_t n, std::int64_t h, const Tenso
     work.load(p, part, h, /*with_q=*/true, d_o);
     work.gate_factors();
     work.backward(states.middleRows(c * K, K), d_state);
-    if (p.theta.defined()) {
+    if (unrotate) {
       work.unrotate(p.rotary_layout);
       if (grads.dtheta.defined()) store_token_rows(work.dtheta, grads.dtheta, part, h);
     }

@@ -99,6 +99,9 @@ void backward_item(const Problem& p, std::int64_t n, std::int64_t h, const Tenso
   const std::int64_t C = p.chunk_size, K = p.K, V = p.V;
   const S scale = static_cast<S>(p.scale);
   const std::int64_t num_segments = (s.length + C - 1) / C;
+  // dq', dk' (rotated frame) need turning back only if dq, dk or dθ is requested.
+  const bool unrotate =
+      p.theta.defined() && (grads.dq.defined() || grads.dk.defined() || grads.dtheta.defined());
 
   // Pass 1: checkpoints[i] = the state before segment i.
   Mat<S> checkpoints(num_segments * K, V);
@@ -148,7 +151,7 @@ void backward_item(const Problem& p, std::int64_t n, std::int64_t h, const Tenso
         d_row *= seg.decay(t, a);  // dS_{t−1} = diag(exp(g_t)) dS_t
       }
     }
-    if (p.theta.defined()) {  // dq', dk' (rotated frame) → dq, dk, and dθ from both
+    if (unrotate) {  // dq', dk' (rotated frame) → dq, dk, and dθ from both
       dtheta.setZero(L, K / 2);
       unrotate_gradient_rows(dq, seg.q, seg.angles, p.rotary_layout, dtheta);
       unrotate_gradient_rows(dk, seg.k, seg.angles, p.rotary_layout, dtheta);
