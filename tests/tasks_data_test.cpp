@@ -362,14 +362,23 @@ TEST(TasksMqar, RandomFillerReplacesOnlyTheFiller) {
   EXPECT_EQ(filler, 128 - 3 * 16);
   EXPECT_GT(changed, filler - 5);  // P(a filler draw is 0) = 1/300
 
-  // The filler is uniform over the whole vocabulary [0, V): 4 buckets of 75 ids.
+  // The filler is uniform over the whole vocabulary [0, V), 0 and V − 1 included (Zoology:
+  // randint(V)): 4 buckets of 75 ids, and the two end ids (expected ≈ 107 times each).
   c.vocab_size = 300;
   const Batch many = mqar(c, 400, 78);
   std::vector<std::int64_t> buckets(4, 0);
-  for (std::int64_t r = 0; r < many.rows; ++r)
-    for (std::int64_t t = 2 * c.num_kv_pairs; t < c.seq_len; ++t)
-      if (many.target(r, t) == kIgnoreIndex)
-        ++buckets[static_cast<std::size_t>(many.input(r, t) / 75)];
+  std::int64_t zeros = 0, lasts = 0;
+  for (std::int64_t r = 0; r < many.rows; ++r) {
+    for (std::int64_t t = 2 * c.num_kv_pairs; t < c.seq_len; ++t) {
+      if (many.target(r, t) != kIgnoreIndex) continue;
+      const std::int64_t x = many.input(r, t);
+      ++buckets[static_cast<std::size_t>(x / 75)];
+      zeros += x == 0 ? 1 : 0;
+      lasts += x == 299 ? 1 : 0;
+    }
+  }
+  EXPECT_GT(zeros, 50);
+  EXPECT_GT(lasts, 50);
   EXPECT_LT(chi_square(buckets, {0.25, 0.25, 0.25, 0.25}), chi_square_bound(3));
 }
 

@@ -20,7 +20,6 @@
 //   "<generator>: argument '<name>': expected <what>, got <what was given>".
 #pragma once
 
-#include <array>
 #include <cstdint>
 #include <random>
 #include <string>
