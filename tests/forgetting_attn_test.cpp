@@ -740,6 +740,8 @@ std::vector<RotationCase> rotation_cases() {
         1.0,
         {13, 0, 13},
         true}},
+      // Longer than the chunk kernel's pieces of 256 rotated keys, with packed sequences.
+      {{"T300_varlen", {1, 300, 2, 1, 4, 4}, Gates::weak, 64, std::nullopt, 1.0, {270, 30}}},
       // Selective-RoPE-like running phases of thousands of radians.
       {{"large_angles", {1, 23, 2, 1, 8, 4}, Gates::realistic, 8}, 500.0, 3000.0},
   };

@@ -30,12 +30,14 @@
 //    column sums, which cancels catastrophically (row sums are 0 analytically) and would carry
 //    the float32 rounding of the dominant terms along the whole sequence.
 //
-// Rotation by θ (optional, common/rotation.h): the item loads the cos/sin of its key head's
-// angles for the whole sequence once (PairAngles) and rotates its keys once, right after loading
-// them, and each block of queries right after loading it (R1): O(T·K) work next to the O(T²·K)
-// of the tiles. The backward takes dq, dk with respect to the rotated rows exactly as without θ,
-// then turns them into dq, dk and dθ (R2, R3) — each query block's dq when it is complete, dk
-// once at the end — with the same cos/sin.
+// Rotation by θ (optional, common/rotation.h): the item rotates its keys once, right after
+// loading them, and each block of queries right after loading it (R1): O(T·K) work next to the
+// O(T²·K) of the tiles. The cos/sin are evaluated piece by piece (a query block's, or
+// kAngleRows keys at a time), never for the whole sequence at once: they would take as much
+// memory as the keys themselves, and evaluating them again for each query head of a group costs
+// little (O(T·K) per head). The backward takes dq, dk with respect to the rotated rows exactly
+// as without θ, then turns them into dq, dk and dθ (R2, R3): each query block's dq when it is
+// complete, with the cos/sin of its rotation, and dk once at the end.
 
 // GCC 12 reports false -Wmaybe-uninitialized warnings inside its own AVX-512 intrinsics
 // (avx512fintrin.h, GCC bug 105593) when Eigen is compiled with -march=native. This must come
@@ -193,6 +195,20 @@ Sequence rows_of(const Sequence& seq, std::int64_t i0, std::int64_t n) {
   return {seq.batch, seq.start + i0, n};
 }
 
+// Keys are rotated (and their gradients unrotated) this many rows at a time.
+constexpr std::int64_t kAngleRows = 256;
+
+// (R1) on the keys k (the whole sequence) of key head h.
+template <class S>
+void rotate_keys(const Problem& p, const Sequence& seq, std::int64_t h, Mat<S>& k,
+                 PairAngles<S>& angles) {
+  for (std::int64_t j0 = 0; j0 < k.rows(); j0 += kAngleRows) {
+    const std::int64_t n = std::min(kAngleRows, k.rows() - j0);
+    angles.load(p.theta, rows_of(seq, j0, n), h);
+    rotate_rows(k.middleRows(j0, n), angles, p.rotary_layout);
+  }
+}
+
 template <class S>
 void forward_typed(const Problem& p, const TensorView& o, const TensorView& lse) {
   parallel_for(p.num_items(), [&](std::int64_t item) {
@@ -204,17 +220,17 @@ void forward_typed(const Problem& p, const TensorView& o, const TensorView& lse)
     BlockGates gates;
     load_rows(p.k, seq, h, k);
     load_rows(p.v, seq, h, v);
-    PairAngles<S> angles;  // θ of key head h, for the whole sequence
-    if (p.theta.defined()) {
-      angles.load(p.theta, seq, h);
-      rotate_rows(k, angles, p.rotary_layout);
-    }
+    PairAngles<S> angles;  // θ of key head h, for a piece of the sequence
+    if (p.theta.defined()) rotate_keys(p, seq, h, k, angles);
     for (std::int64_t hq = h * p.group(); hq < (h + 1) * p.group(); ++hq) {
       gates.load(p, seq, hq);
       for (std::int64_t i0 = 0; i0 < L; i0 += B) {
         const Sequence rows = rows_of(seq, i0, std::min(B, L - i0));
         load_rows(p.q, rows, hq, q);
-        if (p.theta.defined()) rotate_rows(q, angles, p.rotary_layout, i0);
+        if (p.theta.defined()) {
+          angles.load(p.theta, rows, h);
+          rotate_rows(q, angles, p.rotary_layout);
+        }
         q *= static_cast<S>(p.scale);
         forward_block(p, k, v, gates, i0, q, tmp, out, out_lse);
         store_rows(out, o, rows, hq);
@@ -285,11 +301,8 @@ void backward_typed(const Problem& p, const TensorView& d_o, const TensorView& o
     load_rows(p.v, seq, h, v);
     // With θ, k and the query blocks are the rotated rows, and dk, dq are first taken with
     // respect to them.
-    PairAngles<S> angles;
-    if (rotated) {
-      angles.load(p.theta, seq, h);
-      rotate_rows(k, angles, p.rotary_layout);
-    }
+    PairAngles<S> angles;  // θ of key head h, for a piece of the sequence
+    if (rotated) rotate_keys(p, seq, h, k, angles);
     // dθ of key head h: the group's q contributions and the k contribution (also accumulated,
     // unused, when only dq or dk is requested: (R2) and (R3) come together).
     Mat<S> dtheta = Mat<S>::Zero(rotated ? L : 0, p.K / 2);
@@ -308,7 +321,10 @@ void backward_typed(const Problem& p, const TensorView& d_o, const TensorView& o
           load_column(lse, rows, hq, block_lse);
         } else {
           load_rows(p.q, rows, hq, q_scaled);
-          if (rotated) rotate_rows(q_scaled, angles, p.rotary_layout, i0);
+          if (rotated) {
+            angles.load(p.theta, rows, h);
+            rotate_rows(q_scaled, angles, p.rotary_layout);
+          }
           q_scaled *= static_cast<S>(p.scale);
           forward_block(p, k, v, gates, i0, q_scaled, tmp, out, block_lse);
         }
@@ -322,7 +338,10 @@ void backward_typed(const Problem& p, const TensorView& d_o, const TensorView& o
         const std::int64_t nI = std::min(B, L - i0);
         const Sequence rows = rows_of(seq, i0, nI);
         load_rows(p.q, rows, hq, q);
-        if (rotated) rotate_rows(q, angles, p.rotary_layout, i0);
+        if (rotated) {  // these cos/sin also unrotate the block's dq below
+          angles.load(p.theta, rows, h);
+          rotate_rows(q, angles, p.rotary_layout);
+        }
         q_scaled = q * static_cast<S>(p.scale);
         load_rows(d_o, rows, hq, dout);
         const Vec<S> lse_rows = row_lse.segment(i0, nI), delta_rows = delta.segment(i0, nI);
@@ -371,7 +390,7 @@ void backward_typed(const Problem& p, const TensorView& d_o, const TensorView& o
         if (want_dq) {
           dq *= static_cast<S>(p.scale);
           if (rotated)
-            unrotate_gradient_rows(dq, q, angles, p.rotary_layout, dtheta.middleRows(i0, nI), i0);
+            unrotate_gradient_rows(dq, q, angles, p.rotary_layout, dtheta.middleRows(i0, nI));
           if (grads.dq.defined()) store_rows(dq, grads.dq, rows, hq);
         }
       }
@@ -387,7 +406,13 @@ void backward_typed(const Problem& p, const TensorView& d_o, const TensorView& o
     }
     if (want_dk) {
       dk *= static_cast<S>(p.scale);
-      if (rotated) unrotate_gradient_rows(dk, k, angles, p.rotary_layout, dtheta);
+      if (rotated)
+        for (std::int64_t j0 = 0; j0 < L; j0 += kAngleRows) {
+          const std::int64_t n = std::min(kAngleRows, L - j0);
+          angles.load(p.theta, rows_of(seq, j0, n), h);
+          unrotate_gradient_rows(dk.middleRows(j0, n), k.middleRows(j0, n), angles, p.rotary_layout,
+                                 dtheta.middleRows(j0, n));
+        }
       if (want_dtheta) store_rows(dtheta, grads.dtheta, seq, h);
       if (grads.dk.defined()) store_rows(dk, grads.dk, seq, h);
     }
