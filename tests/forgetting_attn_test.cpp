@@ -622,6 +622,17 @@ TEST(ForgettingAttnKernels, EmptyProblems) {
       EXPECT_NO_THROW(run_backward(p, impl, nullptr));
     }
   }
+  // And with θ (even K).
+  for (const Shape& shape :
+       {Shape{2, 0, 2, 1, 4, 4}, Shape{0, 5, 2, 1, 4, 4}, Shape{1, 5, 0, 1, 4, 4}}) {
+    Problem p = make_problem(shape, Gates::realistic, rng);
+    p.theta = Tensor::zeros({shape.B, shape.T, shape.H, shape.K / 2});
+    for (Impl impl : {Impl::chunk, Impl::recurrent, Impl::reference}) {
+      SCOPED_TRACE(std::string("theta ") + to_string(impl));
+      EXPECT_NO_THROW(run_forward(p, impl));
+      EXPECT_NO_THROW(run_backward(p, impl, nullptr));
+    }
+  }
 }
 
 // ---- long sequences ----------------------------------------------------------------------------

@@ -117,7 +117,8 @@ void forgetting_attn_backward(const ForgettingAttnParams& params, Impl impl, con
   detail::check_dtheta(op, grads.dtheta, params.theta);
   // Work items write disjoint (sequence, key head) blocks of dθ; a zero stride (e.g. angles
   // broadcast over heads, passed back as the gradient view) would make them race on one element.
-  if (grads.dtheta.defined())
+  // (An empty view has no element to race on, and contiguous ones carry zero strides.)
+  if (grads.dtheta.defined() && grads.dtheta.numel() > 0)
     for (int d = 0; d < 4; ++d)
       if (grads.dtheta.size(d) > 1 && grads.dtheta.stride(d) == 0)
         detail::fail(op, "dtheta", "a tensor that owns each element (no zero strides)",
