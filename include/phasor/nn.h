@@ -1,0 +1,335 @@
+// phasor::nn — LibTorch layers (torch::nn::Module) built on the ops of phasor/torch.h:
+//
+//   ShortConvolution      fla's ShortConvolution: causal depthwise conv with optional SiLU.
+//   SelectiveRoPE         input-dependent rotation angles θ (Selective RoPE) for q and k.
+//   GatedLinearAttention  fla's GLA layer.
+//   GatedDeltaNet         fla's Gated DeltaNet layer.
+//   ForgettingAttention   fla's Forgetting Transformer (FoX) attention layer.
+//
+// The three attention layers take a position encoding, PosEncoding::{none, rope, selective_rope},
+// whose angles θ [B, T, H, K/2] the op applies to q and k (fused in the kernel, or explicitly
+// with apply_rotary when fused_rotation is off — the same function).
+//
+//   #include <phasor/nn.h>          // CMake: target_link_libraries(app PRIVATE phasor::torch)
+//   namespace pn = phasor::nn;
+//   pn::GatedLinearAttention gla(pn::GatedLinearAttentionOptions(/*hidden_size=*/256,
+//                                                                /*num_heads=*/4)
+//                                    .pos_encoding(pn::PosEncoding::selective_rope));
+//   at::Tensor y = gla->forward(x);              // x, y: [B, T, 256]; training / prefill
+//   pn::LayerCache cache;                        // incremental decoding:
+//   for (int64_t t = 0; t < T; ++t)              // y_t equals row t of the parallel forward
+//     at::Tensor y_t = gla->forward(x.narrow(1, t, 1), &cache);
+//
+// Conventions for every layer:
+//  - x: [B, T, hidden_size], CPU, float32 or float64 matching the module's parameters (use
+//    module->to(at::kDouble) for float64). The output has x's shape and dtype.
+//  - forward(x, cache): with cache == nullptr the whole sequence is processed in parallel from
+//    an empty state. With a cache the call continues the sequence stored in it (empty at first)
+//    and updates it, for any T ≥ 1 (prefill with T > 1, then T = 1 per token); the outputs equal
+//    the corresponding rows of one parallel forward over everything fed so far. A cache belongs
+//    to one layer and one batch size; reset() empties it.
+//  - gradients: everything is differentiable through autograd (the core's backward passes),
+//    except ForgettingAttention with a cache (its key/value decoder is inference only).
+//  - parameters are initialised like PyTorch's nn.Linear / nn.Conv1d unless stated otherwise.
+//  - bad options or inputs raise c10::Error (TORCH_CHECK) naming the layer and the argument,
+//    e.g. "GatedLinearAttention: option 'num_heads': expected a positive number, got 0".
+#pragma once
+
+#include <torch/arg.h>
+#include <torch/nn/cloneable.h>
+#include <torch/nn/module.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/pimpl.h>
+
+#include <ATen/core/Tensor.h>
+#include <c10/util/Optional.h>
+
+#include <cstdint>
+#include <memory>
+
+#include "phasor/common.h"
+#include "phasor/torch.h"
+
+namespace phasor::nn {
+
+// Position encoding of an attention layer's q and k.
+//  none:           no rotation (NoPE).
+//  rope:           standard RoPE, θ[t, i] = (position t) · rope_theta^(−2i/K), shared by heads.
+//  selective_rope: θ from a SelectiveRoPE submodule (input-dependent, learnable).
+enum class PosEncoding { none, rope, selective_rope };
+
+// ---- ShortConvolution ---------------------------------------------------------------------------
+// y[t, d] = act(bias[d] + Σ_{j<W} weight[d, j] · x[t − W + 1 + j, d]) (causal_conv1d), with act
+// SiLU or identity; inputs before the start of the sequence are the cache (zeros when absent).
+struct ShortConvolutionOptions {
+  ShortConvolutionOptions(std::int64_t hidden_size, std::int64_t kernel_size = 4)
+      : hidden_size_(hidden_size), kernel_size_(kernel_size) {}
+  TORCH_ARG(std::int64_t, hidden_size);  // channels D (> 0)
+  TORCH_ARG(std::int64_t, kernel_size);  // width W (≥ 1), default 4
+  TORCH_ARG(bool, bias) = false;         // learnable bias [D], default off (as fla)
+  TORCH_ARG(bool, silu) = true;          // SiLU activation after the convolution, default on
+};
+
+class ShortConvolutionImpl : public torch::nn::Cloneable<ShortConvolutionImpl> {
+ public:
+  explicit ShortConvolutionImpl(ShortConvolutionOptions options);
+  void reset() override;
+  // x: [B, T, D]. state: optional conv cache [B, D, W−1] (the last W−1 inputs); when given, an
+  // undefined *state means zeros, and *state is replaced by the cache after this call.
+  at::Tensor forward(const at::Tensor& x, at::Tensor* state = nullptr);
+
+  ShortConvolutionOptions options;
+  at::Tensor weight;  // [D, W], U(−1/√W, 1/√W) as nn.Conv1d (depthwise)
+  at::Tensor bias;    // [D], present iff options.bias()
+};
+TORCH_MODULE(ShortConvolution);
+
+// ---- SelectiveRoPE ------------------------------------------------------------------------------
+// The phase path (H heads, R = K/2 rotation pairs per head):
+//   x̂_t   = x_t with each of its H groups of D/H channels scaled to unit ℓ2 norm (eps 1e-6),
+//   p_t   = P x̂_t ∈ R^{H·R}            (projection: low-rank or weight-normalised full rank),
+//   c_t   = conv(p)_t                  (short causal conv, width conv_size, no bias, + SiLU),
+//   φ_t   = (c_t + exp(b)) · σ(G x̂_t + g)   (bias and phase gate, each optional),
+//   θ_t   = ω ⊙ (θ_0 + Σ_{s≤t} φ_s)    (selective_rope_phases; θ_0 the cached running phase),
+// and q_t, k_t are rotated by θ_t, so that q_t·k_s sees the rotation ω ⊙ Σ_{s<u≤t} φ_u — the
+// paper's input-dependent R_{s+1:t} (Selective RoPE, eq. "o_t = Σ v_τ k_τᵀ R_{1:τ}ᵀ R_{1:t} q_t").
+// With b = 0 (the initial value), no gate and φ ≡ 1 this is exactly RoPE with frequencies ω.
+enum class PhaseProjection {
+  low_rank,  // P = U·D: D → rank → H·R, two bias-free linear maps (fla's gate style)
+  full_rank,  // P_h = s_h · V_h / ‖V_h‖_F per head h (V_h: [R, D]; s_h learnable, init ‖V_h‖_F)
+};
+enum class PhaseGate {
+  none,         // φ not gated
+  per_head,     // σ(G x̂ + g), G: [H, D] — one gate per head, shared by its R pairs
+  per_channel,  // σ(G x̂ + g), G: [H·R, D] — one gate per rotation pair
+};
+// The temperature spectrum ω_i, i = 0 … R−1 (the frequencies of the R pairs of a head).
+enum class Spectrum {
+  // ω_i = spectrum_base^(−2i/K) (RoPE's, with base 500000 by default).
+  rope,
+  // The paper's optimal temperature τ(α) = tan²(α/2) for a query–key angle α ~ U[0, 2π],
+  // sampled at R evenly spaced levels: ω_i is τ's quantile at level 1 − (i + ½)/R, i.e.
+  // tan²(π/2 · (1 − (i + ½)/R)), divided by the i = 0 value so that ω_0 = 1 like RoPE (the raw
+  // quantiles reach cot²(π/4R) ≈ (4R/π)² rad per token). Decreasing and log-symmetric
+  // (ω_i·ω_{R−1−i} = ω_{R−1}); for K = 64 it spans 6.4 decades (RoPE, base 500000: 5.5) and
+  // falls faster at both ends (ω_1 = 0.11 against RoPE's 0.66). The paper derives the shape,
+  // not a discretisation: this sampling and normalisation are phasor's reading of it.
+  tan2,
+};
+
+struct SelectiveRoPEOptions {
+  SelectiveRoPEOptions(std::int64_t hidden_size, std::int64_t num_heads, std::int64_t head_dim)
+      : hidden_size_(hidden_size), num_heads_(num_heads), head_dim_(head_dim) {}
+  TORCH_ARG(std::int64_t, hidden_size);  // D: input width, a multiple of num_heads
+  TORCH_ARG(std::int64_t, num_heads);    // H: heads rotated (for FoX: the key/value heads)
+  TORCH_ARG(std::int64_t, head_dim);     // K: rotated head dimension, even; R = K/2
+  TORCH_ARG(PhaseProjection, projection) = PhaseProjection::low_rank;  // default low rank
+  TORCH_ARG(std::int64_t, rank) = 16;                // rank of the low-rank projection (≥ 1)
+  TORCH_ARG(std::int64_t, conv_size) = 4;            // short convolution width (≥ 1)
+  TORCH_ARG(bool, conv_silu) = true;                 // SiLU after the convolution, default on
+  TORCH_ARG(bool, bias) = true;                      // add exp(b), b: [H·R] init 0, default on
+  TORCH_ARG(PhaseGate, gate) = PhaseGate::per_head;  // sigmoid phase gate, default per head
+  TORCH_ARG(Spectrum, spectrum) = Spectrum::rope;    // initial (or fixed) ω
+  TORCH_ARG(double, spectrum_base) = 500000.0;       // base of Spectrum::rope (> 1)
+  TORCH_ARG(bool, learnable_omega) = true;  // ω a parameter [H, R] (per head), else buffer [R]
+};
+
+// Decode cache of a SelectiveRoPE: the conv state [B, H·R, W−1] and the running phase θ_0
+// [B, H, R] (Σφ so far, un-multiplied by ω). Undefined tensors mean an empty sequence.
+struct SelectiveRoPECache {
+  at::Tensor conv_state;
+  at::Tensor phase;
+  void reset() { conv_state = at::Tensor(), phase = at::Tensor(); }
+};
+
+class SelectiveRoPEImpl : public torch::nn::Cloneable<SelectiveRoPEImpl> {
+ public:
+  explicit SelectiveRoPEImpl(SelectiveRoPEOptions options);
+  void reset() override;
+  // x: [B, T, D] → θ: [B, T, H, R] in x's dtype (cache: see SelectiveRoPECache).
+  at::Tensor forward(const at::Tensor& x, SelectiveRoPECache* cache = nullptr);
+  // The phase increments φ: [B, T, H, R] (everything above before the cumulative sum).
+  at::Tensor phase_increments(const at::Tensor& x, at::Tensor* conv_state = nullptr);
+  // ω: [H, R] when learnable, else [R].
+  const at::Tensor& omega() const { return omega_; }
+  // The spectrum of `spectrum` for head_dim K (R = K/2 values, float64), as defined above.
+  static at::Tensor spectrum_values(Spectrum spectrum, std::int64_t head_dim, double base);
+
+  SelectiveRoPEOptions options;
+  torch::nn::Linear down{nullptr}, up{nullptr};  // low rank: D → rank → H·R
+  at::Tensor proj_weight, proj_scale;            // full rank: V [H·R, D], s [H]
+  ShortConvolution conv{nullptr};                // H·R channels
+  at::Tensor bias;                               // b [H·R]
+  torch::nn::Linear gate{nullptr};               // D → H or H·R, with bias
+
+ private:
+  at::Tensor omega_;
+};
+TORCH_MODULE(SelectiveRoPE);
+
+// ---- decode cache of the attention layers -------------------------------------------------------
+struct LayerCache {
+  at::Tensor q_conv, k_conv, v_conv;  // short-conv states [B, D, W−1] (when the layer has them)
+  at::Tensor state;                   // GLA / GDN recurrent state [B, H(V), K, V]
+  std::shared_ptr<ForgettingAttnDecoder> fox;  // FoX key/value cache
+  SelectiveRoPECache rope;                     // PosEncoding::selective_rope
+  std::int64_t offset = 0;                     // tokens consumed so far (RoPE positions)
+  void reset() {
+    q_conv = k_conv = v_conv = state = at::Tensor();
+    fox.reset();
+    rope.reset();
+    offset = 0;
+  }
+};
+
+// ---- GatedLinearAttention -----------------------------------------------------------------------
+// fla's GLA layer (H heads, K = hidden·expand_k/H, V = hidden·expand_v/H):
+//   q, k = W_q x, W_k x (optional short conv + SiLU), v = W_v x (idem),
+//   g    = logsigmoid(W_up W_down x + b) / gate_logit_normalizer   (low-rank log forget gate),
+//   o    = GLA(q, k, v, g) with q, k rotated by θ (pos_encoding),
+//   y    = W_o [RMSNorm(o) ⊙ swish(W_g x)]   (or W_o RMSNorm(o) without the output gate).
+// Gate tying (pos_encoding ≠ none): with tie_gate_pairs the low-rank gate has H·K/2 outputs and
+// both channels of every rotation pair get the same decay, so the state transition of a pair is
+// the complex scalar λ·e^{iθ} (the paper's A_t = Λ_t R̄_t); untied (as the public code) the pair's
+// two channels decay independently. Without rotation the gate is never tied.
+struct GatedLinearAttentionOptions {
+  GatedLinearAttentionOptions(std::int64_t hidden_size, std::int64_t num_heads)
+      : hidden_size_(hidden_size), num_heads_(num_heads) {}
+  TORCH_ARG(std::int64_t, hidden_size);  // D: input and output width (> 0)
+  TORCH_ARG(std::int64_t, num_heads);    // H (> 0)
+  TORCH_ARG(double, expand_k) = 0.5;  // key width D·expand_k, a multiple of H; K = D·expand_k/H
+  TORCH_ARG(double, expand_v) = 1.0;  // value width D·expand_v, a multiple of H; V = D·expand_v/H
+  TORCH_ARG(bool, use_short_conv) = false;  // SiLU short convolutions on q, k, v (default off)
+  TORCH_ARG(std::int64_t, conv_size) = 4;   // their width
+  TORCH_ARG(bool, use_output_gate) = true;  // the swish output gate W_g (default on)
+  TORCH_ARG(std::int64_t, gate_low_rank_dim) = 16;  // rank of the forget-gate projection
+  TORCH_ARG(double, gate_logit_normalizer) = 16.0;  // divides logsigmoid(·) (> 0)
+  TORCH_ARG(double, norm_eps) = 1e-5;               // RMSNorm epsilon
+  // Kernel for T > 1 (chunk or recurrent); one token with a cache always runs the recurrent one.
+  TORCH_ARG(Impl, impl) = Impl::chunk;
+  TORCH_ARG(std::int64_t, chunk_size) = 64;                  // Impl::chunk tile length
+  TORCH_ARG(PosEncoding, pos_encoding) = PosEncoding::none;  // K must be even unless none
+  TORCH_ARG(double, rope_theta) = 10000.0;                   // PosEncoding::rope base (> 1)
+  TORCH_ARG(bool, tie_gate_pairs) = true;  // one decay per rotation pair (see above), default on
+  TORCH_ARG(RotaryLayout, rotary_layout) = RotaryLayout::half_split;  // pairing (common.h)
+  // Rotate inside the kernel by θ (default), or apply_rotary to q and k first (same function).
+  TORCH_ARG(bool, fused_rotation) = true;
+  // Options of the SelectiveRoPE submodule; its sizes are set by the layer (D, H, K).
+  TORCH_ARG(SelectiveRoPEOptions, selective_rope) = SelectiveRoPEOptions(0, 0, 0);
+};
+
+class GatedLinearAttentionImpl : public torch::nn::Cloneable<GatedLinearAttentionImpl> {
+ public:
+  explicit GatedLinearAttentionImpl(GatedLinearAttentionOptions options);
+  void reset() override;
+  at::Tensor forward(const at::Tensor& x, LayerCache* cache = nullptr);
+  // The log forget gates g [B, T, H, K] as given to the op (tied pairs already expanded).
+  at::Tensor forget_gates(const at::Tensor& x);
+
+  GatedLinearAttentionOptions options;
+  std::int64_t head_k = 0, head_v = 0;
+  torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, g_proj{nullptr},
+      gk_down{nullptr}, gk_up{nullptr}, o_proj{nullptr};
+  ShortConvolution q_conv{nullptr}, k_conv{nullptr}, v_conv{nullptr};
+  at::Tensor o_norm_weight;  // [V]
+  SelectiveRoPE rope{nullptr};
+};
+TORCH_MODULE(GatedLinearAttention);
+
+// ---- GatedDeltaNet ------------------------------------------------------------------------------
+// fla's Gated DeltaNet layer (H q/k heads of width K = head_dim, HV value heads of width
+// V = head_dim·expand_v):
+//   q, k, v = SiLU(conv(W x))  (short convs, on by default), ℓ2-normalised q, k (in the kernel),
+//   g    = −exp(A_log) · softplus(W_a x + dt_bias)   (per value head; A ~ U[0, 16],
+//          dt = exp(U[ln 0.001, ln 0.1]) clamped ≥ 1e-4, dt_bias = softplus⁻¹(dt), as fla),
+//   β    = σ(W_b x) (× 2 with allow_neg_eigval),
+//   o    = GatedDeltaRule(q, k, v, g, β) with q, k rotated by θ (pos_encoding),
+//   y    = W_o [RMSNorm(o) ⊙ SiLU(W_g x)]   (or W_o RMSNorm(o) without use_gate).
+struct GatedDeltaNetOptions {
+  GatedDeltaNetOptions(std::int64_t hidden_size, std::int64_t num_heads, std::int64_t head_dim)
+      : hidden_size_(hidden_size), num_heads_(num_heads), head_dim_(head_dim) {}
+  TORCH_ARG(std::int64_t, hidden_size);  // D: input and output width (> 0)
+  TORCH_ARG(std::int64_t, num_heads);    // H: q/k heads (> 0)
+  TORCH_ARG(std::int64_t, head_dim);     // K: q/k head width (> 0)
+  // HV: value heads, a multiple of H (grouped value heads); default H.
+  TORCH_ARG(c10::optional<std::int64_t>, num_v_heads) = c10::nullopt;
+  TORCH_ARG(double, expand_v) = 2.0;          // V = K·expand_v, a positive integer
+  TORCH_ARG(bool, use_short_conv) = true;     // SiLU short convs on q, k, v (else plain SiLU)
+  TORCH_ARG(std::int64_t, conv_size) = 4;     // their width
+  TORCH_ARG(bool, use_gate) = true;           // the SiLU output gate W_g (default on)
+  TORCH_ARG(bool, allow_neg_eigval) = false;  // β ∈ (0, 2) instead of (0, 1)
+  TORCH_ARG(double, norm_eps) = 1e-5;         // RMSNorm epsilon
+  TORCH_ARG(Impl, impl) = Impl::chunk;        // as GatedLinearAttentionOptions::impl
+  TORCH_ARG(std::int64_t, chunk_size) = 64;   // Impl::chunk tile length
+  TORCH_ARG(PosEncoding, pos_encoding) = PosEncoding::none;  // K must be even unless none
+  TORCH_ARG(double, rope_theta) = 10000.0;                   // PosEncoding::rope base (> 1)
+  TORCH_ARG(RotaryLayout, rotary_layout) = RotaryLayout::half_split;
+  TORCH_ARG(bool, fused_rotation) = true;  // as GatedLinearAttentionOptions::fused_rotation
+  // SelectiveRoPE submodule options (sizes set by the layer: D, H, K).
+  TORCH_ARG(SelectiveRoPEOptions, selective_rope) = SelectiveRoPEOptions(0, 0, 0);
+};
+
+class GatedDeltaNetImpl : public torch::nn::Cloneable<GatedDeltaNetImpl> {
+ public:
+  explicit GatedDeltaNetImpl(GatedDeltaNetOptions options);
+  void reset() override;
+  at::Tensor forward(const at::Tensor& x, LayerCache* cache = nullptr);
+
+  GatedDeltaNetOptions options;
+  std::int64_t num_v_heads = 0, head_v = 0;
+  torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, a_proj{nullptr},
+      b_proj{nullptr}, g_proj{nullptr}, o_proj{nullptr};
+  ShortConvolution q_conv{nullptr}, k_conv{nullptr}, v_conv{nullptr};
+  at::Tensor A_log, dt_bias;  // [HV]
+  at::Tensor o_norm_weight;   // [V]
+  SelectiveRoPE rope{nullptr};
+};
+TORCH_MODULE(GatedDeltaNet);
+
+// ---- ForgettingAttention ------------------------------------------------------------------------
+// fla's FoX layer (HQ query heads, H key/value heads, head width K = hidden / HQ):
+//   q, k, v = W x (bias with qkv_bias), optionally RMSNorm(q), RMSNorm(k) per head (qk_norm),
+//   f    = logsigmoid(W_f x + b_f)  per query head,
+//   o    = softmax attention with the forget-gate bias Σ f (parallel_forgetting_attn), q, k
+//          rotated by θ (pos_encoding; θ per key head, shared by its query group),
+//   o    = RMSNorm(o) per head (use_output_norm), o ⊙ σ(W_g x) (use_output_gate),
+//   y    = W_o o.
+// With a cache, tokens go through ForgettingAttnDecoder one at a time (inference only).
+struct ForgettingAttentionOptions {
+  ForgettingAttentionOptions(std::int64_t hidden_size, std::int64_t num_heads)
+      : hidden_size_(hidden_size), num_heads_(num_heads) {}
+  TORCH_ARG(std::int64_t, hidden_size);                                 // a multiple of num_heads
+  TORCH_ARG(std::int64_t, num_heads);                                   // HQ
+  TORCH_ARG(c10::optional<std::int64_t>, num_kv_heads) = c10::nullopt;  // H, default HQ
+  TORCH_ARG(bool, qkv_bias) = false;                                    // biases in W_q, W_k, W_v
+  TORCH_ARG(bool, qk_norm) = false;  // RMSNorm of q and k per head (weights [K])
+  // Attend to the last window_size tokens (≥ 1); default the whole causal prefix.
+  TORCH_ARG(c10::optional<std::int64_t>, window_size) = c10::nullopt;
+  TORCH_ARG(bool, use_output_gate) = false;                  // σ(W_g x) output gate
+  TORCH_ARG(bool, use_output_norm) = false;                  // RMSNorm of o per head (weight [K])
+  TORCH_ARG(double, norm_eps) = 1e-5;                        // RMSNorm epsilon
+  TORCH_ARG(std::int64_t, block_size) = 64;                  // parallel_forgetting_attn tile size
+  TORCH_ARG(PosEncoding, pos_encoding) = PosEncoding::none;  // K must be even unless none
+  TORCH_ARG(double, rope_theta) = 10000.0;                   // PosEncoding::rope base (> 1)
+  TORCH_ARG(RotaryLayout, rotary_layout) = RotaryLayout::half_split;
+  TORCH_ARG(bool, fused_rotation) = true;  // as GatedLinearAttentionOptions::fused_rotation
+  // SelectiveRoPE submodule options (sizes set by the layer: D, H, K).
+  TORCH_ARG(SelectiveRoPEOptions, selective_rope) = SelectiveRoPEOptions(0, 0, 0);
+};
+
+class ForgettingAttentionImpl : public torch::nn::Cloneable<ForgettingAttentionImpl> {
+ public:
+  explicit ForgettingAttentionImpl(ForgettingAttentionOptions options);
+  void reset() override;
+  at::Tensor forward(const at::Tensor& x, LayerCache* cache = nullptr);
+
+  ForgettingAttentionOptions options;
+  std::int64_t num_kv_heads = 0, head_dim = 0;
+  torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, f_proj{nullptr},
+      g_proj{nullptr}, o_proj{nullptr};
+  at::Tensor q_norm_weight, k_norm_weight, o_norm_weight;  // [K] each, when enabled
+  SelectiveRoPE rope{nullptr};
+};
+TORCH_MODULE(ForgettingAttention);
+
+}  // namespace phasor::nn

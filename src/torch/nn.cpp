@@ -1,0 +1,531 @@
+// phasor::nn layers (phasor/nn.h): torch::nn modules composing the differentiable ops of
+// phasor/torch.h with plain ATen operations. The equations are in nn.h.
+#include "phasor/nn.h"
+
+#include <torch/torch.h>
+
+#include <cmath>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace phasor::nn {
+namespace {
+
+constexpr double kPi = 3.14159265358979323846;
+
+// ---- checks -------------------------------------------------------------------------------------
+
+// "<layer>: option '<name>': expected <expected>, got <got>".
+void check_option(bool ok, const char* layer, const char* name, const std::string& expected,
+                  const std::string& got) {
+  TORCH_CHECK(ok, layer, ": option '", name, "': expected ", expected, ", got ", got);
+}
+
+void check_positive(const char* layer, const char* name, std::int64_t value) {
+  check_option(value > 0, layer, name, "a positive number", std::to_string(value));
+}
+
+std::string shape_of(const at::Tensor& t) {
+  std::ostringstream s;
+  s << t.sizes();
+  return s.str();
+}
+
+// x: a defined CPU float32/float64 tensor [B, T, hidden] with T ≥ 1.
+void check_input(const char* layer, const at::Tensor& x, std::int64_t hidden) {
+  TORCH_CHECK(x.defined(), layer, ": argument 'x': expected a tensor [B, T, ", hidden,
+              "], got an undefined tensor");
+  TORCH_CHECK(x.dim() == 3 && x.size(2) == hidden && x.size(1) >= 1, layer,
+              ": argument 'x': expected shape [B, T ≥ 1, ", hidden, "], got shape ", shape_of(x));
+  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kDouble, layer,
+              ": argument 'x': expected dtype float32 or float64, got ", x.scalar_type());
+  TORCH_CHECK(x.device().is_cpu(), layer, ": argument 'x': expected a CPU tensor, got device ",
+              x.device());
+}
+
+// x's dtype must be the parameters' (ATen would otherwise fail deep inside a matmul).
+void check_dtype_matches(const char* layer, const at::Tensor& x, const at::Tensor& parameter) {
+  TORCH_CHECK(x.scalar_type() == parameter.scalar_type(), layer, ": argument 'x': expected dtype ",
+              parameter.scalar_type(),
+              " (the module's parameters; convert with module->to(...)), got ", x.scalar_type());
+}
+
+// A width hidden·expand that must come out a positive integer divisible by `heads`.
+std::int64_t expanded_width(const char* layer, const char* name, std::int64_t hidden, double expand,
+                            std::int64_t heads) {
+  const double w = static_cast<double>(hidden) * expand;
+  const auto wi = static_cast<std::int64_t>(std::llround(w));
+  check_option(wi > 0 && std::abs(w - static_cast<double>(wi)) < 1e-9 && wi % heads == 0, layer,
+               name, "hidden_size·" + std::string(name) + " a positive multiple of num_heads",
+               std::to_string(w));
+  return wi;
+}
+
+// ---- shared pieces ------------------------------------------------------------------------------
+
+// RMSNorm over the last dimension: x / sqrt(mean(x²) + eps) · weight.
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  return x * at::rsqrt(x.pow(2).mean(-1, /*keepdim=*/true) + eps) * weight;
+}
+
+at::Tensor ones_parameter(std::int64_t n) {
+  return torch::ones({n});
+}
+
+// U(−bound, bound) of the given shape (nn.Linear / nn.Conv1d's default init).
+at::Tensor uniform(at::IntArrayRef shape, double bound) {
+  return torch::empty(shape).uniform_(-bound, bound);
+}
+
+torch::nn::Linear linear(std::int64_t in, std::int64_t out, bool bias) {
+  return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(bias));
+}
+
+// The rotation angles θ [B, T, H, K/2] of a layer, or an undefined tensor for NoPE.
+at::Tensor position_angles(PosEncoding pe, SelectiveRoPE& rope, double rope_theta,
+                           const at::Tensor& x, std::int64_t heads, std::int64_t head_dim,
+                           LayerCache* cache) {
+  const std::int64_t B = x.size(0), T = x.size(1);
+  switch (pe) {
+    case PosEncoding::none:
+      return {};
+    case PosEncoding::rope: {
+      // Positions continue from the tokens already in the cache.
+      const at::Tensor a = phasor::rope_angles(
+          B, T, head_dim, rope_theta, cache ? cache->offset : 0, c10::nullopt, x.scalar_type());
+      return a.unsqueeze(2).expand({B, T, heads, head_dim / 2}).contiguous();
+    }
+    case PosEncoding::selective_rope:
+      return rope->forward(x, cache ? &cache->rope : nullptr);
+  }
+  return {};
+}
+
+// Checks shared by the layers' position-encoding options.
+void check_rotation(const char* layer, PosEncoding pe, std::int64_t head_dim, double rope_theta) {
+  if (pe == PosEncoding::none) return;
+  check_option(head_dim % 2 == 0, layer, "pos_encoding",
+               "an even rotated head dimension K (rotation acts on pairs)",
+               "K = " + std::to_string(head_dim));
+  if (pe == PosEncoding::rope)
+    check_option(rope_theta > 1.0, layer, "rope_theta", "a base > 1", std::to_string(rope_theta));
+}
+
+// The SelectiveRoPE submodule (registered as "rope") with the layer's sizes, for
+// PosEncoding::selective_rope; an empty holder otherwise.
+SelectiveRoPE make_rope(torch::nn::Module& self, PosEncoding pe, SelectiveRoPEOptions opt,
+                        std::int64_t hidden, std::int64_t heads, std::int64_t head_dim) {
+  if (pe != PosEncoding::selective_rope) return nullptr;
+  opt.hidden_size(hidden).num_heads(heads).head_dim(head_dim);
+  return self.register_module("rope", SelectiveRoPE(opt));
+}
+
+// q and k rotated explicitly when the rotation is not fused; returns the θ to pass to the op.
+at::Tensor unfused_rotation(bool fused, const at::Tensor& theta, at::Tensor& q, at::Tensor& k,
+                            RotaryLayout layout) {
+  if (!theta.defined() || fused) return theta;
+  // θ is per key head; a query group (q heads > k heads, FoX) shares its key head's angles.
+  const std::int64_t group = q.size(2) / k.size(2);
+  q = phasor::apply_rotary(q, group == 1 ? theta : theta.repeat_interleave(group, 2), layout);
+  k = phasor::apply_rotary(k, theta, layout);
+  return {};
+}
+
+c10::optional<at::Tensor> optional_of(const at::Tensor& t) {
+  if (!t.defined()) return c10::nullopt;
+  return t;
+}
+
+}  // namespace
+
+// ---- ShortConvolution ---------------------------------------------------------------------------
+
+ShortConvolutionImpl::ShortConvolutionImpl(ShortConvolutionOptions options_)
+    : options(std::move(options_)) {
+  reset();
+}
+
+void ShortConvolutionImpl::reset() {
+  const char* layer = "ShortConvolution";
+  check_positive(layer, "hidden_size", options.hidden_size());
+  check_positive(layer, "kernel_size", options.kernel_size());
+  const double bound = 1.0 / std::sqrt(static_cast<double>(options.kernel_size()));
+  weight =
+      register_parameter("weight", uniform({options.hidden_size(), options.kernel_size()}, bound));
+  if (options.bias()) bias = register_parameter("bias", uniform({options.hidden_size()}, bound));
+}
+
+at::Tensor ShortConvolutionImpl::forward(const at::Tensor& x, at::Tensor* state) {
+  check_input("ShortConvolution", x, options.hidden_size());
+  check_dtype_matches("ShortConvolution", x, weight);
+  c10::optional<at::Tensor> initial;
+  if (state && state->defined()) initial = *state;
+  auto [y, final_state] = phasor::causal_conv1d(
+      x, weight, optional_of(bias), options.silu() ? "silu" : "none", initial, state != nullptr);
+  if (state) *state = *final_state;
+  return y;
+}
+
+// ---- SelectiveRoPE ------------------------------------------------------------------------------
+
+SelectiveRoPEImpl::SelectiveRoPEImpl(SelectiveRoPEOptions options_) : options(std::move(options_)) {
+  reset();
+}
+
+at::Tensor SelectiveRoPEImpl::spectrum_values(Spectrum spectrum, std::int64_t head_dim,
+                                              double base) {
+  const std::int64_t R = head_dim / 2;
+  at::Tensor w = torch::empty({R}, torch::kDouble);
+  auto a = w.accessor<double, 1>();
+  for (std::int64_t i = 0; i < R; ++i) {
+    if (spectrum == Spectrum::rope) {
+      a[i] = std::pow(base, -2.0 * static_cast<double>(i) / static_cast<double>(head_dim));
+    } else {
+      // Quantiles of τ = tan²(α/2), α ~ U[0, 2π]: P(τ ≤ s) = (2/π)·atan(√s), so the level-p
+      // quantile is tan²(πp/2); levels 1 − (i + ½)/R, normalised by the i = 0 value.
+      auto quantile = [&](std::int64_t j) {
+        const double p = 1.0 - (static_cast<double>(j) + 0.5) / static_cast<double>(R);
+        const double t = std::tan(kPi * p / 2.0);
+        return t * t;
+      };
+      a[i] = quantile(i) / quantile(0);
+    }
+  }
+  return w;
+}
+
+void SelectiveRoPEImpl::reset() {
+  const char* layer = "SelectiveRoPE";
+  const auto& o = options;
+  check_positive(layer, "hidden_size", o.hidden_size());
+  check_positive(layer, "num_heads", o.num_heads());
+  check_positive(layer, "head_dim", o.head_dim());
+  check_option(o.hidden_size() % o.num_heads() == 0, layer, "hidden_size",
+               "a multiple of num_heads = " + std::to_string(o.num_heads()) +
+                   " (the input is ℓ2-normalised per head)",
+               std::to_string(o.hidden_size()));
+  check_option(o.head_dim() % 2 == 0, layer, "head_dim", "an even number (rotation pairs)",
+               std::to_string(o.head_dim()));
+  check_positive(layer, "rank", o.rank());
+  check_positive(layer, "conv_size", o.conv_size());
+  check_option(o.spectrum() != Spectrum::rope || o.spectrum_base() > 1.0, layer, "spectrum_base",
+               "a base > 1", std::to_string(o.spectrum_base()));
+  const std::int64_t D = o.hidden_size(), H = o.num_heads(), R = o.head_dim() / 2, HR = H * R;
+
+  if (o.projection() == PhaseProjection::low_rank) {
+    down = register_module("down", linear(D, o.rank(), false));
+    up = register_module("up", linear(o.rank(), HR, false));
+  } else {
+    proj_weight = register_parameter("proj_weight", uniform({HR, D}, 1.0 / std::sqrt(D)));
+    // Weight norm init: the scale equals the direction's norm, so P = V at initialisation.
+    proj_scale = register_parameter("proj_scale",
+                                    proj_weight.detach().reshape({H, R * D}).norm(2, {1}).clone());
+  }
+  conv = register_module(
+      "conv", ShortConvolution(ShortConvolutionOptions(HR, o.conv_size()).silu(o.conv_silu())));
+  // b = 0: exp(b) = 1, a unit phase step per token (RoPE) before the input-dependent part.
+  if (o.bias()) bias = register_parameter("bias", torch::zeros({HR}));
+  if (o.gate() != PhaseGate::none)
+    gate = register_module("gate", linear(D, o.gate() == PhaseGate::per_head ? H : HR, true));
+  const at::Tensor w =
+      spectrum_values(o.spectrum(), o.head_dim(), o.spectrum_base()).to(at::kFloat);
+  if (o.learnable_omega())
+    omega_ = register_parameter("omega", w.unsqueeze(0).repeat({H, 1}));
+  else
+    omega_ = register_buffer("omega", w);
+}
+
+at::Tensor SelectiveRoPEImpl::phase_increments(const at::Tensor& x, at::Tensor* conv_state) {
+  const auto& o = options;
+  check_input("SelectiveRoPE", x, o.hidden_size());
+  check_dtype_matches("SelectiveRoPE", x, conv->weight);
+  const std::int64_t B = x.size(0), T = x.size(1), D = o.hidden_size(), H = o.num_heads(),
+                     R = o.head_dim() / 2;
+  // Per-head ℓ2-normalised input (the paper's stabiliser (i)).
+  const at::Tensor xg = x.reshape({B, T, H, D / H});
+  const at::Tensor xn = (xg * at::rsqrt(xg.pow(2).sum(-1, true) + 1e-6)).reshape({B, T, D});
+  at::Tensor p;
+  if (o.projection() == PhaseProjection::low_rank) {
+    p = up->forward(down->forward(xn));
+  } else {
+    const at::Tensor v = proj_weight.reshape({H, R * D});
+    const at::Tensor w = (v * (proj_scale / v.norm(2, {1})).unsqueeze(1)).reshape({H * R, D});
+    p = at::linear(xn, w);
+  }
+  at::Tensor c = conv->forward(p, conv_state);
+  if (bias.defined()) c = c + bias.exp();
+  at::Tensor phi = c.reshape({B, T, H, R});
+  if (gate) {
+    const at::Tensor s = at::sigmoid(gate->forward(xn));
+    phi =
+        phi * (o.gate() == PhaseGate::per_head ? s.reshape({B, T, H, 1}) : s.reshape({B, T, H, R}));
+  }
+  return phi;
+}
+
+at::Tensor SelectiveRoPEImpl::forward(const at::Tensor& x, SelectiveRoPECache* cache) {
+  const at::Tensor phi = phase_increments(x, cache ? &cache->conv_state : nullptr);
+  c10::optional<at::Tensor> initial;
+  if (cache && cache->phase.defined()) initial = cache->phase;
+  auto [theta, final_phase] = phasor::selective_rope_phases(phi, omega_, initial, cache != nullptr);
+  if (cache) cache->phase = *final_phase;
+  return theta;
+}
+
+// ---- GatedLinearAttention -----------------------------------------------------------------------
+
+GatedLinearAttentionImpl::GatedLinearAttentionImpl(GatedLinearAttentionOptions options_)
+    : options(std::move(options_)) {
+  reset();
+}
+
+void GatedLinearAttentionImpl::reset() {
+  const char* layer = "GatedLinearAttention";
+  const auto& o = options;
+  check_positive(layer, "hidden_size", o.hidden_size());
+  check_positive(layer, "num_heads", o.num_heads());
+  const std::int64_t D = o.hidden_size(), H = o.num_heads();
+  const std::int64_t key_dim = expanded_width(layer, "expand_k", D, o.expand_k(), H);
+  const std::int64_t value_dim = expanded_width(layer, "expand_v", D, o.expand_v(), H);
+  head_k = key_dim / H, head_v = value_dim / H;
+  check_positive(layer, "gate_low_rank_dim", o.gate_low_rank_dim());
+  check_option(o.gate_logit_normalizer() > 0, layer, "gate_logit_normalizer", "a positive number",
+               std::to_string(o.gate_logit_normalizer()));
+  check_positive(layer, "chunk_size", o.chunk_size());
+  if (o.use_short_conv()) check_positive(layer, "conv_size", o.conv_size());
+  check_rotation(layer, o.pos_encoding(), head_k, o.rope_theta());
+
+  q_proj = register_module("q_proj", linear(D, key_dim, false));
+  k_proj = register_module("k_proj", linear(D, key_dim, false));
+  v_proj = register_module("v_proj", linear(D, value_dim, false));
+  if (o.use_output_gate()) g_proj = register_module("g_proj", linear(D, value_dim, false));
+  const bool tied = o.pos_encoding() != PosEncoding::none && o.tie_gate_pairs();
+  gk_down = register_module("gk_down", linear(D, o.gate_low_rank_dim(), false));
+  gk_up =
+      register_module("gk_up", linear(o.gate_low_rank_dim(), tied ? key_dim / 2 : key_dim, true));
+  if (o.use_short_conv()) {
+    q_conv = register_module("q_conv",
+                             ShortConvolution(ShortConvolutionOptions(key_dim, o.conv_size())));
+    k_conv = register_module("k_conv",
+                             ShortConvolution(ShortConvolutionOptions(key_dim, o.conv_size())));
+    v_conv = register_module("v_conv",
+                             ShortConvolution(ShortConvolutionOptions(value_dim, o.conv_size())));
+  }
+  o_norm_weight = register_parameter("o_norm_weight", ones_parameter(head_v));
+  o_proj = register_module("o_proj", linear(value_dim, D, false));
+  rope = make_rope(*this, o.pos_encoding(), o.selective_rope(), D, H, head_k);
+}
+
+at::Tensor GatedLinearAttentionImpl::forget_gates(const at::Tensor& x) {
+  const auto& o = options;
+  check_input("GatedLinearAttention", x, o.hidden_size());
+  check_dtype_matches("GatedLinearAttention", x, q_proj->weight);
+  const std::int64_t B = x.size(0), T = x.size(1), H = o.num_heads();
+  const at::Tensor g =
+      at::log_sigmoid(gk_up->forward(gk_down->forward(x))) / o.gate_logit_normalizer();
+  const bool tied = o.pos_encoding() != PosEncoding::none && o.tie_gate_pairs();
+  if (!tied) return g.reshape({B, T, H, head_k});
+  // One decay per rotation pair, copied onto both channels of the pair: pairs are (i, i + K/2)
+  // in the half-split layout and (2i, 2i + 1) interleaved (phasor/common.h).
+  const at::Tensor gh = g.reshape({B, T, H, head_k / 2});
+  if (o.rotary_layout() == RotaryLayout::half_split) return at::cat({gh, gh}, -1);
+  return gh.unsqueeze(-1).expand({B, T, H, head_k / 2, 2}).reshape({B, T, H, head_k});
+}
+
+at::Tensor GatedLinearAttentionImpl::forward(const at::Tensor& x, LayerCache* cache) {
+  const auto& o = options;
+  check_input("GatedLinearAttention", x, o.hidden_size());
+  check_dtype_matches("GatedLinearAttention", x, q_proj->weight);
+  const std::int64_t B = x.size(0), T = x.size(1), H = o.num_heads();
+  at::Tensor q = q_proj->forward(x), k = k_proj->forward(x), v = v_proj->forward(x);
+  if (o.use_short_conv()) {
+    q = q_conv->forward(q, cache ? &cache->q_conv : nullptr);
+    k = k_conv->forward(k, cache ? &cache->k_conv : nullptr);
+    v = v_conv->forward(v, cache ? &cache->v_conv : nullptr);
+  }
+  q = q.reshape({B, T, H, head_k}), k = k.reshape({B, T, H, head_k});
+  v = v.reshape({B, T, H, head_v});
+  const at::Tensor g = forget_gates(x);
+  at::Tensor theta = position_angles(o.pos_encoding(), rope, o.rope_theta(), x, H, head_k, cache);
+  theta = unfused_rotation(o.fused_rotation(), theta, q, k, o.rotary_layout());
+
+  c10::optional<at::Tensor> h0;
+  if (cache && cache->state.defined()) h0 = cache->state;
+  // Decoding one token: the recurrent kernel (fla's fused_recurrent_gla in generation).
+  const Impl impl = cache && T == 1 ? Impl::recurrent : o.impl();
+  auto [out, ht] = phasor::gla(q, k, v, g, impl, c10::nullopt, h0, cache != nullptr, c10::nullopt,
+                               o.chunk_size(), optional_of(theta), o.rotary_layout());
+  if (cache) cache->state = *ht, cache->offset += T;
+  at::Tensor y = rms_norm(out, o_norm_weight, o.norm_eps());
+  if (g_proj) y = y * at::silu(g_proj->forward(x).reshape({B, T, H, head_v}));
+  return o_proj->forward(y.reshape({B, T, H * head_v}));
+}
+
+// ---- GatedDeltaNet ------------------------------------------------------------------------------
+
+GatedDeltaNetImpl::GatedDeltaNetImpl(GatedDeltaNetOptions options_) : options(std::move(options_)) {
+  reset();
+}
+
+void GatedDeltaNetImpl::reset() {
+  const char* layer = "GatedDeltaNet";
+  const auto& o = options;
+  check_positive(layer, "hidden_size", o.hidden_size());
+  check_positive(layer, "num_heads", o.num_heads());
+  check_positive(layer, "head_dim", o.head_dim());
+  const std::int64_t D = o.hidden_size(), H = o.num_heads(), K = o.head_dim();
+  num_v_heads = o.num_v_heads().value_or(H);
+  check_option(num_v_heads > 0 && num_v_heads % H == 0, layer, "num_v_heads",
+               "a positive multiple of num_heads = " + std::to_string(H),
+               std::to_string(num_v_heads));
+  head_v = expanded_width(layer, "expand_v", K, o.expand_v(), 1);
+  check_positive(layer, "chunk_size", o.chunk_size());
+  if (o.use_short_conv()) check_positive(layer, "conv_size", o.conv_size());
+  check_rotation(layer, o.pos_encoding(), K, o.rope_theta());
+  const std::int64_t HV = num_v_heads, key_dim = H * K, value_dim = HV * head_v;
+
+  q_proj = register_module("q_proj", linear(D, key_dim, false));
+  k_proj = register_module("k_proj", linear(D, key_dim, false));
+  v_proj = register_module("v_proj", linear(D, value_dim, false));
+  a_proj = register_module("a_proj", linear(D, HV, false));
+  b_proj = register_module("b_proj", linear(D, HV, false));
+  {
+    // fla's init: A ~ U[0, 16]; dt log-uniform in [0.001, 0.1], clamped ≥ 1e-4, and
+    // dt_bias = softplus⁻¹(dt) = dt + log(−expm1(−dt)), so softplus(0 + dt_bias) = dt.
+    torch::NoGradGuard no_grad;
+    A_log = register_parameter("A_log", torch::empty({HV}).uniform_(0, 16).log());
+    const at::Tensor dt = (torch::rand({HV}) * (std::log(0.1) - std::log(0.001)) + std::log(0.001))
+                              .exp()
+                              .clamp_min(1e-4);
+    dt_bias = register_parameter("dt_bias", dt + at::log(-at::expm1(-dt)));
+  }
+  if (o.use_short_conv()) {
+    q_conv = register_module("q_conv",
+                             ShortConvolution(ShortConvolutionOptions(key_dim, o.conv_size())));
+    k_conv = register_module("k_conv",
+                             ShortConvolution(ShortConvolutionOptions(key_dim, o.conv_size())));
+    v_conv = register_module("v_conv",
+                             ShortConvolution(ShortConvolutionOptions(value_dim, o.conv_size())));
+  }
+  if (o.use_gate()) g_proj = register_module("g_proj", linear(D, value_dim, false));
+  o_norm_weight = register_parameter("o_norm_weight", ones_parameter(head_v));
+  o_proj = register_module("o_proj", linear(value_dim, D, false));
+  rope = make_rope(*this, o.pos_encoding(), o.selective_rope(), D, H, K);
+}
+
+at::Tensor GatedDeltaNetImpl::forward(const at::Tensor& x, LayerCache* cache) {
+  const auto& o = options;
+  check_input("GatedDeltaNet", x, o.hidden_size());
+  check_dtype_matches("GatedDeltaNet", x, q_proj->weight);
+  const std::int64_t B = x.size(0), T = x.size(1), H = o.num_heads(), K = o.head_dim(),
+                     HV = num_v_heads;
+  at::Tensor q = q_proj->forward(x), k = k_proj->forward(x), v = v_proj->forward(x);
+  if (o.use_short_conv()) {
+    q = q_conv->forward(q, cache ? &cache->q_conv : nullptr);
+    k = k_conv->forward(k, cache ? &cache->k_conv : nullptr);
+    v = v_conv->forward(v, cache ? &cache->v_conv : nullptr);
+  } else {
+    q = at::silu(q), k = at::silu(k), v = at::silu(v);  // as fla without short convolutions
+  }
+  q = q.reshape({B, T, H, K}), k = k.reshape({B, T, H, K}), v = v.reshape({B, T, HV, head_v});
+  at::Tensor beta = at::sigmoid(b_proj->forward(x));
+  if (o.allow_neg_eigval()) beta = beta * 2.0;
+  const at::Tensor g = -A_log.exp() * at::softplus(a_proj->forward(x) + dt_bias);
+  at::Tensor theta = position_angles(o.pos_encoding(), rope, o.rope_theta(), x, H, K, cache);
+  // ℓ2 normalisation in the kernel commutes with the rotation (rotations preserve norms).
+  theta = unfused_rotation(o.fused_rotation(), theta, q, k, o.rotary_layout());
+
+  c10::optional<at::Tensor> h0;
+  if (cache && cache->state.defined()) h0 = cache->state;
+  const Impl impl = cache && T == 1 ? Impl::recurrent : o.impl();
+  auto [out, ht] = phasor::gated_delta_rule(
+      q, k, v, g, beta, impl, c10::nullopt, h0, cache != nullptr, c10::nullopt,
+      /*use_qk_l2norm_in_kernel=*/true, o.chunk_size(), optional_of(theta), o.rotary_layout());
+  if (cache) cache->state = *ht, cache->offset += T;
+  at::Tensor y = rms_norm(out, o_norm_weight, o.norm_eps());
+  if (g_proj) y = y * at::silu(g_proj->forward(x).reshape({B, T, HV, head_v}));
+  return o_proj->forward(y.reshape({B, T, HV * head_v}));
+}
+
+// ---- ForgettingAttention ------------------------------------------------------------------------
+
+ForgettingAttentionImpl::ForgettingAttentionImpl(ForgettingAttentionOptions options_)
+    : options(std::move(options_)) {
+  reset();
+}
+
+void ForgettingAttentionImpl::reset() {
+  const char* layer = "ForgettingAttention";
+  const auto& o = options;
+  check_positive(layer, "hidden_size", o.hidden_size());
+  check_positive(layer, "num_heads", o.num_heads());
+  const std::int64_t D = o.hidden_size(), HQ = o.num_heads();
+  check_option(D % HQ == 0, layer, "hidden_size", "a multiple of num_heads = " + std::to_string(HQ),
+               std::to_string(D));
+  num_kv_heads = o.num_kv_heads().value_or(HQ);
+  check_option(num_kv_heads > 0 && HQ % num_kv_heads == 0, layer, "num_kv_heads",
+               "a positive divisor of num_heads = " + std::to_string(HQ),
+               std::to_string(num_kv_heads));
+  if (o.window_size()) check_positive(layer, "window_size", *o.window_size());
+  check_positive(layer, "block_size", o.block_size());
+  head_dim = D / HQ;
+  check_rotation(layer, o.pos_encoding(), head_dim, o.rope_theta());
+  const std::int64_t H = num_kv_heads, K = head_dim;
+
+  q_proj = register_module("q_proj", linear(D, HQ * K, o.qkv_bias()));
+  k_proj = register_module("k_proj", linear(D, H * K, o.qkv_bias()));
+  v_proj = register_module("v_proj", linear(D, H * K, o.qkv_bias()));
+  f_proj = register_module("f_proj", linear(D, HQ, true));
+  if (o.use_output_gate()) g_proj = register_module("g_proj", linear(D, HQ * K, false));
+  if (o.qk_norm()) {
+    q_norm_weight = register_parameter("q_norm_weight", ones_parameter(K));
+    k_norm_weight = register_parameter("k_norm_weight", ones_parameter(K));
+  }
+  if (o.use_output_norm()) o_norm_weight = register_parameter("o_norm_weight", ones_parameter(K));
+  o_proj = register_module("o_proj", linear(HQ * K, D, false));
+  rope = make_rope(*this, o.pos_encoding(), o.selective_rope(), D, H, K);
+}
+
+at::Tensor ForgettingAttentionImpl::forward(const at::Tensor& x, LayerCache* cache) {
+  const auto& o = options;
+  check_input("ForgettingAttention", x, o.hidden_size());
+  check_dtype_matches("ForgettingAttention", x, q_proj->weight);
+  const std::int64_t B = x.size(0), T = x.size(1), HQ = o.num_heads(), H = num_kv_heads,
+                     K = head_dim;
+  at::Tensor q = q_proj->forward(x).reshape({B, T, HQ, K});
+  at::Tensor k = k_proj->forward(x).reshape({B, T, H, K});
+  const at::Tensor v = v_proj->forward(x).reshape({B, T, H, K});
+  if (o.qk_norm()) {
+    q = rms_norm(q, q_norm_weight, o.norm_eps());
+    k = rms_norm(k, k_norm_weight, o.norm_eps());
+  }
+  const at::Tensor f = at::log_sigmoid(f_proj->forward(x));
+  at::Tensor theta = position_angles(o.pos_encoding(), rope, o.rope_theta(), x, H, K, cache);
+  theta = unfused_rotation(o.fused_rotation(), theta, q, k, o.rotary_layout());
+
+  at::Tensor out;
+  if (cache) {
+    if (!cache->fox)
+      cache->fox =
+          std::make_shared<ForgettingAttnDecoder>(B, HQ, H, K, K, o.window_size(), c10::nullopt);
+    std::vector<at::Tensor> rows;
+    rows.reserve(static_cast<std::size_t>(T));
+    for (std::int64_t t = 0; t < T; ++t) {
+      c10::optional<at::Tensor> theta_t;
+      if (theta.defined()) theta_t = theta.narrow(1, t, 1);
+      rows.push_back(cache->fox->step(q.narrow(1, t, 1), k.narrow(1, t, 1), v.narrow(1, t, 1),
+                                      f.narrow(1, t, 1), theta_t, o.rotary_layout()));
+    }
+    out = at::cat(rows, 1);
+    cache->offset += T;
+  } else {
+    out = phasor::parallel_forgetting_attn(q, k, v, f, c10::nullopt, o.window_size(), c10::nullopt,
+                                           o.block_size(), optional_of(theta), o.rotary_layout());
+  }
+  if (o.use_output_norm()) out = rms_norm(out, o_norm_weight, o.norm_eps());
+  if (g_proj) out = out * at::sigmoid(g_proj->forward(x).reshape({B, T, HQ, K}));
+  return o_proj->forward(out.reshape({B, T, HQ * K}));
+}
+
+}  // namespace phasor::nn

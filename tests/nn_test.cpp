@@ -1,0 +1,522 @@
+// phasor::nn layers (phasor/nn.h): incremental decoding against the parallel forward for every
+// layer × position encoding, fused against explicit rotation (values and every parameter's
+// gradient), float64 central finite differences of the Selective RoPE phase path (projection →
+// conv → bias → gate → cumsum → rotation, alone and through each layer), the spectra, gate tying,
+// the RoPE limit of Selective RoPE, and option / input errors.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cmath>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "phasor/nn.h"
+#include "phasor/torch.h"
+
+namespace phasor::nn {
+namespace {
+
+const at::TensorOptions f64 = at::TensorOptions().dtype(at::kDouble);
+
+double max_abs_diff(const at::Tensor& a, const at::Tensor& b) {
+  return (a.detach() - b.detach()).abs().max().item<double>();
+}
+
+double abs_max(const at::Tensor& a) {
+  return a.detach().abs().max().item<double>();
+}
+
+std::string name_of(PosEncoding pe) {
+  switch (pe) {
+    case PosEncoding::none:
+      return "none";
+    case PosEncoding::rope:
+      return "rope";
+    case PosEncoding::selective_rope:
+      return "selective_rope";
+  }
+  return "?";
+}
+
+const PosEncoding kAllPos[] = {PosEncoding::none, PosEncoding::rope, PosEncoding::selective_rope};
+
+// Selective RoPE options exercising every part of the phase path.
+SelectiveRoPEOptions full_phase_path(PhaseProjection projection, PhaseGate gate) {
+  return SelectiveRoPEOptions(0, 0, 0)
+      .projection(projection)
+      .rank(3)
+      .gate(gate)
+      .bias(true)
+      .conv_silu(true);
+}
+
+// Decoding: the parallel forward over T tokens against (a) token-by-token decoding from an empty
+// cache and (b) a prefill of `prefill` tokens followed by token-by-token decoding.
+template <typename Layer>
+void expect_decode_matches_parallel(Layer& layer, const at::Tensor& x, std::int64_t prefill,
+                                    const std::string& what) {
+  torch::NoGradGuard no_grad;
+  const at::Tensor y = layer->forward(x);
+  const std::int64_t T = x.size(1);
+  for (const std::int64_t first : {std::int64_t{1}, prefill}) {
+    LayerCache cache;
+    std::vector<at::Tensor> rows{layer->forward(x.narrow(1, 0, first), &cache)};
+    for (std::int64_t t = first; t < T; ++t)
+      rows.push_back(layer->forward(x.narrow(1, t, 1), &cache));
+    EXPECT_EQ(cache.offset, T) << what;
+    const at::Tensor yd = at::cat(rows, 1);
+    EXPECT_LT(max_abs_diff(yd, y), 1e-10 * (1.0 + abs_max(y)))
+        << what << ", first call with " << first << " tokens";
+  }
+}
+
+// Gradients of every parameter of `module` for the loss Σ w ⊙ f(x).
+std::vector<at::Tensor> parameter_grads(torch::nn::Module& module,
+                                        const std::function<at::Tensor()>& f, const at::Tensor& w) {
+  module.zero_grad();
+  (f() * w).sum().backward();
+  std::vector<at::Tensor> grads;
+  for (const auto& p : module.parameters())
+    grads.push_back(p.grad().defined() ? p.grad().clone() : at::zeros_like(p));
+  return grads;
+}
+
+// Fused rotation (θ into the kernel) against apply_rotary + the op without θ: outputs and the
+// gradient of every parameter (which tests the kernels' dθ against apply_rotary's backward).
+template <typename Layer>
+void expect_fused_equals_explicit(Layer& layer, const at::Tensor& x, const std::string& what) {
+  const at::Tensor w = torch::randn({x.size(0), x.size(1), x.size(2)}, f64);
+  layer->options.fused_rotation(true);
+  const at::Tensor y_fused = layer->forward(x);
+  const auto g_fused = parameter_grads(
+      *layer, [&] { return layer->forward(x); }, w);
+  layer->options.fused_rotation(false);
+  const at::Tensor y_explicit = layer->forward(x);
+  const auto g_explicit = parameter_grads(
+      *layer, [&] { return layer->forward(x); }, w);
+  layer->options.fused_rotation(true);
+  EXPECT_LT(max_abs_diff(y_fused, y_explicit), 1e-11) << what;
+  ASSERT_EQ(g_fused.size(), g_explicit.size());
+  for (std::size_t i = 0; i < g_fused.size(); ++i)
+    EXPECT_LT(max_abs_diff(g_fused[i], g_explicit[i]), 1e-10 * (1.0 + abs_max(g_explicit[i])))
+        << what << ", parameter " << i;
+}
+
+// Central differences of L = Σ w ⊙ f() in float64 against autograd for a few entries of every
+// parameter of `phase_module` (the Selective RoPE submodule), f running the whole path.
+void expect_phase_path_gradients(torch::nn::Module& root, torch::nn::Module& phase_module,
+                                 const std::function<at::Tensor()>& f, const at::Tensor& w,
+                                 const std::string& what) {
+  root.zero_grad();
+  (f() * w).sum().backward();
+  const double h = 1e-6;
+  int checked = 0;
+  for (const auto& item : phase_module.named_parameters()) {
+    at::Tensor p = item.value();
+    ASSERT_TRUE(p.grad().defined()) << what << ": no gradient for " << item.key();
+    const at::Tensor grad = p.grad().clone().reshape({-1});
+    at::Tensor flat = p.detach().view({-1});
+    const std::int64_t n = flat.numel();
+    for (const std::int64_t i : {std::int64_t{0}, n / 2, n - 1}) {
+      torch::NoGradGuard no_grad;
+      const double x0 = flat[i].item<double>();
+      flat[i] = x0 + h;
+      const double lp = (f() * w).sum().item<double>();
+      flat[i] = x0 - h;
+      const double lm = (f() * w).sum().item<double>();
+      flat[i] = x0;
+      const double fd = (lp - lm) / (2 * h), ad = grad[i].item<double>();
+      EXPECT_NEAR(ad, fd, 1e-6 * (1.0 + std::abs(fd)))
+          << what << ": " << item.key() << "[" << i << "]";
+      ++checked;
+    }
+  }
+  EXPECT_GE(checked, 9) << what;
+}
+
+// ---- SelectiveRoPE ------------------------------------------------------------------------------
+
+TEST(SelectiveRoPE, SpectraFollowTheirDefinitions) {
+  const std::int64_t K = 16, R = K / 2;
+  const at::Tensor rope = SelectiveRoPEImpl::spectrum_values(Spectrum::rope, K, 500000.0);
+  const at::Tensor tan2 = SelectiveRoPEImpl::spectrum_values(Spectrum::tan2, K, 500000.0);
+  ASSERT_EQ(rope.numel(), R);
+  for (std::int64_t i = 0; i < R; ++i) {
+    EXPECT_NEAR(rope[i].item<double>(), 1.0 / std::pow(500000.0, 2.0 * i / K), 1e-15);
+    const double p = 1.0 - (i + 0.5) / R, p0 = 1.0 - 0.5 / R;
+    const double expected = std::pow(std::tan(M_PI * p / 2) / std::tan(M_PI * p0 / 2), 2);
+    EXPECT_NEAR(tan2[i].item<double>(), expected, 1e-15);
+    if (i > 0) {
+      EXPECT_LT(tan2[i].item<double>(), tan2[i - 1].item<double>());
+    }
+    // tan(πp/2)·tan(π(1 − p)/2) = 1: the spectrum is log-symmetric about its middle.
+    EXPECT_NEAR(tan2[i].item<double>() * tan2[R - 1 - i].item<double>(), tan2[R - 1].item<double>(),
+                1e-15);
+  }
+  EXPECT_DOUBLE_EQ(tan2[0].item<double>(), 1.0);
+}
+
+TEST(SelectiveRoPE, ZeroInputPathIsRoPE) {
+  // Projection zero, no gate, b = 0: φ_t = SiLU(0) + exp(0) = 1, so θ_t = ω·(t + 1) — RoPE with
+  // frequencies ω (positions shifted by one, which leaves every relative angle unchanged).
+  torch::manual_seed(1);
+  SelectiveRoPE rope(SelectiveRoPEOptions(8, 2, 6).gate(PhaseGate::none).learnable_omega(false));
+  rope->to(at::kDouble);
+  {
+    torch::NoGradGuard no_grad;
+    rope->up->weight.zero_();
+  }
+  const at::Tensor x = torch::randn({2, 7, 8}, f64);
+  const at::Tensor theta = rope->forward(x);
+  // ω is RoPE's spectrum (stored in the module's initial float32, hence the tolerance).
+  const at::Tensor omega = rope->omega();
+  const at::Tensor angles =
+      phasor::rope_angles(2, 7, 6, 500000.0, /*offset=*/1, c10::nullopt, at::kDouble);
+  EXPECT_LT(max_abs_diff(omega, angles[0][0]), 1e-7);
+  const at::Tensor positions = at::arange(1, 8, f64).reshape({1, 7, 1, 1});
+  EXPECT_LT(max_abs_diff(theta, positions * omega), 1e-13);
+}
+
+TEST(SelectiveRoPE, InputScaleInvariantPerHead) {
+  // The input is ℓ2-normalised per head: scaling each head's group of channels changes nothing.
+  torch::manual_seed(2);
+  SelectiveRoPE rope(SelectiveRoPEOptions(12, 3, 4).gate(PhaseGate::per_channel));
+  rope->to(at::kDouble);
+  const at::Tensor x = torch::randn({1, 5, 12}, f64);
+  const at::Tensor s = at::tensor({0.25, 4.0, 30.0}, f64).repeat_interleave(4);
+  // Up to the 1e-6 inside the norm (relative 1e-6/‖x_h‖² ~ 1e-5 for the 0.25-scaled group).
+  EXPECT_LT(max_abs_diff(rope->forward(x), rope->forward(x * s)), 2e-5);
+  // Scaling the whole input of one head group is invisible, but mixing groups is not.
+  const at::Tensor mixed = at::cat({x.narrow(2, 4, 4), x.narrow(2, 0, 4), x.narrow(2, 8, 4)}, 2);
+  EXPECT_GT(max_abs_diff(rope->forward(x), rope->forward(mixed)), 1e-3);
+}
+
+TEST(SelectiveRoPE, DecodeMatchesParallel) {
+  torch::manual_seed(3);
+  for (const auto projection : {PhaseProjection::low_rank, PhaseProjection::full_rank}) {
+    SelectiveRoPE rope(
+        SelectiveRoPEOptions(8, 2, 6).projection(projection).gate(PhaseGate::per_head));
+    rope->to(at::kDouble);
+    const at::Tensor x = torch::randn({2, 9, 8}, f64);
+    const at::Tensor theta = rope->forward(x);
+    SelectiveRoPECache cache;
+    std::vector<at::Tensor> rows{rope->forward(x.narrow(1, 0, 4), &cache)};
+    for (std::int64_t t = 4; t < 9; ++t) rows.push_back(rope->forward(x.narrow(1, t, 1), &cache));
+    EXPECT_LT(max_abs_diff(at::cat(rows, 1), theta), 1e-12);
+    EXPECT_EQ(cache.conv_state.sizes(), (std::vector<std::int64_t>{2, 6, 3}));
+    EXPECT_EQ(cache.phase.sizes(), (std::vector<std::int64_t>{2, 2, 3}));
+  }
+}
+
+TEST(SelectiveRoPE, PhasePathFiniteDifferences) {
+  // projection → conv (+SiLU) → +exp(b) → ·σ(gate) → cumsum·ω → rotation of a fixed q.
+  torch::manual_seed(4);
+  for (const auto projection : {PhaseProjection::low_rank, PhaseProjection::full_rank})
+    for (const auto gate : {PhaseGate::per_head, PhaseGate::per_channel}) {
+      SelectiveRoPE rope(full_phase_path(projection, gate).hidden_size(8).num_heads(2).head_dim(6));
+      rope->to(at::kDouble);
+      const at::Tensor x = torch::randn({2, 7, 8}, f64), q = torch::randn({2, 7, 2, 6}, f64);
+      const at::Tensor w = torch::randn({2, 7, 2, 6}, f64);
+      expect_phase_path_gradients(
+          *rope, *rope, [&] { return phasor::apply_rotary(q, rope->forward(x)); }, w,
+          "SelectiveRoPE projection " + std::to_string(static_cast<int>(projection)) + " gate " +
+              std::to_string(static_cast<int>(gate)));
+    }
+}
+
+// ---- layers: small float64 configurations -------------------------------------------------------
+
+GatedLinearAttention make_gla(PosEncoding pe, bool tied = true,
+                              RotaryLayout layout = RotaryLayout::half_split) {
+  auto opt = GatedLinearAttentionOptions(12, 2)
+                 .expand_k(1.0)
+                 .expand_v(0.5)
+                 .use_short_conv(true)
+                 .gate_low_rank_dim(4)
+                 .gate_logit_normalizer(2.0)  // strong decays, so the gates matter
+                 .chunk_size(4)
+                 .pos_encoding(pe)
+                 .tie_gate_pairs(tied)
+                 .rotary_layout(layout)
+                 .selective_rope(full_phase_path(PhaseProjection::low_rank, PhaseGate::per_head));
+  GatedLinearAttention layer(opt);
+  layer->to(at::kDouble);
+  return layer;
+}
+
+GatedDeltaNet make_gdn(PosEncoding pe) {
+  auto opt =
+      GatedDeltaNetOptions(12, 2, 6)
+          .num_v_heads(4)
+          .expand_v(1.5)
+          .chunk_size(4)
+          .pos_encoding(pe)
+          .selective_rope(full_phase_path(PhaseProjection::full_rank, PhaseGate::per_channel));
+  GatedDeltaNet layer(opt);
+  layer->to(at::kDouble);
+  return layer;
+}
+
+ForgettingAttention make_fox(PosEncoding pe) {
+  auto opt =
+      ForgettingAttentionOptions(16, 4)
+          .num_kv_heads(2)
+          .qk_norm(true)
+          .use_output_gate(true)
+          .use_output_norm(true)
+          .block_size(4)
+          .pos_encoding(pe)
+          .selective_rope(full_phase_path(PhaseProjection::low_rank, PhaseGate::per_channel));
+  ForgettingAttention layer(opt);
+  layer->to(at::kDouble);
+  return layer;
+}
+
+TEST(GatedLinearAttention, DecodeMatchesParallel) {
+  torch::manual_seed(10);
+  const at::Tensor x = torch::randn({2, 11, 12}, f64);
+  for (const auto pe : kAllPos)
+    for (const bool tied : {true, false}) {
+      auto layer = make_gla(pe, tied);
+      expect_decode_matches_parallel(layer, x, 6, "GLA " + name_of(pe) + (tied ? " tied" : ""));
+    }
+  GatedLinearAttention plain(GatedLinearAttentionOptions(12, 3)
+                                 .use_output_gate(false)
+                                 .impl(Impl::recurrent)
+                                 .pos_encoding(PosEncoding::rope));
+  plain->to(at::kDouble);
+  expect_decode_matches_parallel(plain, x, 4, "GLA recurrent, no output gate, rope");
+}
+
+TEST(Layers, CloneCopiesEverySubmodule) {
+  torch::manual_seed(21);
+  const at::Tensor x = torch::randn({1, 6, 16}, f64);
+  GatedDeltaNet gdn(GatedDeltaNetOptions(16, 2, 4).pos_encoding(PosEncoding::selective_rope));
+  gdn->to(at::kDouble);
+  auto copy = std::dynamic_pointer_cast<GatedDeltaNetImpl>(gdn->clone());
+  ASSERT_TRUE(copy);
+  EXPECT_EQ(copy->parameters().size(), gdn->parameters().size());
+  EXPECT_TRUE(at::equal(copy->forward(x), gdn->forward(x)));
+  {
+    torch::NoGradGuard no_grad;
+    copy->rope->bias.fill_(1.0);  // the copy owns its parameters
+  }
+  EXPECT_GT(max_abs_diff(copy->forward(x), gdn->forward(x)), 1e-6);
+}
+
+TEST(GatedDeltaNet, DecodeMatchesParallel) {
+  torch::manual_seed(11);
+  const at::Tensor x = torch::randn({2, 11, 12}, f64);
+  for (const auto pe : kAllPos) {
+    auto layer = make_gdn(pe);
+    expect_decode_matches_parallel(layer, x, 6, "GDN " + name_of(pe));
+  }
+  // The other branches: SiLU without short convolutions, β ∈ (0, 2), no output gate, and a
+  // fixed tan² spectrum.
+  GatedDeltaNet other(GatedDeltaNetOptions(12, 3, 4)
+                          .expand_v(1.0)
+                          .use_short_conv(false)
+                          .allow_neg_eigval(true)
+                          .use_gate(false)
+                          .chunk_size(4)
+                          .pos_encoding(PosEncoding::selective_rope)
+                          .selective_rope(SelectiveRoPEOptions(0, 0, 0)
+                                              .spectrum(Spectrum::tan2)
+                                              .learnable_omega(false)
+                                              .gate(PhaseGate::none)
+                                              .conv_silu(false)));
+  other->to(at::kDouble);
+  EXPECT_EQ(other->rope->omega().dim(), 1);
+  expect_decode_matches_parallel(other, x, 5, "GDN without convs / gate, tan2");
+}
+
+TEST(ForgettingAttention, DecodeMatchesParallel) {
+  torch::manual_seed(12);
+  const at::Tensor x = torch::randn({2, 11, 16}, f64);
+  for (const auto pe : kAllPos) {
+    auto layer = make_fox(pe);
+    expect_decode_matches_parallel(layer, x, 6, "FoX " + name_of(pe));
+  }
+  auto windowed = ForgettingAttention(
+      ForgettingAttentionOptions(16, 2).window_size(3).pos_encoding(PosEncoding::selective_rope));
+  windowed->to(at::kDouble);
+  expect_decode_matches_parallel(windowed, x, 5, "FoX window 3");
+}
+
+TEST(GatedLinearAttention, FusedRotationEqualsExplicit) {
+  torch::manual_seed(13);
+  const at::Tensor x = torch::randn({2, 9, 12}, f64);
+  for (const auto pe : {PosEncoding::rope, PosEncoding::selective_rope})
+    for (const auto layout : {RotaryLayout::half_split, RotaryLayout::interleaved}) {
+      auto layer = make_gla(pe, true, layout);
+      expect_fused_equals_explicit(layer, x, "GLA " + name_of(pe) + " " + to_string(layout));
+    }
+}
+
+TEST(GatedDeltaNet, FusedRotationEqualsExplicit) {
+  torch::manual_seed(14);
+  const at::Tensor x = torch::randn({2, 9, 12}, f64);
+  for (const auto pe : {PosEncoding::rope, PosEncoding::selective_rope}) {
+    auto layer = make_gdn(pe);
+    expect_fused_equals_explicit(layer, x, "GDN " + name_of(pe));
+  }
+}
+
+TEST(ForgettingAttention, FusedRotationEqualsExplicit) {
+  torch::manual_seed(15);
+  const at::Tensor x = torch::randn({2, 9, 16}, f64);
+  for (const auto pe : {PosEncoding::rope, PosEncoding::selective_rope}) {
+    auto layer = make_fox(pe);
+    expect_fused_equals_explicit(layer, x, "FoX " + name_of(pe));
+  }
+}
+
+TEST(GatedLinearAttention, PhasePathFiniteDifferences) {
+  torch::manual_seed(16);
+  const at::Tensor x = torch::randn({2, 9, 12}, f64), w = torch::randn({2, 9, 12}, f64);
+  auto layer = make_gla(PosEncoding::selective_rope);
+  expect_phase_path_gradients(
+      *layer, *layer->rope, [&] { return layer->forward(x); }, w, "GLA");
+}
+
+TEST(GatedDeltaNet, PhasePathFiniteDifferences) {
+  torch::manual_seed(17);
+  const at::Tensor x = torch::randn({2, 9, 12}, f64), w = torch::randn({2, 9, 12}, f64);
+  auto layer = make_gdn(PosEncoding::selective_rope);
+  expect_phase_path_gradients(
+      *layer, *layer->rope, [&] { return layer->forward(x); }, w, "GDN");
+}
+
+TEST(ForgettingAttention, PhasePathFiniteDifferences) {
+  torch::manual_seed(18);
+  const at::Tensor x = torch::randn({2, 9, 16}, f64), w = torch::randn({2, 9, 16}, f64);
+  auto layer = make_fox(PosEncoding::selective_rope);
+  expect_phase_path_gradients(
+      *layer, *layer->rope, [&] { return layer->forward(x); }, w, "FoX");
+}
+
+TEST(GatedLinearAttention, GateTyingAcrossRotationPairs) {
+  torch::manual_seed(19);
+  const at::Tensor x = torch::randn({2, 5, 12}, f64);
+  const std::int64_t K = 6;
+  for (const auto layout : {RotaryLayout::half_split, RotaryLayout::interleaved}) {
+    auto tied = make_gla(PosEncoding::selective_rope, true, layout);
+    EXPECT_EQ(tied->gk_up->weight.size(0), 2 * K / 2);  // H·K/2 gate outputs
+    const at::Tensor g = tied->forget_gates(x);
+    ASSERT_EQ(g.sizes(), (std::vector<std::int64_t>{2, 5, 2, K}));
+    for (std::int64_t i = 0; i < K / 2; ++i) {
+      const std::int64_t a = layout == RotaryLayout::half_split ? i : 2 * i;
+      const std::int64_t b = layout == RotaryLayout::half_split ? i + K / 2 : 2 * i + 1;
+      EXPECT_TRUE(at::equal(g.select(-1, a), g.select(-1, b)))
+          << to_string(layout) << " pair " << i;
+    }
+    EXPECT_LT(g.max().item<double>(), 0.0);
+  }
+  auto untied = make_gla(PosEncoding::selective_rope, false);
+  EXPECT_EQ(untied->gk_up->weight.size(0), 2 * K);
+  const at::Tensor g = untied->forget_gates(x);
+  EXPECT_GT(max_abs_diff(g.narrow(-1, 0, K / 2), g.narrow(-1, K / 2, K / 2)), 1e-3);
+  // Without rotation there are no pairs to tie.
+  EXPECT_EQ(make_gla(PosEncoding::none, true)->gk_up->weight.size(0), 2 * K);
+}
+
+TEST(Layers, FloatParametersRun) {
+  // float32 end to end (the default dtype), with a backward pass.
+  torch::manual_seed(20);
+  GatedLinearAttention gla(
+      GatedLinearAttentionOptions(16, 2).pos_encoding(PosEncoding::selective_rope));
+  const at::Tensor x = torch::randn({1, 70, 16}, at::requires_grad());
+  const at::Tensor y = gla->forward(x);
+  EXPECT_EQ(y.scalar_type(), at::kFloat);
+  EXPECT_EQ(y.sizes(), x.sizes());
+  y.pow(2).sum().backward();
+  EXPECT_TRUE(x.grad().defined());
+  EXPECT_TRUE(at::isfinite(x.grad()).all().item<bool>());
+  EXPECT_TRUE(gla->rope->omega().grad().defined());
+}
+
+// ---- errors -------------------------------------------------------------------------------------
+
+void expect_error(const std::function<void()>& f, const std::vector<std::string>& parts) {
+  try {
+    f();
+    ADD_FAILURE() << "no error; expected one mentioning " << parts.front();
+  } catch (const c10::Error& e) {
+    const std::string msg = e.what_without_backtrace();
+    for (const auto& part : parts) EXPECT_NE(msg.find(part), std::string::npos) << msg;
+  }
+}
+
+TEST(Layers, OptionErrorsNameTheOption) {
+  expect_error([] { GatedLinearAttention(GatedLinearAttentionOptions(16, 0)); },
+               {"GatedLinearAttention", "'num_heads'", "got 0"});
+  expect_error([] { GatedLinearAttention(GatedLinearAttentionOptions(16, 3)); },
+               {"GatedLinearAttention", "'expand_k'", "8"});
+  expect_error(
+      [] {
+        GatedLinearAttention(GatedLinearAttentionOptions(12, 2).expand_k(0.5).pos_encoding(
+            PosEncoding::rope));  // K = 3: odd
+      },
+      {"GatedLinearAttention", "'pos_encoding'", "even", "K = 3"});
+  expect_error([] { GatedDeltaNet(GatedDeltaNetOptions(16, 2, 8).num_v_heads(3)); },
+               {"GatedDeltaNet", "'num_v_heads'", "multiple of num_heads = 2", "got 3"});
+  expect_error([] { GatedDeltaNet(GatedDeltaNetOptions(16, 2, 8).expand_v(0.3)); },
+               {"GatedDeltaNet", "'expand_v'"});
+  expect_error([] { ForgettingAttention(ForgettingAttentionOptions(16, 4).num_kv_heads(3)); },
+               {"ForgettingAttention", "'num_kv_heads'", "divisor", "got 3"});
+  expect_error([] { ForgettingAttention(ForgettingAttentionOptions(18, 4)); },
+               {"ForgettingAttention", "'hidden_size'", "got 18"});
+  expect_error([] { ForgettingAttention(ForgettingAttentionOptions(16, 2).window_size(0)); },
+               {"ForgettingAttention", "'window_size'", "got 0"});
+  expect_error([] { SelectiveRoPE(SelectiveRoPEOptions(8, 2, 5)); },
+               {"SelectiveRoPE", "'head_dim'", "even", "got 5"});
+  expect_error([] { SelectiveRoPE(SelectiveRoPEOptions(9, 2, 4)); },
+               {"SelectiveRoPE", "'hidden_size'", "num_heads = 2", "got 9"});
+  expect_error([] { SelectiveRoPE(SelectiveRoPEOptions(8, 2, 4).rank(0)); },
+               {"SelectiveRoPE", "'rank'", "got 0"});
+  expect_error([] { SelectiveRoPE(SelectiveRoPEOptions(8, 2, 4).spectrum_base(1.0)); },
+               {"SelectiveRoPE", "'spectrum_base'"});
+  expect_error([] { ShortConvolution(ShortConvolutionOptions(8, 0)); },
+               {"ShortConvolution", "'kernel_size'", "got 0"});
+  // The sub-options' sizes are the layer's: an odd K is caught before the submodule is built.
+  expect_error(
+      [] {
+        GatedDeltaNet(GatedDeltaNetOptions(16, 2, 5).pos_encoding(PosEncoding::selective_rope));
+      },
+      {"GatedDeltaNet", "'pos_encoding'", "K = 5"});
+}
+
+TEST(Layers, InputErrorsNameTheArgument) {
+  GatedLinearAttention gla(GatedLinearAttentionOptions(16, 2));
+  expect_error(
+      [&] {
+        gla->forward(torch::randn({2, 5, 15}));
+      },
+      {"GatedLinearAttention", "'x'", "[B, T ≥ 1, 16]", "[2, 5, 15]"});
+  expect_error([&] { gla->forward(torch::randn({5, 16})); }, {"GatedLinearAttention", "'x'"});
+  expect_error(
+      [&] {
+        gla->forward(torch::randn({1, 5, 16}).to(at::kHalf));
+      },
+      {"GatedLinearAttention", "'x'", "float32 or float64"});
+  expect_error(
+      [&] {
+        gla->forward(torch::randn({1, 5, 16}, f64));
+      },
+      {"GatedLinearAttention", "'x'", "expected dtype Float", "module->to", "got Double"});
+  GatedDeltaNet gdn(GatedDeltaNetOptions(16, 2, 8));
+  expect_error([&] { gdn->forward(torch::randn({1, 0, 16})); }, {"GatedDeltaNet", "'x'"});
+  ForgettingAttention fox(ForgettingAttentionOptions(16, 2));
+  fox->to(at::kDouble);
+  expect_error(
+      [&] {
+        fox->forward(torch::randn({1, 3, 16}));
+      },
+      {"ForgettingAttention", "'x'", "expected dtype Double", "got Float"});
+  SelectiveRoPE rope(SelectiveRoPEOptions(8, 2, 4));
+  expect_error([&] { rope->forward(torch::randn({1, 3, 4})); }, {"SelectiveRoPE", "'x'"});
+}
+
+}  // namespace
+}  // namespace phasor::nn
