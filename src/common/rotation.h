@@ -35,7 +35,7 @@ inline void check_theta(const std::string& op, const TensorView& theta, std::int
   check_float_tensor(op, "theta", theta, {{B, "B"}, {T, "T"}, {H, heads}, {K / 2, "K/2"}});
 }
 
-// dtheta, if requested, needs theta and must have its shape.
+// dtheta, if requested, needs theta, must have its shape and must own each of its elements.
 inline void check_dtheta(const std::string& op, const TensorView& dtheta, const TensorView& theta) {
   if (!dtheta.defined()) return;
   if (!theta.defined())
@@ -44,6 +44,14 @@ inline void check_dtheta(const std::string& op, const TensorView& dtheta, const 
   check_output(
       op, "dtheta", dtheta,
       {{theta.size(0), "B"}, {theta.size(1), "T"}, {theta.size(2), "H"}, {theta.size(3), "K/2"}});
+  // Work items write disjoint (sequence, head) blocks of dθ; a zero stride (e.g. angles broadcast
+  // over heads, passed back as the gradient view) would make them race on one element. An empty
+  // view has no element to race on (and contiguous empty views do carry zero strides).
+  if (dtheta.numel() == 0) return;
+  for (int d = 0; d < 4; ++d)
+    if (dtheta.size(d) > 1 && dtheta.stride(d) == 0)
+      fail(op, "dtheta", "a tensor that owns each element (no zero strides)",
+           "stride 0 in dimension " + std::to_string(d) + " of shape " + dtheta.shape_string());
 }
 
 // cos θ and sin θ of a run of tokens of one head, rows = tokens, columns = rotation pairs.

@@ -122,14 +122,6 @@ void gated_delta_rule_backward(const GatedDeltaRuleParams& params, Impl impl, co
     check_state_shaped(op, "dh0", grads.dh0, p);
   }
   detail::check_dtheta(op, grads.dtheta, params.theta);
-  // Work items write disjoint (sequence, q/k head) blocks of dθ; a zero stride (e.g. angles
-  // broadcast over heads, passed back as the gradient view) would make them race on one element.
-  if (grads.dtheta.defined())
-    for (int d = 0; d < 4; ++d)
-      if (grads.dtheta.size(d) > 1 && grads.dtheta.stride(d) == 0)
-        detail::fail(op, "dtheta", "a tensor that owns each element (no zero strides)",
-                     "stride 0 in dimension " + std::to_string(d) + " of shape " +
-                         grads.dtheta.shape_string());
   switch (impl) {
     case Impl::reference:
       detail::gdn::reference_backward(p, d_o, d_final_state, grads);

@@ -22,6 +22,7 @@ std::string op_name(const char* op, Impl impl) {
 // An output must own each of its elements: a zero stride over a dimension of size > 1 would make
 // several results land on the same memory.
 void check_owns_elements(const std::string& op, const std::string& name, const TensorView& x) {
+  if (x.numel() == 0) return;  // nothing to overlap (contiguous empty views have zero strides)
   for (int d = 0; d < x.rank; ++d)
     if (x.size(d) > 1 && x.stride(d) == 0)
       detail::fail(op, name, "an output view without zero (broadcast) strides",
