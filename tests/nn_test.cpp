@@ -344,6 +344,46 @@ TEST(ForgettingAttention, DecodeMatchesParallel) {
   expect_decode_matches_parallel(windowed, x, 5, "FoX window 3");
 }
 
+TEST(ForgettingAttention, WithoutForgetGateIsCausalSoftmaxAttention) {
+  // use_forget_gate(false): f ≡ 0, so o_t = Σ_{s≤t} softmax_s(q_t·k_s / √K) v_s — checked against
+  // that formula in float64 with grouped heads (HQ = 4, H = 2) and T = 11 (not a multiple of the
+  // block size 4), then decoding against the parallel forward for every position encoding.
+  torch::manual_seed(21);
+  const at::Tensor x = torch::randn({2, 11, 16}, f64);
+  ForgettingAttention layer(
+      ForgettingAttentionOptions(16, 4).num_kv_heads(2).block_size(4).use_forget_gate(false));
+  layer->to(at::kDouble);
+  EXPECT_FALSE(layer->f_proj);
+  for (const auto& p : layer->named_parameters())
+    EXPECT_EQ(p.key().find("f_proj"), std::string::npos);
+  const std::int64_t B = 2, T = 11, HQ = 4, H = 2, K = 4;
+  const at::Tensor q = layer->q_proj->forward(x).reshape({B, T, HQ, K}).transpose(1, 2);
+  const at::Tensor k =
+      layer->k_proj->forward(x).reshape({B, T, H, K}).transpose(1, 2).repeat_interleave(HQ / H, 1);
+  const at::Tensor v =
+      layer->v_proj->forward(x).reshape({B, T, H, K}).transpose(1, 2).repeat_interleave(HQ / H, 1);
+  const at::Tensor mask = torch::ones({T, T}, at::kBool).triu(1);
+  const at::Tensor scores =
+      (q.matmul(k.transpose(-1, -2)) / std::sqrt(double(K))).masked_fill(mask, -INFINITY);
+  const at::Tensor o = scores.softmax(-1).matmul(v).transpose(1, 2).reshape({B, T, HQ * K});
+  const at::Tensor expected = layer->o_proj->forward(o);
+  EXPECT_LT(max_abs_diff(layer->forward(x), expected), 1e-12);
+  // A forget gate changes the output (the test would notice a gate left in by mistake).
+  ForgettingAttention gated(ForgettingAttentionOptions(16, 4).num_kv_heads(2).block_size(4));
+  gated->to(at::kDouble);
+  gated->q_proj->weight.data().copy_(layer->q_proj->weight);
+  gated->k_proj->weight.data().copy_(layer->k_proj->weight);
+  gated->v_proj->weight.data().copy_(layer->v_proj->weight);
+  gated->o_proj->weight.data().copy_(layer->o_proj->weight);
+  EXPECT_GT(max_abs_diff(gated->forward(x), expected), 1e-3);
+  for (const auto pe : kAllPos) {
+    ForgettingAttention control(
+        ForgettingAttentionOptions(16, 2).use_forget_gate(false).block_size(4).pos_encoding(pe));
+    control->to(at::kDouble);
+    expect_decode_matches_parallel(control, x, 6, "softmax attention " + name_of(pe));
+  }
+}
+
 TEST(GatedLinearAttention, FusedRotationEqualsExplicit) {
   torch::manual_seed(13);
   const at::Tensor x = torch::randn({2, 9, 12}, f64);

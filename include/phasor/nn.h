@@ -289,7 +289,8 @@ TORCH_MODULE(GatedDeltaNet);
 // ---- ForgettingAttention ------------------------------------------------------------------------
 // fla's FoX layer (HQ query heads, H key/value heads, head width K = hidden / HQ):
 //   q, k, v = W x (bias with qkv_bias), optionally RMSNorm(q), RMSNorm(k) per head (qk_norm),
-//   f    = logsigmoid(W_f x + b_f)  per query head,
+//   f    = logsigmoid(W_f x + b_f)  per query head (f ≡ 0 without use_forget_gate: plain causal
+//          softmax attention, the control arm of the synthetic tasks; no W_f then),
 //   o    = softmax attention with the forget-gate bias Σ f (parallel_forgetting_attn), q, k
 //          rotated by θ (pos_encoding; θ per key head, shared by its query group),
 //   o    = RMSNorm(o) per head (use_output_norm), o ⊙ σ(W_g x) (use_output_gate),
@@ -301,8 +302,9 @@ struct ForgettingAttentionOptions {
   TORCH_ARG(std::int64_t, hidden_size);                                 // a multiple of num_heads
   TORCH_ARG(std::int64_t, num_heads);                                   // HQ
   TORCH_ARG(c10::optional<std::int64_t>, num_kv_heads) = c10::nullopt;  // H, default HQ
-  TORCH_ARG(bool, qkv_bias) = false;                                    // biases in W_q, W_k, W_v
-  TORCH_ARG(bool, qk_norm) = false;  // RMSNorm of q and k per head (weights [K])
+  TORCH_ARG(bool, use_forget_gate) = true;  // false: f ≡ 0 (softmax attention), no f_proj
+  TORCH_ARG(bool, qkv_bias) = false;        // biases in W_q, W_k, W_v
+  TORCH_ARG(bool, qk_norm) = false;         // RMSNorm of q and k per head (weights [K])
   // Attend to the last window_size tokens (≥ 1); default the whole causal prefix.
   TORCH_ARG(c10::optional<std::int64_t>, window_size) = c10::nullopt;
   TORCH_ARG(bool, use_output_gate) = false;                  // σ(W_g x) output gate

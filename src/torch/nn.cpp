@@ -476,7 +476,7 @@ void ForgettingAttentionImpl::reset() {
   q_proj = register_module("q_proj", linear(D, HQ * K, o.qkv_bias()));
   k_proj = register_module("k_proj", linear(D, H * K, o.qkv_bias()));
   v_proj = register_module("v_proj", linear(D, H * K, o.qkv_bias()));
-  f_proj = register_module("f_proj", linear(D, HQ, true));
+  if (o.use_forget_gate()) f_proj = register_module("f_proj", linear(D, HQ, true));
   if (o.use_output_gate()) g_proj = register_module("g_proj", linear(D, HQ * K, false));
   if (o.qk_norm()) {
     q_norm_weight = register_parameter("q_norm_weight", ones_parameter(K));
@@ -500,7 +500,10 @@ at::Tensor ForgettingAttentionImpl::forward(const at::Tensor& x, LayerCache* cac
     q = rms_norm(q, q_norm_weight, o.norm_eps());
     k = rms_norm(k, k_norm_weight, o.norm_eps());
   }
-  const at::Tensor f = at::log_sigmoid(f_proj->forward(x));
+  // Without the forget gate every log gate is 0: the bias Σ f vanishes and the op is plain
+  // causal softmax attention (same kernels, so the control arm differs only by the gate).
+  const at::Tensor f =
+      f_proj ? at::log_sigmoid(f_proj->forward(x)) : at::zeros({B, T, HQ}, x.options());
   at::Tensor theta = position_angles(o.pos_encoding(), rope, o.rope_theta(), x, H, K, cache);
   theta = unfused_rotation(o.fused_rotation(), theta, q, k, o.rotary_layout());
 
