@@ -1,0 +1,168 @@
+// phasor::tasks — training of the task harness's LanguageModel: AdamW with linear warmup and
+// cosine decay, gradient clipping, periodic evaluation with early stopping, a progress line,
+// checkpoints with exact resume, and a learning-rate × seed grid.
+//
+//   namespace pt = phasor::tasks;
+//   pt::TrainConfig tc;  tc.steps = 2000; tc.lr = 1e-3; tc.seed = 1; tc.target_accuracy = 0.99;
+//   tc.checkpoint_path = "run.ckpt"; tc.checkpoint_every = 200;
+//   pt::BatchFn data = pt::make_batch_stream(
+//       [cfg](std::int64_t n, std::uint64_t seed) { return pt::mqar(cfg, n, seed); },
+//       tc.batch_size, tc.seed);
+//   pt::Batch held_out = pt::mqar(cfg, 256, pt::batch_seed(tc.seed, -1));
+//   pt::EvalFn eval = [&](pt::LanguageModel& m) { return pt::evaluate(m, held_out); };
+//   torch::manual_seed(tc.seed);
+//   pt::LanguageModel model(model_config);
+//   pt::TrainResult r = pt::train(model, tc, data, eval, pt::stderr_progress());
+//
+// Determinism. Training batch i is data(i), a pure function of (seed, i) (make_batch_stream
+// derives the generator's seed with batch_seed); the parameters come from torch's generator,
+// seeded by the caller before building the model; the phasor kernels give the same bits for any
+// thread count, and ATen's CPU ops are deterministic for a fixed number of threads (fix it with
+// at::set_num_threads). So a run is a function of (configs, seed) on a given machine and thread
+// count, and resuming from a checkpoint continues it bit for bit: the checkpoint holds the
+// parameters and buffers, the AdamW state, the step (= the data stream position), torch's
+// generator state and the history of losses and evaluations.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "phasor/tasks/data.h"
+#include "phasor/tasks/model.h"
+
+namespace phasor::tasks {
+
+struct TrainConfig {
+  std::int64_t steps = 1000;  // total optimizer steps (the schedule's length)
+  std::int64_t batch_size = 32;
+  double lr = 1e-3;           // peak learning rate
+  double weight_decay = 0.1;  // AdamW decoupled decay, on matrices only (see train.cpp)
+  double beta1 = 0.9, beta2 = 0.98, adam_eps = 1e-8;
+  // Linear warmup over warmup_steps (if ≥ 0) or else warmup_fraction · steps, then cosine decay
+  // from lr to min_lr_ratio · lr at the last step.
+  std::int64_t warmup_steps = -1;
+  double warmup_fraction = 0.1;
+  double min_lr_ratio = 0.1;
+  double grad_clip = 1.0;         // max global ℓ2 norm of the gradient; 0 disables clipping
+  std::uint64_t seed = 0;         // data stream seed (and the default model seed of lr_grid)
+  std::int64_t eval_every = 100;  // evaluate every n steps and at the end (0: only at the end)
+  // Stop after an evaluation whose metric reaches target_accuracy (≤ 0: never stop early).
+  double target_accuracy = 0.0;
+  std::string target_metric = "token";  // "token" | "sequence" accuracy
+  std::int64_t log_every = 10;          // progress every n steps (0: never)
+  std::int64_t checkpoint_every = 0;    // save every n steps (0: never; also saved at the end
+                                        // whenever checkpoint_path is set)
+  std::string checkpoint_path;          // where checkpoints are written (atomically)
+  std::string resume_from;              // a checkpoint to continue from (must exist)
+  // Stop after this step as if interrupted (0: run to `steps`); the schedule still spans `steps`.
+  // For time-sliced runs, and for the resume test.
+  std::int64_t stop_at_step = 0;
+};
+void to_json(nlohmann::json& j, const TrainConfig& config);
+void from_json(const nlohmann::json& j, TrainConfig& config);  // throws phasor::Error
+void validate(const TrainConfig& config);
+// The learning rate of step s ∈ [1, steps] (the s-th optimizer update):
+//   warmup W: lr · s / W for s ≤ W;
+//   then lr · (m + (1 − m) · ½ (1 + cos(π (s − W) / (steps − W)))), m = min_lr_ratio,
+// which is lr right after warmup and m · lr at s = steps.
+double learning_rate(const TrainConfig& config, std::int64_t step);
+
+// ---- data ---------------------------------------------------------------------------------------
+// The training batch of a step (steps count from 1); must depend on the step only.
+using BatchFn = std::function<Batch(std::int64_t step)>;
+// A generator seed for (seed, step): splitmix64 of both, so nearby seeds/steps give unrelated
+// streams. Step −1 (or any negative) is free for held-out data.
+std::uint64_t batch_seed(std::uint64_t seed, std::int64_t step);
+// step ↦ generate(batch_size, batch_seed(seed, step)).
+BatchFn make_batch_stream(std::function<Batch(std::int64_t batch, std::uint64_t seed)> generate,
+                          std::int64_t batch_size, std::uint64_t seed);
+// inputs / targets of a Batch as int64 tensors [rows, cols].
+at::Tensor inputs_tensor(const Batch& batch);
+at::Tensor targets_tensor(const Batch& batch);
+
+// ---- evaluation ---------------------------------------------------------------------------------
+struct EvalResult {
+  double loss = std::numeric_limits<double>::quiet_NaN();  // mean cross-entropy, scored tokens
+  Metrics metrics;  // token / sequence accuracy of the argmax predictions (tasks::evaluate)
+};
+// Teacher-forced evaluation in eval mode without gradients, on batch.rows rows at once.
+EvalResult evaluate(LanguageModel& model, const Batch& batch);
+using EvalFn = std::function<EvalResult(LanguageModel& model)>;
+
+// ---- progress -----------------------------------------------------------------------------------
+struct ProgressInfo {
+  std::int64_t step = 0, total_steps = 0;
+  double loss = 0.0;            // this step's training loss
+  double lr = 0.0;              // this step's learning rate
+  double train_accuracy = 0.0;  // token accuracy on this step's batch
+  double eval_accuracy = std::numeric_limits<double>::quiet_NaN();  // last evaluation, if any
+  double tokens_per_s = 0.0;  // training tokens (B·T) per second in this run so far
+  double elapsed_s = 0.0, eta_s = 0.0;
+  bool final = false;  // the last report of the run
+};
+using ProgressFn = std::function<void(const ProgressInfo&)>;
+// "step 120/1000  loss 2.3104  acc 0.412  eval 0.388  lr 9.5e-04  12.3k tok/s  ETA 1m12s".
+std::string format_progress(const ProgressInfo& info, const std::string& label = "");
+// Writes format_progress to stderr: overwriting one line with '\r' when stderr is a terminal,
+// one line per report otherwise.
+ProgressFn stderr_progress(const std::string& label = "");
+
+// ---- training -----------------------------------------------------------------------------------
+struct EvalRecord {
+  std::int64_t step = 0;
+  double loss = 0.0, token_accuracy = 0.0, sequence_accuracy = 0.0;
+};
+struct TrainResult {
+  std::int64_t final_step = 0;           // last completed step
+  std::vector<double> losses;            // training loss of steps 1 … final_step
+  std::vector<double> train_accuracies;  // token accuracy on each step's batch
+  std::vector<EvalRecord> evals;
+  bool stopped_early = false;  // target_accuracy reached
+  bool diverged = false;       // a non-finite loss stopped the run
+  double wall_time_s = 0.0;    // of this call (not of earlier, resumed-from runs)
+  double tokens_per_s = 0.0;   // training tokens per second of this call
+  // The metric the target is about (target_metric): of the last evaluation, else the last
+  // training batch's token accuracy; and the best over the evaluations.
+  double final_accuracy = 0.0, best_accuracy = 0.0;
+};
+// Trains `model` (already built, e.g. after torch::manual_seed) for config.steps steps, or until
+// early stopping / divergence / stop_at_step. With resume_from, the model's parameters, the
+// optimizer, the step and the history come from that checkpoint (its model config must equal
+// model->config(), its training trajectory settings must equal config's).
+TrainResult train(LanguageModel& model, const TrainConfig& config, const BatchFn& data,
+                  const EvalFn& eval = {}, const ProgressFn& progress = {});
+
+// ---- checkpoints --------------------------------------------------------------------------------
+// The model config stored in a checkpoint, and the model rebuilt from it with its parameters.
+// Missing / unreadable / non-phasor files raise phasor::Error naming the path and the problem.
+ModelConfig checkpoint_model_config(const std::string& path);
+std::int64_t checkpoint_step(const std::string& path);
+LanguageModel load_model(const std::string& path);
+
+// ---- learning-rate grid -------------------------------------------------------------------------
+struct GridRun {
+  double lr = 0.0;
+  std::uint64_t seed = 0;
+  TrainResult result;
+};
+struct GridResult {
+  std::vector<GridRun> runs;          // lr-major: every seed of lrs[0], then of lrs[1], …
+  std::vector<double> mean_accuracy;  // per lr: mean final_accuracy over the seeds
+  double best_lr = 0.0;               // the lr of the highest mean (first one on ties)
+  std::size_t best_run = 0;           // index in runs of the best single run (highest final
+                                      // accuracy, then lowest last loss)
+};
+// For every lr and seed: torch::manual_seed(seed), build the model, train with config.lr = lr and
+// config.seed = seed on data(seed), evaluated by eval(seed) (may return an empty EvalFn). With a
+// checkpoint_path, each run writes "<path>.lr<lr>.seed<seed>".
+GridResult lr_grid(const ModelConfig& model_config, const TrainConfig& config,
+                   const std::vector<double>& lrs, const std::vector<std::uint64_t>& seeds,
+                   const std::function<BatchFn(std::uint64_t seed)>& data,
+                   const std::function<EvalFn(std::uint64_t seed)>& eval = {},
+                   const ProgressFn& progress = {});
+
+}  // namespace phasor::tasks

@@ -1,0 +1,519 @@
+// The language model of the task harness (phasor/tasks/model.h): configs, the mixer and
+// position-encoding registries, and the pre-norm stack.
+#include "phasor/tasks/model.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <sstream>
+#include <utility>
+
+#include "common/check.h"
+
+namespace phasor::tasks {
+
+using phasor::detail::fail;
+
+namespace {
+
+std::string quoted(const std::string& s) {
+  return "'" + s + "'";
+}
+
+std::string join(const std::vector<std::string>& names) {
+  std::string out;
+  for (const auto& n : names) out += (out.empty() ? "" : ", ") + n;
+  return out;
+}
+
+// RMSNorm over the last dimension: x / sqrt(mean(x²) + eps) · weight (as in phasor::nn).
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  return x * at::rsqrt(x.pow(2).mean(-1, /*keepdim=*/true) + eps) * weight;
+}
+
+// ---- option parsing helpers for the built-in factories ------------------------------------------
+
+nn::PhaseProjection projection_from(const std::string& op, const std::string& s) {
+  if (s == "low_rank") return nn::PhaseProjection::low_rank;
+  if (s == "full_rank") return nn::PhaseProjection::full_rank;
+  fail(op, "projection", "'low_rank' or 'full_rank'", quoted(s));
+}
+
+nn::PhaseGate gate_from(const std::string& op, const std::string& s) {
+  if (s == "none") return nn::PhaseGate::none;
+  if (s == "per_head") return nn::PhaseGate::per_head;
+  if (s == "per_channel") return nn::PhaseGate::per_channel;
+  fail(op, "gate", "'none', 'per_head' or 'per_channel'", quoted(s));
+}
+
+nn::Spectrum spectrum_from(const std::string& op, const std::string& s) {
+  if (s == "rope") return nn::Spectrum::rope;
+  if (s == "tan2") return nn::Spectrum::tan2;
+  fail(op, "spectrum", "'rope' or 'tan2'", quoted(s));
+}
+
+RotaryLayout layout_from(const std::string& op, const std::string& s) {
+  if (s == "half_split") return RotaryLayout::half_split;
+  if (s == "interleaved") return RotaryLayout::interleaved;
+  fail(op, "rotary_layout", "'half_split' or 'interleaved'", quoted(s));
+}
+
+Impl impl_from(const std::string& op, const std::string& s) {
+  if (s == "chunk") return Impl::chunk;
+  if (s == "recurrent") return Impl::recurrent;
+  fail(op, "impl", "'chunk' or 'recurrent'", quoted(s));
+}
+
+// Layer construction errors of phasor::nn are c10::Error; turn them into phasor::Error so that
+// every configuration problem reaches the caller as one exception type.
+template <class F>
+auto build_layer(const std::string& op, F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const c10::Error& e) {
+    throw Error(op + ": invalid layer options: " + e.what_without_backtrace());
+  }
+}
+
+// ---- built-in position encodings ----------------------------------------------------------------
+
+PositionEncoding no_position(const ModelConfig& c) {
+  OptionReader r(c.pos_options, "pos_encoding 'none'");
+  r.finish();
+  return {"none", nn::PosEncoding::none, 10000.0, nn::SelectiveRoPEOptions(0, 0, 0)};
+}
+
+PositionEncoding rope_position(const ModelConfig& c) {
+  OptionReader r(c.pos_options, "pos_encoding 'rope'");
+  PositionEncoding p{"rope", nn::PosEncoding::rope, 10000.0, nn::SelectiveRoPEOptions(0, 0, 0)};
+  p.rope_theta = r.number("rope_theta", p.rope_theta);
+  r.finish();
+  return p;
+}
+
+PositionEncoding selective_rope_position(const ModelConfig& c) {
+  const std::string op = "pos_encoding 'selective_rope'";
+  OptionReader r(c.pos_options, op);
+  PositionEncoding p{"selective_rope", nn::PosEncoding::selective_rope, 10000.0,
+                     nn::SelectiveRoPEOptions(0, 0, 0)};
+  auto& s = p.selective_rope;
+  s.projection(projection_from(op, r.string("projection", "low_rank")));
+  s.rank(r.integer("rank", s.rank()));
+  s.conv_size(r.integer("conv_size", s.conv_size()));
+  s.conv_silu(r.boolean("conv_silu", s.conv_silu()));
+  s.bias(r.boolean("bias", s.bias()));
+  s.gate(gate_from(op, r.string("gate", "per_head")));
+  s.spectrum(spectrum_from(op, r.string("spectrum", "rope")));
+  s.spectrum_base(r.number("spectrum_base", s.spectrum_base()));
+  s.learnable_omega(r.boolean("learnable_omega", s.learnable_omega()));
+  r.finish();
+  return p;
+}
+
+// ---- built-in mixers ----------------------------------------------------------------------------
+
+template <class Layer>
+Mixer wrap(Layer layer) {
+  Mixer m;
+  m.module = layer.ptr();
+  m.forward = [impl = layer.ptr()](const at::Tensor& x) { return impl->forward(x); };
+  return m;
+}
+
+Mixer gla_mixer(const ModelConfig& c, const PositionEncoding& pe) {
+  const std::string op = "mixer 'gla'";
+  OptionReader r(c.mixer_options, op);
+  auto o = nn::GatedLinearAttentionOptions(c.hidden_size, c.num_heads);
+  o.expand_k(r.number("expand_k", o.expand_k()));
+  o.expand_v(r.number("expand_v", o.expand_v()));
+  o.use_short_conv(r.boolean("use_short_conv", o.use_short_conv()));
+  o.conv_size(r.integer("conv_size", o.conv_size()));
+  o.use_output_gate(r.boolean("use_output_gate", o.use_output_gate()));
+  o.gate_low_rank_dim(r.integer("gate_low_rank_dim", o.gate_low_rank_dim()));
+  o.gate_logit_normalizer(r.number("gate_logit_normalizer", o.gate_logit_normalizer()));
+  o.chunk_size(r.integer("chunk_size", o.chunk_size()));
+  o.tie_gate_pairs(r.boolean("tie_gate_pairs", o.tie_gate_pairs()));
+  o.impl(impl_from(op, r.string("impl", "chunk")));
+  o.fused_rotation(r.boolean("fused_rotation", o.fused_rotation()));
+  o.rotary_layout(layout_from(op, r.string("rotary_layout", "half_split")));
+  r.finish();
+  o.norm_eps(c.norm_eps).pos_encoding(pe.kind).rope_theta(pe.rope_theta);
+  o.selective_rope(pe.selective_rope);
+  return wrap(build_layer(op, [&] { return nn::GatedLinearAttention(o); }));
+}
+
+Mixer gated_deltanet_mixer(const ModelConfig& c, const PositionEncoding& pe) {
+  const std::string op = "mixer 'gated_deltanet'";
+  OptionReader r(c.mixer_options, op);
+  const std::int64_t head_dim =
+      r.integer("head_dim", c.num_heads > 0 ? c.hidden_size / c.num_heads : 0);
+  auto o = nn::GatedDeltaNetOptions(c.hidden_size, c.num_heads, head_dim);
+  if (r.has("num_v_heads")) o.num_v_heads(r.integer("num_v_heads", 0));
+  o.expand_v(r.number("expand_v", o.expand_v()));
+  o.use_short_conv(r.boolean("use_short_conv", o.use_short_conv()));
+  o.conv_size(r.integer("conv_size", o.conv_size()));
+  o.use_gate(r.boolean("use_gate", o.use_gate()));
+  o.chunk_size(r.integer("chunk_size", o.chunk_size()));
+  o.impl(impl_from(op, r.string("impl", "chunk")));
+  o.fused_rotation(r.boolean("fused_rotation", o.fused_rotation()));
+  o.rotary_layout(layout_from(op, r.string("rotary_layout", "half_split")));
+  r.finish();
+  // β = σ(·) ∈ (0, 1), or 2σ(·) ∈ (0, 2) (allow_neg_eigval: the transition I − βkkᵀ may then
+  // have the negative eigenvalue 1 − β, which state tracking needs; Grazzi et al. 2024).
+  o.allow_neg_eigval(c.beta_range == 2);
+  o.norm_eps(c.norm_eps).pos_encoding(pe.kind).rope_theta(pe.rope_theta);
+  o.selective_rope(pe.selective_rope);
+  return wrap(build_layer(op, [&] { return nn::GatedDeltaNet(o); }));
+}
+
+Mixer attention_mixer(const ModelConfig& c, const PositionEncoding& pe, bool forget_gate) {
+  const std::string op = forget_gate ? "mixer 'fox'" : "mixer 'attention'";
+  OptionReader r(c.mixer_options, op);
+  auto o = nn::ForgettingAttentionOptions(c.hidden_size, c.num_heads);
+  if (r.has("num_kv_heads")) o.num_kv_heads(r.integer("num_kv_heads", 0));
+  o.qk_norm(r.boolean("qk_norm", o.qk_norm()));
+  o.qkv_bias(r.boolean("qkv_bias", o.qkv_bias()));
+  if (r.has("window_size")) o.window_size(r.integer("window_size", 0));
+  o.use_output_gate(r.boolean("use_output_gate", o.use_output_gate()));
+  o.use_output_norm(r.boolean("use_output_norm", o.use_output_norm()));
+  o.block_size(r.integer("block_size", o.block_size()));
+  o.fused_rotation(r.boolean("fused_rotation", o.fused_rotation()));
+  o.rotary_layout(layout_from(op, r.string("rotary_layout", "half_split")));
+  r.finish();
+  o.use_forget_gate(forget_gate);
+  o.norm_eps(c.norm_eps).pos_encoding(pe.kind).rope_theta(pe.rope_theta);
+  o.selective_rope(pe.selective_rope);
+  return wrap(build_layer(op, [&] { return nn::ForgettingAttention(o); }));
+}
+
+// The registries, created with the built-ins on first use (no static-initialisation order issue
+// in a static library), guarded by one mutex.
+struct Registry {
+  std::mutex mutex;
+  std::map<std::string, MixerFactory> mixers;
+  std::map<std::string, PositionEncodingFactory> positions;
+};
+
+Registry& registry() {
+  static Registry* r = [] {
+    auto* reg = new Registry;
+    reg->mixers["gla"] = gla_mixer;
+    reg->mixers["gated_deltanet"] = gated_deltanet_mixer;
+    reg->mixers["fox"] = [](const ModelConfig& c, const PositionEncoding& pe) {
+      return attention_mixer(c, pe, true);
+    };
+    reg->mixers["attention"] = [](const ModelConfig& c, const PositionEncoding& pe) {
+      return attention_mixer(c, pe, false);
+    };
+    reg->positions["none"] = no_position;
+    reg->positions["rope"] = rope_position;
+    reg->positions["selective_rope"] = selective_rope_position;
+    return reg;
+  }();
+  return *r;
+}
+
+template <class Map>
+std::vector<std::string> keys_of(const Map& m) {
+  std::vector<std::string> out;
+  for (const auto& kv : m) out.push_back(kv.first);
+  return out;
+}
+
+// ---- JSON field access with phasor errors
+// --------------------------------------------------------
+
+std::string type_name(const nlohmann::json& v) {
+  return std::string(v.type_name()) + " " + v.dump();
+}
+
+}  // namespace
+
+// ---- OptionReader -------------------------------------------------------------------------------
+
+OptionReader::OptionReader(const nlohmann::json& options, std::string op)
+    : options_(options), op_(std::move(op)) {
+  if (!options_.is_null() && !options_.is_object())
+    fail(op_, "options", "a JSON object", type_name(options_));
+}
+
+bool OptionReader::has(const std::string& key) const {
+  return options_.is_object() && options_.contains(key);
+}
+
+const nlohmann::json* OptionReader::find(const std::string& key, const char* type) {
+  if (!has(key)) return nullptr;
+  used_.insert(key);
+  const nlohmann::json& v = options_.at(key);
+  const std::string t = type;
+  const bool ok = (t == "a number" && v.is_number()) ||
+                  (t == "an integer" && v.is_number_integer()) ||
+                  (t == "a boolean" && v.is_boolean()) || (t == "a string" && v.is_string());
+  if (!ok) fail(op_, key, type, type_name(v));
+  return &v;
+}
+
+double OptionReader::number(const std::string& key, double fallback) {
+  const auto* v = find(key, "a number");
+  return v ? v->get<double>() : fallback;
+}
+std::int64_t OptionReader::integer(const std::string& key, std::int64_t fallback) {
+  const auto* v = find(key, "an integer");
+  return v ? v->get<std::int64_t>() : fallback;
+}
+bool OptionReader::boolean(const std::string& key, bool fallback) {
+  const auto* v = find(key, "a boolean");
+  return v ? v->get<bool>() : fallback;
+}
+std::string OptionReader::string(const std::string& key, const std::string& fallback) {
+  const auto* v = find(key, "a string");
+  return v ? v->get<std::string>() : fallback;
+}
+
+void OptionReader::finish() const {
+  if (!options_.is_object()) return;
+  for (const auto& kv : options_.items())
+    if (!used_.count(kv.key()))
+      fail(op_, kv.key(),
+           "a known option" + (used_.empty() ? std::string(" (this one takes none)") : ""),
+           "an unknown key");
+}
+
+// ---- configs ------------------------------------------------------------------------------------
+
+void to_json(nlohmann::json& j, const ModelConfig& c) {
+  j = nlohmann::json{{"vocab_size", c.vocab_size},
+                     {"hidden_size", c.hidden_size},
+                     {"num_layers", c.num_layers},
+                     {"num_heads", c.num_heads},
+                     {"mixer", c.mixer},
+                     {"pos_encoding", c.pos_encoding},
+                     {"beta_range", c.beta_range},
+                     {"mlp", c.mlp},
+                     {"mlp_activation", c.mlp_activation},
+                     {"mlp_expansion", c.mlp_expansion},
+                     {"norm_eps", c.norm_eps},
+                     {"init_std", c.init_std},
+                     {"dtype", c.dtype},
+                     {"mixer_options", c.mixer_options},
+                     {"pos_options", c.pos_options}};
+}
+
+void from_json(const nlohmann::json& j, ModelConfig& c) {
+  const std::string op = "ModelConfig";
+  if (!j.is_object()) fail(op, "config", "a JSON object", type_name(j));
+  // The two layer-option objects are passed on as they are (their factories check them); every
+  // other key goes through an OptionReader, which rejects unknown keys.
+  nlohmann::json plain = j;
+  ModelConfig out;
+  for (const char* key : {"mixer_options", "pos_options"}) {
+    if (!j.contains(key)) continue;
+    const auto& v = j.at(key);
+    if (!v.is_object()) fail(op, key, "a JSON object", type_name(v));
+    (std::string(key) == "mixer_options" ? out.mixer_options : out.pos_options) = v;
+    plain.erase(key);
+  }
+  OptionReader r(plain, op);
+  out.vocab_size = r.integer("vocab_size", out.vocab_size);
+  out.hidden_size = r.integer("hidden_size", out.hidden_size);
+  out.num_layers = r.integer("num_layers", out.num_layers);
+  out.num_heads = r.integer("num_heads", out.num_heads);
+  out.mixer = r.string("mixer", out.mixer);
+  out.pos_encoding = r.string("pos_encoding", out.pos_encoding);
+  out.beta_range = static_cast<int>(r.integer("beta_range", out.beta_range));
+  out.mlp = r.boolean("mlp", out.mlp);
+  out.mlp_activation = r.string("mlp_activation", out.mlp_activation);
+  out.mlp_expansion = r.integer("mlp_expansion", out.mlp_expansion);
+  out.norm_eps = r.number("norm_eps", out.norm_eps);
+  out.init_std = r.number("init_std", out.init_std);
+  out.dtype = r.string("dtype", out.dtype);
+  r.finish();
+  validate(out);
+  c = std::move(out);
+}
+
+void validate(const ModelConfig& c) {
+  const std::string op = "ModelConfig";
+  auto positive = [&](const char* name, std::int64_t v) {
+    if (v <= 0) fail(op, name, "a positive integer", std::to_string(v));
+  };
+  positive("vocab_size", c.vocab_size);
+  positive("hidden_size", c.hidden_size);
+  positive("num_layers", c.num_layers);
+  positive("num_heads", c.num_heads);
+  if (c.hidden_size % c.num_heads != 0)
+    fail(op, "hidden_size", "a multiple of num_heads = " + std::to_string(c.num_heads),
+         std::to_string(c.hidden_size));
+  {
+    auto& reg = registry();
+    std::lock_guard<std::mutex> lock(reg.mutex);
+    if (!reg.mixers.count(c.mixer))
+      fail(op, "mixer", "one of " + join(keys_of(reg.mixers)), quoted(c.mixer));
+    if (!reg.positions.count(c.pos_encoding))
+      fail(op, "pos_encoding", "one of " + join(keys_of(reg.positions)), quoted(c.pos_encoding));
+  }
+  if (c.beta_range != 1 && c.beta_range != 2)
+    fail(op, "beta_range", "1 (β ∈ (0, 1)) or 2 (β ∈ (0, 2))", std::to_string(c.beta_range));
+  if (c.mlp_activation != "swiglu" && c.mlp_activation != "gelu")
+    fail(op, "mlp_activation", "'swiglu' or 'gelu'", quoted(c.mlp_activation));
+  if (c.mlp) positive("mlp_expansion", c.mlp_expansion);
+  if (!(c.norm_eps > 0.0) || !std::isfinite(c.norm_eps))
+    fail(op, "norm_eps", "a positive finite number", std::to_string(c.norm_eps));
+  if (!(c.init_std > 0.0) || !std::isfinite(c.init_std))
+    fail(op, "init_std", "a positive finite number", std::to_string(c.init_std));
+  if (c.dtype != "float32" && c.dtype != "float64")
+    fail(op, "dtype", "'float32' or 'float64'", quoted(c.dtype));
+  if (!c.mixer_options.is_object())
+    fail(op, "mixer_options", "a JSON object", type_name(c.mixer_options));
+  if (!c.pos_options.is_object())
+    fail(op, "pos_options", "a JSON object", type_name(c.pos_options));
+}
+
+nlohmann::json read_json_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail("read_json_file", "path", "a readable JSON file", quoted(path) + " (cannot open)");
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  try {
+    return nlohmann::json::parse(buffer.str());
+  } catch (const nlohmann::json::parse_error& e) {
+    fail("read_json_file", "path", "a valid JSON file",
+         quoted(path) + " (" + std::string(e.what()) + ")");
+  }
+}
+
+// ---- registries ---------------------------------------------------------------------------------
+
+void register_mixer(const std::string& name, MixerFactory factory) {
+  auto& reg = registry();
+  std::lock_guard<std::mutex> lock(reg.mutex);
+  if (name.empty() || reg.mixers.count(name) || !factory)
+    fail("register_mixer", "name", "a new, non-empty name and a factory", quoted(name));
+  reg.mixers[name] = std::move(factory);
+}
+
+void register_position_encoding(const std::string& name, PositionEncodingFactory factory) {
+  auto& reg = registry();
+  std::lock_guard<std::mutex> lock(reg.mutex);
+  if (name.empty() || reg.positions.count(name) || !factory)
+    fail("register_position_encoding", "name", "a new, non-empty name and a factory", quoted(name));
+  reg.positions[name] = std::move(factory);
+}
+
+std::vector<std::string> mixer_names() {
+  auto& reg = registry();
+  std::lock_guard<std::mutex> lock(reg.mutex);
+  return keys_of(reg.mixers);
+}
+
+std::vector<std::string> position_encoding_names() {
+  auto& reg = registry();
+  std::lock_guard<std::mutex> lock(reg.mutex);
+  return keys_of(reg.positions);
+}
+
+// ---- the model ----------------------------------------------------------------------------------
+
+namespace detail {
+
+// One pre-norm block: x + mixer(RMSNorm(x)), then x + MLP(RMSNorm(x)) when the MLP is on.
+class BlockImpl : public torch::nn::Module {
+ public:
+  BlockImpl(const ModelConfig& c, const PositionEncoding& pe, const MixerFactory& factory)
+      : eps_(c.norm_eps), swiglu_(c.mlp_activation == "swiglu") {
+    const std::int64_t D = c.hidden_size;
+    mixer_norm = register_parameter("mixer_norm_weight", torch::ones({D}));
+    Mixer m = factory(c, pe);
+    if (!m.module || !m.forward)
+      fail("LanguageModel", "mixer", "a factory returning a module and a forward",
+           quoted(c.mixer) + " returned an empty Mixer");
+    mixer_forward_ = std::move(m.forward);
+    register_module("mixer", m.module);
+    if (c.mlp) {
+      const std::int64_t F = c.mlp_expansion * D;
+      mlp_norm = register_parameter("mlp_norm_weight", torch::ones({D}));
+      auto linear = [](std::int64_t in, std::int64_t out) {
+        return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(false));
+      };
+      w1 = register_module("w1", linear(D, F));
+      if (swiglu_) w3 = register_module("w3", linear(D, F));
+      w2 = register_module("w2", linear(F, D));
+    }
+  }
+
+  at::Tensor forward(at::Tensor x) {
+    x = x + mixer_forward_(rms_norm(x, mixer_norm, eps_));
+    if (w1) {
+      const at::Tensor h = rms_norm(x, mlp_norm, eps_);
+      const at::Tensor a =
+          swiglu_ ? at::silu(w1->forward(h)) * w3->forward(h) : at::gelu(w1->forward(h));
+      x = x + w2->forward(a);
+    }
+    return x;
+  }
+
+  at::Tensor mixer_norm, mlp_norm;
+  torch::nn::Linear w1{nullptr}, w2{nullptr}, w3{nullptr};
+
+ private:
+  double eps_;
+  bool swiglu_;
+  std::function<at::Tensor(const at::Tensor&)> mixer_forward_;
+};
+
+}  // namespace detail
+
+LanguageModelImpl::LanguageModelImpl(ModelConfig config) : config_(std::move(config)) {
+  validate(config_);
+  const auto& c = config_;
+  MixerFactory mixer;
+  PositionEncodingFactory position;
+  {
+    auto& reg = registry();
+    std::lock_guard<std::mutex> lock(reg.mutex);
+    mixer = reg.mixers.at(c.mixer);
+    position = reg.positions.at(c.pos_encoding);
+  }
+  const PositionEncoding pe = position(c);
+  const std::int64_t V = c.vocab_size, D = c.hidden_size;
+  // Parameters are drawn in a fixed order (embedding, blocks, head) from torch's generator.
+  embedding = register_parameter("embedding", torch::randn({V, D}) * c.init_std);
+  for (std::int64_t l = 0; l < c.num_layers; ++l) {
+    auto block = std::make_shared<detail::BlockImpl>(c, pe, mixer);
+    blocks.push_back(register_module("block" + std::to_string(l), block));
+  }
+  norm_weight = register_parameter("norm_weight", torch::ones({D}));
+  head_weight = register_parameter("head_weight", torch::randn({V, D}) * c.init_std);
+  if (c.dtype == "float64") to(at::kDouble);
+}
+
+at::Tensor LanguageModelImpl::forward(const at::Tensor& tokens) {
+  const std::string op = "LanguageModel";
+  if (!tokens.defined()) fail(op, "tokens", "an int64 tensor [B, T]", "an undefined tensor");
+  std::ostringstream shape;
+  shape << tokens.sizes();
+  if (tokens.dim() != 2 || tokens.size(1) < 1 || tokens.size(0) < 1)
+    fail(op, "tokens", "shape [B ≥ 1, T ≥ 1]", shape.str());
+  if (tokens.scalar_type() != at::kLong)
+    fail(op, "tokens", "dtype int64", std::string(c10::toString(tokens.scalar_type())));
+  if (!tokens.device().is_cpu()) fail(op, "tokens", "a CPU tensor", tokens.device().str());
+  const std::int64_t lo = tokens.min().item<std::int64_t>(), hi = tokens.max().item<std::int64_t>();
+  if (lo < 0 || hi >= config_.vocab_size)
+    fail(op, "tokens", "ids in [0, " + std::to_string(config_.vocab_size) + ")",
+         "ids in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+  at::Tensor x = at::embedding(embedding, tokens);
+  for (auto& block : blocks) x = block->forward(x);
+  return at::linear(rms_norm(x, norm_weight, config_.norm_eps), head_weight);
+}
+
+std::int64_t LanguageModelImpl::num_parameters() const {
+  std::int64_t n = 0;
+  for (const auto& p : parameters()) n += p.numel();
+  return n;
+}
+
+}  // namespace phasor::tasks

@@ -1,0 +1,679 @@
+// Training of the task harness (phasor/tasks/train.h).
+#include "phasor/tasks/train.h"
+
+#include <torch/torch.h>
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <iomanip>
+#include <mutex>
+#include <sstream>
+#include <utility>
+
+#include "common/check.h"
+
+namespace phasor::tasks {
+
+using phasor::detail::fail;
+
+namespace {
+
+constexpr const char* kFormat = "phasor.tasks.checkpoint/1";
+
+std::string quoted(const std::string& s) {
+  return "'" + s + "'";
+}
+
+std::string first_line(const std::string& s) {
+  const auto n = s.find('\n');
+  return n == std::string::npos ? s : s.substr(0, n);
+}
+
+// The settings that determine the sequence of parameter updates: a checkpoint can only be
+// resumed under the same ones (the rest — logging, evaluation, checkpointing — may change).
+const char* const kTrajectoryKeys[] = {
+    "steps",        "batch_size",      "lr",           "weight_decay", "beta1", "beta2", "adam_eps",
+    "warmup_steps", "warmup_fraction", "min_lr_ratio", "grad_clip",    "seed"};
+
+std::int64_t warmup_of(const TrainConfig& c) {
+  if (c.warmup_steps >= 0) return std::min(c.warmup_steps, c.steps);
+  return std::min(c.steps, static_cast<std::int64_t>(
+                               std::llround(c.warmup_fraction * static_cast<double>(c.steps))));
+}
+
+at::Tensor doubles_tensor(const std::vector<double>& v) {
+  return torch::from_blob(const_cast<double*>(v.data()), {static_cast<std::int64_t>(v.size())},
+                          at::kDouble)
+      .clone();
+}
+
+std::vector<double> doubles_of(const at::Tensor& t) {
+  const at::Tensor c = t.to(at::kDouble).contiguous();
+  return std::vector<double>(c.data_ptr<double>(), c.data_ptr<double>() + c.numel());
+}
+
+at::Tensor int64_tensor(const std::vector<std::int64_t>& v, std::int64_t rows, std::int64_t cols) {
+  return torch::from_blob(const_cast<std::int64_t*>(v.data()), {rows, cols}, at::kLong).clone();
+}
+
+void check_batch(const Batch& b, const ModelConfig& mc, const std::string& op) {
+  const auto n = static_cast<std::size_t>(b.rows * b.cols);
+  if (b.rows < 1 || b.cols < 1 || b.inputs.size() != n || b.targets.size() != n)
+    fail(op, "batch", "rows, cols ≥ 1 and rows·cols inputs and targets",
+         std::to_string(b.rows) + " × " + std::to_string(b.cols) + " with " +
+             std::to_string(b.inputs.size()) + " inputs, " + std::to_string(b.targets.size()) +
+             " targets");
+  if (b.vocab_size > mc.vocab_size)
+    fail(op, "batch", "token ids below the model's vocab_size = " + std::to_string(mc.vocab_size),
+         "a batch of vocab_size " + std::to_string(b.vocab_size));
+}
+
+// Mean cross-entropy over the scored positions (targets ≠ −100), in the logits' dtype.
+at::Tensor loss_of(const at::Tensor& logits, const at::Tensor& targets) {
+  const std::int64_t V = logits.size(-1);
+  return at::cross_entropy_loss(logits.reshape({-1, V}), targets.reshape({-1}), {},
+                                at::Reduction::Mean, kIgnoreIndex);
+}
+
+Metrics metrics_of(const at::Tensor& logits, const Batch& batch) {
+  const at::Tensor pred = logits.detach().argmax(-1).contiguous();
+  return evaluate(pred.data_ptr<std::int64_t>(), batch.targets.data(), batch.rows, batch.cols);
+}
+
+double metric_of(const TrainConfig& c, double token, double sequence) {
+  return c.target_metric == "sequence" ? sequence : token;
+}
+
+// AdamW with decoupled weight decay on the matrices (parameters named "*weight" with ≥ 2
+// dimensions: projections, convolutions, the head); none on the embedding, norms, biases, gate
+// parameters (A_log, dt_bias) and Selective RoPE's ω — decaying those towards 0 would change
+// what they mean (no rotation, no forgetting), not just regularise.
+std::unique_ptr<torch::optim::AdamW> make_optimizer(LanguageModel& model, const TrainConfig& c) {
+  std::vector<at::Tensor> decay, no_decay;
+  for (const auto& p : model->named_parameters()) {
+    const std::string& name = p.key();
+    const bool matrix =
+        p.value().dim() >= 2 && name.size() >= 6 && name.compare(name.size() - 6, 6, "weight") == 0;
+    (matrix ? decay : no_decay).push_back(p.value());
+  }
+  auto options = torch::optim::AdamWOptions(c.lr).betas({c.beta1, c.beta2}).eps(c.adam_eps);
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  groups.emplace_back(decay, std::make_unique<torch::optim::AdamWOptions>(
+                                 torch::optim::AdamWOptions(options).weight_decay(c.weight_decay)));
+  groups.emplace_back(no_decay, std::make_unique<torch::optim::AdamWOptions>(
+                                    torch::optim::AdamWOptions(options).weight_decay(0.0)));
+  return std::make_unique<torch::optim::AdamW>(std::move(groups), options);
+}
+
+// ---- checkpoint files ---------------------------------------------------------------------------
+
+struct History {
+  std::int64_t step = 0;
+  std::vector<double> losses, train_accuracies;
+  std::vector<EvalRecord> evals;
+  bool stopped_early = false, diverged = false;
+};
+
+nlohmann::json model_json(const ModelConfig& c) {
+  nlohmann::json j;
+  to_json(j, c);
+  return j;
+}
+
+nlohmann::json train_json(const TrainConfig& c) {
+  nlohmann::json j;
+  to_json(j, c);
+  return j;
+}
+
+void save_checkpoint(const std::string& path, LanguageModel& model, torch::optim::AdamW& optimizer,
+                     const TrainConfig& config, const History& h) {
+  torch::serialize::OutputArchive ar;
+  ar.write("format", c10::IValue(std::string(kFormat)));
+  ar.write("model_config", c10::IValue(model_json(model->config()).dump()));
+  ar.write("train_config", c10::IValue(train_json(config).dump()));
+  ar.write("step", torch::full({1}, h.step, at::kLong));
+  ar.write("flags", torch::tensor({static_cast<std::int64_t>(h.stopped_early),
+                                   static_cast<std::int64_t>(h.diverged)},
+                                  at::kLong));
+  ar.write("losses", doubles_tensor(h.losses));
+  ar.write("train_accuracies", doubles_tensor(h.train_accuracies));
+  std::vector<double> evals;
+  for (const auto& e : h.evals)
+    evals.insert(evals.end(),
+                 {static_cast<double>(e.step), e.loss, e.token_accuracy, e.sequence_accuracy});
+  ar.write("evals", doubles_tensor(evals));
+  {
+    at::Generator gen = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    ar.write("rng", gen.get_state());
+  }
+  torch::serialize::OutputArchive m, o;
+  model->save(m);
+  optimizer.save(o);
+  ar.write("model", m);
+  ar.write("optimizer", o);
+  // Write next to the target and rename: an interrupted save leaves the previous checkpoint.
+  const std::string tmp = path + ".tmp";
+  try {
+    ar.save_to(tmp);
+  } catch (const c10::Error& e) {
+    fail("checkpoint", "checkpoint_path", "a writable path",
+         quoted(path) + " (" + first_line(e.what_without_backtrace()) + ")");
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec)
+    fail("checkpoint", "checkpoint_path", "a writable path",
+         quoted(path) + " (" + ec.message() + ")");
+}
+
+// Opens a checkpoint and checks its format tag; errors name the path and the problem.
+torch::serialize::InputArchive open_checkpoint(const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec))
+    fail("checkpoint", "path", "an existing checkpoint file", quoted(path) + " (no such file)");
+  torch::serialize::InputArchive ar;
+  try {
+    ar.load_from(path);
+    c10::IValue format;
+    ar.read("format", format);
+    if (!format.isString() || format.toStringRef() != kFormat)
+      fail("checkpoint", "path", std::string("a checkpoint of format ") + kFormat,
+           quoted(path) + " (format " + (format.isString() ? format.toStringRef() : "?") + ")");
+  } catch (const c10::Error& e) {
+    fail("checkpoint", "path", "a readable phasor task checkpoint",
+         quoted(path) + " (corrupt or not a checkpoint: " + first_line(e.what_without_backtrace()) +
+             ")");
+  }
+  return ar;
+}
+
+template <class F>
+auto reading(const std::string& path, F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const c10::Error& e) {
+    fail("checkpoint", "path", "a complete phasor task checkpoint",
+         quoted(path) + " (corrupt: " + first_line(e.what_without_backtrace()) + ")");
+  } catch (const nlohmann::json::exception& e) {
+    fail("checkpoint", "path", "a complete phasor task checkpoint",
+         quoted(path) + " (corrupt config: " + e.what() + ")");
+  }
+}
+
+std::string read_string(torch::serialize::InputArchive& ar, const char* key) {
+  c10::IValue v;
+  ar.read(key, v);
+  TORCH_CHECK(v.isString(), "entry '", key, "' is not a string");
+  return v.toStringRef();
+}
+
+at::Tensor read_tensor(torch::serialize::InputArchive& ar, const char* key) {
+  at::Tensor t;
+  ar.read(key, t);
+  return t;
+}
+
+// Keys whose values differ between two JSON objects, "a, b".
+std::string differing_keys(const nlohmann::json& a, const nlohmann::json& b) {
+  std::string out;
+  std::set<std::string> keys;
+  for (const auto& kv : a.items()) keys.insert(kv.key());
+  for (const auto& kv : b.items()) keys.insert(kv.key());
+  for (const auto& k : keys) {
+    const bool same = a.contains(k) && b.contains(k) && a.at(k) == b.at(k);
+    if (!same)
+      out += (out.empty() ? "" : ", ") + k + " (" + (a.contains(k) ? a.at(k).dump() : "absent") +
+             " vs " + (b.contains(k) ? b.at(k).dump() : "absent") + ")";
+  }
+  return out;
+}
+
+History resume(const std::string& path, LanguageModel& model, torch::optim::AdamW& optimizer,
+               const TrainConfig& config) {
+  auto ar = open_checkpoint(path);
+  return reading(path, [&] {
+    const auto stored_model = nlohmann::json::parse(read_string(ar, "model_config"));
+    const auto current_model = nlohmann::json::parse(model_json(model->config()).dump());
+    if (stored_model != current_model)
+      fail("train", "resume_from", "a checkpoint of the same model config",
+           quoted(path) + " differing in " + differing_keys(stored_model, current_model));
+    const auto stored_train = nlohmann::json::parse(read_string(ar, "train_config"));
+    const auto current_train = nlohmann::json::parse(train_json(config).dump());
+    nlohmann::json a = nlohmann::json::object(), b = nlohmann::json::object();
+    for (const char* k : kTrajectoryKeys) {
+      if (stored_train.contains(k)) a[k] = stored_train.at(k);
+      b[k] = current_train.at(k);
+    }
+    if (a != b)
+      fail("train", "resume_from", "a checkpoint with the same training trajectory settings",
+           quoted(path) + " differing in " + differing_keys(a, b));
+    History h;
+    h.step = read_tensor(ar, "step").item<std::int64_t>();
+    const at::Tensor flags = read_tensor(ar, "flags");
+    h.stopped_early = flags[0].item<std::int64_t>() != 0;
+    h.diverged = flags[1].item<std::int64_t>() != 0;
+    h.losses = doubles_of(read_tensor(ar, "losses"));
+    h.train_accuracies = doubles_of(read_tensor(ar, "train_accuracies"));
+    const auto evals = doubles_of(read_tensor(ar, "evals"));
+    for (std::size_t i = 0; i + 3 < evals.size(); i += 4)
+      h.evals.push_back(
+          {static_cast<std::int64_t>(evals[i]), evals[i + 1], evals[i + 2], evals[i + 3]});
+    TORCH_CHECK(h.step >= 0 && h.step <= config.steps &&
+                    h.losses.size() == static_cast<std::size_t>(h.step) &&
+                    h.train_accuracies.size() == h.losses.size() && evals.size() % 4 == 0,
+                "inconsistent step ", h.step, " and history of ", h.losses.size(), " losses");
+    torch::serialize::InputArchive m, o;
+    ar.read("model", m);
+    ar.read("optimizer", o);
+    model->load(m);
+    optimizer.load(o);
+    const at::Tensor rng = read_tensor(ar, "rng");
+    at::Generator gen = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    gen.set_state(rng);
+    return h;
+  });
+}
+
+std::string duration(double s) {
+  if (!std::isfinite(s) || s < 0) return "?";
+  const auto total = static_cast<std::int64_t>(std::llround(s));
+  std::ostringstream out;
+  if (total >= 3600) out << total / 3600 << "h" << std::setw(2) << std::setfill('0');
+  if (total >= 60) out << (total / 60) % 60 << "m" << std::setw(2) << std::setfill('0');
+  out << total % 60 << "s";
+  return out.str();
+}
+
+}  // namespace
+
+// ---- configs ------------------------------------------------------------------------------------
+
+void to_json(nlohmann::json& j, const TrainConfig& c) {
+  j = nlohmann::json{{"steps", c.steps},
+                     {"batch_size", c.batch_size},
+                     {"lr", c.lr},
+                     {"weight_decay", c.weight_decay},
+                     {"beta1", c.beta1},
+                     {"beta2", c.beta2},
+                     {"adam_eps", c.adam_eps},
+                     {"warmup_steps", c.warmup_steps},
+                     {"warmup_fraction", c.warmup_fraction},
+                     {"min_lr_ratio", c.min_lr_ratio},
+                     {"grad_clip", c.grad_clip},
+                     {"seed", c.seed},
+                     {"eval_every", c.eval_every},
+                     {"target_accuracy", c.target_accuracy},
+                     {"target_metric", c.target_metric},
+                     {"log_every", c.log_every},
+                     {"checkpoint_every", c.checkpoint_every},
+                     {"checkpoint_path", c.checkpoint_path},
+                     {"resume_from", c.resume_from},
+                     {"stop_at_step", c.stop_at_step}};
+}
+
+void from_json(const nlohmann::json& j, TrainConfig& c) {
+  const std::string op = "TrainConfig";
+  if (!j.is_object()) fail(op, "config", "a JSON object", std::string(j.type_name()));
+  TrainConfig out;
+  OptionReader r(j, op);
+  out.steps = r.integer("steps", out.steps);
+  out.batch_size = r.integer("batch_size", out.batch_size);
+  out.lr = r.number("lr", out.lr);
+  out.weight_decay = r.number("weight_decay", out.weight_decay);
+  out.beta1 = r.number("beta1", out.beta1);
+  out.beta2 = r.number("beta2", out.beta2);
+  out.adam_eps = r.number("adam_eps", out.adam_eps);
+  out.warmup_steps = r.integer("warmup_steps", out.warmup_steps);
+  out.warmup_fraction = r.number("warmup_fraction", out.warmup_fraction);
+  out.min_lr_ratio = r.number("min_lr_ratio", out.min_lr_ratio);
+  out.grad_clip = r.number("grad_clip", out.grad_clip);
+  const std::int64_t seed = r.integer("seed", 0);
+  if (j.contains("seed") && j.at("seed").is_number_unsigned())
+    out.seed = j.at("seed").get<std::uint64_t>();
+  else if (seed < 0)
+    fail(op, "seed", "a non-negative integer", std::to_string(seed));
+  else
+    out.seed = static_cast<std::uint64_t>(seed);
+  out.eval_every = r.integer("eval_every", out.eval_every);
+  out.target_accuracy = r.number("target_accuracy", out.target_accuracy);
+  out.target_metric = r.string("target_metric", out.target_metric);
+  out.log_every = r.integer("log_every", out.log_every);
+  out.checkpoint_every = r.integer("checkpoint_every", out.checkpoint_every);
+  out.checkpoint_path = r.string("checkpoint_path", out.checkpoint_path);
+  out.resume_from = r.string("resume_from", out.resume_from);
+  out.stop_at_step = r.integer("stop_at_step", out.stop_at_step);
+  r.finish();
+  validate(out);
+  c = std::move(out);
+}
+
+void validate(const TrainConfig& c) {
+  const std::string op = "TrainConfig";
+  auto check = [&](bool ok, const char* name, const char* expected, const std::string& got) {
+    if (!ok) fail(op, name, expected, got);
+  };
+  auto num = [](double v) {
+    std::ostringstream s;
+    s << v;
+    return s.str();
+  };
+  check(c.steps >= 1, "steps", "≥ 1", std::to_string(c.steps));
+  check(c.batch_size >= 1, "batch_size", "≥ 1", std::to_string(c.batch_size));
+  check(c.lr > 0 && std::isfinite(c.lr), "lr", "a positive finite number", num(c.lr));
+  check(c.weight_decay >= 0 && std::isfinite(c.weight_decay), "weight_decay", "≥ 0",
+        num(c.weight_decay));
+  check(c.beta1 >= 0 && c.beta1 < 1, "beta1", "in [0, 1)", num(c.beta1));
+  check(c.beta2 >= 0 && c.beta2 < 1, "beta2", "in [0, 1)", num(c.beta2));
+  check(c.adam_eps > 0, "adam_eps", "> 0", num(c.adam_eps));
+  check(c.warmup_fraction >= 0 && c.warmup_fraction <= 1, "warmup_fraction", "in [0, 1]",
+        num(c.warmup_fraction));
+  check(c.min_lr_ratio >= 0 && c.min_lr_ratio <= 1, "min_lr_ratio", "in [0, 1]",
+        num(c.min_lr_ratio));
+  check(c.grad_clip >= 0 && std::isfinite(c.grad_clip), "grad_clip", "≥ 0 (0: no clipping)",
+        num(c.grad_clip));
+  check(c.eval_every >= 0, "eval_every", "≥ 0", std::to_string(c.eval_every));
+  check(c.log_every >= 0, "log_every", "≥ 0", std::to_string(c.log_every));
+  check(c.checkpoint_every >= 0, "checkpoint_every", "≥ 0", std::to_string(c.checkpoint_every));
+  check(c.checkpoint_every == 0 || !c.checkpoint_path.empty(), "checkpoint_path",
+        "a path when checkpoint_every > 0", "an empty path");
+  check(c.stop_at_step >= 0, "stop_at_step", "≥ 0", std::to_string(c.stop_at_step));
+  check(c.target_metric == "token" || c.target_metric == "sequence", "target_metric",
+        "'token' or 'sequence'", quoted(c.target_metric));
+  check(c.target_accuracy <= 1, "target_accuracy", "≤ 1", num(c.target_accuracy));
+}
+
+double learning_rate(const TrainConfig& c, std::int64_t step) {
+  const std::int64_t W = warmup_of(c);
+  if (step <= W) return c.lr * static_cast<double>(step) / static_cast<double>(W);
+  if (c.steps == W) return c.lr;
+  constexpr double kPi = 3.14159265358979323846;
+  const double progress = static_cast<double>(step - W) / static_cast<double>(c.steps - W);
+  return c.lr * (c.min_lr_ratio + (1.0 - c.min_lr_ratio) * 0.5 * (1.0 + std::cos(kPi * progress)));
+}
+
+// ---- data ---------------------------------------------------------------------------------------
+
+std::uint64_t batch_seed(std::uint64_t seed, std::int64_t step) {
+  // splitmix64 (Steele, Lea, Flood 2014) finaliser, applied to the seed and then to the mix.
+  auto mix = [](std::uint64_t z) {
+    z += 0x9e3779b97f4a7c15ULL;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+  };
+  return mix(mix(seed) ^ static_cast<std::uint64_t>(step));
+}
+
+BatchFn make_batch_stream(std::function<Batch(std::int64_t batch, std::uint64_t seed)> generate,
+                          std::int64_t batch_size, std::uint64_t seed) {
+  if (!generate) fail("make_batch_stream", "generate", "a generator", "an empty function");
+  if (batch_size < 1) fail("make_batch_stream", "batch_size", "≥ 1", std::to_string(batch_size));
+  return [generate = std::move(generate), batch_size, seed](std::int64_t step) {
+    return generate(batch_size, batch_seed(seed, step));
+  };
+}
+
+at::Tensor inputs_tensor(const Batch& b) {
+  return int64_tensor(b.inputs, b.rows, b.cols);
+}
+at::Tensor targets_tensor(const Batch& b) {
+  return int64_tensor(b.targets, b.rows, b.cols);
+}
+
+// ---- evaluation ---------------------------------------------------------------------------------
+
+EvalResult evaluate(LanguageModel& model, const Batch& batch) {
+  check_batch(batch, model->config(), "evaluate");
+  const bool was_training = model->is_training();
+  model->eval();
+  torch::NoGradGuard no_grad;
+  EvalResult r;
+  const at::Tensor logits = model->forward(inputs_tensor(batch));
+  r.loss = loss_of(logits, targets_tensor(batch)).item<double>();
+  r.metrics = metrics_of(logits, batch);
+  model->train(was_training);
+  return r;
+}
+
+// ---- progress -----------------------------------------------------------------------------------
+
+std::string format_progress(const ProgressInfo& p, const std::string& label) {
+  std::ostringstream s;
+  if (!label.empty()) s << label << "  ";
+  s << "step " << p.step << "/" << p.total_steps << "  loss " << std::fixed << std::setprecision(4)
+    << p.loss << "  acc " << std::setprecision(3) << p.train_accuracy;
+  if (std::isfinite(p.eval_accuracy)) s << "  eval " << p.eval_accuracy;
+  s << "  lr " << std::scientific << std::setprecision(1) << p.lr << std::fixed;
+  if (p.tokens_per_s >= 1e4)
+    s << "  " << std::setprecision(1) << p.tokens_per_s / 1e3 << "k tok/s";
+  else
+    s << "  " << std::setprecision(0) << p.tokens_per_s << " tok/s";
+  s << (p.final ? "  took " + duration(p.elapsed_s) : "  ETA " + duration(p.eta_s));
+  return s.str();
+}
+
+ProgressFn stderr_progress(const std::string& label) {
+  const bool tty = isatty(fileno(stderr)) != 0;
+  return [label, tty](const ProgressInfo& p) {
+    const std::string line = format_progress(p, label);
+    if (tty)
+      std::fprintf(stderr, "\r%s\x1b[K%s", line.c_str(), p.final ? "\n" : "");
+    else
+      std::fprintf(stderr, "%s\n", line.c_str());
+    std::fflush(stderr);
+  };
+}
+
+// ---- training -----------------------------------------------------------------------------------
+
+TrainResult train(LanguageModel& model, const TrainConfig& config, const BatchFn& data,
+                  const EvalFn& eval, const ProgressFn& progress) {
+  validate(config);
+  if (!data) fail("train", "data", "a batch function", "an empty function");
+  const auto start_time = std::chrono::steady_clock::now();
+  auto elapsed = [&] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_time).count();
+  };
+  auto optimizer = make_optimizer(model, config);
+  History h;
+  if (!config.resume_from.empty()) h = resume(config.resume_from, model, *optimizer, config);
+  model->train();
+
+  const std::int64_t last =
+      config.stop_at_step > 0 ? std::min(config.stop_at_step, config.steps) : config.steps;
+  const std::int64_t first = h.step + 1;
+  std::int64_t tokens = 0;
+  double last_eval_metric = std::numeric_limits<double>::quiet_NaN();
+  if (!h.evals.empty())
+    last_eval_metric =
+        metric_of(config, h.evals.back().token_accuracy, h.evals.back().sequence_accuracy);
+  const auto params = model->parameters();
+  bool done = h.stopped_early || h.diverged;
+
+  for (std::int64_t step = first; step <= last && !done; ++step) {
+    const Batch batch = data(step);
+    check_batch(batch, model->config(), "train");
+    const at::Tensor logits = model->forward(inputs_tensor(batch));
+    const at::Tensor loss = loss_of(logits, targets_tensor(batch));
+    const double loss_value = loss.item<double>();
+    if (!std::isfinite(loss_value)) {
+      // No update from a non-finite loss: the parameters stay those of the last good step.
+      h.diverged = true;
+      break;
+    }
+    optimizer->zero_grad();
+    loss.backward();
+    if (config.grad_clip > 0) torch::nn::utils::clip_grad_norm_(params, config.grad_clip);
+    const double lr = learning_rate(config, step);
+    for (auto& group : optimizer->param_groups())
+      static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
+    optimizer->step();
+
+    const Metrics m = metrics_of(logits, batch);
+    h.step = step;
+    h.losses.push_back(loss_value);
+    h.train_accuracies.push_back(m.token_accuracy);
+    tokens += batch.rows * batch.cols;
+
+    const bool eval_now =
+        step == config.steps || (config.eval_every > 0 && step % config.eval_every == 0);
+    if (eval_now) {
+      EvalRecord rec;
+      rec.step = step;
+      if (eval) {
+        const EvalResult e = eval(model);
+        rec.loss = e.loss;
+        rec.token_accuracy = e.metrics.token_accuracy;
+        rec.sequence_accuracy = e.metrics.sequence_accuracy;
+      } else {
+        // Without held-out data, this step's batch: fresh data the model had not seen when it
+        // predicted it (the update came after), so still an unbiased estimate.
+        rec.loss = loss_value;
+        rec.token_accuracy = m.token_accuracy;
+        rec.sequence_accuracy = m.sequence_accuracy;
+      }
+      h.evals.push_back(rec);
+      last_eval_metric = metric_of(config, rec.token_accuracy, rec.sequence_accuracy);
+      if (config.target_accuracy > 0 && last_eval_metric >= config.target_accuracy) {
+        h.stopped_early = step < config.steps;
+        done = true;
+      }
+    }
+    const bool checkpoint_now =
+        !config.checkpoint_path.empty() &&
+        ((config.checkpoint_every > 0 && step % config.checkpoint_every == 0) || step == last ||
+         done);
+    if (checkpoint_now) save_checkpoint(config.checkpoint_path, model, *optimizer, config, h);
+
+    if (progress && config.log_every > 0 &&
+        (step % config.log_every == 0 || step == last || done)) {
+      ProgressInfo p;
+      p.step = step;
+      p.total_steps = config.steps;
+      p.loss = loss_value;
+      p.lr = lr;
+      p.train_accuracy = m.token_accuracy;
+      p.eval_accuracy = last_eval_metric;
+      p.elapsed_s = elapsed();
+      p.tokens_per_s = static_cast<double>(tokens) / std::max(p.elapsed_s, 1e-9);
+      const double per_step = p.elapsed_s / static_cast<double>(step - first + 1);
+      p.eta_s = per_step * static_cast<double>(last - step);
+      p.final = step == last || done;
+      progress(p);
+    }
+  }
+  if (h.diverged && !config.checkpoint_path.empty())
+    save_checkpoint(config.checkpoint_path, model, *optimizer, config, h);
+
+  TrainResult r;
+  r.final_step = h.step;
+  r.losses = std::move(h.losses);
+  r.train_accuracies = std::move(h.train_accuracies);
+  r.evals = std::move(h.evals);
+  r.stopped_early = h.stopped_early;
+  r.diverged = h.diverged;
+  r.wall_time_s = elapsed();
+  r.tokens_per_s = static_cast<double>(tokens) / std::max(r.wall_time_s, 1e-9);
+  if (!r.evals.empty()) {
+    r.final_accuracy =
+        metric_of(config, r.evals.back().token_accuracy, r.evals.back().sequence_accuracy);
+    r.best_accuracy = r.final_accuracy;
+    for (const auto& e : r.evals)
+      r.best_accuracy =
+          std::max(r.best_accuracy, metric_of(config, e.token_accuracy, e.sequence_accuracy));
+  } else if (!r.train_accuracies.empty()) {
+    r.final_accuracy = r.best_accuracy = r.train_accuracies.back();
+  }
+  if (r.diverged) r.final_accuracy = 0.0;
+  return r;
+}
+
+// ---- checkpoints --------------------------------------------------------------------------------
+
+ModelConfig checkpoint_model_config(const std::string& path) {
+  auto ar = open_checkpoint(path);
+  return reading(path, [&] {
+    ModelConfig c;
+    from_json(nlohmann::json::parse(read_string(ar, "model_config")), c);
+    return c;
+  });
+}
+
+std::int64_t checkpoint_step(const std::string& path) {
+  auto ar = open_checkpoint(path);
+  return reading(path, [&] { return read_tensor(ar, "step").item<std::int64_t>(); });
+}
+
+LanguageModel load_model(const std::string& path) {
+  LanguageModel model(checkpoint_model_config(path));
+  auto ar = open_checkpoint(path);
+  reading(path, [&] {
+    torch::serialize::InputArchive m;
+    ar.read("model", m);
+    model->load(m);
+    return 0;
+  });
+  return model;
+}
+
+// ---- learning-rate grid -------------------------------------------------------------------------
+
+GridResult lr_grid(const ModelConfig& model_config, const TrainConfig& config,
+                   const std::vector<double>& lrs, const std::vector<std::uint64_t>& seeds,
+                   const std::function<BatchFn(std::uint64_t seed)>& data,
+                   const std::function<EvalFn(std::uint64_t seed)>& eval,
+                   const ProgressFn& progress) {
+  if (lrs.empty()) fail("lr_grid", "lrs", "at least one learning rate", "none");
+  if (seeds.empty()) fail("lr_grid", "seeds", "at least one seed", "none");
+  if (!data) fail("lr_grid", "data", "a data factory", "an empty function");
+  GridResult g;
+  for (const double lr : lrs) {
+    double sum = 0.0;
+    for (const std::uint64_t seed : seeds) {
+      TrainConfig c = config;
+      c.lr = lr;
+      c.seed = seed;
+      if (!c.checkpoint_path.empty()) {
+        std::ostringstream p;
+        p << config.checkpoint_path << ".lr" << lr << ".seed" << seed;
+        c.checkpoint_path = p.str();
+      }
+      torch::manual_seed(seed);
+      LanguageModel model(model_config);
+      GridRun run;
+      run.lr = lr;
+      run.seed = seed;
+      run.result = train(model, c, data(seed), eval ? eval(seed) : EvalFn{}, progress);
+      sum += run.result.final_accuracy;
+      g.runs.push_back(std::move(run));
+    }
+    g.mean_accuracy.push_back(sum / static_cast<double>(seeds.size()));
+  }
+  std::size_t best_lr = 0;
+  for (std::size_t i = 1; i < lrs.size(); ++i)
+    if (g.mean_accuracy[i] > g.mean_accuracy[best_lr]) best_lr = i;
+  g.best_lr = lrs[best_lr];
+  auto last_loss = [](const GridRun& r) {
+    return r.result.losses.empty() || r.result.diverged ? std::numeric_limits<double>::infinity()
+                                                        : r.result.losses.back();
+  };
+  for (std::size_t i = 1; i < g.runs.size(); ++i) {
+    const auto& a = g.runs[i].result;
+    const auto& b = g.runs[g.best_run].result;
+    if (a.final_accuracy > b.final_accuracy ||
+        (a.final_accuracy == b.final_accuracy &&
+         last_loss(g.runs[i]) < last_loss(g.runs[g.best_run])))
+      g.best_run = i;
+  }
+  return g;
+}
+
+}  // namespace phasor::tasks

@@ -1,0 +1,608 @@
+// phasor::tasks model and training (phasor/tasks/model.h, train.h): configs and their errors, the
+// registries, causality of the model for every mixer × position encoding, the schedule, tiny
+// end-to-end training runs that must learn, early stopping, the learning-rate grid, and exact
+// checkpoint resume (parameters, optimizer state, step, history, RNG state) in float64.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <unistd.h>
+
+#include "phasor/tasks/data.h"
+#include "phasor/tasks/model.h"
+#include "phasor/tasks/train.h"
+
+namespace phasor::tasks {
+namespace {
+
+void expect_error(const std::function<void()>& f, const std::vector<std::string>& parts) {
+  try {
+    f();
+    ADD_FAILURE() << "no error; expected one mentioning " << parts.front();
+  } catch (const phasor::Error& e) {
+    const std::string msg = e.what();
+    for (const auto& part : parts) EXPECT_NE(msg.find(part), std::string::npos) << msg;
+  }
+}
+
+std::string temp_path(const std::string& name) {
+  return (std::filesystem::temp_directory_path() /
+          ("phasor_tasks_train_test_" + std::to_string(::getpid()) + "_" + name))
+      .string();
+}
+
+ModelConfig tiny(const std::string& mixer, const std::string& pos = "none") {
+  ModelConfig c;
+  c.vocab_size = 16;
+  c.hidden_size = 16;
+  c.num_layers = 2;
+  c.num_heads = 2;
+  c.mixer = mixer;
+  c.pos_encoding = pos;
+  c.dtype = "float64";
+  if (mixer == "gla") c.mixer_options = {{"chunk_size", 4}};
+  if (mixer == "gated_deltanet") c.mixer_options = {{"chunk_size", 4}, {"head_dim", 8}};
+  if (mixer == "fox" || mixer == "attention") c.mixer_options = {{"block_size", 4}};
+  return c;
+}
+
+// MQAR rows small enough for a few-second run: V = 32, L = 16, 2 key-value pairs.
+MqarConfig small_mqar() {
+  MqarConfig m;
+  m.seq_len = 16;
+  m.num_kv_pairs = 2;
+  m.vocab_size = 32;
+  return m;
+}
+
+BatchFn mqar_stream(std::int64_t batch, std::uint64_t seed) {
+  const MqarConfig m = small_mqar();
+  return make_batch_stream([m](std::int64_t n, std::uint64_t s) { return mqar(m, n, s); }, batch,
+                           seed);
+}
+
+// ---- configs ------------------------------------------------------------------------------------
+
+TEST(ModelConfig, JsonRoundTripAndErrors) {
+  ModelConfig c = tiny("gated_deltanet", "selective_rope");
+  c.beta_range = 2;
+  c.mlp_activation = "gelu";
+  c.pos_options = {{"rank", 4}, {"gate", "per_channel"}};
+  nlohmann::json j = c;
+  const ModelConfig back = j.get<ModelConfig>();
+  EXPECT_EQ(nlohmann::json(back), j);
+  EXPECT_EQ(back.beta_range, 2);
+  EXPECT_EQ(back.pos_options.at("gate"), "per_channel");
+
+  auto with = [&](const char* key, nlohmann::json value) {
+    nlohmann::json k = j;
+    k[key] = std::move(value);
+    return k;
+  };
+  expect_error([&] { (void)with("mixer", "mamba").get<ModelConfig>(); },
+               {"ModelConfig", "'mixer'", "attention, fox, gated_deltanet, gla", "'mamba'"});
+  expect_error([&] { (void)with("pos_encoding", "alibi").get<ModelConfig>(); },
+               {"ModelConfig", "'pos_encoding'", "none, rope, selective_rope", "'alibi'"});
+  expect_error([&] { (void)with("hidden_sise", 8).get<ModelConfig>(); },
+               {"ModelConfig", "'hidden_sise'", "unknown key"});
+  expect_error([&] { (void)with("num_layers", "2").get<ModelConfig>(); },
+               {"ModelConfig", "'num_layers'", "an integer", "string"});
+  expect_error([&] { (void)with("beta_range", 3).get<ModelConfig>(); },
+               {"ModelConfig", "'beta_range'", "got 3"});
+  expect_error([&] { (void)with("hidden_size", 15).get<ModelConfig>(); },
+               {"ModelConfig", "'hidden_size'", "multiple of num_heads = 2", "got 15"});
+  expect_error([&] { (void)with("vocab_size", 0).get<ModelConfig>(); },
+               {"ModelConfig", "'vocab_size'", "got 0"});
+  expect_error([&] { (void)with("dtype", "half").get<ModelConfig>(); },
+               {"ModelConfig", "'dtype'", "'half'"});
+  expect_error([&] { (void)with("mixer_options", 3).get<ModelConfig>(); },
+               {"ModelConfig", "'mixer_options'", "a JSON object"});
+  // Layer options: unknown keys, wrong types, invalid values (from phasor::nn) all name the key.
+  ModelConfig bad = tiny("gla");
+  bad.mixer_options = {{"expand_q", 1.0}};
+  expect_error([&] { LanguageModel m(bad); }, {"mixer 'gla'", "'expand_q'", "unknown key"});
+  bad.mixer_options = {{"use_short_conv", 1}};
+  expect_error([&] { LanguageModel m(bad); }, {"mixer 'gla'", "'use_short_conv'", "a boolean"});
+  bad.mixer_options = {{"expand_k", 0.3}};
+  expect_error([&] { LanguageModel m(bad); }, {"mixer 'gla'", "'expand_k'"});
+  bad = tiny("fox", "rope");
+  bad.pos_options = {{"rank", 2}};
+  expect_error([&] { LanguageModel m(bad); }, {"pos_encoding 'rope'", "'rank'", "unknown key"});
+  bad.pos_encoding = "selective_rope";
+  bad.pos_options = {{"gate", "sometimes"}};
+  expect_error([&] { LanguageModel m(bad); },
+               {"pos_encoding 'selective_rope'", "'gate'", "'sometimes'"});
+}
+
+TEST(ModelConfig, JsonFiles) {
+  const std::string path = temp_path("config.json");
+  expect_error([&] { read_json_file(path); }, {"'path'", path, "cannot open"});
+  std::ofstream(path) << "{\"vocab_size\": 12, \"mixer\": \"fox\",";
+  expect_error([&] { read_json_file(path); }, {"'path'", "valid JSON", path});
+  std::ofstream(path) << R"({"vocab_size": 12, "mixer": "fox", "pos_encoding": "rope"})";
+  const ModelConfig c = read_json_file(path).get<ModelConfig>();
+  EXPECT_EQ(c.vocab_size, 12);
+  EXPECT_EQ(c.mixer, "fox");
+  EXPECT_EQ(c.hidden_size, ModelConfig().hidden_size);
+  std::filesystem::remove(path);
+
+  TrainConfig t;
+  t.steps = 7;
+  t.seed = 18446744073709551615ULL;  // the largest seed survives the round trip
+  t.target_metric = "sequence";
+  const TrainConfig back = nlohmann::json(t).get<TrainConfig>();
+  EXPECT_EQ(nlohmann::json(back), nlohmann::json(t));
+  EXPECT_EQ(back.seed, t.seed);
+  nlohmann::json j = t;
+  j["lr"] = -1.0;
+  expect_error([&] { (void)j.get<TrainConfig>(); }, {"TrainConfig", "'lr'", "-1"});
+  j = t;
+  j["warmup"] = 3;
+  expect_error([&] { (void)j.get<TrainConfig>(); }, {"TrainConfig", "'warmup'", "unknown key"});
+  j = t;
+  j["checkpoint_every"] = 5;
+  expect_error([&] { (void)j.get<TrainConfig>(); }, {"TrainConfig", "'checkpoint_path'"});
+}
+
+// ---- registries ---------------------------------------------------------------------------------
+
+TEST(Registry, BuiltinsAndNewEntries) {
+  const auto mixers = mixer_names();
+  for (const char* m : {"gla", "gated_deltanet", "fox", "attention"})
+    EXPECT_NE(std::find(mixers.begin(), mixers.end(), m), mixers.end()) << m;
+  const auto positions = position_encoding_names();
+  EXPECT_EQ(positions.size() >= 3, true);
+  expect_error(
+      [] {
+        register_mixer("gla", [](const ModelConfig&, const PositionEncoding&) { return Mixer{}; });
+      },
+      {"register_mixer", "'gla'"});
+  // A new mixer (a causal token shift followed by a linear map) and a new position encoding
+  // ("rope" with a small base) plug in without touching the model.
+  register_mixer("test_shift", [](const ModelConfig& c, const PositionEncoding& pe) {
+    EXPECT_EQ(pe.name, "test_rope_small");
+    auto lin = std::make_shared<torch::nn::LinearImpl>(c.hidden_size, c.hidden_size);
+    Mixer m;
+    m.module = lin;
+    m.forward = [lin](const at::Tensor& x) {
+      return lin->forward(at::constant_pad_nd(x, {0, 0, 1, 0}).narrow(1, 0, x.size(1)));
+    };
+    return m;
+  });
+  register_position_encoding("test_rope_small", [](const ModelConfig&) {
+    PositionEncoding p;
+    p.name = "test_rope_small";
+    p.kind = nn::PosEncoding::rope;
+    p.rope_theta = 100.0;
+    return p;
+  });
+  ModelConfig c = tiny("test_shift", "test_rope_small");
+  LanguageModel model(c);
+  const at::Tensor tokens = torch::randint(0, 16, {2, 5}, at::kLong);
+  EXPECT_EQ(model->forward(tokens).sizes(), (std::vector<std::int64_t>{2, 5, 16}));
+  // The registered module's parameters are the model's.
+  std::int64_t found = 0;
+  for (const auto& p : model->named_parameters())
+    found += p.key().find("mixer.weight") != std::string::npos;
+  EXPECT_EQ(found, c.num_layers);
+}
+
+// ---- the model ----------------------------------------------------------------------------------
+
+TEST(LanguageModel, CausalForEveryMixerAndEncoding) {
+  // Logits at t must not depend on tokens after t: change the suffix and compare the prefix, for
+  // every mixer × position encoding, with T = 11 (not a multiple of the chunk/block size 4).
+  for (const char* mixer : {"gla", "gated_deltanet", "fox", "attention"})
+    for (const char* pos : {"none", "rope", "selective_rope"}) {
+      torch::manual_seed(3);
+      LanguageModel model(tiny(mixer, pos));
+      const at::Tensor a = torch::randint(0, 16, {2, 11}, at::kLong);
+      at::Tensor b = a.clone();
+      b.narrow(1, 7, 4).random_(0, 16);
+      b.select(1, 7).copy_((a.select(1, 7) + 1) % 16);  // position 7 surely differs
+      const at::Tensor la = model->forward(a), lb = model->forward(b);
+      EXPECT_EQ(la.scalar_type(), at::kDouble);
+      EXPECT_EQ(la.sizes(), (std::vector<std::int64_t>{2, 11, 16}));
+      const std::string what = std::string(mixer) + " " + pos;
+      EXPECT_TRUE(torch::equal(la.narrow(1, 0, 7), lb.narrow(1, 0, 7))) << what;
+      EXPECT_GT((la.narrow(1, 7, 4) - lb.narrow(1, 7, 4)).abs().max().item<double>(), 1e-6) << what;
+    }
+}
+
+TEST(LanguageModel, StructureFollowsTheConfig) {
+  ModelConfig c = tiny("gated_deltanet");
+  c.beta_range = 2;
+  torch::manual_seed(1);
+  LanguageModel m2(c);
+  auto gdn = std::dynamic_pointer_cast<nn::GatedDeltaNetImpl>(m2->named_modules()["block0.mixer"]);
+  ASSERT_TRUE(gdn);
+  EXPECT_TRUE(gdn->options.allow_neg_eigval());
+  c.beta_range = 1;
+  LanguageModel m1(c);
+  EXPECT_FALSE(std::dynamic_pointer_cast<nn::GatedDeltaNetImpl>(m1->named_modules()["block0.mixer"])
+                   ->options.allow_neg_eigval());
+  // MLP sizes: SwiGLU 3·D·F, GELU 2·D·F, none 0 (F = expansion · D).
+  c = tiny("attention");
+  c.mlp = false;
+  const std::int64_t base = LanguageModel(c)->num_parameters();
+  c.mlp = true;
+  c.mlp_expansion = 2;
+  const std::int64_t D = 16, F = 32, L = 2;
+  EXPECT_EQ(LanguageModel(c)->num_parameters() - base, L * (3 * D * F + D));
+  c.mlp_activation = "gelu";
+  EXPECT_EQ(LanguageModel(c)->num_parameters() - base, L * (2 * D * F + D));
+  // The control arm has no forget gate; FoX has one per layer.
+  auto count_f = [](const LanguageModel& m) {
+    std::int64_t n = 0;
+    for (const auto& p : m->named_parameters()) n += p.key().find("f_proj") != std::string::npos;
+    return n;
+  };
+  EXPECT_EQ(count_f(LanguageModel(tiny("attention"))), 0);
+  EXPECT_EQ(count_f(LanguageModel(tiny("fox"))), 2 * 2);  // weight + bias, 2 layers
+  // float32 by default.
+  c.dtype = "float32";
+  EXPECT_EQ(LanguageModel(c)->forward(torch::zeros({1, 3}, at::kLong)).scalar_type(), at::kFloat);
+}
+
+TEST(LanguageModel, TokenErrors) {
+  LanguageModel m(tiny("gla"));
+  expect_error(
+      [&] {
+        m->forward(torch::full({1, 4}, 16, at::kLong));
+      },
+      {"LanguageModel", "'tokens'", "[0, 16)", "[16, 16]"});
+  expect_error(
+      [&] {
+        m->forward(torch::zeros({1, 4}, at::kInt));
+      },
+      {"LanguageModel", "'tokens'", "int64", "Int"});
+  expect_error([&] { m->forward(torch::zeros({4}, at::kLong)); },
+               {"LanguageModel", "'tokens'", "[B ≥ 1, T ≥ 1]", "[4]"});
+}
+
+// ---- schedule and data --------------------------------------------------------------------------
+
+TEST(Training, WarmupCosineSchedule) {
+  TrainConfig c;
+  c.steps = 110;
+  c.lr = 2e-3;
+  c.warmup_steps = 10;
+  c.min_lr_ratio = 0.1;
+  EXPECT_DOUBLE_EQ(learning_rate(c, 1), 2e-4);
+  EXPECT_DOUBLE_EQ(learning_rate(c, 5), 1e-3);
+  EXPECT_DOUBLE_EQ(learning_rate(c, 10), 2e-3);
+  EXPECT_NEAR(learning_rate(c, 60), 2e-3 * (0.1 + 0.9 * 0.5), 1e-15);  // halfway: cos = 0
+  EXPECT_NEAR(learning_rate(c, 110), 2e-4, 1e-15);
+  for (std::int64_t s = 11; s <= 110; ++s) EXPECT_LT(learning_rate(c, s), learning_rate(c, s - 1));
+  c.warmup_steps = -1;
+  c.warmup_fraction = 0.2;  // 22 steps
+  EXPECT_DOUBLE_EQ(learning_rate(c, 11), 1e-3);
+  c.warmup_fraction = 0.0;
+  EXPECT_DOUBLE_EQ(learning_rate(c, 1), c.lr * (0.1 + 0.9 * 0.5 * (1 + std::cos(M_PI / 110))));
+}
+
+TEST(Training, BatchStreamIsAFunctionOfSeedAndStep) {
+  const BatchFn a = mqar_stream(4, 7), b = mqar_stream(4, 7), c = mqar_stream(4, 8);
+  EXPECT_EQ(a(3).inputs, b(3).inputs);
+  EXPECT_EQ(a(3).inputs, a(3).inputs);
+  EXPECT_NE(a(3).inputs, a(4).inputs);
+  EXPECT_NE(a(3).inputs, c(3).inputs);
+  EXPECT_NE(batch_seed(7, 3), batch_seed(7, 4));
+  EXPECT_NE(batch_seed(7, 3), batch_seed(8, 3));
+  EXPECT_NE(batch_seed(0, 0), batch_seed(0, -1));
+}
+
+// ---- training runs ------------------------------------------------------------------------------
+
+TEST(Training, TinyRunsReduceTheLossForEveryMixer) {
+  // MQAR, 1 layer, hidden 32, 60 steps of 16 rows: the loss must fall well below ln V (the loss
+  // of uniform predictions), and below where it started, for every mixer.
+  for (const char* mixer : {"gla", "gated_deltanet", "fox", "attention"}) {
+    ModelConfig mc = tiny(mixer, "rope");
+    mc.vocab_size = 32;
+    mc.hidden_size = 32;
+    mc.num_layers = 1;
+    mc.dtype = "float32";
+    TrainConfig tc;
+    tc.steps = 60;
+    tc.batch_size = 16;
+    tc.lr = 3e-3;
+    tc.eval_every = 0;
+    tc.seed = 5;
+    torch::manual_seed(5);
+    LanguageModel model(mc);
+    const Batch held_out = mqar(small_mqar(), 64, batch_seed(5, -1));
+    const double before = evaluate(model, held_out).loss;
+    std::vector<ProgressInfo> reports;
+    tc.log_every = 20;
+    const TrainResult r = train(model, tc, mqar_stream(16, 5), {},
+                                [&](const ProgressInfo& p) { reports.push_back(p); });
+    const double after = evaluate(model, held_out).loss;
+    EXPECT_EQ(r.final_step, 60) << mixer;
+    EXPECT_EQ(r.losses.size(), 60u);
+    EXPECT_FALSE(r.diverged);
+    EXPECT_NEAR(before, std::log(32.0), 0.3) << mixer;
+    EXPECT_LT(after, std::log(32.0) - 0.5) << mixer << ": " << before << " → " << after;
+    ASSERT_EQ(reports.size(), 3u);
+    EXPECT_EQ(reports.back().step, 60);
+    EXPECT_TRUE(reports.back().final);
+    EXPECT_GT(r.tokens_per_s, 0.0);
+    ASSERT_EQ(r.evals.size(), 1u);  // at the last step
+    EXPECT_EQ(r.evals[0].step, 60);
+  }
+}
+
+TEST(Training, EarlyStoppingAndGrid) {
+  // Echo task (target = input token): learnable in a few dozen steps. Early stopping must end the
+  // run at the first evaluation at or above the target.
+  auto echo = [](std::uint64_t seed) {
+    return make_batch_stream(
+        [](std::int64_t n, std::uint64_t s) {
+          Batch b;
+          b.rows = n;
+          b.cols = 8;
+          b.vocab_size = 16;
+          Rng rng(s);
+          for (std::int64_t i = 0; i < n * 8; ++i) {
+            b.inputs.push_back(rng.uniform_int(0, 15));
+            b.targets.push_back(b.inputs.back());
+          }
+          return b;
+        },
+        16, seed);
+  };
+  ModelConfig mc = tiny("gla");
+  mc.num_layers = 1;
+  mc.dtype = "float32";
+  TrainConfig tc;
+  tc.steps = 400;
+  tc.lr = 1e-2;
+  tc.eval_every = 10;
+  tc.target_accuracy = 0.95;
+  tc.log_every = 0;
+  torch::manual_seed(2);
+  LanguageModel model(mc);
+  const TrainResult r = train(model, tc, echo(2));
+  EXPECT_TRUE(r.stopped_early);
+  EXPECT_LT(r.final_step, 400);
+  EXPECT_EQ(r.final_step % 10, 0);
+  EXPECT_GE(r.final_accuracy, 0.95);
+  for (std::size_t i = 0; i + 1 < r.evals.size(); ++i) EXPECT_LT(r.evals[i].token_accuracy, 0.95);
+
+  // Grid: a hopeless learning rate against a good one, two seeds each.
+  tc.steps = 60;
+  tc.target_accuracy = 0;
+  const GridResult g = lr_grid(mc, tc, {1e-6, 1e-2}, {1, 2}, echo);
+  ASSERT_EQ(g.runs.size(), 4u);
+  EXPECT_EQ(g.best_lr, 1e-2);
+  EXPECT_GE(g.best_run, 2u);
+  EXPECT_GT(g.mean_accuracy[1], g.mean_accuracy[0] + 0.3);
+  EXPECT_EQ(g.runs[3].lr, 1e-2);
+  EXPECT_EQ(g.runs[3].seed, 2u);
+}
+
+// Every tensor and every other value (as text) of a serialized archive, recursively, by path.
+void collect(torch::serialize::InputArchive& ar, const std::string& prefix,
+             std::map<std::string, at::Tensor>& tensors,
+             std::map<std::string, std::string>& values) {
+  for (const auto& key : ar.keys()) {
+    at::Tensor t;
+    torch::serialize::InputArchive sub;
+    c10::IValue v;
+    if (ar.try_read(key, t)) {
+      tensors[prefix + key] = t;
+    } else if (ar.try_read(key, sub)) {
+      collect(sub, prefix + key + "/", tensors, values);
+    } else if (ar.try_read(key, v)) {
+      std::ostringstream s;
+      s << v;
+      values[prefix + key] = s.str();
+    }
+  }
+}
+
+// The optimizer state of a checkpoint. LibTorch keys the per-parameter state by the address of
+// the parameter's TensorImpl ("state/0x55…/exp_avg"), listed per group in
+// "param_groups/<i>/params/<j>"; the addresses are replaced by "g<i>p<j>" so that two runs
+// compare.
+std::map<std::string, std::string> optimizer_contents(const std::string& path,
+                                                      std::map<std::string, at::Tensor>& tensors) {
+  torch::serialize::InputArchive ar, opt;
+  ar.load_from(path);
+  ar.read("optimizer", opt);
+  std::map<std::string, std::string> values, renamed;
+  std::map<std::string, at::Tensor> raw;
+  collect(opt, "", raw, values);
+  std::map<std::string, std::string> canonical;  // address → g<i>p<j>
+  for (const auto& kv : values) {
+    const std::string& k = kv.first;
+    const auto pos = k.find("/params/");
+    if (k.rfind("param_groups/", 0) == 0 && pos != std::string::npos &&
+        k.find("size") == std::string::npos) {
+      std::string address = kv.second;
+      address.erase(std::remove(address.begin(), address.end(), '"'), address.end());
+      canonical[address] = "g" + k.substr(13, pos - 13) + "p" + k.substr(pos + 8);
+    } else {
+      renamed[k] = kv.second;
+    }
+  }
+  for (const auto& kv : raw) {
+    std::string k = kv.first;
+    for (const auto& c : canonical) {
+      const auto at = k.find(c.first);
+      if (at != std::string::npos) k.replace(at, c.first.size(), c.second);
+    }
+    tensors[k] = kv.second;
+  }
+  for (auto& kv : std::map<std::string, std::string>(renamed)) {
+    std::string k = kv.first;
+    for (const auto& c : canonical) {
+      const auto at = k.find(c.first);
+      if (at != std::string::npos) k.replace(at, c.first.size(), c.second);
+    }
+    if (k != kv.first) {
+      renamed.erase(kv.first);
+      renamed[k] = kv.second;
+    }
+  }
+  EXPECT_FALSE(canonical.empty());
+  return renamed;
+}
+
+TEST(Training, CheckpointResumeReproducesTheUninterruptedRun) {
+  // float64, every mixer: 12 steps in one go against 5 steps, a fresh process-like restart (new
+  // model with other initial parameters, new optimizer), and 7 more from the checkpoint. The
+  // parameters, AdamW's moments and step counts, the history and torch's generator must be
+  // bitwise equal.
+  for (const char* mixer : {"gla", "gated_deltanet", "fox", "attention"}) {
+    ModelConfig mc = tiny(mixer, "selective_rope");
+    mc.vocab_size = 32;
+    TrainConfig tc;
+    tc.steps = 12;
+    tc.batch_size = 4;
+    tc.warmup_steps = 3;
+    tc.eval_every = 4;
+    tc.log_every = 0;
+    tc.seed = 9;
+    const Batch held_out = mqar(small_mqar(), 8, batch_seed(9, -1));
+    const EvalFn eval = [&](LanguageModel& m) { return evaluate(m, held_out); };
+    const std::string full_path = temp_path(std::string(mixer) + "_full.ckpt");
+    const std::string part_path = temp_path(std::string(mixer) + "_part.ckpt");
+
+    torch::manual_seed(1);
+    LanguageModel full(mc);
+    tc.checkpoint_path = full_path;
+    const TrainResult a = train(full, tc, mqar_stream(4, 9), eval);
+    const at::Tensor rng_after_full = at::detail::getDefaultCPUGenerator().get_state();
+
+    torch::manual_seed(1);
+    LanguageModel first(mc);
+    tc.checkpoint_path = part_path;
+    tc.stop_at_step = 5;
+    const TrainResult p = train(first, tc, mqar_stream(4, 9), eval);
+    EXPECT_EQ(p.final_step, 5);
+    EXPECT_EQ(checkpoint_step(part_path), 5);
+    torch::manual_seed(77);  // a different initialisation and generator state, overwritten
+    LanguageModel second(mc);
+    (void)torch::randn({3});
+    tc.stop_at_step = 0;
+    tc.resume_from = part_path;
+    tc.checkpoint_every = 4;
+    const TrainResult b = train(second, tc, mqar_stream(4, 9), eval);
+
+    EXPECT_EQ(b.final_step, 12);
+    EXPECT_EQ(a.losses, b.losses) << mixer;
+    EXPECT_EQ(a.train_accuracies, b.train_accuracies) << mixer;
+    ASSERT_EQ(a.evals.size(), 3u);
+    ASSERT_EQ(b.evals.size(), 3u);
+    for (std::size_t i = 0; i < 3; ++i) {
+      EXPECT_EQ(a.evals[i].step, b.evals[i].step);
+      EXPECT_EQ(a.evals[i].loss, b.evals[i].loss) << mixer;
+    }
+    const auto pa = full->named_parameters(), pb = second->named_parameters();
+    ASSERT_EQ(pa.size(), pb.size());
+    for (const auto& kv : pa)
+      EXPECT_TRUE(torch::equal(kv.value(), pb[kv.key()])) << mixer << " " << kv.key();
+    std::map<std::string, at::Tensor> ta, tb;
+    const auto va = optimizer_contents(full_path, ta), vb = optimizer_contents(part_path, tb);
+    EXPECT_EQ(va, vb) << mixer;  // step counts, options (lr of the last step, betas, decay)
+    EXPECT_GE(ta.size(), 2 * pa.size());  // exp_avg and exp_avg_sq of every parameter at least
+    ASSERT_EQ(ta.size(), tb.size());
+    for (const auto& kv : ta) {
+      ASSERT_TRUE(tb.count(kv.first)) << kv.first;
+      EXPECT_TRUE(torch::equal(kv.second, tb.at(kv.first))) << mixer << " " << kv.first;
+    }
+    EXPECT_TRUE(torch::equal(rng_after_full, at::detail::getDefaultCPUGenerator().get_state()));
+    // A reloaded model predicts like the trained one.
+    LanguageModel reloaded = load_model(part_path);
+    const at::Tensor tokens = inputs_tensor(held_out);
+    EXPECT_TRUE(torch::equal(reloaded->forward(tokens), second->forward(tokens)));
+    std::filesystem::remove(full_path);
+    std::filesystem::remove(part_path);
+  }
+}
+
+TEST(Training, CheckpointErrors) {
+  ModelConfig mc = tiny("gla");
+  TrainConfig tc;
+  tc.steps = 3;
+  tc.batch_size = 2;
+  tc.log_every = 0;
+  const std::string path = temp_path("errors.ckpt");
+  std::filesystem::remove(path);
+  LanguageModel model(mc);
+  tc.resume_from = path;
+  expect_error([&] { train(model, tc, mqar_stream(2, 1)); },
+               {"checkpoint", "'path'", path, "no such file"});
+  std::ofstream(path) << "not a checkpoint";
+  expect_error([&] { train(model, tc, mqar_stream(2, 1)); },
+               {"checkpoint", "'path'", path, "corrupt"});
+  expect_error([&] { load_model(path); }, {"checkpoint", path, "corrupt"});
+  // A real checkpoint, then a truncated copy of it.
+  mc.vocab_size = 32;
+  LanguageModel m32(mc);
+  tc.resume_from.clear();
+  tc.checkpoint_path = path;
+  train(m32, tc, mqar_stream(2, 1));
+  EXPECT_EQ(checkpoint_step(path), 3);
+  EXPECT_EQ(nlohmann::json(checkpoint_model_config(path)), nlohmann::json(mc));
+  const auto size = std::filesystem::file_size(path);
+  std::filesystem::resize_file(path, size / 2);
+  expect_error([&] { checkpoint_step(path); }, {"checkpoint", path, "corrupt"});
+  train(m32, tc, mqar_stream(2, 1));
+  // Another model config or another trajectory: named differences.
+  ModelConfig other = mc;
+  other.hidden_size = 32;
+  LanguageModel m_other(other);
+  tc.resume_from = path;
+  expect_error([&] { train(m_other, tc, mqar_stream(2, 1)); },
+               {"train", "'resume_from'", "same model config", "hidden_size (16 vs 32)"});
+  TrainConfig tc2 = tc;
+  tc2.lr = 5e-4;
+  expect_error([&] { train(m32, tc2, mqar_stream(2, 1)); },
+               {"train", "'resume_from'", "trajectory", "lr"});
+  // Logging settings may change; a finished run resumes to nothing more.
+  tc.log_every = 1;
+  EXPECT_EQ(train(m32, tc, mqar_stream(2, 1)).final_step, 3);
+  // Batches with ids beyond the model's vocabulary.
+  LanguageModel small(tiny("gla"));
+  tc.resume_from.clear();
+  tc.checkpoint_path.clear();
+  expect_error([&] { train(small, tc, mqar_stream(2, 1)); },
+               {"train", "'batch'", "vocab_size = 16", "vocab_size 32"});
+  std::filesystem::remove(path);
+}
+
+TEST(Training, ProgressLine) {
+  ProgressInfo p;
+  p.step = 120;
+  p.total_steps = 1000;
+  p.loss = 2.31044;
+  p.train_accuracy = 0.4123;
+  p.eval_accuracy = 0.388;
+  p.lr = 9.5e-4;
+  p.tokens_per_s = 12345;
+  p.eta_s = 72;
+  EXPECT_EQ(format_progress(p, "gla"),
+            "gla  step 120/1000  loss 2.3104  acc 0.412  eval 0.388  lr 9.5e-04  12.3k tok/s  "
+            "ETA 1m12s");
+  p.final = true;
+  p.elapsed_s = 3725;
+  p.eval_accuracy = std::nan("");
+  p.tokens_per_s = 950;
+  EXPECT_EQ(format_progress(p),
+            "step 120/1000  loss 2.3104  acc 0.412  lr 9.5e-04  950 tok/s  took 1h02m05s");
+}
+
+}  // namespace
+}  // namespace phasor::tasks
