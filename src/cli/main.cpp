@@ -17,7 +17,10 @@ constexpr const char* kUsage =
     "                                         fla name such as chunk_gla); see `phasor op --help`\n"
     "  demo [...]                             every op through every implementation against the\n"
     "                                         float64 reference, with timings; see `phasor demo "
-    "--help`\n";
+    "--help`\n"
+    "  tasks sample TASK --out batch.pt [...]  one batch of a synthetic task (mqar, copy,\n"
+    "                                         copy_eval, parity, s2, a3, s3, s5) for torch.load;\n"
+    "                                         see `phasor tasks sample --help`\n";
 
 }  // namespace
 
@@ -35,11 +38,12 @@ int main(int argc, char** argv) {
     // The subcommand sees its own name as argv[0].
     if (command == "op") return phasor::cli::run_op(argc - 1, argv + 1);
     if (command == "demo") return phasor::cli::run_demo(argc - 1, argv + 1);
+    if (command == "tasks") return phasor::cli::run_tasks(argc - 1, argv + 1);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "phasor %s: %s\n", command.c_str(), e.what());
     return 1;
   }
-  std::fprintf(stderr, "phasor: unknown command '%s'; expected one of: op, demo\n\n%s",
+  std::fprintf(stderr, "phasor: unknown command '%s'; expected one of: op, demo, tasks\n\n%s",
                command.c_str(), kUsage);
   return 2;
 }

@@ -1,0 +1,220 @@
+// `phasor tasks ...`: the synthetic-task harness from the command line.
+//   phasor tasks sample TASK [options] --out batch.pt   one batch of a generator, for torch.load
+#include <torch/torch.h>
+#include <CLI/CLI.hpp>
+
+#include <cstdint>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <optional>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "cli/commands.h"
+#include "phasor/common.h"
+#include "phasor/tasks/data.h"
+
+namespace phasor::cli {
+namespace {
+
+// Bad input given by the user: printed as is, exit status 2.
+struct InputError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// ---- phasor tasks sample
+// -------------------------------------------------------------------------
+
+const std::vector<std::string>& task_names() {
+  static const std::vector<std::string> names = {"mqar", "copy", "copy_eval", "parity",
+                                                 "s2",   "a3",   "s3",        "s5"};
+  return names;
+}
+
+std::string joined(const std::vector<std::string>& names) {
+  std::string s;
+  for (const auto& n : names) s += (s.empty() ? "" : ", ") + n;
+  return s;
+}
+
+// The options each task reads (besides --out, --batch, --seed). Any other option given is an
+// error rather than silently ignored, so a typo such as `copy --length 5` (copy_eval's option)
+// does not produce data of another configuration than the one asked for.
+const std::set<std::string>& task_options(const std::string& task) {
+  static const std::map<std::string, std::set<std::string>> options = {
+      {"mqar", {"--seq-len", "--num-kv-pairs", "--vocab-size", "--power-a", "--zero-filler"}},
+      {"copy", {"--seq-len", "--min-len", "--max-len"}},
+      {"copy_eval", {"--length"}},
+      {"parity", {"--seq-len", "--final-only"}},
+      {"s2", {"--seq-len", "--final-only"}},
+      {"a3", {"--seq-len", "--final-only"}},
+      {"s3", {"--seq-len", "--final-only"}},
+      {"s5", {"--seq-len", "--final-only"}},
+  };
+  return options.at(task);
+}
+
+// The generators name their arguments as in their config structs ("seq_len", "context", ...);
+// the command line's user knows them as options. Maps the generator's name to the option.
+std::string option_of(const std::string& generator_argument) {
+  static const std::map<std::string, std::string> names = {
+      {"seq_len", "--seq-len"},           {"context", "--seq-len"}, {"vocab_size", "--vocab-size"},
+      {"num_kv_pairs", "--num-kv-pairs"}, {"power_a", "--power-a"}, {"min_len", "--min-len"},
+      {"max_len", "--max-len"},           {"length", "--length"},   {"batch", "--batch"},
+  };
+  const auto it = names.find(generator_argument);
+  return it == names.end() ? std::string() : it->second;
+}
+
+// Appends "(option --x)" to a generator's error "<op>: argument '<name>': ...".
+std::string with_option(const std::string& message) {
+  const std::string marker = "argument '";
+  const auto begin = message.find(marker);
+  if (begin == std::string::npos) return message;
+  const auto end = message.find('\'', begin + marker.size());
+  if (end == std::string::npos) return message;
+  const std::string option =
+      option_of(message.substr(begin + marker.size(), end - begin - marker.size()));
+  return option.empty() ? message : message + " (option " + option + ")";
+}
+
+struct SampleOptions {
+  std::string task;
+  std::string out_path;
+  std::int64_t batch = 4;
+  std::uint64_t seed = 0;
+  std::optional<std::int64_t> seq_len;  // default per task: mqar 64, copy 256, word problems 64
+  std::int64_t num_kv_pairs = 8;
+  std::int64_t vocab_size = 8192;
+  double power_a = 0.01;
+  bool zero_filler = false;
+  std::int64_t min_len = 1;
+  std::int64_t max_len = 50;
+  std::int64_t length = 10;
+  bool final_only = false;
+};
+
+tasks::Batch generate(const SampleOptions& o) {
+  if (o.batch < 1)
+    throw InputError("argument '--batch': expected ≥ 1, got " + std::to_string(o.batch));
+  const std::string& t = o.task;
+  if (t == "mqar") {
+    tasks::MqarConfig c;
+    c.seq_len = o.seq_len.value_or(64);
+    c.num_kv_pairs = o.num_kv_pairs;
+    c.vocab_size = o.vocab_size;
+    c.power_a = o.power_a;
+    c.random_filler = !o.zero_filler;
+    return tasks::mqar(c, o.batch, o.seed);
+  }
+  if (t == "copy") {
+    tasks::CopyTrainConfig c;
+    c.context = o.seq_len.value_or(256);
+    c.min_len = o.min_len;
+    c.max_len = o.max_len;
+    return tasks::copy_train(c, o.batch, o.seed);
+  }
+  if (t == "copy_eval") return tasks::copy_eval(o.length, o.batch, o.seed);
+  tasks::WordProblemConfig c;
+  c.group = tasks::group_from_string(t == "parity" ? "S2"
+                                     : t == "a3"   ? "A3"
+                                     : t == "s2"   ? "S2"
+                                     : t == "s3"   ? "S3"
+                                                   : "S5");
+  c.seq_len = o.seq_len.value_or(64);
+  if (c.seq_len < 1)
+    throw InputError("argument '--seq-len': expected ≥ 1, got " + std::to_string(c.seq_len));
+  c.final_only = o.final_only;
+  return tasks::word_problem(c, o.batch, o.seed);
+}
+
+// Writes {"inputs": int64 [B, T], "targets": int64 [B, T], "vocab_size": int64 scalar} with
+// torch::pickle_save (the format of Python's torch.save; torch.load reads it).
+void write_batch(const tasks::Batch& b, const std::string& path) {
+  const auto opts = torch::TensorOptions().dtype(torch::kInt64);
+  c10::Dict<std::string, at::Tensor> dict;
+  dict.insert("inputs", torch::tensor(b.inputs, opts).reshape({b.rows, b.cols}));
+  dict.insert("targets", torch::tensor(b.targets, opts).reshape({b.rows, b.cols}));
+  dict.insert("vocab_size", torch::tensor(b.vocab_size, opts));
+  const std::vector<char> bytes = torch::pickle_save(dict);
+  std::ofstream out(path, std::ios::binary);
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  if (!out)
+    throw InputError("argument '--out': expected a writable path, got '" + path +
+                     "' (cannot be written)");
+}
+
+int run_sample(CLI::App& app, const SampleOptions& o) {
+  const std::string prefix = "phasor tasks sample: ";
+  try {
+    // Options given that the task does not read.
+    for (const auto* opt : app.get_options()) {
+      const std::string name = opt->get_name();
+      if (opt->count() == 0 || name.rfind("--", 0) != 0) continue;
+      if (name == "--out" || name == "--batch" || name == "--seed" || name == "--help") continue;
+      if (!task_options(o.task).count(name)) {
+        std::string accepted;
+        for (const auto& n : task_options(o.task)) accepted += (accepted.empty() ? "" : ", ") + n;
+        throw InputError("argument '" + name + "': expected one of the options of task " + o.task +
+                         " (" + accepted + ", --batch, --seed, --out), got " + name);
+      }
+    }
+    const tasks::Batch batch = generate(o);
+    write_batch(batch, o.out_path);
+    std::printf("%s: %s inputs and targets [%lld, %lld], vocab_size %lld, seed %llu\n",
+                o.out_path.c_str(), o.task.c_str(), static_cast<long long>(batch.rows),
+                static_cast<long long>(batch.cols), static_cast<long long>(batch.vocab_size),
+                static_cast<unsigned long long>(o.seed));
+    return 0;
+  } catch (const InputError& e) {
+    std::fprintf(stderr, "%s%s\n", prefix.c_str(), e.what());
+    return 2;
+  } catch (const Error& e) {  // the generators' argument checks
+    std::fprintf(stderr, "%s%s\n", prefix.c_str(), with_option(e.what()).c_str());
+    return 2;
+  }
+}
+
+}  // namespace
+
+int run_tasks(int argc, char** argv) {
+  CLI::App app{"The synthetic-task harness: sample a generator's batch, or run an experiment grid.",
+               "phasor tasks"};
+  app.require_subcommand(1, 1);
+
+  SampleOptions s;
+  CLI::App* sample = app.add_subcommand(
+      "sample",
+      "Write one batch of a task's generator as a dict {inputs: int64 [B, T], targets: int64 "
+      "[B, T], vocab_size: int64} for torch.load (targets −100 where nothing is scored).");
+  sample->add_option("TASK", s.task, "one of " + joined(task_names()))
+      ->required()
+      ->check(CLI::IsMember(task_names()));
+  sample->add_option("--out", s.out_path, "output .pt file")->required();
+  sample->add_option("--batch", s.batch, "rows (default 4)");
+  sample->add_option("--seed", s.seed, "generator seed (default 0)");
+  sample->add_option("--seq-len", s.seq_len,
+                     "row length: mqar (default 64), copy (context, default 256), parity/s2/a3/"
+                     "s3/s5 (default 64)");
+  sample->add_option("--num-kv-pairs", s.num_kv_pairs, "mqar: key-value pairs (default 8)");
+  sample->add_option("--vocab-size", s.vocab_size, "mqar: vocabulary (default 8192)");
+  sample->add_option("--power-a", s.power_a, "mqar: gap distribution exponent (default 0.01)");
+  sample->add_flag("--zero-filler", s.zero_filler, "mqar: filler 0 instead of random tokens");
+  sample->add_option("--min-len", s.min_len, "copy: shortest string (default 1)");
+  sample->add_option("--max-len", s.max_len, "copy: longest string (default 50)");
+  sample->add_option("--length", s.length, "copy_eval: string length (default 10)");
+  sample->add_flag("--final-only", s.final_only,
+                   "parity/s2/a3/s3/s5: score only the last position");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;
+  }
+  return run_sample(*sample, s);
+}
+
+}  // namespace phasor::cli

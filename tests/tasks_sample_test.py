@@ -1,0 +1,261 @@
+#!/usr/bin/env python3
+"""The `phasor tasks sample` command, checked from Python's torch.
+
+    python3 tasks_sample_test.py <path to the phasor executable>
+
+Runs `phasor tasks sample` for every task, loads the file with torch.load and checks the
+invariants of each generator independently of the C++ tests (tests/tasks_data_test.cpp): shapes
+and dtypes, the vocabulary, MQAR's key/value layout and that every query's target is the value
+paired with its key in the context, the copy examples `$ s | s .` and their targets, the running
+XOR of parity and the running products of the group word problems (recomputed here from
+permutations), determinism in the seed, and that bad input exits with status 2 and a message
+naming the option. Prints 'N passed, M failed' last and exits non-zero on any failure.
+"""
+import itertools
+import os
+import subprocess
+import sys
+import tempfile
+
+import torch
+
+PHASOR = sys.argv[1] if len(sys.argv) > 1 else "phasor"
+WORK = tempfile.mkdtemp(prefix="phasor_tasks_sample_")
+IGNORE = -100
+passed = 0
+failed = 0
+
+
+def report(name, ok, detail=""):
+    global passed, failed
+    if ok:
+        passed += 1
+        print(f"PASS {name}")
+    else:
+        failed += 1
+        print(f"FAIL {name}: {detail}")
+
+
+def sample(task, *args):
+    """Runs `phasor tasks sample TASK *args --out F`; returns (status, stderr, dict or None)."""
+    out = os.path.join(WORK, "batch.pt")
+    if os.path.exists(out):
+        os.remove(out)
+    proc = subprocess.run([PHASOR, "tasks", "sample", task, *args, "--out", out],
+                          capture_output=True, text=True, timeout=60)
+    data = torch.load(out) if proc.returncode == 0 and os.path.exists(out) else None
+    return proc.returncode, proc.stderr, data
+
+
+def check_layout(name, data, rows, cols, vocab):
+    """Keys, dtypes, shapes; inputs in [0, vocab); targets in [0, vocab) or −100."""
+    if data is None:
+        report(name + " layout", False, "no output")
+        return False
+    inputs, targets = data.get("inputs"), data.get("targets")
+    problems = []
+    if set(data.keys()) != {"inputs", "targets", "vocab_size"}:
+        problems.append(f"keys {sorted(data.keys())}")
+    for key, t in (("inputs", inputs), ("targets", targets)):
+        if t is None or t.dtype != torch.int64 or tuple(t.shape) != (rows, cols):
+            problems.append(f"{key}: {None if t is None else (t.dtype, tuple(t.shape))}")
+    if not problems:
+        if int(data["vocab_size"]) != vocab:
+            problems.append(f"vocab_size {int(data['vocab_size'])} != {vocab}")
+        if inputs.min() < 0 or inputs.max() >= vocab:
+            problems.append("inputs outside the vocabulary")
+        scored = targets[targets != IGNORE]
+        if scored.numel() and (scored.min() < 0 or scored.max() >= vocab):
+            problems.append("targets outside the vocabulary")
+    report(name + " layout", not problems, "; ".join(problems))
+    return not problems
+
+
+# ---- MQAR -------------------------------------------------------------------------------------------
+def check_mqar(name, args, rows, L, V, n, zero_filler):
+    status, err, data = sample("mqar", *args)
+    if status != 0:
+        report(name, False, f"exit {status}: {err}")
+        return
+    if not check_layout(name, data, rows, L, V):
+        return
+    x, y = data["inputs"], data["targets"]
+    problems = []
+    for r in range(rows):
+        keys = x[r, 0:2 * n:2].tolist()
+        values = x[r, 1:2 * n:2].tolist()
+        if len(set(keys)) != n or not all(1 <= k < V // 2 for k in keys):
+            problems.append(f"row {r}: keys {keys} not distinct in [1, V/2)")
+        if len(set(values)) != n or not all(V // 2 <= v < V for v in values):
+            problems.append(f"row {r}: values {values} not distinct in [V/2, V)")
+        if (y[r, :2 * n] != IGNORE).any():
+            problems.append(f"row {r}: the context is scored")
+        pair = dict(zip(keys, values))
+        queries = [t for t in range(2 * n, L) if y[r, t] != IGNORE]
+        # n queries, one per key, at even offsets from 2n, each labelled with its key's value.
+        if sorted(x[r, t].item() for t in queries) != sorted(keys):
+            problems.append(f"row {r}: queried keys {[x[r, t].item() for t in queries]}")
+        for t in queries:
+            if (t - 2 * n) % 2 != 0:
+                problems.append(f"row {r}: query at odd offset {t}")
+            if y[r, t].item() != pair.get(x[r, t].item()):
+                problems.append(f"row {r}, position {t}: target {y[r, t].item()} is not the value "
+                                f"of key {x[r, t].item()}")
+        filler = [x[r, t].item() for t in range(2 * n, L) if y[r, t] == IGNORE]
+        if zero_filler and any(f != 0 for f in filler):
+            problems.append(f"row {r}: non-zero filler with --zero-filler")
+    if not zero_filler and all(f == 0 for f in x[:, 2 * n:][y[:, 2 * n:] == IGNORE].tolist()):
+        problems.append("random filler is all zeros")
+    report(name, not problems, "; ".join(problems[:5]))
+
+
+check_mqar("mqar zero filler", ["--batch", "8", "--seq-len", "32", "--vocab-size", "40",
+                                "--num-kv-pairs", "4", "--zero-filler", "--seed", "7"],
+           8, 32, 40, 4, True)
+check_mqar("mqar random filler", ["--batch", "5", "--seq-len", "64", "--vocab-size", "100",
+                                  "--num-kv-pairs", "16", "--power-a", "1", "--seed", "3"],
+           5, 64, 100, 16, False)
+check_mqar("mqar defaults", [], 4, 64, 8192, 8, False)
+
+# The documented example of data.h (V = 20, n = 2, L = 16, filler 0, seed 2026).
+status, err, data = sample("mqar", "--batch", "1", "--seq-len", "16", "--vocab-size", "20",
+                           "--num-kv-pairs", "2", "--zero-filler", "--seed", "2026")
+report("mqar documented example",
+       data is not None and data["inputs"][0].tolist()
+       == [9, 11, 2, 19, 0, 0, 2, 0, 0, 0, 9, 0, 0, 0, 0, 0]
+       and data["targets"][0, 6].item() == 19 and data["targets"][0, 10].item() == 11,
+       f"exit {status}: {err} {None if data is None else data['inputs'][0].tolist()}")
+
+
+# ---- copying ------------------------------------------------------------------------------------------
+START, SEP, END, PAD = 26, 27, 28, 29
+
+
+def check_copy_row(x, y, min_len, max_len):
+    """Parses a packed row `$ s | s . $ s | s . ... pad*` with min_len ≤ |s| ≤ max_len; returns a
+    problem or None."""
+    t, cols = 0, len(x)
+    examples = 0
+    while t < cols and x[t] == START:
+        sep = x.index(SEP, t) if SEP in x[t:] else -1
+        if sep < 0:
+            return f"no separator after position {t}"
+        s = x[t + 1:sep]
+        n = len(s)
+        if not min_len <= n <= max_len or any(not 0 <= c < 26 for c in s):
+            return f"bad string {s}"
+        if x[sep + 1:sep + 1 + n] != s or x[sep + 1 + n] != END:
+            return f"the copy at {sep + 1} is not s."
+        want = [IGNORE] * (n + 1) + s + [END] + [IGNORE]
+        if y[t:t + 2 * n + 3] != want:
+            return f"targets {y[t:t + 2 * n + 3]} != {want}"
+        t += 2 * n + 3
+        examples += 1
+    if examples == 0:
+        return "no example"
+    if any(c != PAD for c in x[t:]) or any(c != IGNORE for c in y[t:]):
+        return f"the rest from {t} is not pad / −100"
+    return None
+
+
+status, err, data = sample("copy", "--batch", "6", "--seq-len", "40", "--min-len", "2",
+                           "--max-len", "6", "--seed", "11")
+if check_layout("copy", data, 6, 40, 30):
+    problems = [p for p in (check_copy_row(data["inputs"][r].tolist(), data["targets"][r].tolist(),
+                                           2, 6) for r in range(6)) if p]
+    report("copy packing and targets", not problems, "; ".join(problems))
+
+status, err, data = sample("copy_eval", "--batch", "3", "--length", "7", "--seed", "5")
+if check_layout("copy_eval", data, 3, 2 * 7 + 3, 30):
+    problems = [p for p in (check_copy_row(data["inputs"][r].tolist(), data["targets"][r].tolist(),
+                                           7, 7) for r in range(3)) if p]
+    report("copy_eval rows", not problems, "; ".join(problems))
+
+
+# ---- word problems --------------------------------------------------------------------------------
+def group_elements(name):
+    """The elements in the order of data.h: S_n in lexicographic one-line order, A3 the even ones."""
+    n = {"S2": 2, "A3": 3, "S3": 3, "S5": 5}[name]
+    perms = list(itertools.permutations(range(n)))  # lexicographic
+
+    def even(p):
+        return sum(1 for i in range(n) for j in range(i + 1, n) if p[i] > p[j]) % 2 == 0
+
+    return [p for p in perms if even(p)] if name == "A3" else perms
+
+
+def check_word(task, group, rows, T, final_only, seed):
+    args = ["--batch", str(rows), "--seq-len", str(T), "--seed", str(seed)]
+    if final_only:
+        args.append("--final-only")
+    status, err, data = sample(task, *args)
+    elements = group_elements(group)
+    name = f"{task} T={T}{' final-only' if final_only else ''}"
+    if not check_layout(name, data, rows, T, len(elements)):
+        return
+    index = {p: i for i, p in enumerate(elements)}
+    problems = []
+    for r in range(rows):
+        prod = tuple(range(len(elements[0])))
+        for t in range(T):
+            a = elements[data["inputs"][r, t].item()]
+            prod = tuple(a[prod[i]] for i in range(len(prod)))  # prod·a: prod first, then a
+            want = index[prod] if (not final_only or t == T - 1) else IGNORE
+            if data["targets"][r, t].item() != want:
+                problems.append(f"row {r}, t {t}: target {data['targets'][r, t].item()} != {want}")
+                break
+    report(name + " running product", not problems, "; ".join(problems[:3]))
+    return data
+
+
+data = check_word("parity", "S2", 6, 33, False, 1)
+if data is not None:
+    xor = torch.cumsum(data["inputs"], dim=1) % 2
+    report("parity is the running XOR", torch.equal(xor, data["targets"]))
+check_word("parity", "S2", 4, 17, True, 2)
+check_word("s2", "S2", 3, 9, False, 3)
+check_word("a3", "A3", 4, 20, False, 4)
+check_word("s3", "S3", 4, 21, False, 5)
+check_word("s5", "S5", 3, 30, True, 6)
+
+# ---- determinism ----------------------------------------------------------------------------------
+_, _, a = sample("s5", "--batch", "4", "--seq-len", "16", "--seed", "9")
+_, _, b = sample("s5", "--batch", "4", "--seq-len", "16", "--seed", "9")
+_, _, c = sample("s5", "--batch", "4", "--seq-len", "16", "--seed", "10")
+_, _, d = sample("s5", "--batch", "2", "--seq-len", "16", "--seed", "9")
+report("same seed, same batch; other seed, other batch; prefix rows",
+       a is not None and b is not None and c is not None and d is not None
+       and torch.equal(a["inputs"], b["inputs"]) and not torch.equal(a["inputs"], c["inputs"])
+       and torch.equal(a["inputs"][:2], d["inputs"]))
+
+
+# ---- bad input: exit 2 and the option named ---------------------------------------------------------
+def check_error(name, task, args, needle):
+    status, err, data = sample(task, *args)
+    report("error: " + name, status == 2 and needle in err and data is None,
+           f"exit {status}, stderr {err!r}")
+
+
+check_error("odd mqar length", "mqar", ["--seq-len", "15"], "--seq-len")
+check_error("mqar vocabulary too small", "mqar", ["--seq-len", "32", "--vocab-size", "20"],
+            "--vocab-size")
+check_error("too many kv pairs", "mqar", ["--seq-len", "16", "--vocab-size", "40",
+                                          "--num-kv-pairs", "5"], "--num-kv-pairs")
+check_error("negative power", "mqar", ["--power-a", "-1"], "--power-a")
+check_error("copy context too short", "copy", ["--seq-len", "10"], "--seq-len")
+check_error("copy max < min", "copy", ["--min-len", "5", "--max-len", "3"], "--max-len")
+check_error("copy_eval length 0", "copy_eval", ["--length", "0"], "--length")
+check_error("batch 0", "parity", ["--batch", "0"], "--batch")
+check_error("seq-len 0", "s3", ["--seq-len", "0"], "--seq-len")
+check_error("option of another task", "parity", ["--num-kv-pairs", "3"], "--num-kv-pairs")
+check_error("unknown task", "s4", [], "TASK")
+check_error("not a number", "mqar", ["--batch", "many"], "--batch")
+proc = subprocess.run([PHASOR, "tasks", "sample", "s3", "--out",
+                       os.path.join(WORK, "no", "such", "dir.pt")],
+                      capture_output=True, text=True, timeout=60)
+report("error: unwritable --out", proc.returncode == 2 and "--out" in proc.stderr, proc.stderr)
+proc = subprocess.run([PHASOR, "tasks", "sample", "s3"], capture_output=True, text=True, timeout=60)
+report("error: missing --out", proc.returncode == 2 and "--out" in proc.stderr, proc.stderr)
+
+print(f"{passed} passed, {failed} failed")
+sys.exit(1 if failed else 0)
