@@ -14,6 +14,7 @@ packages=(
   libgtest-dev libgmock-dev googletest
   libbenchmark-dev
   libcli11-dev libfmt-dev nlohmann-json3-dev
+  libcairo2-dev          # PNG plots of the task harness (tasks/src/plot.cpp)
   clang-format
 )
 missing=()
