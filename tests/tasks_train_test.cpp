@@ -532,6 +532,79 @@ TEST(Training, CheckpointResumeReproducesTheUninterruptedRun) {
   }
 }
 
+TEST(Training, WeightDecayOnMatricesOnly) {
+  // AdamW's first group (decay 0.1) holds exactly the "*weight" matrices; the second (no decay)
+  // the embedding, norms, biases, A_log / dt_bias and Selective RoPE's ω.
+  ModelConfig mc = tiny("gated_deltanet", "selective_rope");
+  mc.vocab_size = 32;
+  LanguageModel model(mc);
+  std::int64_t matrices = 0, others = 0;
+  for (const auto& p : model->named_parameters()) {
+    const std::string& k = p.key();
+    const bool matrix = p.value().dim() >= 2 && k.size() >= 6 && k.substr(k.size() - 6) == "weight";
+    (matrix ? matrices : others) += 1;
+    if (k.find("embedding") != std::string::npos || k.find("omega") != std::string::npos ||
+        k.find("norm") != std::string::npos || k.find("A_log") != std::string::npos) {
+      EXPECT_FALSE(matrix) << k;
+    }
+  }
+  EXPECT_GT(matrices, 10);
+  EXPECT_GT(others, 10);
+  TrainConfig tc;
+  tc.steps = 1;
+  tc.batch_size = 2;
+  tc.log_every = 0;
+  tc.checkpoint_path = temp_path("decay.ckpt");
+  train(model, tc, mqar_stream(2, 1));
+  std::map<std::string, at::Tensor> tensors;
+  const auto values = optimizer_contents(tc.checkpoint_path, tensors);
+  ASSERT_TRUE(tensors.count("param_groups/param_groups/0/params/size"))
+      << testing::PrintToString(values);
+  EXPECT_EQ(tensors.at("param_groups/param_groups/0/params/size").item<std::int64_t>(), matrices);
+  EXPECT_EQ(tensors.at("param_groups/param_groups/1/params/size").item<std::int64_t>(), others);
+  EXPECT_EQ(std::stod(values.at("param_groups/param_groups/0/options/weight_decay")), 0.1);
+  EXPECT_EQ(std::stod(values.at("param_groups/param_groups/1/options/weight_decay")), 0.0);
+  std::filesystem::remove(tc.checkpoint_path);
+}
+
+TEST(Training, EvaluateInPassesAndBatchesWithoutTargets) {
+  ModelConfig mc = tiny("fox", "rope");
+  mc.vocab_size = 32;
+  torch::manual_seed(4);
+  LanguageModel model(mc);
+  const Batch held_out = mqar(small_mqar(), 10, 3);
+  const EvalResult one = evaluate(model, held_out, 64), three = evaluate(model, held_out, 3);
+  EXPECT_EQ(one.predictions, three.predictions);
+  EXPECT_EQ(one.predictions.size(), held_out.inputs.size());
+  EXPECT_NEAR(one.loss, three.loss, 1e-12);
+  EXPECT_EQ(one.metrics.correct_tokens, three.metrics.correct_tokens);
+  // The loss is the mean cross-entropy over the scored positions only.
+  const at::Tensor logits = model->forward(inputs_tensor(held_out));
+  const at::Tensor lp = logits.log_softmax(-1);
+  double sum = 0;
+  std::int64_t n = 0;
+  for (std::int64_t r = 0; r < held_out.rows; ++r)
+    for (std::int64_t t = 0; t < held_out.cols; ++t)
+      if (held_out.target(r, t) != kIgnoreIndex) {
+        sum -= lp[r][t][held_out.target(r, t)].item<double>();
+        ++n;
+      }
+  EXPECT_NEAR(one.loss, sum / double(n), 1e-12);
+  EXPECT_EQ(one.metrics.scored_tokens, n);
+  expect_error([&] { evaluate(model, held_out, 0); }, {"evaluate", "'rows_per_pass'"});
+  // Training on a batch with nothing to score is an error, not a divergence.
+  TrainConfig tc;
+  tc.steps = 2;
+  tc.log_every = 0;
+  const BatchFn empty = [](std::int64_t) {
+    Batch b = mqar(small_mqar(), 2, 1);
+    std::fill(b.targets.begin(), b.targets.end(), kIgnoreIndex);
+    return b;
+  };
+  expect_error([&] { train(model, tc, empty); },
+               {"train", "'batch'", "at least one scored target", "step 1"});
+}
+
 TEST(Training, CheckpointErrors) {
   ModelConfig mc = tiny("gla");
   TrainConfig tc;

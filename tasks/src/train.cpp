@@ -430,16 +430,31 @@ at::Tensor targets_tensor(const Batch& b) {
 
 // ---- evaluation ---------------------------------------------------------------------------------
 
-EvalResult evaluate(LanguageModel& model, const Batch& batch) {
+EvalResult evaluate(LanguageModel& model, const Batch& batch, std::int64_t rows_per_pass) {
   check_batch(batch, model->config(), "evaluate");
+  if (rows_per_pass < 1) fail("evaluate", "rows_per_pass", "≥ 1", std::to_string(rows_per_pass));
   const bool was_training = model->is_training();
   model->eval();
   torch::NoGradGuard no_grad;
+  const at::Tensor inputs = inputs_tensor(batch), targets = targets_tensor(batch);
   EvalResult r;
-  const at::Tensor logits = model->forward(inputs_tensor(batch));
-  r.loss = loss_of(logits, targets_tensor(batch)).item<double>();
-  r.metrics = metrics_of(logits, batch);
+  r.predictions.reserve(batch.inputs.size());
+  double loss_sum = 0.0;
+  for (std::int64_t row = 0; row < batch.rows; row += rows_per_pass) {
+    const std::int64_t n = std::min(rows_per_pass, batch.rows - row);
+    const at::Tensor logits = model->forward(inputs.narrow(0, row, n));
+    const std::int64_t V = logits.size(-1);
+    loss_sum +=
+        at::cross_entropy_loss(logits.reshape({-1, V}), targets.narrow(0, row, n).reshape({-1}), {},
+                               at::Reduction::Sum, kIgnoreIndex)
+            .item<double>();
+    const at::Tensor pred = logits.argmax(-1).contiguous();
+    r.predictions.insert(r.predictions.end(), pred.data_ptr<std::int64_t>(),
+                         pred.data_ptr<std::int64_t>() + pred.numel());
+  }
   model->train(was_training);
+  r.metrics = tasks::evaluate(r.predictions, batch.targets, batch.rows, batch.cols);
+  r.loss = loss_sum / static_cast<double>(r.metrics.scored_tokens);  // NaN if nothing is scored
   return r;
 }
 
@@ -501,6 +516,12 @@ TrainResult train(LanguageModel& model, const TrainConfig& config, const BatchFn
   for (std::int64_t step = first; step <= last && !done; ++step) {
     const Batch batch = data(step);
     check_batch(batch, model->config(), "train");
+    // A batch without targets has no loss (the mean over nothing is NaN), which must not be
+    // mistaken for divergence.
+    if (std::all_of(batch.targets.begin(), batch.targets.end(),
+                    [](std::int64_t t) { return t == kIgnoreIndex; }))
+      fail("train", "batch", "at least one scored target (≠ −100)",
+           "a batch of step " + std::to_string(step) + " without any");
     const at::Tensor logits = model->forward(inputs_tensor(batch));
     const at::Tensor loss = loss_of(logits, targets_tensor(batch));
     const double loss_value = loss.item<double>();

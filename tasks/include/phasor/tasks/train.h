@@ -88,9 +88,14 @@ at::Tensor targets_tensor(const Batch& batch);
 struct EvalResult {
   double loss = std::numeric_limits<double>::quiet_NaN();  // mean cross-entropy, scored tokens
   Metrics metrics;  // token / sequence accuracy of the argmax predictions (tasks::evaluate)
+  // The argmax predictions, rows × cols row-major like Batch::targets (for other metrics, e.g.
+  // copy_metrics).
+  std::vector<std::int64_t> predictions;
 };
-// Teacher-forced evaluation in eval mode without gradients, on batch.rows rows at once.
-EvalResult evaluate(LanguageModel& model, const Batch& batch);
+// Teacher-forced evaluation in eval mode without gradients, rows_per_pass rows per forward pass
+// (bounding memory for large held-out sets; the result does not depend on it up to rounding of
+// the loss sum).
+EvalResult evaluate(LanguageModel& model, const Batch& batch, std::int64_t rows_per_pass = 64);
 using EvalFn = std::function<EvalResult(LanguageModel& model)>;
 
 // ---- progress -----------------------------------------------------------------------------------
