@@ -605,6 +605,108 @@ TEST(Training, EvaluateInPassesAndBatchesWithoutTargets) {
                {"train", "'batch'", "at least one scored target", "step 1"});
 }
 
+// Parameters of a model, copied.
+std::vector<at::Tensor> snapshot(LanguageModel& m) {
+  std::vector<at::Tensor> out;
+  for (const auto& p : m->parameters()) out.push_back(p.detach().clone());
+  return out;
+}
+
+double max_change(const std::vector<at::Tensor>& before, LanguageModel& m) {
+  double d = 0;
+  const auto now = m->parameters();
+  for (std::size_t i = 0; i < before.size(); ++i)
+    d = std::max(d, (now[i] - before[i]).abs().max().item<double>());
+  return d;
+}
+
+TEST(Training, GradientClipping) {
+  // One AdamW step moves a parameter by about lr (Adam's m/√v ≈ ±1). Clipping the gradient to a
+  // norm of 1e-12 makes it ~1e-13 per entry, below Adam's eps = 1e-8, so the step shrinks to
+  // about lr · 1e-5: the clipping must have been applied before the update.
+  ModelConfig mc = tiny("gla");
+  mc.vocab_size = 32;
+  TrainConfig tc;
+  tc.steps = 1;
+  tc.batch_size = 4;
+  tc.lr = 1e-2;
+  tc.warmup_steps = 0;
+  tc.min_lr_ratio = 1.0;  // the single step runs at lr
+  tc.weight_decay = 0;
+  tc.log_every = 0;
+  for (const double clip : {0.0, 1e-12}) {
+    torch::manual_seed(6);
+    LanguageModel model(mc);
+    const auto before = snapshot(model);
+    tc.grad_clip = clip;
+    train(model, tc, mqar_stream(4, 2));
+    const double moved = max_change(before, model);
+    if (clip == 0.0)
+      EXPECT_GT(moved, 0.5 * tc.lr);
+    else
+      EXPECT_LT(moved, 1e-3 * tc.lr);
+  }
+}
+
+TEST(Training, DivergenceStopsWithoutUpdating) {
+  // A mixer that turns its output into NaN from the 4th forward pass on: the run must stop at
+  // step 3 marked diverged, with the parameters of step 3 (no update from the NaN loss).
+  static int calls = 0;
+  register_mixer("test_nan_after_3", [](const ModelConfig& c, const PositionEncoding&) {
+    auto lin = std::make_shared<torch::nn::LinearImpl>(c.hidden_size, c.hidden_size);
+    Mixer m;
+    m.module = lin;
+    m.forward = [lin](const at::Tensor& x) {
+      const at::Tensor y = lin->forward(x);
+      return ++calls > 3 ? y * std::nan("") : y;
+    };
+    return m;
+  });
+  ModelConfig mc = tiny("test_nan_after_3");
+  mc.num_layers = 1;
+  mc.vocab_size = 32;
+  TrainConfig tc;
+  tc.steps = 10;
+  tc.batch_size = 2;
+  tc.log_every = 0;
+  tc.stop_at_step = 3;
+  LanguageModel model(mc);
+  train(model, tc, mqar_stream(2, 1));
+  const auto after3 = snapshot(model);
+  tc.stop_at_step = 0;
+  tc.checkpoint_path = temp_path("nan.ckpt");
+  calls = 3;
+  LanguageModel again(mc);
+  for (std::size_t i = 0; i < after3.size(); ++i) again->parameters()[i].detach().copy_(after3[i]);
+  const TrainResult r = train(again, tc, mqar_stream(2, 1));
+  EXPECT_TRUE(r.diverged);
+  EXPECT_EQ(r.final_step, 0);
+  EXPECT_EQ(r.final_accuracy, 0.0);
+  EXPECT_EQ(max_change(after3, again), 0.0);
+  EXPECT_EQ(checkpoint_step(tc.checkpoint_path), 0);
+  std::filesystem::remove(tc.checkpoint_path);
+}
+
+TEST(Training, ProgressOnStderr) {
+  // Not a terminal here (tests capture stderr): one plain line per report, the last one final.
+  ModelConfig mc = tiny("attention");
+  mc.vocab_size = 32;
+  TrainConfig tc;
+  tc.steps = 5;
+  tc.batch_size = 2;
+  tc.log_every = 2;
+  LanguageModel model(mc);
+  testing::internal::CaptureStderr();
+  train(model, tc, mqar_stream(2, 1), {}, stderr_progress("arm"));
+  const std::string out = testing::internal::GetCapturedStderr();
+  EXPECT_EQ(out.find('\r'), std::string::npos);
+  EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 3);  // steps 2, 4, 5
+  EXPECT_EQ(out.rfind("arm  step 2/5  loss ", 0), 0u) << out;
+  EXPECT_NE(out.find("arm  step 5/5"), std::string::npos);
+  EXPECT_NE(out.find("took"), std::string::npos);
+  EXPECT_NE(out.find("ETA"), std::string::npos);
+}
+
 TEST(Training, CheckpointErrors) {
   ModelConfig mc = tiny("gla");
   TrainConfig tc;
