@@ -169,23 +169,27 @@ TEST(Registry, BuiltinsAndNewEntries) {
       {"register_mixer", "'gla'"});
   // A new mixer (a causal token shift followed by a linear map) and a new position encoding
   // ("rope" with a small base) plug in without touching the model.
-  register_mixer("test_shift", [](const ModelConfig& c, const PositionEncoding& pe) {
-    EXPECT_EQ(pe.name, "test_rope_small");
-    auto lin = std::make_shared<torch::nn::LinearImpl>(c.hidden_size, c.hidden_size);
-    Mixer m;
-    m.module = lin;
-    m.forward = [lin](const at::Tensor& x) {
-      return lin->forward(at::constant_pad_nd(x, {0, 0, 1, 0}).narrow(1, 0, x.size(1)));
-    };
-    return m;
-  });
-  register_position_encoding("test_rope_small", [](const ModelConfig&) {
-    PositionEncoding p;
-    p.name = "test_rope_small";
-    p.kind = nn::PosEncoding::rope;
-    p.rope_theta = 100.0;
-    return p;
-  });
+  // (Registered once per process, so that --gtest_repeat works.)
+  const auto names = mixer_names();
+  if (std::find(names.begin(), names.end(), "test_shift") == names.end()) {
+    register_mixer("test_shift", [](const ModelConfig& c, const PositionEncoding& pe) {
+      EXPECT_EQ(pe.name, "test_rope_small");
+      auto lin = std::make_shared<torch::nn::LinearImpl>(c.hidden_size, c.hidden_size);
+      Mixer m;
+      m.module = lin;
+      m.forward = [lin](const at::Tensor& x) {
+        return lin->forward(at::constant_pad_nd(x, {0, 0, 1, 0}).narrow(1, 0, x.size(1)));
+      };
+      return m;
+    });
+    register_position_encoding("test_rope_small", [](const ModelConfig&) {
+      PositionEncoding p;
+      p.name = "test_rope_small";
+      p.kind = nn::PosEncoding::rope;
+      p.rope_theta = 100.0;
+      return p;
+    });
+  }
   ModelConfig c = tiny("test_shift", "test_rope_small");
   LanguageModel model(c);
   const at::Tensor tokens = torch::randint(0, 16, {2, 5}, at::kLong);
@@ -652,16 +656,19 @@ TEST(Training, DivergenceStopsWithoutUpdating) {
   // A mixer that turns its output into NaN from the 4th forward pass on: the run must stop at
   // step 3 marked diverged, with the parameters of step 3 (no update from the NaN loss).
   static int calls = 0;
-  register_mixer("test_nan_after_3", [](const ModelConfig& c, const PositionEncoding&) {
-    auto lin = std::make_shared<torch::nn::LinearImpl>(c.hidden_size, c.hidden_size);
-    Mixer m;
-    m.module = lin;
-    m.forward = [lin](const at::Tensor& x) {
-      const at::Tensor y = lin->forward(x);
-      return ++calls > 3 ? y * std::nan("") : y;
-    };
-    return m;
-  });
+  calls = 0;
+  const auto names = mixer_names();
+  if (std::find(names.begin(), names.end(), "test_nan_after_3") == names.end())
+    register_mixer("test_nan_after_3", [](const ModelConfig& c, const PositionEncoding&) {
+      auto lin = std::make_shared<torch::nn::LinearImpl>(c.hidden_size, c.hidden_size);
+      Mixer m;
+      m.module = lin;
+      m.forward = [lin](const at::Tensor& x) {
+        const at::Tensor y = lin->forward(x);
+        return ++calls > 3 ? y * std::nan("") : y;
+      };
+      return m;
+    });
   ModelConfig mc = tiny("test_nan_after_3");
   mc.num_layers = 1;
   mc.vocab_size = 32;
