@@ -13,8 +13,8 @@ int run_op(int argc, char** argv);
 // (src/cli/demo_command.cpp).
 int run_demo(int argc, char** argv);
 
-// `phasor tasks sample TASK [...] --out batch.pt`: one batch of a synthetic-task generator
-// (src/cli/tasks_command.cpp).
+// `phasor tasks sample TASK [...] --out batch.pt`: one batch of a synthetic-task generator;
+// `phasor tasks run CONFIG.json [...]`: the experiment runner (src/cli/tasks_command.cpp).
 int run_tasks(int argc, char** argv);
 
 }  // namespace phasor::cli

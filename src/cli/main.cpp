@@ -20,7 +20,9 @@ constexpr const char* kUsage =
     "--help`\n"
     "  tasks sample TASK --out batch.pt [...]  one batch of a synthetic task (mqar, copy,\n"
     "                                         copy_eval, parity, s2, a3, s3, s5) for torch.load;\n"
-    "                                         see `phasor tasks sample --help`\n";
+    "                                         see `phasor tasks sample --help`\n"
+    "  tasks run CONFIG.json [--out DIR]      train and evaluate an experiment grid (arms x lr x\n"
+    "                                         seeds); see `phasor tasks run --help`\n";
 
 }  // namespace
 

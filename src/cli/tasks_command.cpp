@@ -1,5 +1,6 @@
 // `phasor tasks ...`: the synthetic-task harness from the command line.
 //   phasor tasks sample TASK [options] --out batch.pt   one batch of a generator, for torch.load
+//   phasor tasks run CONFIG.json [--out DIR] [...]      the experiment runner (tasks/experiment.h)
 #include <torch/torch.h>
 #include <CLI/CLI.hpp>
 
@@ -16,6 +17,7 @@
 #include "cli/commands.h"
 #include "phasor/common.h"
 #include "phasor/tasks/data.h"
+#include "phasor/tasks/experiment.h"
 
 namespace phasor::cli {
 namespace {
@@ -178,6 +180,48 @@ int run_sample(CLI::App& app, const SampleOptions& o) {
   }
 }
 
+// ---- phasor tasks run
+// ----------------------------------------------------------------------------
+
+struct RunOptions {
+  std::string config_path;
+  std::string out_dir;
+  bool resume = false;
+  int threads = 0;
+  bool quiet = false;
+};
+
+int run_run(const RunOptions& o) {
+  const std::string prefix = "phasor tasks run: ";
+  tasks::ExperimentConfig config;
+  try {  // a bad config is bad input (exit 2); failures while running are not (exit 1)
+    if (o.threads < 0)
+      throw InputError("argument '--threads': expected ≥ 0, got " + std::to_string(o.threads));
+    config = tasks::load_experiment_config(o.config_path);
+  } catch (const InputError& e) {
+    std::fprintf(stderr, "%s%s\n", prefix.c_str(), e.what());
+    return 2;
+  } catch (const Error& e) {
+    std::fprintf(stderr, "%s%s\n", prefix.c_str(), e.what());
+    return 2;
+  }
+  tasks::ExperimentOptions options;
+  options.out_dir = o.out_dir.empty() ? config.name : o.out_dir;
+  options.resume = o.resume;
+  options.threads = o.threads;
+  options.progress = !o.quiet;
+  try {
+    const nlohmann::json results = tasks::run_experiment(config, options);
+    std::fputs(tasks::format_result_table(results).c_str(), stdout);
+    std::printf("results: %s/results.json, results.csv, accuracy_vs_length.png, loss.png\n",
+                options.out_dir.c_str());
+    return 0;
+  } catch (const Error& e) {
+    std::fprintf(stderr, "%s%s\n", prefix.c_str(), e.what());
+    return 1;
+  }
+}
+
 }  // namespace
 
 int run_tasks(int argc, char** argv) {
@@ -209,11 +253,26 @@ int run_tasks(int argc, char** argv) {
   sample->add_flag("--final-only", s.final_only,
                    "parity/s2/a3/s3/s5: score only the last position");
 
+  RunOptions r;
+  CLI::App* run = app.add_subcommand(
+      "run",
+      "Train and evaluate every arm × learning rate × seed of an experiment config (JSON, see "
+      "tasks/include/phasor/tasks/experiment.h) and write results.json, results.csv and PNG plots "
+      "into the output folder; print the result table.");
+  run->add_option("CONFIG", r.config_path, "experiment config (.json)")->required();
+  run->add_option("--out", r.out_dir, "output folder (default: the config's name)");
+  run->add_flag("--resume", r.resume,
+                "skip the runs finished in the output folder, continue interrupted ones from "
+                "their checkpoints");
+  run->add_option("--threads", r.threads, "threads (default 0: all cores)");
+  run->add_flag("--quiet", r.quiet, "no progress lines on stderr");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 2;
   }
+  if (run->parsed()) return run_run(r);
   return run_sample(*sample, s);
 }
 

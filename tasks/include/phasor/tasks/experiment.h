@@ -1,0 +1,117 @@
+// phasor::tasks — the experiment runner: a grid of model arms × learning rates × seeds on one
+// synthetic task, trained (tasks/train.h), evaluated at several lengths, summarised in
+// results.json / results.csv / PNG plots / a table. `phasor tasks run CONFIG.json` calls it.
+//
+// Config (JSON; every key optional unless marked, unknown keys are errors):
+//   {
+//     "name": "mqar_quick",                       required; [A-Za-z0-9_.-]+, the default out dir
+//     "task": {                                   required
+//       "name": "mqar",                           required: mqar | copy | parity | s2 | a3 | s3 |
+//       s5 mqar:  "num_kv_pairs" 8, "vocab_size" 8192, "power_a" 0.01, "random_filler" true copy:
+//       "context" 256, "min_len" 1, "max_len" 50       (training rows, see data.h) word problems
+//       (parity = s2): "final_only" false "train_lengths": [64],                    sequence
+//       lengths of the training batches, used
+//                                                 in turn (step s uses train_lengths[(s−1) mod n]);
+//                                                 not for copy (its rows have `context` tokens)
+//       "eval_lengths": [64, 128, 256],           required; sequence lengths (copy: string
+//                                                 lengths, rows of 2·len + 3 tokens)
+//       "eval_batch": 256                         rows per evaluation
+//     },
+//     "model": {...},                             ModelConfig defaults of every arm (model.h);
+//                                                 vocab_size defaults to the task's
+//     "arms": [{"name": "gla_rope",               required, ≥ 1 arm, distinct names
+//               "model": {"mixer": "gla", "pos_encoding": "rope", ...}}],  merged into "model"
+//                                                 (JSON merge patch); "layers" = num_layers
+//     "train": {...},                             TrainConfig (train.h) without lr, seed,
+//                                                 checkpoint_path, resume_from (the runner's)
+//     "lr_grid": [1e-3, 3e-3],                    required, positive
+//     "seeds": [0, 1]                             required, distinct non-negative integers
+//   }
+// The reference length is max(train_lengths) (copy: max_len): it is always evaluated, the
+// training's periodic evaluation (early stopping) uses it, and the best learning rate of an arm is
+// the one with the highest sequence accuracy at that length after training, averaged over the
+// seeds (the first such lr on ties).
+//
+// Determinism: run (arm, lr, seed) seeds torch with `seed` before building the model and trains
+// on the stream batch_seed(seed, step); the evaluation batches depend on (seed, length) only, so
+// every arm and lr of a seed is scored on the same rows.
+//
+// Output folder:
+//   results.json    the config, the machine (threads), the wall time, every run (losses,
+//                   periodic evaluations, per-length token / sequence accuracy, loss and
+//                   cumulative sequence-accuracy curve) and the summary (best lr per arm, means)
+//   results.csv     one row per arm × lr × seed × eval length
+//   accuracy_vs_length.png, token_accuracy_vs_length.png   per arm: best lr, mean over seeds
+//   loss.png        training loss (smoothed) per arm: best lr, mean over seeds
+//   checkpoints/    <arm>.lr<lr>.seed<seed>.ckpt while a run trains, .json once it finished;
+//                   with resume, finished runs are read back and unfinished ones continue from
+//                   their checkpoint.
+//
+// Errors: phasor::Error "experiment config: argument 'config.arms[2].model.mixer': expected one of
+// attention, fox, gated_deltanet, gla, got 'glaa'" (the key path names the offending value).
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "phasor/tasks/data.h"
+#include "phasor/tasks/model.h"
+#include "phasor/tasks/train.h"
+
+namespace phasor::tasks {
+
+struct TaskSpec {
+  std::string name;  // mqar | copy | parity | s2 | a3 | s3 | s5
+  MqarConfig mqar;
+  CopyTrainConfig copy;
+  WordProblemConfig word;
+  std::vector<std::int64_t> train_lengths;  // empty for copy
+  std::vector<std::int64_t> eval_lengths;   // includes the reference length (appended if absent)
+  std::int64_t eval_batch = 256;
+
+  std::int64_t reference_length() const;  // max(train_lengths), copy: copy.max_len
+  std::int64_t vocab_size() const;
+  // A training batch of `rows` rows at the training length of `step` (≥ 1).
+  Batch train_batch(std::int64_t step, std::int64_t rows, std::uint64_t seed) const;
+  // An evaluation batch at `length` (copy: copy_eval rows of strings of that length).
+  Batch eval_batch_at(std::int64_t length, std::int64_t rows, std::uint64_t seed) const;
+};
+
+struct Arm {
+  std::string name;
+  ModelConfig model;
+};
+
+struct ExperimentConfig {
+  std::string name;
+  TaskSpec task;
+  std::vector<Arm> arms;
+  TrainConfig train;
+  std::vector<double> lrs;
+  std::vector<std::uint64_t> seeds;
+  nlohmann::json source;  // the config as given
+};
+
+// Parses and validates (including building each arm's model once, so that bad layer options are
+// reported before anything trains). Throws phasor::Error with the key path.
+ExperimentConfig parse_experiment_config(const nlohmann::json& config);
+ExperimentConfig load_experiment_config(const std::string& path);
+
+struct ExperimentOptions {
+  std::string out_dir;   // created if missing
+  bool resume = false;   // skip finished runs, continue interrupted ones
+  int threads = 0;       // > 0: at::set_num_threads and phasor::set_num_threads
+  bool progress = true;  // per-run progress lines on stderr
+};
+
+// Runs the grid, writes the output folder, returns results.json's contents.
+nlohmann::json run_experiment(const ExperimentConfig& config, const ExperimentOptions& options);
+
+// The result table printed by `phasor tasks run`: one line per arm with its best lr and the mean
+// sequence accuracy at each evaluation length, then the mean accuracy at the reference length for
+// every lr of every arm.
+std::string format_result_table(const nlohmann::json& results);
+
+}  // namespace phasor::tasks

@@ -1,0 +1,675 @@
+// The experiment runner (see phasor/tasks/experiment.h).
+#include "phasor/tasks/experiment.h"
+
+#include <ATen/Parallel.h>
+#include <torch/torch.h>
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include "common/check.h"
+#include "phasor/common.h"
+#include "phasor/tasks/plot.h"
+
+namespace phasor::tasks {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+using phasor::detail::fail;
+
+constexpr const char* kOp = "experiment config";
+
+std::string in_quotes(const std::string& s) {
+  return "'" + s + "'";
+}
+
+std::string given(const json& v) {
+  std::string s = v.dump();
+  if (s.size() > 60) s = s.substr(0, 57) + "...";
+  return std::string(v.type_name()) + " " + s;
+}
+
+// Reads an object's keys by path, remembering which were used so that finish() rejects the
+// others (a typo must not silently fall back to a default).
+class Reader {
+ public:
+  Reader(const json& j, std::string path) : j_(j), path_(std::move(path)) {
+    if (!j.is_object()) fail(kOp, path_, "a JSON object", given(j));
+  }
+  bool has(const std::string& key) const { return j_.contains(key); }
+  std::string at(const std::string& key) const { return path_ + "." + key; }
+  const json& get(const std::string& key) {
+    used_.insert(key);
+    return j_.at(key);
+  }
+  const json& required(const std::string& key) {
+    if (!has(key)) fail(kOp, at(key), "a value (required)", "nothing");
+    return get(key);
+  }
+  std::int64_t integer(const std::string& key, std::int64_t fallback, std::int64_t minimum) {
+    if (!has(key)) return fallback;
+    const json& v = get(key);
+    if (!v.is_number_integer()) fail(kOp, at(key), "an integer", given(v));
+    const auto x = v.get<std::int64_t>();
+    if (x < minimum) fail(kOp, at(key), "≥ " + std::to_string(minimum), std::to_string(x));
+    return x;
+  }
+  double number(const std::string& key, double fallback) {
+    if (!has(key)) return fallback;
+    const json& v = get(key);
+    if (!v.is_number()) fail(kOp, at(key), "a number", given(v));
+    return v.get<double>();
+  }
+  bool boolean(const std::string& key, bool fallback) {
+    if (!has(key)) return fallback;
+    const json& v = get(key);
+    if (!v.is_boolean()) fail(kOp, at(key), "true or false", given(v));
+    return v.get<bool>();
+  }
+  std::string string(const std::string& key) {
+    const json& v = required(key);
+    if (!v.is_string()) fail(kOp, at(key), "a string", given(v));
+    return v.get<std::string>();
+  }
+  std::vector<std::int64_t> lengths(const std::string& key) {
+    const json& v = get(key);
+    if (!v.is_array() || v.empty())
+      fail(kOp, at(key), "a non-empty array of positive integers", given(v));
+    std::vector<std::int64_t> out;
+    for (std::size_t i = 0; i < v.size(); ++i) {
+      if (!v[i].is_number_integer() || v[i].get<std::int64_t>() < 1)
+        fail(kOp, at(key) + "[" + std::to_string(i) + "]", "a positive integer", given(v[i]));
+      out.push_back(v[i].get<std::int64_t>());
+    }
+    return out;
+  }
+  void finish() const {
+    for (const auto& kv : j_.items())
+      if (!used_.count(kv.key())) fail(kOp, at(kv.key()), "no such key", "an unknown key");
+  }
+
+ private:
+  const json& j_;
+  std::string path_;
+  std::set<std::string> used_;
+};
+
+// Rewrites "<op>: argument '<key>': expected …" of model.h / train.h / data.h as the key path
+// "<path>.<key>": expected … (or prefixes the path when the message has another form).
+[[noreturn]] void rethrow_at(const std::string& path, const Error& e) {
+  static const std::regex form("^[^:]*: argument '([^']*)': (expected .*)$");
+  std::smatch m;
+  const std::string what = e.what();
+  if (std::regex_match(what, m, form)) {
+    const std::string key = m[1].str();
+    const std::string full = key == "config" ? path : path + "." + key;
+    throw Error(std::string(kOp) + ": argument '" + full + "': " + m[2].str());
+  }
+  throw Error(std::string(kOp) + ": argument '" + path + "': " + what);
+}
+
+const std::vector<std::string>& task_names() {
+  static const std::vector<std::string> names = {"mqar", "copy", "parity", "s2", "a3", "s3", "s5"};
+  return names;
+}
+
+std::string join(const std::vector<std::string>& v) {
+  std::string s;
+  for (const auto& x : v) s += (s.empty() ? "" : ", ") + x;
+  return s;
+}
+
+TaskSpec parse_task(const json& j) {
+  Reader r(j, "config.task");
+  TaskSpec t;
+  t.name = r.string("name");
+  if (std::find(task_names().begin(), task_names().end(), t.name) == task_names().end())
+    fail(kOp, r.at("name"), "one of " + join(task_names()), in_quotes(t.name));
+  if (t.name == "mqar") {
+    t.mqar.num_kv_pairs = r.integer("num_kv_pairs", t.mqar.num_kv_pairs, 1);
+    t.mqar.vocab_size = r.integer("vocab_size", t.mqar.vocab_size, 2);
+    t.mqar.power_a = r.number("power_a", t.mqar.power_a);
+    t.mqar.random_filler = r.boolean("random_filler", t.mqar.random_filler);
+  } else if (t.name == "copy") {
+    t.copy.context = r.integer("context", t.copy.context, 1);
+    t.copy.min_len = r.integer("min_len", t.copy.min_len, 1);
+    t.copy.max_len = r.integer("max_len", t.copy.max_len, 1);
+    try {
+      validate(t.copy);
+    } catch (const Error& e) {
+      rethrow_at("config.task", e);
+    }
+    if (r.has("train_lengths"))
+      fail(kOp, r.at("train_lengths"),
+           "no value for copy (training rows hold `context` tokens of strings of min_len … "
+           "max_len letters)",
+           given(j.at("train_lengths")));
+  } else {
+    t.word.group = group_from_string(t.name == "parity" ? "S2"
+                                     : t.name == "s2"   ? "S2"
+                                     : t.name == "a3"   ? "A3"
+                                     : t.name == "s3"   ? "S3"
+                                                        : "S5");
+    t.word.final_only = r.boolean("final_only", false);
+  }
+  if (t.name != "copy") {
+    if (!r.has("train_lengths")) fail(kOp, r.at("train_lengths"), "a value (required)", "nothing");
+    t.train_lengths = r.lengths("train_lengths");
+  }
+  if (!r.has("eval_lengths")) fail(kOp, r.at("eval_lengths"), "a value (required)", "nothing");
+  t.eval_lengths = r.lengths("eval_lengths");
+  t.eval_batch = r.integer("eval_batch", t.eval_batch, 1);
+  r.finish();
+
+  // Every length must be valid for the generator: try a one-row batch of each.
+  const auto check_length = [&](const std::string& key, std::size_t i, std::int64_t length) {
+    try {
+      if (t.name == "copy")
+        copy_eval(length, 1, 0);
+      else if (t.name == "mqar") {
+        MqarConfig c = t.mqar;
+        c.seq_len = length;
+        validate(c);
+      }
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      const auto pos = what.find("expected");
+      throw Error(std::string(kOp) + ": argument 'config.task." + key + "[" + std::to_string(i) +
+                  "]': " + (pos == std::string::npos ? what : what.substr(pos)) +
+                  (t.name == "mqar" ? " (mqar: even, ≥ 4·num_kv_pairs, < vocab_size)" : ""));
+    }
+  };
+  for (std::size_t i = 0; i < t.train_lengths.size(); ++i)
+    check_length("train_lengths", i, t.train_lengths[i]);
+  for (std::size_t i = 0; i < t.eval_lengths.size(); ++i)
+    check_length("eval_lengths", i, t.eval_lengths[i]);
+  std::set<std::int64_t> seen;
+  for (std::size_t i = 0; i < t.eval_lengths.size(); ++i)
+    if (!seen.insert(t.eval_lengths[i]).second)
+      fail(kOp, "config.task.eval_lengths[" + std::to_string(i) + "]", "distinct lengths",
+           std::to_string(t.eval_lengths[i]) + " twice");
+  if (!seen.count(t.reference_length())) t.eval_lengths.push_back(t.reference_length());
+  std::sort(t.eval_lengths.begin(), t.eval_lengths.end());
+  return t;
+}
+
+// Base model JSON merged with an arm's overrides; "layers" is accepted for num_layers.
+ModelConfig parse_model(json base, const json& overrides, const std::string& path,
+                        std::int64_t vocab_size) {
+  if (!overrides.is_object()) fail(kOp, path, "a JSON object", given(overrides));
+  json patch = overrides;
+  if (patch.contains("layers")) {
+    patch["num_layers"] = patch["layers"];
+    patch.erase("layers");
+  }
+  base.merge_patch(patch);
+  if (!base.contains("vocab_size")) base["vocab_size"] = vocab_size;
+  ModelConfig c;
+  try {
+    from_json(base, c);
+  } catch (const Error& e) {
+    rethrow_at(path, e);
+  }
+  if (c.vocab_size < vocab_size)
+    fail(kOp, path + ".vocab_size", "≥ the task's vocabulary (" + std::to_string(vocab_size) + ")",
+         std::to_string(c.vocab_size));
+  // Build it once: the layer factories check their options only then.
+  try {
+    LanguageModel probe(c);
+  } catch (const Error& e) {
+    rethrow_at(path, e);
+  } catch (const c10::Error& e) {
+    throw Error(std::string(kOp) + ": argument '" + path +
+                "': expected a model that builds, got: " + e.what_without_backtrace());
+  }
+  return c;
+}
+
+std::string lr_string(double lr) {
+  return fmt::format("{:g}", lr);
+}
+
+std::string run_stem(const std::string& arm, double lr, std::uint64_t seed) {
+  return fmt::format("{}.lr{}.seed{}", arm, lr_string(lr), seed);
+}
+
+void write_text(const fs::path& path, const std::string& text) {
+  const fs::path tmp = path.string() + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary);
+    out << text;
+    if (!out) fail("run_experiment", "out_dir", "a writable folder", in_quotes(path.string()));
+  }
+  fs::rename(tmp, path);  // atomic: an interrupted write never leaves a truncated file
+}
+
+json eval_json(std::int64_t length, const EvalResult& r) {
+  return {{"length", length},
+          {"loss", r.loss},
+          {"token_accuracy", r.metrics.token_accuracy},
+          {"sequence_accuracy", r.metrics.sequence_accuracy},
+          {"cumulative_sequence_accuracy", r.metrics.prefix_sequence_accuracy}};
+}
+
+// NaN is not JSON: nlohmann writes null. Read back null as NaN.
+double num(const json& v) {
+  return v.is_number() ? v.get<double>() : std::numeric_limits<double>::quiet_NaN();
+}
+
+double mean(const std::vector<double>& v) {
+  double s = 0;
+  for (double x : v) s += x;
+  return v.empty() ? std::numeric_limits<double>::quiet_NaN() : s / static_cast<double>(v.size());
+}
+
+std::string csv_field(const std::string& s) {
+  if (s.find_first_of(",\"\n") == std::string::npos) return s;
+  std::string q = "\"";
+  for (char c : s) q += c == '"' ? std::string("\"\"") : std::string(1, c);
+  return q + "\"";
+}
+
+}  // namespace
+
+std::int64_t TaskSpec::reference_length() const {
+  if (name == "copy") return copy.max_len;
+  return *std::max_element(train_lengths.begin(), train_lengths.end());
+}
+
+std::int64_t TaskSpec::vocab_size() const {
+  if (name == "mqar") return mqar.vocab_size;
+  if (name == "copy") return kCopyVocabSize;
+  return PermutationGroup::get(word.group).order();
+}
+
+Batch TaskSpec::train_batch(std::int64_t step, std::int64_t rows, std::uint64_t seed) const {
+  if (name == "copy") return copy_train(copy, rows, seed);
+  const std::int64_t length = train_lengths[static_cast<std::size_t>(
+      (step - 1) % static_cast<std::int64_t>(train_lengths.size()))];
+  if (name == "mqar") {
+    MqarConfig c = mqar;
+    c.seq_len = length;
+    return tasks::mqar(c, rows, seed);
+  }
+  WordProblemConfig c = word;
+  c.seq_len = length;
+  return word_problem(c, rows, seed);
+}
+
+Batch TaskSpec::eval_batch_at(std::int64_t length, std::int64_t rows, std::uint64_t seed) const {
+  if (name == "copy") return copy_eval(length, rows, seed);
+  if (name == "mqar") {
+    MqarConfig c = mqar;
+    c.seq_len = length;
+    return tasks::mqar(c, rows, seed);
+  }
+  WordProblemConfig c = word;
+  c.seq_len = length;
+  return word_problem(c, rows, seed);
+}
+
+ExperimentConfig parse_experiment_config(const json& j) {
+  ExperimentConfig x;
+  x.source = j;
+  Reader r(j, "config");
+  x.name = r.string("name");
+  static const std::regex name_form("[A-Za-z0-9_.-]+");
+  if (!std::regex_match(x.name, name_form) || x.name == "." || x.name == "..")
+    fail(kOp, "config.name", "a non-empty name of letters, digits, '_', '.', '-'",
+         in_quotes(x.name));
+  x.task = parse_task(r.required("task"));
+
+  const json base = r.has("model") ? r.get("model") : json::object();
+  if (!base.is_object()) fail(kOp, "config.model", "a JSON object", given(base));
+  const json& arms = r.required("arms");
+  if (!arms.is_array() || arms.empty()) fail(kOp, "config.arms", "a non-empty array", given(arms));
+  std::set<std::string> names;
+  for (std::size_t i = 0; i < arms.size(); ++i) {
+    const std::string path = "config.arms[" + std::to_string(i) + "]";
+    Reader a(arms[i], path);
+    Arm arm;
+    arm.name = a.string("name");
+    if (!std::regex_match(arm.name, name_form))
+      fail(kOp, path + ".name", "a non-empty name of letters, digits, '_', '.', '-'",
+           in_quotes(arm.name));
+    if (!names.insert(arm.name).second)
+      fail(kOp, path + ".name", "a name no other arm has", in_quotes(arm.name));
+    const json overrides = a.has("model") ? a.get("model") : json::object();
+    a.finish();
+    arm.model = parse_model(base, overrides, path + ".model", x.task.vocab_size());
+    x.arms.push_back(std::move(arm));
+  }
+
+  const json train = r.has("train") ? r.get("train") : json::object();
+  if (!train.is_object()) fail(kOp, "config.train", "a JSON object", given(train));
+  for (const char* key : {"lr", "seed", "checkpoint_path", "resume_from"})
+    if (train.contains(key))
+      fail(kOp, std::string("config.train.") + key,
+           "no value (the runner sets it: lr_grid, seeds, the output folder)",
+           given(train.at(key)));
+  try {
+    from_json(train, x.train);
+  } catch (const Error& e) {
+    rethrow_at("config.train", e);
+  }
+
+  const json& lrs = r.required("lr_grid");
+  if (!lrs.is_array() || lrs.empty())
+    fail(kOp, "config.lr_grid", "a non-empty array of learning rates", given(lrs));
+  for (std::size_t i = 0; i < lrs.size(); ++i) {
+    const std::string path = "config.lr_grid[" + std::to_string(i) + "]";
+    if (!lrs[i].is_number() || !(lrs[i].get<double>() > 0) || !std::isfinite(lrs[i].get<double>()))
+      fail(kOp, path, "a positive finite number", given(lrs[i]));
+    const double lr = lrs[i].get<double>();
+    for (double other : x.lrs)
+      if (lr_string(other) == lr_string(lr))
+        fail(kOp, path, "distinct learning rates", lr_string(lr) + " twice");
+    x.lrs.push_back(lr);
+  }
+  const json& seeds = r.required("seeds");
+  if (!seeds.is_array() || seeds.empty())
+    fail(kOp, "config.seeds", "a non-empty array of seeds", given(seeds));
+  for (std::size_t i = 0; i < seeds.size(); ++i) {
+    const std::string path = "config.seeds[" + std::to_string(i) + "]";
+    if (!seeds[i].is_number_unsigned() &&
+        !(seeds[i].is_number_integer() && seeds[i].get<std::int64_t>() >= 0))
+      fail(kOp, path, "a non-negative integer", given(seeds[i]));
+    const auto seed = seeds[i].get<std::uint64_t>();
+    if (std::find(x.seeds.begin(), x.seeds.end(), seed) != x.seeds.end())
+      fail(kOp, path, "distinct seeds", std::to_string(seed) + " twice");
+    x.seeds.push_back(seed);
+  }
+  r.finish();
+  return x;
+}
+
+ExperimentConfig load_experiment_config(const std::string& path) {
+  return parse_experiment_config(read_json_file(path));
+}
+
+json run_experiment(const ExperimentConfig& config, const ExperimentOptions& options) {
+  const auto start = std::chrono::steady_clock::now();
+  if (options.out_dir.empty()) fail("run_experiment", "out_dir", "a folder", "an empty path");
+  const fs::path out = options.out_dir;
+  const fs::path ckpt_dir = out / "checkpoints";
+  std::error_code ec;
+  fs::create_directories(ckpt_dir, ec);
+  if (ec || !fs::is_directory(ckpt_dir))
+    fail("run_experiment", "out_dir", "a folder that can be created",
+         in_quotes(out.string()) + " (" + ec.message() + ")");
+  if (options.threads > 0) {
+    at::set_num_threads(options.threads);
+    phasor::set_num_threads(options.threads);
+  }
+  const TaskSpec& task = config.task;
+  const std::int64_t ref = task.reference_length();
+
+  json runs = json::array();
+  for (const Arm& arm : config.arms)
+    for (double lr : config.lrs)
+      for (std::uint64_t seed : config.seeds) {
+        const std::string stem = run_stem(arm.name, lr, seed);
+        const fs::path record_path = ckpt_dir / (stem + ".json");
+        const fs::path ckpt_path = ckpt_dir / (stem + ".ckpt");
+        if (options.resume && fs::exists(record_path)) {
+          runs.push_back(read_json_file(record_path.string()));
+          if (options.progress) std::fprintf(stderr, "%s: finished earlier\n", stem.c_str());
+          continue;
+        }
+        TrainConfig tc = config.train;
+        tc.lr = lr;
+        tc.seed = seed;
+        tc.checkpoint_path = ckpt_path.string();
+        if (tc.checkpoint_every == 0)
+          tc.checkpoint_every = std::max<std::int64_t>(1, tc.steps / 10);
+        const bool resumed = options.resume && fs::exists(ckpt_path);
+        if (resumed) tc.resume_from = ckpt_path.string();
+
+        const BatchFn data = [&task, seed, rows = tc.batch_size](std::int64_t step) {
+          return task.train_batch(step, rows, batch_seed(seed, step));
+        };
+        // The periodic evaluation: held-out rows at the reference length (stream position −1).
+        const Batch held_out = task.eval_batch_at(ref, task.eval_batch, batch_seed(seed, -1));
+        const EvalFn eval = [&held_out](LanguageModel& m) { return evaluate(m, held_out); };
+        torch::manual_seed(seed);
+        LanguageModel model(arm.model);
+        const TrainResult result =
+            train(model, tc, data, eval, options.progress ? stderr_progress(stem) : ProgressFn{});
+
+        json record = {{"arm", arm.name},
+                       {"lr", lr},
+                       {"seed", seed},
+                       {"model", arm.model},
+                       {"parameters", model->num_parameters()},
+                       {"final_step", result.final_step},
+                       {"stopped_early", result.stopped_early},
+                       {"diverged", result.diverged},
+                       {"resumed", resumed},
+                       {"wall_time_s", result.wall_time_s},
+                       {"tokens_per_s", result.tokens_per_s},
+                       {"losses", result.losses},
+                       {"train_accuracies", result.train_accuracies}};
+        json evals = json::array();
+        for (const EvalRecord& e : result.evals)
+          evals.push_back({{"step", e.step},
+                           {"loss", e.loss},
+                           {"token_accuracy", e.token_accuracy},
+                           {"sequence_accuracy", e.sequence_accuracy}});
+        record["evals"] = evals;
+        // The final evaluation at every length, on rows that depend on (seed, length) only:
+        // stream positions −2 − length, away from the training steps (≥ 1) and held_out (−1).
+        json by_length = json::array();
+        for (std::int64_t length : task.eval_lengths) {
+          const Batch b =
+              task.eval_batch_at(length, task.eval_batch, batch_seed(seed, -2 - length));
+          by_length.push_back(eval_json(length, evaluate(model, b)));
+        }
+        record["eval_by_length"] = by_length;
+        write_text(record_path, record.dump(1));
+        runs.push_back(std::move(record));
+      }
+
+  // Summary: per arm and lr, the mean over seeds at every length; the best lr per arm.
+  json arms_summary = json::array();
+  for (const Arm& arm : config.arms) {
+    json per_lr = json::array();
+    double best_acc = -1;
+    double best_lr = config.lrs.front();
+    for (double lr : config.lrs) {
+      json lengths = json::array();
+      double ref_acc = std::numeric_limits<double>::quiet_NaN();
+      for (std::int64_t length : task.eval_lengths) {
+        std::vector<double> seq, tok;
+        for (const json& run : runs)
+          if (run["arm"] == arm.name && lr_string(num(run["lr"])) == lr_string(lr))
+            for (const json& e : run["eval_by_length"])
+              if (e["length"] == length) {
+                seq.push_back(num(e["sequence_accuracy"]));
+                tok.push_back(num(e["token_accuracy"]));
+              }
+        lengths.push_back(
+            {{"length", length}, {"sequence_accuracy", mean(seq)}, {"token_accuracy", mean(tok)}});
+        if (length == ref) ref_acc = mean(seq);
+      }
+      // NaN (a diverged run) never wins; the first lr wins ties.
+      if (ref_acc > best_acc) {
+        best_acc = ref_acc;
+        best_lr = lr;
+      }
+      per_lr.push_back(
+          {{"lr", lr}, {"reference_sequence_accuracy", ref_acc}, {"lengths", lengths}});
+    }
+    arms_summary.push_back({{"arm", arm.name}, {"best_lr", best_lr}, {"lrs", per_lr}});
+  }
+
+  const double wall =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  json results = {{"name", config.name},
+                  {"config", config.source},
+                  {"reference_length", ref},
+                  {"eval_lengths", task.eval_lengths},
+                  {"machine",
+                   {{"threads", at::get_num_threads()},
+                    {"hardware_concurrency", std::thread::hardware_concurrency()}}},
+                  {"wall_time_s", wall},
+                  {"summary", arms_summary},
+                  {"runs", runs}};
+  write_text(out / "results.json", results.dump(1));
+
+  // results.csv: one row per arm × lr × seed × eval length.
+  std::ostringstream csv;
+  csv << "arm,lr,seed,length,token_accuracy,sequence_accuracy,loss,final_step,stopped_early,"
+         "diverged,best_lr\n";
+  for (const json& run : runs) {
+    const double lr = num(run["lr"]);
+    bool best = false;
+    for (const json& a : arms_summary)
+      if (a["arm"] == run["arm"]) best = lr_string(num(a["best_lr"])) == lr_string(lr);
+    for (const json& e : run["eval_by_length"])
+      csv << csv_field(run["arm"].get<std::string>()) << ',' << lr_string(lr) << ','
+          << run["seed"].get<std::uint64_t>() << ',' << e["length"].get<std::int64_t>() << ','
+          << fmt::format("{:.6g},{:.6g},{:.6g}", num(e["token_accuracy"]),
+                         num(e["sequence_accuracy"]), num(e["loss"]))
+          << ',' << run["final_step"].get<std::int64_t>() << ','
+          << (run["stopped_early"].get<bool>() ? 1 : 0) << ','
+          << (run["diverged"].get<bool>() ? 1 : 0) << ',' << (best ? 1 : 0) << '\n';
+  }
+  write_text(out / "results.csv", csv.str());
+
+  // Plots: per arm at its best lr, means over seeds.
+  const bool log_x =
+      task.eval_lengths.size() > 1 && task.eval_lengths.back() >= 4 * task.eval_lengths.front();
+  const std::string length_label =
+      task.name == "copy" ? "string length (copy)" : "evaluation sequence length";
+  for (const char* metric : {"sequence_accuracy", "token_accuracy"}) {
+    PlotSpec spec;
+    spec.title = fmt::format("{}: {} vs length (best lr per arm, mean of {} seeds; trained at {})",
+                             config.name, metric, config.seeds.size(), ref);
+    spec.x_label = length_label;
+    spec.y_label = metric;
+    spec.y_range = std::make_pair(0.0, 1.0);
+    spec.log_x = log_x;
+    for (const json& a : arms_summary) {
+      Series s;
+      s.label =
+          fmt::format("{} (lr {})", a["arm"].get<std::string>(), lr_string(num(a["best_lr"])));
+      for (const json& l : a["lrs"])
+        if (lr_string(num(l["lr"])) == lr_string(num(a["best_lr"])))
+          for (const json& e : l["lengths"]) {
+            s.x.push_back(static_cast<double>(e["length"].get<std::int64_t>()));
+            s.y.push_back(num(e[metric]));
+          }
+      spec.series.push_back(std::move(s));
+    }
+    write_line_plot_png(
+        spec, (out / (std::string(metric) == "sequence_accuracy" ? "accuracy_vs_length.png"
+                                                                 : "token_accuracy_vs_length.png"))
+                  .string());
+  }
+  {
+    PlotSpec spec;
+    spec.title = fmt::format("{}: training loss (best lr per arm, mean of seeds)", config.name);
+    spec.x_label = "step";
+    spec.y_label = "cross-entropy (running mean)";
+    for (const json& a : arms_summary) {
+      const std::string best = lr_string(num(a["best_lr"]));
+      std::vector<std::vector<double>> curves;
+      for (const json& run : runs)
+        if (run["arm"] == a["arm"] && lr_string(num(run["lr"])) == best) {
+          std::vector<double> c;
+          for (const json& v : run["losses"]) c.push_back(num(v));
+          curves.push_back(std::move(c));
+        }
+      // Mean over the seeds still running at each step (early stopping shortens runs), then a
+      // trailing running mean over ~2 % of the steps to make the trend readable.
+      std::size_t longest = 0;
+      for (const auto& c : curves) longest = std::max(longest, c.size());
+      std::vector<double> m(longest);
+      for (std::size_t i = 0; i < longest; ++i) {
+        std::vector<double> v;
+        for (const auto& c : curves)
+          if (i < c.size()) v.push_back(c[i]);
+        m[i] = mean(v);
+      }
+      const std::size_t window = std::max<std::size_t>(1, longest / 50);
+      Series s;
+      s.label = fmt::format("{} (lr {})", a["arm"].get<std::string>(), best);
+      double sum = 0;
+      std::size_t count = 0;
+      for (std::size_t i = 0; i < longest; ++i) {
+        sum += m[i];
+        ++count;
+        if (i >= window) {
+          sum -= m[i - window];
+          --count;
+        }
+        // One point per window (markers every point would hide the line on long runs).
+        if ((i + 1) % window == 0 || i + 1 == longest) {
+          s.x.push_back(static_cast<double>(i + 1));
+          s.y.push_back(sum / static_cast<double>(count));
+        }
+      }
+      if (s.x.empty()) {  // no step trained (cannot happen with steps ≥ 1): keep the legend
+        s.x.push_back(0);
+        s.y.push_back(std::numeric_limits<double>::quiet_NaN());
+      }
+      spec.series.push_back(std::move(s));
+    }
+    write_line_plot_png(spec, (out / "loss.png").string());
+  }
+  return results;
+}
+
+std::string format_result_table(const json& results) {
+  std::string t;
+  const auto& lengths = results["eval_lengths"];
+  const std::int64_t ref = results["reference_length"].get<std::int64_t>();
+  std::size_t w = 3;
+  for (const json& a : results["summary"]) w = std::max(w, a["arm"].get<std::string>().size());
+  t += fmt::format(
+      "{}: sequence accuracy at the best lr per arm (mean over seeds; * = the "
+      "reference length {})\n",
+      results["name"].get<std::string>(), ref);
+  t += fmt::format("{:<{}}  {:>8}", "arm", w, "best lr");
+  for (const json& l : lengths) {
+    const auto len = l.get<std::int64_t>();
+    t += fmt::format("  {:>7}", std::to_string(len) + (len == ref ? "*" : ""));
+  }
+  t += "\n";
+  for (const json& a : results["summary"]) {
+    const std::string best = lr_string(num(a["best_lr"]));
+    t += fmt::format("{:<{}}  {:>8}", a["arm"].get<std::string>(), w, best);
+    for (const json& l : a["lrs"])
+      if (lr_string(num(l["lr"])) == best)
+        for (const json& e : l["lengths"])
+          t += fmt::format("  {:>7.3f}", num(e["sequence_accuracy"]));
+    t += "\n";
+  }
+  t += fmt::format("\nsequence accuracy at length {} per learning rate (mean over seeds)\n", ref);
+  t += fmt::format("{:<{}}", "arm", w);
+  const json& first = results["summary"][0]["lrs"];
+  for (const json& l : first) t += fmt::format("  {:>8}", lr_string(num(l["lr"])));
+  t += "\n";
+  for (const json& a : results["summary"]) {
+    t += fmt::format("{:<{}}", a["arm"].get<std::string>(), w);
+    for (const json& l : a["lrs"])
+      t += fmt::format("  {:>8.3f}", num(l["reference_sequence_accuracy"]));
+    t += "\n";
+  }
+  t += fmt::format("\n{} runs in {:.1f} s on {} threads\n", results["runs"].size(),
+                   num(results["wall_time_s"]), results["machine"]["threads"].get<int>());
+  return t;
+}
+
+}  // namespace phasor::tasks
