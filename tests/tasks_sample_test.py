@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The `phasor tasks sample` command, checked from Python's torch.
+"""The `phasor tasks sample` and `phasor tasks run` commands, checked from Python's torch.
 
     python3 tasks_sample_test.py <path to the phasor executable>
 
@@ -9,7 +9,7 @@ and dtypes, the vocabulary, MQAR's key/value layout and that every query's targe
 paired with its key in the context, the copy examples `$ s | s .` and their targets, the running
 XOR of parity and the running products of the group word problems (recomputed here from
 permutations), determinism in the seed, and that bad input exits with status 2 and a message
-naming the option. Prints 'N passed, M failed' last and exits non-zero on any failure.
+naming the option; then a tiny `phasor tasks run` grid, its --resume and its config errors. Prints 'N passed, M failed' last and exits non-zero on any failure.
 """
 import itertools
 import os
@@ -256,6 +256,59 @@ proc = subprocess.run([PHASOR, "tasks", "sample", "s3", "--out",
 report("error: unwritable --out", proc.returncode == 2 and "--out" in proc.stderr, proc.stderr)
 proc = subprocess.run([PHASOR, "tasks", "sample", "s3"], capture_output=True, text=True, timeout=60)
 report("error: missing --out", proc.returncode == 2 and "--out" in proc.stderr, proc.stderr)
+
+
+# ---- phasor tasks run: a tiny grid end to end and config errors (the runner's own tests are in
+# tests/tasks_experiment_test.cpp; this checks the command line around it) ----------------------------
+import json  # noqa: E402
+
+TINY = {
+    "name": "tiny_cli",
+    "task": {"name": "s3", "train_lengths": [6], "eval_lengths": [3, 12], "eval_batch": 8},
+    "model": {"hidden_size": 8, "num_layers": 1, "num_heads": 1, "mlp": False},
+    "arms": [{"name": "fox", "model": {"mixer": "fox"}}],
+    "train": {"steps": 4, "batch_size": 2, "eval_every": 0, "log_every": 0},
+    "lr_grid": [0.01],
+    "seeds": [5],
+}
+
+
+def run_config(config, *extra):
+    path = os.path.join(WORK, "config.json")
+    with open(path, "w") as f:
+        json.dump(config, f)
+    out = os.path.join(WORK, "run_out")
+    return subprocess.run([PHASOR, "tasks", "run", path, "--out", out, "--quiet", *extra],
+                          capture_output=True, text=True, timeout=120), out
+
+
+proc, out = run_config(TINY, "--threads", "1")
+ok = proc.returncode == 0 and "fox" in proc.stdout and "6*" in proc.stdout
+for name in ("results.json", "results.csv", "accuracy_vs_length.png", "loss.png"):
+    ok = ok and os.path.exists(os.path.join(out, name))
+if ok:
+    with open(os.path.join(out, "results.json")) as f:
+        results = json.load(f)
+    ok = results["config"] == TINY and len(results["runs"]) == 1 and \
+        [e["length"] for e in results["runs"][0]["eval_by_length"]] == [3, 6, 12]
+report("tasks run: tiny grid", ok, proc.stdout + proc.stderr)
+proc, _ = run_config(TINY, "--resume")
+report("tasks run --resume: nothing left to train", proc.returncode == 0 and "fox" in proc.stdout,
+       proc.stderr)
+
+bad = json.loads(json.dumps(TINY))
+bad["arms"][0]["model"]["mixer"] = "foxx"
+proc, _ = run_config(bad)
+report("tasks run: bad mixer exits 2 naming the key",
+       proc.returncode == 2 and "config.arms[0].model.mixer" in proc.stderr and "'foxx'" in proc.stderr,
+       proc.stderr)
+proc = subprocess.run([PHASOR, "tasks", "run", os.path.join(WORK, "missing.json")],
+                      capture_output=True, text=True, timeout=60)
+report("tasks run: missing config exits 2", proc.returncode == 2 and "missing.json" in proc.stderr,
+       proc.stderr)
+proc, _ = run_config(TINY, "--threads", "-1")
+report("tasks run: negative --threads", proc.returncode == 2 and "--threads" in proc.stderr,
+       proc.stderr)
 
 print(f"{passed} passed, {failed} failed")
 sys.exit(1 if failed else 0)

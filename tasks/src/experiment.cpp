@@ -96,7 +96,9 @@ class Reader {
   }
   void finish() const {
     for (const auto& kv : j_.items())
-      if (!used_.count(kv.key())) fail(kOp, at(kv.key()), "no such key", "an unknown key");
+      if (!used_.count(kv.key()))
+        fail(kOp, at(kv.key()), "one of the documented keys (see tasks/experiment.h)",
+             "an unknown key");
   }
 
  private:
@@ -108,13 +110,18 @@ class Reader {
 // Rewrites "<op>: argument '<key>': expected …" of model.h / train.h / data.h as the key path
 // "<path>.<key>": expected … (or prefixes the path when the message has another form).
 [[noreturn]] void rethrow_at(const std::string& path, const Error& e) {
-  static const std::regex form("^[^:]*: argument '([^']*)': (expected .*)$");
+  static const std::regex form("^([^:]*): argument '([^']*)': (expected .*)$");
   std::smatch m;
   const std::string what = e.what();
   if (std::regex_match(what, m, form)) {
-    const std::string key = m[1].str();
-    const std::string full = key == "config" ? path : path + "." + key;
-    throw Error(std::string(kOp) + ": argument '" + full + "': " + m[2].str());
+    // The layer factories of model.cpp name themselves "mixer 'gla'", "pos_encoding 'rope'":
+    // their keys live in mixer_options / pos_options.
+    const std::string op = m[1].str(), key = m[2].str();
+    const std::string options = op.rfind("mixer '", 0) == 0          ? ".mixer_options"
+                                : op.rfind("pos_encoding '", 0) == 0 ? ".pos_options"
+                                                                     : "";
+    const std::string full = key == "config" ? path : path + options + "." + key;
+    throw Error(std::string(kOp) + ": argument '" + full + "': " + m[3].str());
   }
   throw Error(std::string(kOp) + ": argument '" + path + "': " + what);
 }
@@ -359,7 +366,11 @@ ExperimentConfig parse_experiment_config(const json& j) {
            "no value (the runner sets it: lr_grid, seeds, the output folder)",
            given(train.at(key)));
   try {
-    from_json(train, x.train);
+    // TrainConfig requires a checkpoint path with checkpoint_every; the runner sets it per run.
+    json with_path = train;
+    with_path["checkpoint_path"] = "(set per run)";
+    from_json(with_path, x.train);
+    x.train.checkpoint_path.clear();
   } catch (const Error& e) {
     rethrow_at("config.train", e);
   }
@@ -476,7 +487,12 @@ json run_experiment(const ExperimentConfig& config, const ExperimentOptions& opt
           by_length.push_back(eval_json(length, evaluate(model, b)));
         }
         record["eval_by_length"] = by_length;
-        write_text(record_path, record.dump(1));
+        // A run cut short by train.stop_at_step (time slicing) is reported but not recorded as
+        // finished, so that --resume continues it from its checkpoint.
+        const bool complete =
+            result.final_step >= tc.steps || result.stopped_early || result.diverged;
+        record["complete"] = complete;
+        if (complete) write_text(record_path, record.dump(1));
         runs.push_back(std::move(record));
       }
 

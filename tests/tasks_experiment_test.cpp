@@ -1,0 +1,352 @@
+// phasor::tasks experiment runner: a tiny grid end to end (files, their contents and their
+// consistency), determinism, --resume after an interruption (bit-identical to an uninterrupted
+// run), and the config errors with their key paths.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <limits>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "phasor/common.h"
+#include "phasor/tasks/experiment.h"
+
+namespace phasor::tasks {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+fs::path fresh_dir(const std::string& name) {
+  const fs::path dir = fs::temp_directory_path() / "phasor_tasks_experiment_test" / name;
+  fs::remove_all(dir);
+  return dir;
+}
+
+// Two arms × two learning rates × two seeds of a 1-layer, 16-wide model on parity: seconds.
+json tiny_config() {
+  return json::parse(R"({
+    "name": "tiny",
+    "task": {"name": "parity", "train_lengths": [8, 6], "eval_lengths": [4, 16], "eval_batch": 16},
+    "model": {"hidden_size": 16, "num_layers": 1, "num_heads": 1, "mlp_expansion": 1},
+    "arms": [{"name": "gla", "model": {"mixer": "gla"}},
+             {"name": "gdn", "model": {"mixer": "gated_deltanet", "beta_range": 2, "layers": 1}}],
+    "train": {"steps": 12, "batch_size": 4, "eval_every": 4, "log_every": 0},
+    "lr_grid": [0.003, 0.03],
+    "seeds": [0, 1]
+  })");
+}
+
+// Width and height from the PNG's IHDR chunk (bytes 16..23, big-endian), 0 if not a PNG.
+std::pair<std::uint32_t, std::uint32_t> png_size(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  unsigned char b[24] = {};
+  in.read(reinterpret_cast<char*>(b), 24);
+  if (!in || b[0] != 0x89 || b[1] != 'P' || b[2] != 'N' || b[3] != 'G') return {0, 0};
+  const auto be = [&](int i) {
+    return (std::uint32_t{b[i]} << 24) | (std::uint32_t{b[i + 1]} << 16) |
+           (std::uint32_t{b[i + 2]} << 8) | b[i + 3];
+  };
+  return {be(16), be(20)};
+}
+
+std::vector<std::string> lines_of(const fs::path& path) {
+  std::ifstream in(path);
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  return lines;
+}
+
+double num(const json& v) {
+  return v.is_number() ? v.get<double>() : std::numeric_limits<double>::quiet_NaN();
+}
+
+TEST(TasksExperiment, TinyGridEndToEnd) {
+  const ExperimentConfig config = parse_experiment_config(tiny_config());
+  // The reference length max(train_lengths) = 8 is added to the evaluation lengths, sorted.
+  EXPECT_EQ(config.task.eval_lengths, (std::vector<std::int64_t>{4, 8, 16}));
+  EXPECT_EQ(config.arms[1].model.num_layers, 1);
+  EXPECT_EQ(config.arms[1].model.beta_range, 2);
+  EXPECT_EQ(config.arms[0].model.vocab_size, 2);  // the task's
+
+  ExperimentOptions options;
+  options.out_dir = fresh_dir("tiny").string();
+  options.threads = 2;
+  options.progress = false;
+  const json results = run_experiment(config, options);
+  const fs::path out = options.out_dir;
+
+  // results.json: what was returned, with the config, the machine and every run.
+  std::ifstream in(out / "results.json");
+  const json file = json::parse(in);
+  EXPECT_EQ(file["config"], tiny_config());
+  EXPECT_EQ(file["machine"]["threads"].get<int>(), 2);
+  EXPECT_GT(file["wall_time_s"].get<double>(), 0.0);
+  ASSERT_EQ(file["runs"].size(), 8u);
+  EXPECT_EQ(file["runs"], results["runs"]);
+  for (const json& run : file["runs"]) {
+    EXPECT_EQ(run["final_step"].get<std::int64_t>(), 12);
+    EXPECT_TRUE(run["complete"].get<bool>());
+    EXPECT_EQ(run["losses"].size(), 12u);
+    EXPECT_EQ(run["evals"].size(), 3u);  // steps 4, 8, 12
+    ASSERT_EQ(run["eval_by_length"].size(), 3u);
+    for (const json& e : run["eval_by_length"]) {
+      const auto length = e["length"].get<std::int64_t>();
+      const auto& curve = e["cumulative_sequence_accuracy"];
+      ASSERT_EQ(curve.size(), static_cast<std::size_t>(length));
+      for (std::size_t t = 1; t < curve.size(); ++t)
+        EXPECT_LE(num(curve[t]), num(curve[t - 1]));  // non-increasing
+      EXPECT_DOUBLE_EQ(num(curve.back()), num(e["sequence_accuracy"]));
+      EXPECT_GE(num(e["token_accuracy"]), num(e["sequence_accuracy"]) - 1e-12);
+      EXPECT_TRUE(std::isfinite(num(e["loss"])));
+    }
+    EXPECT_TRUE(fs::exists(out / "checkpoints" /
+                           (run["arm"].get<std::string>() + ".lr" +
+                            (num(run["lr"]) == 0.003 ? "0.003" : "0.03") + ".seed" +
+                            std::to_string(run["seed"].get<int>()) + ".ckpt")));
+  }
+
+  // The best lr of each arm is the one with the highest mean sequence accuracy at length 8,
+  // recomputed here from the runs.
+  ASSERT_EQ(file["summary"].size(), 2u);
+  std::map<std::string, double> best_lr;
+  for (const json& a : file["summary"]) {
+    const std::string arm = a["arm"].get<std::string>();
+    double best = -1, lr_of_best = 0;
+    for (double lr : {0.003, 0.03}) {
+      double sum = 0;
+      int n = 0;
+      for (const json& run : file["runs"])
+        if (run["arm"] == arm && num(run["lr"]) == lr)
+          for (const json& e : run["eval_by_length"])
+            if (e["length"] == 8) {
+              sum += num(e["sequence_accuracy"]);
+              ++n;
+            }
+      ASSERT_EQ(n, 2);
+      if (sum / n > best) {
+        best = sum / n;
+        lr_of_best = lr;
+      }
+    }
+    EXPECT_EQ(num(a["best_lr"]), lr_of_best) << arm;
+    best_lr[arm] = lr_of_best;
+  }
+
+  // results.csv: a header and one row per arm × lr × seed × length, best_lr flags consistent.
+  const auto csv = lines_of(out / "results.csv");
+  ASSERT_EQ(csv.size(), 1u + 8u * 3u);
+  EXPECT_EQ(csv[0],
+            "arm,lr,seed,length,token_accuracy,sequence_accuracy,loss,final_step,stopped_early,"
+            "diverged,best_lr");
+  for (std::size_t i = 1; i < csv.size(); ++i) {
+    std::vector<std::string> f;
+    std::stringstream ss(csv[i]);
+    for (std::string x; std::getline(ss, x, ',');) f.push_back(x);
+    ASSERT_EQ(f.size(), 11u) << csv[i];
+    EXPECT_EQ(f[10] == "1", std::stod(f[1]) == best_lr[f[0]]) << csv[i];
+    EXPECT_EQ(f[7], "12");
+  }
+
+  for (const char* png : {"accuracy_vs_length.png", "token_accuracy_vs_length.png", "loss.png"})
+    EXPECT_EQ(png_size(out / png), std::make_pair(800u, 500u)) << png;
+
+  const std::string table = format_result_table(results);
+  EXPECT_NE(table.find("gla"), std::string::npos) << table;
+  EXPECT_NE(table.find("gdn"), std::string::npos) << table;
+  EXPECT_NE(table.find("8*"), std::string::npos) << table;
+  EXPECT_NE(table.find("8 runs"), std::string::npos) << table;
+}
+
+// An interrupted grid (every run stopped at step 6 by train.stop_at_step, as a kill after the
+// checkpoint would leave it) resumed with --resume gives the same losses and evaluations, bit for
+// bit, as an uninterrupted grid; a finished grid resumed trains nothing.
+TEST(TasksExperiment, ResumeContinuesInterruptedGrid) {
+  json c = tiny_config();
+  c["arms"].erase(1);
+  c["seeds"] = json::array({3});
+  c["train"]["checkpoint_every"] = 3;
+  ExperimentOptions options;
+  options.threads = 1;
+  options.progress = false;
+
+  options.out_dir = fresh_dir("uninterrupted").string();
+  const json straight = run_experiment(parse_experiment_config(c), options);
+
+  options.out_dir = fresh_dir("interrupted").string();
+  json cut = c;
+  cut["train"]["stop_at_step"] = 6;
+  const json partial = run_experiment(parse_experiment_config(cut), options);
+  for (const json& run : partial["runs"]) {
+    EXPECT_EQ(run["final_step"].get<std::int64_t>(), 6);
+    EXPECT_FALSE(run["complete"].get<bool>());
+  }
+  options.resume = true;
+  const json resumed = run_experiment(parse_experiment_config(c), options);
+  ASSERT_EQ(resumed["runs"].size(), straight["runs"].size());
+  for (std::size_t i = 0; i < straight["runs"].size(); ++i) {
+    const json& a = straight["runs"][i];
+    const json& b = resumed["runs"][i];
+    EXPECT_TRUE(b["resumed"].get<bool>());
+    EXPECT_EQ(a["losses"], b["losses"]);
+    EXPECT_EQ(a["evals"], b["evals"]);
+    EXPECT_EQ(a["eval_by_length"], b["eval_by_length"]);
+  }
+
+  // Finished runs are read back, not retrained: a record marked here survives the resume.
+  const fs::path record = fs::path(options.out_dir) / "checkpoints" / "gla.lr0.003.seed3.json";
+  json r = json::parse(std::ifstream(record));
+  r["marker"] = true;
+  std::ofstream(record) << r.dump();
+  const json again = run_experiment(parse_experiment_config(c), options);
+  EXPECT_TRUE(again["runs"][0].value("marker", false));
+  EXPECT_EQ(again["runs"][0]["losses"], straight["runs"][0]["losses"]);
+}
+
+std::string config_error(const json& config) {
+  try {
+    parse_experiment_config(config);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+TEST(TasksExperiment, ConfigErrorsNameTheKeyPath) {
+  struct Case {
+    const char* what;
+    std::function<void(json&)> edit;
+    std::vector<std::string> needles;
+  };
+  const std::vector<Case> cases = {
+      {"misspelt mixer",
+       [](json& c) { c["arms"][1]["model"]["mixer"] = "glaa"; },
+       {"experiment config: argument 'config.arms[1].model.mixer': expected one of", "gla",
+        "got 'glaa'"}},
+      {"no name", [](json& c) { c.erase("name"); }, {"'config.name': expected a value"}},
+      {"bad name", [](json& c) { c["name"] = "a/b"; }, {"'config.name'", "got 'a/b'"}},
+      {"unknown task",
+       [](json& c) { c["task"]["name"] = "s4"; },
+       {"'config.task.name': expected one of mqar, copy", "got 's4'"}},
+      {"unknown key",
+       [](json& c) { c["trian"] = json::object(); },
+       {"'config.trian': expected one of the documented keys"}},
+      {"unknown task key",
+       [](json& c) { c["task"]["num_kv_pairs"] = 4; },
+       {"'config.task.num_kv_pairs'"}},
+      {"lr in train",
+       [](json& c) { c["train"]["lr"] = 0.1; },
+       {"'config.train.lr': expected no value"}},
+      {"zero steps", [](json& c) { c["train"]["steps"] = 0; }, {"'config.train.steps'"}},
+      {"unknown train key", [](json& c) { c["train"]["stpes"] = 3; }, {"'config.train.stpes'"}},
+      {"negative lr",
+       [](json& c) { c["lr_grid"][1] = -0.1; },
+       {"'config.lr_grid[1]': expected a positive finite number"}},
+      {"no lr grid", [](json& c) { c.erase("lr_grid"); }, {"'config.lr_grid'"}},
+      {"repeated seed",
+       [](json& c) {
+         c["seeds"] = json::array({1, 1});
+       },
+       {"'config.seeds[1]': expected distinct seeds"}},
+      {"negative seed", [](json& c) { c["seeds"] = json::array({-1}); }, {"'config.seeds[0]'"}},
+      {"repeated arm",
+       [](json& c) { c["arms"][1]["name"] = "gla"; },
+       {"'config.arms[1].name': expected a name no other arm has"}},
+      {"no arms",
+       [](json& c) { c["arms"] = json::array(); },
+       {"'config.arms': expected a non-empty array"}},
+      {"heads",
+       [](json& c) { c["arms"][0]["model"]["num_heads"] = 3; },
+       {"'config.arms[0].model.hidden_size': expected a multiple of num_heads"}},
+      {"layer option",
+       [](json& c) {
+         c["model"]["mixer_options"] = {{"bogus", 1}};
+       },
+       {"'config.arms[0].model.mixer_options.bogus': expected a known option"}},
+      {"position option",
+       [](json& c) {
+         c["arms"][0]["model"]["pos_encoding"] = "rope";
+         c["arms"][0]["model"]["pos_options"] = {{"rope_thta", 1}};
+       },
+       {"'config.arms[0].model.pos_options.rope_thta': expected a known option"}},
+      {"beta range",
+       [](json& c) { c["arms"][1]["model"]["beta_range"] = 3; },
+       {"'config.arms[1].model.beta_range'"}},
+      {"zero length",
+       [](json& c) { c["task"]["eval_lengths"][1] = 0; },
+       {"'config.task.eval_lengths[1]': expected a positive integer"}},
+      {"repeated length",
+       [](json& c) {
+         c["task"]["eval_lengths"] = json::array({4, 4});
+       },
+       {"'config.task.eval_lengths[1]': expected distinct lengths"}},
+      {"no train lengths",
+       [](json& c) { c["task"].erase("train_lengths"); },
+       {"'config.task.train_lengths': expected a value"}},
+      {"mqar odd length",
+       [](json& c) {
+         c["task"] = {{"name", "mqar"},
+                      {"vocab_size", 64},
+                      {"num_kv_pairs", 2},
+                      {"train_lengths", {16}},
+                      {"eval_lengths", {16, 17}}};
+       },
+       {"'config.task.eval_lengths[1]': expected an even number, got 17"}},
+      {"mqar vocabulary",
+       [](json& c) {
+         c["task"] = {{"name", "mqar"},
+                      {"vocab_size", 20},
+                      {"num_kv_pairs", 2},
+                      {"train_lengths", {16}},
+                      {"eval_lengths", {32}}};
+       },
+       {"'config.task.eval_lengths[0]': expected > seq_len"}},
+      {"copy train lengths",
+       [](json& c) {
+         c["task"] = {{"name", "copy"},
+                      {"context", 64},
+                      {"max_len", 10},
+                      {"train_lengths", {8}},
+                      {"eval_lengths", {10}}};
+       },
+       {"'config.task.train_lengths': expected no value for copy"}},
+      {"copy context",
+       [](json& c) {
+         c["task"] = {{"name", "copy"}, {"context", 16}, {"max_len", 10}, {"eval_lengths", {10}}};
+       },
+       {"'config.task.context': expected ≥ 2·max_len + 3"}},
+      {"small vocabulary",
+       [](json& c) { c["model"]["vocab_size"] = 1; },
+       {"'config.arms[0].model.vocab_size'"}},
+  };
+  for (const Case& k : cases) {
+    json c = tiny_config();
+    k.edit(c);
+    const std::string e = config_error(c);
+    for (const auto& needle : k.needles)
+      EXPECT_NE(e.find(needle), std::string::npos) << k.what << ": " << e;
+  }
+  // A valid copy and mqar config parse, with the reference length added to the eval lengths.
+  json copy = tiny_config();
+  copy["task"] = {{"name", "copy"}, {"context", 64}, {"max_len", 10}, {"eval_lengths", {5, 20}}};
+  EXPECT_EQ(parse_experiment_config(copy).task.eval_lengths,
+            (std::vector<std::int64_t>{5, 10, 20}));
+  EXPECT_EQ(parse_experiment_config(copy).arms[0].model.vocab_size, kCopyVocabSize);
+
+  const std::string missing = (fs::temp_directory_path() / "no_such_config_phasor.json").string();
+  try {
+    load_experiment_config(missing);
+    ADD_FAILURE() << "no error for a missing file";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(missing), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace phasor::tasks
