@@ -207,6 +207,51 @@ TEST(TasksExperiment, ResumeContinuesInterruptedGrid) {
   const json again = run_experiment(parse_experiment_config(c), options);
   EXPECT_TRUE(again["runs"][0].value("marker", false));
   EXPECT_EQ(again["runs"][0]["losses"], straight["runs"][0]["losses"]);
+
+  // A finished run of other settings is not silently mixed in.
+  json changed = c;
+  changed["train"]["steps"] = 13;
+  try {
+    run_experiment(parse_experiment_config(changed), options);
+    ADD_FAILURE() << "resumed a grid of other settings";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("argument 'resume'"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("differs in train"), std::string::npos) << e.what();
+  }
+}
+
+// The other task families through the runner: MQAR (vocabulary from the task, evaluation at a
+// longer length) and copying (string lengths; the reference length is max_len; char accuracy).
+TEST(TasksExperiment, MqarAndCopyTasks) {
+  ExperimentOptions options;
+  options.threads = 1;
+  options.progress = false;
+  json c = tiny_config();
+  c["arms"].erase(1);
+  c["seeds"] = json::array({0});
+  c["lr_grid"] = json::array({0.01});
+  c["train"]["steps"] = 3;
+  c["task"] = {{"name", "mqar"},           {"vocab_size", 40},         {"num_kv_pairs", 2},
+               {"train_lengths", {8, 16}}, {"eval_lengths", {16, 32}}, {"eval_batch", 8}};
+  options.out_dir = fresh_dir("mqar").string();
+  const json m = run_experiment(parse_experiment_config(c), options);
+  EXPECT_EQ(m["runs"][0]["model"]["vocab_size"].get<int>(), 40);
+  EXPECT_EQ(m["eval_lengths"], json::array({16, 32}));
+  EXPECT_EQ(m["runs"][0]["eval_by_length"][1]["cumulative_sequence_accuracy"].size(), 32u);
+
+  c["task"] = {{"name", "copy"}, {"context", 32},          {"min_len", 1},
+               {"max_len", 4},   {"eval_lengths", {2, 8}}, {"eval_batch", 8}};
+  options.out_dir = fresh_dir("copy").string();
+  const json k = run_experiment(parse_experiment_config(c), options);
+  EXPECT_EQ(k["reference_length"].get<int>(), 4);
+  ASSERT_EQ(k["runs"][0]["eval_by_length"].size(), 3u);
+  for (const json& e : k["runs"][0]["eval_by_length"]) {
+    const double ch = num(e["char_accuracy"]);
+    EXPECT_GE(ch, 0.0);
+    EXPECT_LE(ch, 1.0);
+    EXPECT_EQ(e["cumulative_sequence_accuracy"].size(),
+              static_cast<std::size_t>(2 * e["length"].get<int>() + 3));
+  }
 }
 
 std::string config_error(const json& config) {

@@ -261,6 +261,15 @@ void write_text(const fs::path& path, const std::string& text) {
   fs::rename(tmp, path);  // atomic: an interrupted write never leaves a truncated file
 }
 
+// Rows per forward pass of an evaluation: the logits of a pass, rows × T × V floats, stay under
+// 2^24 elements (64 MiB in float32; cross-entropy makes one more such tensor), so that long
+// evaluation lengths with a large vocabulary (MQAR: V = 8192, T = 4096 would be 8.6 GB for 64
+// rows) do not exhaust memory. At least one row, at most 64.
+std::int64_t rows_per_pass(const Batch& b, std::int64_t vocab_size) {
+  const std::int64_t per_row = std::max<std::int64_t>(1, b.cols * vocab_size);
+  return std::clamp<std::int64_t>((std::int64_t{1} << 24) / per_row, 1, 64);
+}
+
 json eval_json(std::int64_t length, const EvalResult& r) {
   return {{"length", length},
           {"loss", r.loss},
@@ -433,8 +442,26 @@ json run_experiment(const ExperimentConfig& config, const ExperimentOptions& opt
         const std::string stem = run_stem(arm.name, lr, seed);
         const fs::path record_path = ckpt_dir / (stem + ".json");
         const fs::path ckpt_path = ckpt_dir / (stem + ".ckpt");
+        // What a finished run's record must match to be reused by --resume (the lr and the seed
+        // are in its file name).
+        const json setup = {{"task", config.source.at("task")},
+                            {"model", arm.model},
+                            {"train", config.train},
+                            {"eval_lengths", task.eval_lengths}};
         if (options.resume && fs::exists(record_path)) {
-          runs.push_back(read_json_file(record_path.string()));
+          json record = read_json_file(record_path.string());
+          if (!record.contains("setup") || record["setup"] != setup) {
+            std::string differing;
+            for (const auto& kv : setup.items())
+              if (!record.contains("setup") || !record["setup"].contains(kv.key()) ||
+                  record["setup"][kv.key()] != kv.value())
+                differing += (differing.empty() ? "" : ", ") + kv.key();
+            fail("run_experiment", "resume",
+                 "finished runs of the same task, model and train settings in the output folder",
+                 in_quotes(record_path.string()) + ", which differs in " + differing +
+                     " (use another --out, or run without --resume to start over)");
+          }
+          runs.push_back(std::move(record));
           if (options.progress) std::fprintf(stderr, "%s: finished earlier\n", stem.c_str());
           continue;
         }
@@ -452,13 +479,16 @@ json run_experiment(const ExperimentConfig& config, const ExperimentOptions& opt
         };
         // The periodic evaluation: held-out rows at the reference length (stream position −1).
         const Batch held_out = task.eval_batch_at(ref, task.eval_batch, batch_seed(seed, -1));
-        const EvalFn eval = [&held_out](LanguageModel& m) { return evaluate(m, held_out); };
+        const EvalFn eval = [&held_out](LanguageModel& m) {
+          return evaluate(m, held_out, rows_per_pass(held_out, m->config().vocab_size));
+        };
         torch::manual_seed(seed);
         LanguageModel model(arm.model);
         const TrainResult result =
             train(model, tc, data, eval, options.progress ? stderr_progress(stem) : ProgressFn{});
 
         json record = {{"arm", arm.name},
+                       {"setup", setup},
                        {"lr", lr},
                        {"seed", seed},
                        {"model", arm.model},
@@ -484,7 +514,12 @@ json run_experiment(const ExperimentConfig& config, const ExperimentOptions& opt
         for (std::int64_t length : task.eval_lengths) {
           const Batch b =
               task.eval_batch_at(length, task.eval_batch, batch_seed(seed, -2 - length));
-          by_length.push_back(eval_json(length, evaluate(model, b)));
+          const EvalResult r = evaluate(model, b, rows_per_pass(b, arm.model.vocab_size));
+          json e = eval_json(length, r);
+          if (task.name == "copy")  // letters only, without the '.' (data.h's copy_metrics)
+            e["char_accuracy"] =
+                copy_metrics(r.predictions, b.targets, b.rows, b.cols).char_accuracy;
+          by_length.push_back(std::move(e));
         }
         record["eval_by_length"] = by_length;
         // A run cut short by train.stop_at_step (time slicing) is reported but not recorded as

@@ -39,13 +39,17 @@
 // Output folder:
 //   results.json    the config, the machine (threads), the wall time, every run (losses,
 //                   periodic evaluations, per-length token / sequence accuracy, loss and
-//                   cumulative sequence-accuracy curve) and the summary (best lr per arm, means)
+//                   cumulative sequence-accuracy curve, copy: char_accuracy) and the summary
+//                   (best lr per arm, means)
 //   results.csv     one row per arm × lr × seed × eval length
 //   accuracy_vs_length.png, token_accuracy_vs_length.png   per arm: best lr, mean over seeds
 //   loss.png        training loss (smoothed) per arm: best lr, mean over seeds
 //   checkpoints/    <arm>.lr<lr>.seed<seed>.ckpt while a run trains, .json once it finished;
-//                   with resume, finished runs are read back and unfinished ones continue from
-//                   their checkpoint.
+//                   with resume, finished runs are read back (an error if they were made with
+//                   other task / model / train settings) and unfinished ones continue from
+//                   their checkpoint (train.h checks its settings). A run cut short by
+//                   train.stop_at_step is reported but stays unfinished.
+// Evaluations run at most 2^24 logits per forward pass (long MQAR lengths with V = 8192).
 //
 // Errors: phasor::Error "experiment config: argument 'config.arms[2].model.mixer': expected one of
 // attention, fox, gated_deltanet, gla, got 'glaa'" (the key path names the offending value).
