@@ -342,7 +342,9 @@ TEST(TasksExperiment, ConfigErrorsNameTheKeyPath) {
                       {"train_lengths", {16}},
                       {"eval_lengths", {16, 17}}};
        },
-       {"'config.task.eval_lengths[1]': expected an even number, got 17"}},
+       {"'config.task.eval_lengths[1]': expected a length valid for mqar (even, ≥ "
+        "4·num_kv_pairs = 8, < vocab_size = 64), got 17 (mqar: argument 'seq_len': expected an "
+        "even number, got 17)"}},
       {"mqar vocabulary",
        [](json& c) {
          c["task"] = {{"name", "mqar"},
@@ -351,7 +353,8 @@ TEST(TasksExperiment, ConfigErrorsNameTheKeyPath) {
                       {"train_lengths", {16}},
                       {"eval_lengths", {32}}};
        },
-       {"'config.task.eval_lengths[0]': expected > seq_len"}},
+       {"'config.task.eval_lengths[0]': expected a length valid for mqar", "got 32 (",
+        "argument 'vocab_size': expected > seq_len (32), got 20)"}},
       {"copy train lengths",
        [](json& c) {
          c["task"] = {{"name", "copy"},

@@ -190,11 +190,13 @@ TaskSpec parse_task(const json& j) {
         validate(c);
       }
     } catch (const Error& e) {
-      const std::string what = e.what();
-      const auto pos = what.find("expected");
-      throw Error(std::string(kOp) + ": argument 'config.task." + key + "[" + std::to_string(i) +
-                  "]': " + (pos == std::string::npos ? what : what.substr(pos)) +
-                  (t.name == "mqar" ? " (mqar: even, ≥ 4·num_kv_pairs, < vocab_size)" : ""));
+      const std::string expected =
+          t.name == "mqar" ? "a length valid for mqar (even, ≥ 4·num_kv_pairs = " +
+                                 std::to_string(4 * t.mqar.num_kv_pairs) +
+                                 ", < vocab_size = " + std::to_string(t.mqar.vocab_size) + ")"
+                           : "a length valid for " + t.name;
+      fail(kOp, "config.task." + key + "[" + std::to_string(i) + "]", expected,
+           std::to_string(length) + " (" + e.what() + ")");
     }
   };
   for (std::size_t i = 0; i < t.train_lengths.size(); ++i)
