@@ -247,6 +247,7 @@ check_error("copy max < min", "copy", ["--min-len", "5", "--max-len", "3"], "--m
 check_error("copy_eval length 0", "copy_eval", ["--length", "0"], "--length")
 check_error("batch 0", "parity", ["--batch", "0"], "--batch")
 check_error("seq-len 0", "s3", ["--seq-len", "0"], "--seq-len")
+check_error("too many tokens", "s3", ["--seq-len", "100000", "--batch", "100000"], "--batch")
 check_error("option of another task", "parity", ["--num-kv-pairs", "3"], "--num-kv-pairs")
 check_error("unknown task", "s4", [], "TASK")
 check_error("not a number", "mqar", ["--batch", "many"], "--batch")

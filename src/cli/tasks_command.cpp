@@ -103,6 +103,15 @@ tasks::Batch generate(const SampleOptions& o) {
   if (o.batch < 1)
     throw InputError("argument '--batch': expected ≥ 1, got " + std::to_string(o.batch));
   const std::string& t = o.task;
+  // A file for torch.load, not a data set: cap the batch at 2^27 tokens (2 GiB of int64 inputs
+  // and targets) so that a typo does not exhaust memory.
+  const std::int64_t cols = t == "copy_eval" ? 2 * o.length + 3
+                            : t == "copy"    ? o.seq_len.value_or(256)
+                                             : o.seq_len.value_or(64);
+  constexpr std::int64_t kMaxTokens = std::int64_t{1} << 27;
+  if (cols > 0 && o.batch > kMaxTokens / cols)
+    throw InputError("argument '--batch': expected batch · row length ≤ 2^27 tokens, got " +
+                     std::to_string(o.batch) + " rows of " + std::to_string(cols) + " tokens");
   if (t == "mqar") {
     tasks::MqarConfig c;
     c.seq_len = o.seq_len.value_or(64);
