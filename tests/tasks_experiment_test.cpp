@@ -161,7 +161,8 @@ TEST(TasksExperiment, TinyGridEndToEnd) {
   EXPECT_NE(table.find("gla"), std::string::npos) << table;
   EXPECT_NE(table.find("gdn"), std::string::npos) << table;
   EXPECT_NE(table.find("8*"), std::string::npos) << table;
-  EXPECT_NE(table.find("8 runs"), std::string::npos) << table;
+  EXPECT_NE(table.find("8 runs ("), std::string::npos) << table;
+  EXPECT_GT(results["train_time_s"].get<double>(), 0.0);
 }
 
 // An interrupted grid (every run stopped at step 6 by train.stop_at_step, as a kill after the

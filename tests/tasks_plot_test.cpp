@@ -86,6 +86,7 @@ TEST(TasksPlot, WritesPngOfRequestedSize) {
   spec.y_label = "sequence accuracy";
   spec.series.push_back({"gla", {64, 128, 256, 512}, {1.0, 0.9, 0.5, 0.1}});
   spec.log_x = true;
+  spec.x_ticks = {64, 128, 256, 512};
   const fs::path path = temp_png("size.png");
   write_line_plot_png(spec, path.string(), 640, 360);
 
@@ -183,6 +184,18 @@ TEST(TasksPlot, NiceTicks) {
   EXPECT_EQ(log_ticks(3, 4, 8), (std::vector<double>{3, 4}));  // no 1-2-5 value inside: ends
 }
 
+TEST(TasksPlot, TickLabels) {
+  EXPECT_EQ(format_tick(100, 100), "100");
+  EXPECT_EQ(format_tick(800, 100), "800");
+  EXPECT_EQ(format_tick(0.6000000000000001, 0.2), "0.6");
+  EXPECT_EQ(format_tick(0.15, 0.05), "0.15");
+  EXPECT_EQ(format_tick(-1e-17, 0.2), "0.0");
+  EXPECT_EQ(format_tick(3, 1), "3");
+  EXPECT_EQ(format_tick(2e6, 1e6), "2e+06");
+  EXPECT_EQ(format_tick(5e-5, 1e-5), "5e-05");
+  EXPECT_EQ(format_tick(200, 1), "200");  // log axis: integer ticks
+}
+
 std::string error_of(const PlotSpec& spec, const std::string& path, int w = 800, int h = 500) {
   try {
     write_line_plot_png(spec, path, w, h);
@@ -219,6 +232,12 @@ TEST(TasksPlot, Errors) {
   PlotSpec inf_x;
   inf_x.series.push_back({"i", {1, INFINITY}, {1, 2}});
   EXPECT_NE(error_of(inf_x, ok_path).find("'spec.series[0] ('i').x': expected finite values"),
+            std::string::npos);
+
+  PlotSpec ticks;
+  ticks.series.push_back({"t", {1, 2}, {1, 2}});
+  ticks.x_ticks = {1, NAN};
+  EXPECT_NE(error_of(ticks, ok_path).find("argument 'spec.x_ticks': expected finite values"),
             std::string::npos);
 
   PlotSpec range;

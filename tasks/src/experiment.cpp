@@ -568,6 +568,10 @@ json run_experiment(const ExperimentConfig& config, const ExperimentOptions& opt
 
   const double wall =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  // Training time of the runs, including those finished by earlier (resumed) invocations, but
+  // only the last part of a run continued from a checkpoint (train.h: wall_time_s of a call).
+  double train_time = 0;
+  for (const json& run : runs) train_time += num(run["wall_time_s"]);
   json results = {{"name", config.name},
                   {"config", config.source},
                   {"reference_length", ref},
@@ -576,6 +580,7 @@ json run_experiment(const ExperimentConfig& config, const ExperimentOptions& opt
                    {{"threads", at::get_num_threads()},
                     {"hardware_concurrency", std::thread::hardware_concurrency()}}},
                   {"wall_time_s", wall},
+                  {"train_time_s", train_time},
                   {"summary", arms_summary},
                   {"runs", runs}};
   write_text(out / "results.json", results.dump(1));
@@ -607,12 +612,15 @@ json run_experiment(const ExperimentConfig& config, const ExperimentOptions& opt
       task.name == "copy" ? "string length (copy)" : "evaluation sequence length";
   for (const char* metric : {"sequence_accuracy", "token_accuracy"}) {
     PlotSpec spec;
-    spec.title = fmt::format("{}: {} vs length (best lr per arm, mean of {} seeds; trained at {})",
-                             config.name, metric, config.seeds.size(), ref);
+    spec.title =
+        fmt::format("{}: {} vs length (best lr per arm, mean over seeds: {}; trained at {})",
+                    config.name, metric, config.seeds.size(), ref);
     spec.x_label = length_label;
     spec.y_label = metric;
     spec.y_range = std::make_pair(0.0, 1.0);
     spec.log_x = log_x;
+    for (std::int64_t length : task.eval_lengths)
+      spec.x_ticks.push_back(static_cast<double>(length));
     for (const json& a : arms_summary) {
       Series s;
       s.label =
@@ -720,7 +728,8 @@ std::string format_result_table(const json& results) {
       t += fmt::format("  {:>8.3f}", num(l["reference_sequence_accuracy"]));
     t += "\n";
   }
-  t += fmt::format("\n{} runs in {:.1f} s on {} threads\n", results["runs"].size(),
+  t += fmt::format("\n{} runs ({:.1f} s of training) in {:.1f} s on {} threads\n",
+                   results["runs"].size(), num(results["train_time_s"]),
                    num(results["wall_time_s"]), results["machine"]["threads"].get<int>());
   return t;
 }

@@ -45,17 +45,6 @@ std::string num(double v) {
   return buf;
 }
 
-// Formats a tick value: %g with enough digits for the step (so 0.1 steps do not print
-// 0.30000000000000004), and exact zero instead of −1e−17.
-std::string tick_label(double v, double step) {
-  if (std::abs(v) < 1e-9 * step) v = 0;
-  const int digits =
-      std::max(1, static_cast<int>(std::ceil(std::log10(std::max(std::abs(v), step) / step))) + 1);
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%.*g", std::min(digits, 15), v);
-  return buf;
-}
-
 struct SurfaceDeleter {
   void operator()(cairo_surface_t* s) const { cairo_surface_destroy(s); }
 };
@@ -111,6 +100,10 @@ void validate(const PlotSpec& spec, int width, int height) {
       if (spec.log_x && x <= 0) fail(kOp, name + ".x", "positive values (log_x)", num(x));
     }
   }
+  for (double t : spec.x_ticks)
+    if (!std::isfinite(t) || (spec.log_x && t <= 0))
+      fail(kOp, "spec.x_ticks", spec.log_x ? "positive finite values (log_x)" : "finite values",
+           num(t));
   if (spec.y_range) {
     const auto [lo, hi] = *spec.y_range;
     if (!(std::isfinite(lo) && std::isfinite(hi) && lo < hi))
@@ -119,6 +112,21 @@ void validate(const PlotSpec& spec, int width, int height) {
 }
 
 }  // namespace
+
+std::string format_tick(double value, double step) {
+  if (std::abs(value) < 1e-9 * step) value = 0;  // −1e−17 from rounding prints as 0
+  const double magnitude = std::max(std::abs(value), step);
+  char buf[64];
+  if (magnitude >= 1e6 || magnitude < 1e-4) {
+    std::snprintf(buf, sizeof buf, "%.3g", value);
+  } else {
+    // As many decimals as the step needs (0.2 → 1, 0.05 → 2, 100 → 0): fixed notation, so that
+    // 100 does not print as 1e+02 and 0.6 not as 0.6000000000000001.
+    const int decimals = std::clamp(static_cast<int>(std::ceil(-std::log10(step) - 1e-9)), 0, 10);
+    std::snprintf(buf, sizeof buf, "%.*f", decimals, value);
+  }
+  return buf;
+}
 
 std::vector<double> nice_ticks(double lo, double hi, int max_ticks) {
   if (!(std::isfinite(lo) && std::isfinite(hi) && lo < hi))
@@ -236,14 +244,19 @@ void write_line_plot_png(const PlotSpec& spec, const std::string& path, int widt
   // Plot area: room for the title above, tick labels and the axis label below and to the left.
   const double font = std::clamp(height / 40.0, 10.0, 16.0);
   cairo_set_font_size(cr, font);
-  const std::vector<double> x_ticks =
-      spec.log_x ? log_ticks(x_data_lo, x_data_hi, 8) : nice_ticks(x_data_lo, x_data_hi, 8);
+  std::vector<double> x_ticks;
+  if (!spec.x_ticks.empty()) {  // the given ticks inside the axis
+    for (double t : spec.x_ticks)
+      if (t >= x_lo && t <= x_hi) x_ticks.push_back(t);
+  } else {
+    x_ticks = spec.log_x ? log_ticks(x_data_lo, x_data_hi, 8) : nice_ticks(x_data_lo, x_data_hi, 8);
+  }
   const std::vector<double> y_ticks = nice_ticks(y_lo, y_hi, 7);
   const double x_step = x_ticks.size() > 1 ? x_ticks[1] - x_ticks[0] : x_hi - x_lo;
   const double y_step = y_ticks.size() > 1 ? y_ticks[1] - y_ticks[0] : y_hi - y_lo;
   double y_label_width = 0;
   for (double t : y_ticks)
-    y_label_width = std::max(y_label_width, text_width(cr, tick_label(t, y_step)));
+    y_label_width = std::max(y_label_width, text_width(cr, format_tick(t, y_step)));
   const double left = 2.2 * font + y_label_width + 12;
   const double right = width - 20.0;
   const double top = spec.title.empty() ? 15.0 : 2.5 * font;
@@ -267,9 +280,12 @@ void write_line_plot_png(const PlotSpec& spec, const std::string& path, int widt
   cairo_stroke(cr);
   cairo_set_source_rgb(cr, 0, 0, 0);
   for (double t : x_ticks) {
-    // On a log axis the step between ticks varies: label each with the digits its decade needs.
-    const std::string label = tick_label(
-        t, spec.log_x ? std::min(1.0, std::pow(10.0, std::floor(std::log10(t)))) : x_step);
+    // Given ticks print as given (%g); on a log axis the step between ticks varies: label each
+    // with the digits its decade needs.
+    const std::string label =
+        !spec.x_ticks.empty() ? num(t)
+        : spec.log_x ? format_tick(t, std::min(1.0, std::pow(10.0, std::floor(std::log10(t)))))
+                     : format_tick(t, x_step);
     cairo_move_to(cr, std::round(px(t)) + 0.5, bottom);
     cairo_line_to(cr, std::round(px(t)) + 0.5, bottom + 5);
     cairo_stroke(cr);
@@ -277,7 +293,7 @@ void write_line_plot_png(const PlotSpec& spec, const std::string& path, int widt
     cairo_show_text(cr, label.c_str());
   }
   for (double t : y_ticks) {
-    const std::string label = tick_label(t, y_step);
+    const std::string label = format_tick(t, y_step);
     cairo_move_to(cr, left - 5, std::round(py(t)) + 0.5);
     cairo_line_to(cr, left, std::round(py(t)) + 0.5);
     cairo_stroke(cr);

@@ -30,6 +30,9 @@ struct PlotSpec {
   // The y range shown, (lo, hi) with lo < hi; by default the data's range, padded by 5 %.
   std::optional<std::pair<double, double>> y_range;
   bool log_x = false;  // logarithmic x axis (e.g. sequence lengths 64 … 4096)
+  // Tick positions on the x axis (finite, > 0 with log_x); empty: chosen automatically. E.g. the
+  // evaluation lengths 64, 128, …, which 1-2-5 ticks would miss.
+  std::vector<double> x_ticks;
 };
 
 // Draws the plot into a width × height RGB PNG at `path` (overwritten). width ≥ 200, height ≥ 150.
@@ -44,5 +47,9 @@ std::vector<double> nice_ticks(double lo, double hi, int max_ticks);
 // inside the range when they are at most max_ticks, else the powers of ten (thinned to every
 // 10^m-th power when there are still too many), and always at least the two ends of the range.
 std::vector<double> log_ticks(double lo, double hi, int max_ticks);
+
+// A tick label: fixed notation with the decimals the step between ticks needs (step 0.2 → "0.4",
+// 0.05 → "0.15", 100 → "300"), %.3g outside [1e−4, 1e6). Exposed for the tests.
+std::string format_tick(double value, double step);
 
 }  // namespace phasor::tasks
