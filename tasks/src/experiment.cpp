@@ -430,10 +430,13 @@ json run_experiment(const ExperimentConfig& config, const ExperimentOptions& opt
   if (ec || !fs::is_directory(ckpt_dir))
     fail("run_experiment", "out_dir", "a folder that can be created",
          in_quotes(out.string()) + " (" + ec.message() + ")");
-  if (options.threads > 0) {
-    at::set_num_threads(options.threads);
-    phasor::set_num_threads(options.threads);
-  }
+  // threads = 0: every core. ATen's own default is not that everywhere (Debian's LibTorch 1.13
+  // starts with 1 intra-op thread here), so it is set explicitly either way.
+  const int threads = options.threads > 0
+                          ? options.threads
+                          : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  at::set_num_threads(threads);
+  phasor::set_num_threads(options.threads);
   const TaskSpec& task = config.task;
   const std::int64_t ref = task.reference_length();
 

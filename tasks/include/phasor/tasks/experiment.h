@@ -106,7 +106,7 @@ ExperimentConfig load_experiment_config(const std::string& path);
 struct ExperimentOptions {
   std::string out_dir;   // created if missing
   bool resume = false;   // skip finished runs, continue interrupted ones
-  int threads = 0;       // > 0: at::set_num_threads and phasor::set_num_threads
+  int threads = 0;       // at::set_num_threads and phasor::set_num_threads; 0: every core
   bool progress = true;  // per-run progress lines on stderr
 };
 
