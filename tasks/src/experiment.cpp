@@ -441,10 +441,13 @@ json run_experiment(const ExperimentConfig& config, const ExperimentOptions& opt
   const std::int64_t ref = task.reference_length();
 
   json runs = json::array();
+  const std::size_t total_runs = config.arms.size() * config.lrs.size() * config.seeds.size();
+  std::size_t run_index = 0;
   for (const Arm& arm : config.arms)
     for (double lr : config.lrs)
       for (std::uint64_t seed : config.seeds) {
         const std::string stem = run_stem(arm.name, lr, seed);
+        const std::string label = fmt::format("[{}/{}] {}", ++run_index, total_runs, stem);
         const fs::path record_path = ckpt_dir / (stem + ".json");
         const fs::path ckpt_path = ckpt_dir / (stem + ".ckpt");
         // What a finished run's record must match to be reused by --resume (the lr and the seed
@@ -467,7 +470,7 @@ json run_experiment(const ExperimentConfig& config, const ExperimentOptions& opt
                      " (use another --out, or run without --resume to start over)");
           }
           runs.push_back(std::move(record));
-          if (options.progress) std::fprintf(stderr, "%s: finished earlier\n", stem.c_str());
+          if (options.progress) std::fprintf(stderr, "%s: finished earlier\n", label.c_str());
           continue;
         }
         TrainConfig tc = config.train;
@@ -490,7 +493,7 @@ json run_experiment(const ExperimentConfig& config, const ExperimentOptions& opt
         torch::manual_seed(seed);
         LanguageModel model(arm.model);
         const TrainResult result =
-            train(model, tc, data, eval, options.progress ? stderr_progress(stem) : ProgressFn{});
+            train(model, tc, data, eval, options.progress ? stderr_progress(label) : ProgressFn{});
 
         json record = {{"arm", arm.name},
                        {"setup", setup},
