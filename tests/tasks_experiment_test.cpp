@@ -74,7 +74,11 @@ TEST(TasksExperiment, TinyGridEndToEnd) {
   EXPECT_EQ(config.task.eval_lengths, (std::vector<std::int64_t>{4, 8, 16}));
   EXPECT_EQ(config.arms[1].model.num_layers, 1);
   EXPECT_EQ(config.arms[1].model.beta_range, 2);
-  EXPECT_EQ(config.arms[0].model.vocab_size, 2);  // the task's
+  json layers = tiny_config();
+  layers["model"]["layers"] = 3;
+  EXPECT_EQ(parse_experiment_config(layers).arms[0].model.num_layers, 3);
+  EXPECT_EQ(parse_experiment_config(layers).arms[1].model.num_layers, 1);  // the arm's override
+  EXPECT_EQ(config.arms[0].model.vocab_size, 2);                           // the task's
 
   ExperimentOptions options;
   options.out_dir = fresh_dir("tiny").string();

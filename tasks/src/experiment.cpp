@@ -218,10 +218,11 @@ ModelConfig parse_model(json base, const json& overrides, const std::string& pat
                         std::int64_t vocab_size) {
   if (!overrides.is_object()) fail(kOp, path, "a JSON object", given(overrides));
   json patch = overrides;
-  if (patch.contains("layers")) {
-    patch["num_layers"] = patch["layers"];
-    patch.erase("layers");
-  }
+  for (json* j : {&base, &patch})
+    if (j->contains("layers")) {  // shorthand for num_layers, in the defaults or an arm
+      (*j)["num_layers"] = (*j)["layers"];
+      j->erase("layers");
+    }
   base.merge_patch(patch);
   if (!base.contains("vocab_size")) base["vocab_size"] = vocab_size;
   ModelConfig c;
