@@ -3,14 +3,17 @@
 // results.json / results.csv / PNG plots / a table. `phasor tasks run CONFIG.json` calls it.
 //
 // Config (JSON; every key optional unless marked, unknown keys are errors):
+// clang-format off
 //   {
 //     "name": "mqar_quick",                       required; [A-Za-z0-9_.-]+, the default out dir
 //     "task": {                                   required
-//       "name": "mqar",                           required: mqar | copy | parity | s2 | a3 | s3 |
-//       s5 mqar:  "num_kv_pairs" 8, "vocab_size" 8192, "power_a" 0.01, "random_filler" true copy:
-//       "context" 256, "min_len" 1, "max_len" 50       (training rows, see data.h) word problems
-//       (parity = s2): "final_only" false "train_lengths": [64],                    sequence
-//       lengths of the training batches, used
+//       "name": "mqar",                           required: mqar | copy | parity | s2 | a3 |
+//                                                 s3 | s5
+//       generator options (data.h), by task:
+//         mqar:   "num_kv_pairs" 8, "vocab_size" 8192, "power_a" 0.01, "random_filler" true
+//         copy:   "context" 256, "min_len" 1, "max_len" 50   (training rows)
+//         parity, s2, a3, s3, s5: "final_only" false
+//       "train_lengths": [64],                    sequence lengths of the training batches, used
 //                                                 in turn (step s uses train_lengths[(s−1) mod n]);
 //                                                 not for copy (its rows have `context` tokens)
 //       "eval_lengths": [64, 128, 256],           required; sequence lengths (copy: string
@@ -36,6 +39,7 @@
 // on the stream batch_seed(seed, step); the evaluation batches depend on (seed, length) only, so
 // every arm and lr of a seed is scored on the same rows.
 //
+// clang-format on
 // Output folder:
 //   results.json    the config, the machine (threads), the wall time, every run (losses,
 //                   periodic evaluations, per-length token / sequence accuracy, loss and
