@@ -322,13 +322,13 @@ TEST(TasksExperiment, ConfigErrorsNameTheKeyPath) {
        [](json& c) {
          c["model"]["mixer_options"] = {{"bogus", 1}};
        },
-       {"'config.arms[0].model.mixer_options.bogus': expected a known option"}},
+       {"'config.arms[0].model.mixer_options.bogus': expected one of the options"}},
       {"position option",
        [](json& c) {
          c["arms"][0]["model"]["pos_encoding"] = "rope";
          c["arms"][0]["model"]["pos_options"] = {{"rope_thta", 1}};
        },
-       {"'config.arms[0].model.pos_options.rope_thta': expected a known option"}},
+       {"'config.arms[0].model.pos_options.rope_thta': expected one of the options"}},
       {"beta range",
        [](json& c) { c["arms"][1]["model"]["beta_range"] = 3; },
        {"'config.arms[1].model.beta_range'"}},

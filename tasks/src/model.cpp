@@ -246,6 +246,7 @@ bool OptionReader::has(const std::string& key) const {
 }
 
 const nlohmann::json* OptionReader::find(const std::string& key, const char* type) {
+  known_.insert(key);
   if (!has(key)) return nullptr;
   used_.insert(key);
   const nlohmann::json& v = options_.at(key);
@@ -277,10 +278,15 @@ std::string OptionReader::string(const std::string& key, const std::string& fall
 void OptionReader::finish() const {
   if (!options_.is_object()) return;
   for (const auto& kv : options_.items())
-    if (!used_.count(kv.key()))
+    if (!used_.count(kv.key())) {
+      // Every key the factory asked for, so a typo is answered with the valid spellings.
+      std::string names;
+      for (const auto& k : known_) names += (names.empty() ? "" : ", ") + k;
       fail(op_, kv.key(),
-           "a known option" + (used_.empty() ? std::string(" (this one takes none)") : ""),
+           known_.empty() ? std::string("no options (this one takes none)")
+                          : "one of the options " + names,
            "an unknown key");
+    }
 }
 
 // ---- configs ------------------------------------------------------------------------------------

@@ -98,7 +98,8 @@ class OptionReader {
   const nlohmann::json* find(const std::string& key, const char* type);
   const nlohmann::json& options_;
   std::string op_;
-  std::set<std::string> used_;
+  std::set<std::string> used_;   // keys given and read
+  std::set<std::string> known_;  // keys the factory asked for (given or not)
 };
 
 // ---- registries ---------------------------------------------------------------------------------
