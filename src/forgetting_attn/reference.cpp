@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "common/parallel.h"
+#include "common/rotation_reference.h"
 #include "common/slices.h"
 #include "forgetting_attn/kernels.h"
 
@@ -27,43 +28,6 @@ namespace phasor::detail::fox {
 namespace {
 
 constexpr double kNegInf = -std::numeric_limits<double>::infinity();
-
-// The rotation pair (a, b) of pair i in a row of K = 2R values (see RotaryLayout).
-std::int64_t pair_a(RotaryLayout layout, std::int64_t i) {
-  return layout == RotaryLayout::half_split ? i : 2 * i;
-}
-std::int64_t pair_b(RotaryLayout layout, std::int64_t i, std::int64_t R) {
-  return layout == RotaryLayout::half_split ? i + R : 2 * i + 1;
-}
-
-// x ← R(θ) x row by row:  x'_a = x_a cos θ − x_b sin θ,  x'_b = x_a sin θ + x_b cos θ.
-void rotate(Mat<double>& x, const Mat<double>& theta, RotaryLayout layout) {
-  const std::int64_t R = theta.cols();
-  for (std::int64_t t = 0; t < x.rows(); ++t)
-    for (std::int64_t i = 0; i < R; ++i) {
-      const std::int64_t a = pair_a(layout, i), b = pair_b(layout, i, R);
-      const double c = std::cos(theta(t, i)), sn = std::sin(theta(t, i));
-      const double xa = x(t, a), xb = x(t, b);
-      x(t, a) = xa * c - xb * sn;
-      x(t, b) = xa * sn + xb * c;
-    }
-}
-
-// dy = ∂L/∂x' for x' = R(θ) x (y = x', the rotated rows): dy ← dx = R(θ)ᵀ dy, and
-// ∂L/∂θ = dy_a ∂x'_a/∂θ + dy_b ∂x'_b/∂θ = −dy_a x'_b + dy_b x'_a is added to dtheta.
-void unrotate_grad(Mat<double>& dy, const Mat<double>& y, const Mat<double>& theta,
-                   RotaryLayout layout, Mat<double>& dtheta) {
-  const std::int64_t R = theta.cols();
-  for (std::int64_t t = 0; t < dy.rows(); ++t)
-    for (std::int64_t i = 0; i < R; ++i) {
-      const std::int64_t a = pair_a(layout, i), b = pair_b(layout, i, R);
-      const double c = std::cos(theta(t, i)), sn = std::sin(theta(t, i));
-      const double da = dy(t, a), db = dy(t, b);
-      dy(t, a) = da * c + db * sn;
-      dy(t, b) = -da * sn + db * c;
-      dtheta(t, i) += -da * y(t, b) + db * y(t, a);
-    }
-}
 
 // Row i of the attention matrix of one (sequence, query head): the visible keys first..i and
 // their softmax probabilities.
@@ -114,11 +78,11 @@ void reference_forward(const Problem& p, const TensorView& o, const TensorView& 
     // θ of key head h rotates k and the q of every query head of its group.
     if (p.theta.defined()) {
       load_rows(p.theta, seq, h, theta);
-      rotate(k, theta, p.rotary_layout);
+      reference_rotate_rows(k, theta, p.rotary_layout);
     }
     for (std::int64_t hq = h * p.group(); hq < (h + 1) * p.group(); ++hq) {
       load_rows(p.q, seq, hq, q);
-      if (p.theta.defined()) rotate(q, theta, p.rotary_layout);
+      if (p.theta.defined()) reference_rotate_rows(q, theta, p.rotary_layout);
       load_column(p.g, seq, hq, g);
       Mat<double> out = Mat<double>::Zero(L, p.V);
       Vec<double> out_lse(L);
@@ -147,7 +111,7 @@ void reference_backward(const Problem& p, const TensorView& d_o, const Forgettin
     // with respect to them.
     if (p.theta.defined()) {
       load_rows(p.theta, seq, h, theta);
-      rotate(k, theta, p.rotary_layout);
+      reference_rotate_rows(k, theta, p.rotary_layout);
     }
     // dθ of key head h: q' of every query head of the group and k' share θ, so all add up.
     Mat<double> dtheta = Mat<double>::Zero(p.theta.defined() ? L : 0, p.K / 2);
@@ -155,7 +119,7 @@ void reference_backward(const Problem& p, const TensorView& d_o, const Forgettin
     Mat<double> dk = Mat<double>::Zero(L, p.K), dv = Mat<double>::Zero(L, p.V);
     for (std::int64_t hq = h * p.group(); hq < (h + 1) * p.group(); ++hq) {
       load_rows(p.q, seq, hq, q);
-      if (p.theta.defined()) rotate(q, theta, p.rotary_layout);
+      if (p.theta.defined()) reference_rotate_rows(q, theta, p.rotary_layout);
       load_rows(d_o, seq, hq, dout);
       load_column(p.g, seq, hq, g);
       Mat<double> dq = Mat<double>::Zero(L, p.K);
@@ -187,12 +151,13 @@ void reference_backward(const Problem& p, const TensorView& d_o, const Forgettin
           if (j < i) dg[j + 1] += dlogit_prefix;
         }
       }
-      if (p.theta.defined()) unrotate_grad(dq, q, theta, p.rotary_layout, dtheta);
+      if (p.theta.defined())
+        reference_unrotate_gradient_rows(dq, q, theta, p.rotary_layout, dtheta);
       if (grads.dq.defined()) store_rows(dq, grads.dq, seq, hq);
       if (grads.dg.defined()) store_column(dg, grads.dg, seq, hq);
     }
     if (p.theta.defined()) {
-      unrotate_grad(dk, k, theta, p.rotary_layout, dtheta);
+      reference_unrotate_gradient_rows(dk, k, theta, p.rotary_layout, dtheta);
       if (grads.dtheta.defined()) store_rows(dtheta, grads.dtheta, seq, h);
     }
     if (grads.dk.defined()) store_rows(dk, grads.dk, seq, h);

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "common/parallel.h"
+#include "common/rotation_reference.h"
 #include "gated_delta_rule/kernels.h"
 
 namespace phasor::detail::gdn {
@@ -21,50 +22,11 @@ using Vecd = Vec<double>;
 
 namespace {
 
-// The rotation pair (a, b) of pair i in a row of K = 2R values (see RotaryLayout).
-std::int64_t pair_a(RotaryLayout layout, std::int64_t i) {
-  return layout == RotaryLayout::half_split ? i : 2 * i;
-}
-std::int64_t pair_b(RotaryLayout layout, std::int64_t i, std::int64_t R) {
-  return layout == RotaryLayout::half_split ? i + R : 2 * i + 1;
-}
-
 // θ of sequence s, q/k head h, as float64 (length × K/2).
 Matd load_angles(const Problem& p, const Sequence& s, std::int64_t h) {
   Matd theta;
   load_rows(p.params->theta, s, h, theta);
   return theta;
-}
-
-// x' = R(θ) x row by row:  x'_a = x_a cos θ − x_b sin θ,  x'_b = x_a sin θ + x_b cos θ.
-Matd rotate(const Matd& x, const Matd& theta, RotaryLayout layout) {
-  const std::int64_t R = theta.cols();
-  Matd y = x;
-  for (std::int64_t t = 0; t < x.rows(); ++t)
-    for (std::int64_t i = 0; i < R; ++i) {
-      const std::int64_t a = pair_a(layout, i), b = pair_b(layout, i, R);
-      const double c = std::cos(theta(t, i)), sn = std::sin(theta(t, i));
-      y(t, a) = x(t, a) * c - x(t, b) * sn;
-      y(t, b) = x(t, a) * sn + x(t, b) * c;
-    }
-  return y;
-}
-
-// Given dy = ∂L/∂x' for x' = R(θ) x: returns dx = R(θ)ᵀ dy and adds
-// ∂L/∂θ = dy_a ∂x'_a/∂θ + dy_b ∂x'_b/∂θ = −dy_a x'_b + dy_b x'_a to dtheta.
-Matd unrotate_grad(const Matd& dy, const Matd& y, const Matd& theta, RotaryLayout layout,
-                   Matd& dtheta) {
-  const std::int64_t R = theta.cols();
-  Matd dx = dy;
-  for (std::int64_t t = 0; t < dy.rows(); ++t)
-    for (std::int64_t i = 0; i < R; ++i) {
-      const std::int64_t a = pair_a(layout, i), b = pair_b(layout, i, R);
-      const double c = std::cos(theta(t, i)), sn = std::sin(theta(t, i));
-      dx(t, a) = dy(t, a) * c + dy(t, b) * sn;
-      dx(t, b) = -dy(t, a) * sn + dy(t, b) * c;
-      dtheta(t, i) += -dy(t, a) * y(t, b) + dy(t, b) * y(t, a);
-    }
-  return dx;
 }
 
 // q̃ and k̂ of a whole sequence (normalised if requested, unrotated) and, with θ, their rotated
@@ -80,8 +42,9 @@ ReferenceQK load_reference_qk(const Problem& p, const Sequence& s, std::int64_t 
   load_qk(p, s, h, r.in, /*rotate=*/false);
   if (p.params->theta.defined()) {
     r.theta = load_angles(p, s, h);
-    r.q = rotate(r.in.q, r.theta, p.params->rotary_layout);
-    r.k = rotate(r.in.k, r.theta, p.params->rotary_layout);
+    r.q = r.in.q, r.k = r.in.k;
+    reference_rotate_rows(r.q, r.theta, p.params->rotary_layout);
+    reference_rotate_rows(r.k, r.theta, p.params->rotary_layout);
   } else {
     r.q = r.in.q;
     r.k = r.in.k;
@@ -169,8 +132,8 @@ void reference_backward(const Problem& p, const TensorView& d_o, const TensorVie
     // dq, dk are with respect to q̃ and k̂ as the recurrence saw them (rotated, with θ).
     if (p.params->theta.defined()) {
       Matd dtheta = Matd::Zero(s.length, p.K / 2);
-      dq = unrotate_grad(dq, qk.q, qk.theta, p.params->rotary_layout, dtheta);
-      dk = unrotate_grad(dk, qk.k, qk.theta, p.params->rotary_layout, dtheta);
+      reference_unrotate_gradient_rows(dq, qk.q, qk.theta, p.params->rotary_layout, dtheta);
+      reference_unrotate_gradient_rows(dk, qk.k, qk.theta, p.params->rotary_layout, dtheta);
       if (grads.dtheta.defined()) store_block(dtheta, grads.dtheta, s, h);
     }
     store_qk_grads(p, s, h, qk.in, dq, dk, grads);

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "common/parallel.h"
+#include "common/rotation_reference.h"
 #include "common/slices.h"
 #include "gla/kernels.h"
 
@@ -29,42 +30,6 @@ struct SequenceInputs {
   Matrix theta;       // length × K/2, only with θ
 };
 
-// The columns (a, b) of rotation pair i in a row of K = 2R values (see RotaryLayout).
-std::int64_t pair_a(RotaryLayout layout, std::int64_t i) {
-  return layout == RotaryLayout::half_split ? i : 2 * i;
-}
-std::int64_t pair_b(RotaryLayout layout, std::int64_t i, std::int64_t R) {
-  return layout == RotaryLayout::half_split ? i + R : 2 * i + 1;
-}
-
-// x ← R(θ) x row by row: x'_a = x_a cos θ − x_b sin θ, x'_b = x_a sin θ + x_b cos θ.
-void rotate(Matrix& x, const Matrix& theta, RotaryLayout layout) {
-  const std::int64_t R = theta.cols();
-  for (std::int64_t t = 0; t < x.rows(); ++t)
-    for (std::int64_t i = 0; i < R; ++i) {
-      const std::int64_t a = pair_a(layout, i), b = pair_b(layout, i, R);
-      const double c = std::cos(theta(t, i)), sn = std::sin(theta(t, i));
-      const double xa = x(t, a), xb = x(t, b);
-      x(t, a) = xa * c - xb * sn;
-      x(t, b) = xa * sn + xb * c;
-    }
-}
-
-// dx' (gradient w.r.t. the rotated rows x') ← dx = R(θ)ᵀ dx', and dθ += dx'_b x'_a − dx'_a x'_b.
-void unrotate_gradient(Matrix& dx, const Matrix& x_rotated, const Matrix& theta,
-                       RotaryLayout layout, Matrix& dtheta) {
-  const std::int64_t R = theta.cols();
-  for (std::int64_t t = 0; t < dx.rows(); ++t)
-    for (std::int64_t i = 0; i < R; ++i) {
-      const std::int64_t a = pair_a(layout, i), b = pair_b(layout, i, R);
-      const double c = std::cos(theta(t, i)), sn = std::sin(theta(t, i));
-      const double da = dx(t, a), db = dx(t, b);
-      dtheta(t, i) += db * x_rotated(t, a) - da * x_rotated(t, b);
-      dx(t, a) = da * c + db * sn;
-      dx(t, b) = -da * sn + db * c;
-    }
-}
-
 SequenceInputs load_inputs(const Problem& p, const Sequence& s, std::int64_t h) {
   SequenceInputs in;
   load_rows(p.q, s, h, in.q);
@@ -73,8 +38,8 @@ SequenceInputs load_inputs(const Problem& p, const Sequence& s, std::int64_t h) 
   load_rows(p.g, s, h, in.g);
   if (p.theta.defined()) {
     load_rows(p.theta, s, h, in.theta);
-    rotate(in.q, in.theta, p.rotary_layout);
-    rotate(in.k, in.theta, p.rotary_layout);
+    reference_rotate_rows(in.q, in.theta, p.rotary_layout);
+    reference_rotate_rows(in.k, in.theta, p.rotary_layout);
   }
   return in;
 }
@@ -175,8 +140,8 @@ void reference_backward(const Problem& p, const TensorView& d_o, const TensorVie
     // dq, dk are so far with respect to the rotated q', k' the recurrence read.
     if (p.theta.defined()) {
       Matrix dtheta = Matrix::Zero(s.length, p.K / 2);
-      unrotate_gradient(dq, in.q, in.theta, p.rotary_layout, dtheta);
-      unrotate_gradient(dk, in.k, in.theta, p.rotary_layout, dtheta);
+      reference_unrotate_gradient_rows(dq, in.q, in.theta, p.rotary_layout, dtheta);
+      reference_unrotate_gradient_rows(dk, in.k, in.theta, p.rotary_layout, dtheta);
       if (grads.dtheta.defined()) store_rows(dtheta, grads.dtheta, s, h);
     }
     if (grads.dq.defined()) store_rows(dq, grads.dq, s, h);
