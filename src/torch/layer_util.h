@@ -94,6 +94,14 @@ inline void check_float(const std::string& op, const std::string& name, const at
          std::string("dtype ") + c10::toString(t.scalar_type()));
 }
 
+// A floating tensor of either of two ranks (e.g. angles per head or shared by heads); a tensor of
+// any other rank is reported against `rank_a`, with `layout` naming both forms.
+inline void check_float_either_rank(const std::string& op, const std::string& name,
+                                    const at::Tensor& t, int rank_a, int rank_b,
+                                    const char* layout) {
+  check_float(op, name, t, t.defined() && t.dim() == rank_b ? rank_b : rank_a, layout);
+}
+
 inline void check_optional_float(const std::string& op, const std::string& name,
                                  const c10::optional<at::Tensor>& t, int rank, const char* layout) {
   if (t.has_value() && t->defined()) check_float(op, name, *t, rank, layout);

@@ -185,12 +185,7 @@ std::tuple<at::Tensor, c10::optional<at::Tensor>> selective_rope_phases(
     bool output_final_phase, const c10::optional<at::Tensor>& cu_seqlens) {
   const std::string op = "selective_rope_phases";
   check_float(op, "phi", phi, 4, "[B, T, H, R]");
-  check_tensor(op, "omega", omega, omega.defined() ? static_cast<int>(omega.dim()) : 1,
-               "[H, R] or [R]");
-  if (omega.dim() != 1 && omega.dim() != 2)
-    fail(op, "omega", "a 1-D [R] or 2-D [H, R] tensor",
-         std::to_string(omega.dim()) + "-D tensor of shape " + shape_of(omega));
-  check_float(op, "omega", omega, static_cast<int>(omega.dim()), "[H, R] or [R]");
+  check_float_either_rank(op, "omega", omega, 2, 1, "[H, R] or [R]");
   check_optional_float(op, "initial_phase", initial_phase, 3, "[N, H, R]");
   check_cu_seqlens(op, cu_seqlens);
   const variable_list out =
@@ -225,9 +220,7 @@ at::Tensor rope_angles(std::int64_t batch, std::int64_t seq_len, std::int64_t he
 at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& theta, RotaryLayout rotary_layout) {
   const std::string op = "apply_rotary";
   check_float(op, "x", x, 4, "[B, T, H, K]");
-  check_tensor(op, "theta", theta, theta.defined() && theta.dim() == 3 ? 3 : 4,
-               "[B, T, H, K/2] or [B, T, K/2]");
-  check_float(op, "theta", theta, static_cast<int>(theta.dim()), "[B, T, H, K/2] or [B, T, K/2]");
+  check_float_either_rank(op, "theta", theta, 4, 3, "[B, T, H, K/2] or [B, T, K/2]");
   const variable_list out =
       ApplyRotaryFunction::apply(to_compute(x), to_compute(theta), rotary_layout);
   return in_dtype_of(out[0], x);
