@@ -149,12 +149,12 @@ TEST(TasksExperiment, TinyGridEndToEnd) {
   ASSERT_EQ(csv.size(), 1u + 8u * 3u);
   EXPECT_EQ(csv[0],
             "arm,lr,seed,length,token_accuracy,sequence_accuracy,loss,final_step,stopped_early,"
-            "diverged,best_lr");
+            "diverged,best_lr,num_kv_pairs");
   for (std::size_t i = 1; i < csv.size(); ++i) {
     std::vector<std::string> f;
     std::stringstream ss(csv[i]);
     for (std::string x; std::getline(ss, x, ',');) f.push_back(x);
-    ASSERT_EQ(f.size(), 11u) << csv[i];
+    ASSERT_EQ(f.size(), 11u) << csv[i];  // getline drops the empty num_kv_pairs of parity
     EXPECT_EQ(f[10] == "1", std::stod(f[1]) == best_lr[f[0]]) << csv[i];
     EXPECT_EQ(f[7], "12");
   }
@@ -244,6 +244,32 @@ TEST(TasksExperiment, MqarAndCopyTasks) {
   EXPECT_EQ(m["runs"][0]["model"]["vocab_size"].get<int>(), 40);
   EXPECT_EQ(m["eval_lengths"], json::array({16, 32}));
   EXPECT_EQ(m["runs"][0]["eval_by_length"][1]["cumulative_sequence_accuracy"].size(), 32u);
+  EXPECT_FALSE(m["runs"][0].contains("eval_points"));
+
+  // Eval points: other (length, num_kv_pairs) than the training's, reported per run, in the
+  // summary, the csv (with their num_kv_pairs; the length rows carry the task's) and the table.
+  c["task"]["eval_points"] = {{32, 8}, {16, 2}};
+  options.out_dir = fresh_dir("mqar_points").string();
+  const json q = run_experiment(parse_experiment_config(c), options);
+  const json& points = q["runs"][0]["eval_points"];
+  ASSERT_EQ(points.size(), 2u);
+  EXPECT_EQ(points[0]["length"].get<int>(), 32);
+  EXPECT_EQ(points[0]["num_kv_pairs"].get<int>(), 8);
+  EXPECT_EQ(points[0]["cumulative_sequence_accuracy"].size(), 32u);
+  EXPECT_EQ(points[1]["num_kv_pairs"].get<int>(), 2);
+  const json& summary_points = q["summary"][0]["lrs"][0]["points"];
+  ASSERT_EQ(summary_points.size(), 2u);
+  EXPECT_EQ(num(summary_points[0]["sequence_accuracy"]), num(points[0]["sequence_accuracy"]));
+  EXPECT_EQ(num(summary_points[1]["token_accuracy"]), num(points[1]["token_accuracy"]));
+  const auto csv = lines_of(fs::path(options.out_dir) / "results.csv");
+  ASSERT_EQ(csv.size(), 1u + 2u + 2u);
+  EXPECT_EQ(csv[1].substr(csv[1].rfind(',')), ",2");           // length 16, the task's num_kv_pairs
+  EXPECT_EQ(csv[3].rfind("gla,0.01,0,32,", 0), 0u) << csv[3];  // the point (32, 8)
+  EXPECT_EQ(csv[3].substr(csv[3].rfind(',')), ",8");
+  const std::string table = format_result_table(q);
+  EXPECT_NE(table.find("32/kv8"), std::string::npos) << table;
+  EXPECT_NE(table.find("16/kv2"), std::string::npos) << table;
+  c["task"].erase("eval_points");
 
   c["task"] = {{"name", "copy"}, {"context", 32},          {"min_len", 1},
                {"max_len", 4},   {"eval_lengths", {2, 8}}, {"eval_batch", 8}};
@@ -364,6 +390,32 @@ TEST(TasksExperiment, ConfigErrorsNameTheKeyPath) {
        },
        {"'config.task.eval_lengths[0]': expected a length valid for mqar", "got 32 (",
         "argument 'vocab_size': expected > seq_len (32), got 20)"}},
+      {"mqar point too dense",
+       [](json& c) {
+         c["task"] = {{"name", "mqar"},       {"vocab_size", 64},
+                      {"num_kv_pairs", 2},    {"train_lengths", {16}},
+                      {"eval_lengths", {16}}, {"eval_points", {{32, 4}, {32, 9}}}};
+       },
+       {"'config.task.eval_points[1]': expected a point valid for mqar", "got array [32,9] ("}},
+      {"mqar repeated point",
+       [](json& c) {
+         c["task"] = {{"name", "mqar"},       {"vocab_size", 64},
+                      {"num_kv_pairs", 2},    {"train_lengths", {16}},
+                      {"eval_lengths", {16}}, {"eval_points", {{32, 4}, {32, 4}}}};
+       },
+       {"'config.task.eval_points[1]': expected distinct points, got array [32,4] twice"}},
+      {"mqar point shape",
+       [](json& c) {
+         c["task"] = {{"name", "mqar"},        {"vocab_size", 64},     {"num_kv_pairs", 2},
+                      {"train_lengths", {16}}, {"eval_lengths", {16}}, {"eval_points", {32}}};
+       },
+       {"'config.task.eval_points[0]': expected a pair [length, num_kv_pairs] of positive "
+        "integers, got number 32"}},
+      {"eval points of parity",
+       [](json& c) {
+         c["task"]["eval_points"] = {{32, 4}};
+       },
+       {"'config.task.eval_points': expected one of the documented keys"}},
       {"copy train lengths",
        [](json& c) {
          c["task"] = {{"name", "copy"},

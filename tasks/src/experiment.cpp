@@ -148,6 +148,36 @@ TaskSpec parse_task(const json& j) {
     t.mqar.vocab_size = r.integer("vocab_size", t.mqar.vocab_size, 2);
     t.mqar.power_a = r.number("power_a", t.mqar.power_a);
     t.mqar.random_filler = r.boolean("random_filler", t.mqar.random_filler);
+    if (r.has("eval_points")) {
+      const json& v = r.get("eval_points");
+      if (!v.is_array() || v.empty())
+        fail(kOp, r.at("eval_points"), "a non-empty array of [length, num_kv_pairs] pairs",
+             given(v));
+      for (std::size_t i = 0; i < v.size(); ++i) {
+        const std::string at = r.at("eval_points") + "[" + std::to_string(i) + "]";
+        const json& e = v[i];
+        if (!e.is_array() || e.size() != 2 || !e[0].is_number_integer() ||
+            !e[1].is_number_integer() || e[0].get<std::int64_t>() < 1 ||
+            e[1].get<std::int64_t>() < 1)
+          fail(kOp, at, "a pair [length, num_kv_pairs] of positive integers", given(e));
+        TaskSpec::MqarPoint p{e[0].get<std::int64_t>(), e[1].get<std::int64_t>()};
+        MqarConfig c = t.mqar;
+        c.seq_len = p.length;
+        c.num_kv_pairs = p.num_kv_pairs;
+        try {
+          validate(c);
+        } catch (const Error& err) {
+          fail(kOp, at,
+               "a point valid for mqar (even length ≥ 4·num_kv_pairs, < vocab_size = " +
+                   std::to_string(t.mqar.vocab_size) + ")",
+               given(e) + " (" + err.what() + ")");
+        }
+        for (const auto& q : t.mqar_eval_points)
+          if (q.length == p.length && q.num_kv_pairs == p.num_kv_pairs)
+            fail(kOp, at, "distinct points", given(e) + " twice");
+        t.mqar_eval_points.push_back(p);
+      }
+    }
   } else if (t.name == "copy") {
     t.copy.context = r.integer("context", t.copy.context, 1);
     t.copy.min_len = r.integer("min_len", t.copy.min_len, 1);
@@ -324,6 +354,15 @@ Batch TaskSpec::train_batch(std::int64_t step, std::int64_t rows, std::uint64_t 
   WordProblemConfig c = word;
   c.seq_len = length;
   return word_problem(c, rows, seed);
+}
+
+Batch TaskSpec::eval_batch_at(const MqarPoint& point, std::int64_t rows, std::uint64_t seed) const {
+  if (name != "mqar")
+    fail("TaskSpec::eval_batch_at", "point", "an mqar task", "task '" + name + "'");
+  MqarConfig c = mqar;
+  c.seq_len = point.length;
+  c.num_kv_pairs = point.num_kv_pairs;
+  return tasks::mqar(c, rows, seed);
 }
 
 Batch TaskSpec::eval_batch_at(std::int64_t length, std::int64_t rows, std::uint64_t seed) const {
@@ -531,6 +570,21 @@ json run_experiment(const ExperimentConfig& config, const ExperimentOptions& opt
           by_length.push_back(std::move(e));
         }
         record["eval_by_length"] = by_length;
+        if (!task.mqar_eval_points.empty()) {
+          // Rows that depend on (seed, length, num_kv_pairs) only, at stream positions below
+          // every −2 − length of the length sweep.
+          json points = json::array();
+          for (const TaskSpec::MqarPoint& p : task.mqar_eval_points) {
+            const Batch b = task.eval_batch_at(
+                p, task.eval_batch,
+                batch_seed(seed, -(std::int64_t{1} << 40) - (p.length << 20) - p.num_kv_pairs));
+            json e =
+                eval_json(p.length, evaluate(model, b, rows_per_pass(b, arm.model.vocab_size)));
+            e["num_kv_pairs"] = p.num_kv_pairs;
+            points.push_back(std::move(e));
+          }
+          record["eval_points"] = points;
+        }
         // A run cut short by train.stop_at_step (time slicing) is reported but not recorded as
         // finished, so that --resume continues it from its checkpoint.
         const bool complete =
@@ -567,8 +621,26 @@ json run_experiment(const ExperimentConfig& config, const ExperimentOptions& opt
         best_acc = ref_acc;
         best_lr = lr;
       }
-      per_lr.push_back(
-          {{"lr", lr}, {"reference_sequence_accuracy", ref_acc}, {"lengths", lengths}});
+      json summary = {{"lr", lr}, {"reference_sequence_accuracy", ref_acc}, {"lengths", lengths}};
+      if (!task.mqar_eval_points.empty()) {
+        json points = json::array();
+        for (const TaskSpec::MqarPoint& p : task.mqar_eval_points) {
+          std::vector<double> seq, tok;
+          for (const json& run : runs)
+            if (run["arm"] == arm.name && lr_string(num(run["lr"])) == lr_string(lr))
+              for (const json& e : run["eval_points"])
+                if (e["length"] == p.length && e["num_kv_pairs"] == p.num_kv_pairs) {
+                  seq.push_back(num(e["sequence_accuracy"]));
+                  tok.push_back(num(e["token_accuracy"]));
+                }
+          points.push_back({{"length", p.length},
+                            {"num_kv_pairs", p.num_kv_pairs},
+                            {"sequence_accuracy", mean(seq)},
+                            {"token_accuracy", mean(tok)}});
+        }
+        summary["points"] = points;
+      }
+      per_lr.push_back(std::move(summary));
     }
     arms_summary.push_back({{"arm", arm.name}, {"best_lr", best_lr}, {"lrs", per_lr}});
   }
@@ -595,20 +667,28 @@ json run_experiment(const ExperimentConfig& config, const ExperimentOptions& opt
   // results.csv: one row per arm × lr × seed × eval length.
   std::ostringstream csv;
   csv << "arm,lr,seed,length,token_accuracy,sequence_accuracy,loss,final_step,stopped_early,"
-         "diverged,best_lr\n";
+         "diverged,best_lr,num_kv_pairs\n";
   for (const json& run : runs) {
     const double lr = num(run["lr"]);
     bool best = false;
     for (const json& a : arms_summary)
       if (a["arm"] == run["arm"]) best = lr_string(num(a["best_lr"])) == lr_string(lr);
-    for (const json& e : run["eval_by_length"])
+    const auto row = [&](const json& e, const std::string& num_kv_pairs) {
       csv << csv_field(run["arm"].get<std::string>()) << ',' << lr_string(lr) << ','
           << run["seed"].get<std::uint64_t>() << ',' << e["length"].get<std::int64_t>() << ','
           << fmt::format("{:.6g},{:.6g},{:.6g}", num(e["token_accuracy"]),
                          num(e["sequence_accuracy"]), num(e["loss"]))
           << ',' << run["final_step"].get<std::int64_t>() << ','
           << (run["stopped_early"].get<bool>() ? 1 : 0) << ','
-          << (run["diverged"].get<bool>() ? 1 : 0) << ',' << (best ? 1 : 0) << '\n';
+          << (run["diverged"].get<bool>() ? 1 : 0) << ',' << (best ? 1 : 0) << ',' << num_kv_pairs
+          << '\n';
+    };
+    const std::string task_kv =
+        task.name == "mqar" ? std::to_string(task.mqar.num_kv_pairs) : std::string();
+    for (const json& e : run["eval_by_length"]) row(e, task_kv);
+    if (run.contains("eval_points"))
+      for (const json& e : run["eval_points"])
+        row(e, std::to_string(e["num_kv_pairs"].get<std::int64_t>()));
   }
   write_text(out / "results.csv", csv.str());
 
@@ -714,14 +794,27 @@ std::string format_result_table(const json& results) {
     const auto len = l.get<std::int64_t>();
     t += fmt::format("  {:>7}", std::to_string(len) + (len == ref ? "*" : ""));
   }
+  // MQAR eval points: a column "L/kvN" each.
+  const json& first_lr = results["summary"][0]["lrs"][0];
+  const json no_points = json::array();
+  const json& points = first_lr.contains("points") ? first_lr["points"] : no_points;
+  const auto point_label = [](const json& p) {
+    return fmt::format("{}/kv{}", p["length"].get<std::int64_t>(),
+                       p["num_kv_pairs"].get<std::int64_t>());
+  };
+  for (const json& p : points) t += fmt::format("  {:>9}", point_label(p));
   t += "\n";
   for (const json& a : results["summary"]) {
     const std::string best = lr_string(num(a["best_lr"]));
     t += fmt::format("{:<{}}  {:>8}", a["arm"].get<std::string>(), w, best);
     for (const json& l : a["lrs"])
-      if (lr_string(num(l["lr"])) == best)
+      if (lr_string(num(l["lr"])) == best) {
         for (const json& e : l["lengths"])
           t += fmt::format("  {:>7.3f}", num(e["sequence_accuracy"]));
+        if (l.contains("points"))
+          for (const json& e : l["points"])
+            t += fmt::format("  {:>9.3f}", num(e["sequence_accuracy"]));
+      }
     t += "\n";
   }
   t += fmt::format("\nsequence accuracy at length {} per learning rate (mean over seeds)\n", ref);

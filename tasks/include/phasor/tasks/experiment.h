@@ -10,7 +10,12 @@
 //       "name": "mqar",                           required: mqar | copy | parity | s2 | a3 |
 //                                                 s3 | s5
 //       generator options (data.h), by task:
-//         mqar:   "num_kv_pairs" 8, "vocab_size" 8192, "power_a" 0.01, "random_filler" true
+//         mqar:   "num_kv_pairs" 8, "vocab_size" 8192, "power_a" 0.01, "random_filler" true,
+//                 "eval_points": [[256, 16], [256, 32]]  further evaluations at (length,
+//                                                 num_kv_pairs) pairs other than the training's
+//                                                 (Zoology's test grid); distinct, each valid
+//                                                 for the generator. eval_lengths keep
+//                                                 num_kv_pairs.
 //         copy:   "context" 256, "min_len" 1, "max_len" 50   (training rows)
 //         parity, s2, a3, s3, s5: "final_only" false
 //       "train_lengths": [64],                    sequence lengths of the training batches, used
@@ -36,8 +41,9 @@
 // seeds (the first such lr on ties).
 //
 // Determinism: run (arm, lr, seed) seeds torch with `seed` before building the model and trains
-// on the stream batch_seed(seed, step); the evaluation batches depend on (seed, length) only, so
-// every arm and lr of a seed is scored on the same rows.
+// on the stream batch_seed(seed, step); the evaluation batches depend on (seed, length) only
+// (MQAR eval points: on (seed, length, num_kv_pairs)), so every arm and lr of a seed is scored on
+// the same rows.
 //
 // clang-format on
 // Output folder:
@@ -45,7 +51,8 @@
 //                   periodic evaluations, per-length token / sequence accuracy, loss and
 //                   cumulative sequence-accuracy curve, copy: char_accuracy) and the summary
 //                   (best lr per arm, means)
-//   results.csv     one row per arm × lr × seed × eval length
+//   results.csv     one row per arm × lr × seed × eval length (and MQAR eval point); the last
+//                   column, num_kv_pairs, is empty for the other tasks
 //   accuracy_vs_length.png, token_accuracy_vs_length.png   per arm: best lr, mean over seeds
 //   loss.png        training loss (smoothed) per arm: best lr, mean over seeds
 //   checkpoints/    <arm>.lr<lr>.seed<seed>.ckpt while a run trains, .json once it finished;
@@ -78,6 +85,13 @@ struct TaskSpec {
   std::vector<std::int64_t> train_lengths;  // empty for copy
   std::vector<std::int64_t> eval_lengths;   // includes the reference length (appended if absent)
   std::int64_t eval_batch = 256;
+  // MQAR only: evaluations at other (length, num_kv_pairs) than the training's; results.json
+  // reports them per run as "eval_points" and in the summary as "points".
+  struct MqarPoint {
+    std::int64_t length = 0;
+    std::int64_t num_kv_pairs = 0;
+  };
+  std::vector<MqarPoint> mqar_eval_points;
 
   std::int64_t reference_length() const;  // max(train_lengths), copy: copy.max_len
   std::int64_t vocab_size() const;
@@ -85,6 +99,7 @@ struct TaskSpec {
   Batch train_batch(std::int64_t step, std::int64_t rows, std::uint64_t seed) const;
   // An evaluation batch at `length` (copy: copy_eval rows of strings of that length).
   Batch eval_batch_at(std::int64_t length, std::int64_t rows, std::uint64_t seed) const;
+  Batch eval_batch_at(const MqarPoint& point, std::int64_t rows, std::uint64_t seed) const;
 };
 
 struct Arm {
