@@ -19,3 +19,4 @@ fi
 cmake -S "$here" -B "$build" -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build "$build" -j "$(nproc)" >/dev/null
 "$build/gla_layer"
+"$build/task_harness"
