@@ -274,6 +274,34 @@ TEST(FavorFeatures, OrthogonalBeatsIidMeanSquaredError) {
       << "orthogonal " << mse_orth << " vs iid " << mse_iid << ", se " << std::sqrt(var);
 }
 
+// The structured-rotations paper (§3) says the MSE of the positive estimator "scales linearly with
+// SM(x, y)". The mathematics: φ(x)ᵀφ(y)/SM(x, y) = mean_r exp(w_rᵀu − |u|²/2) with u = x + y, so
+// the relative error depends on u alone and MSE = SM(x, y)² · (exp(|u|²) − 1)/m (iid rows;
+// Performer Lemma 2): quadratic in SM. Two pairs with the same u = x + y but different xᵀy, on the
+// same seeds, have exactly the same relative errors, so their MSEs are in the ratio SM_A²/SM_B²
+// (2.05 here, where "linear" would give 1.43); and the iid MSE matches the formula within 4
+// standard errors.
+TEST(FavorFeatures, MeanSquaredErrorScalesWithTheSquareOfTheKernel) {
+  const std::int64_t d = 4, m = 4, n = 3000;
+  const std::vector<double> xa = {0.5, 0, 0, 0}, ya = {0.5, 0, 0, 0};       // xᵀy = 0.25
+  const std::vector<double> xb = {0.5, 0.6, 0, 0}, yb = {0.5, -0.6, 0, 0};  // xᵀy = −0.11
+  const double sm_a = std::exp(0.25), sm_b = std::exp(0.25 - 0.36), u2 = 1.0;
+  double mse_a = 0, mse_b = 0, rel = 0, rel2 = 0;
+  for (std::int64_t s = 0; s < n; ++s) {
+    const Tensor w = random_w(FavorMatrixKind::iid, static_cast<std::uint64_t>(s) * 31 + 5, {m, d});
+    const double ea = estimate(w, xa, ya) - sm_a, eb = estimate(w, xb, yb) - sm_b;
+    mse_a += ea * ea / n;
+    mse_b += eb * eb / n;
+    const double r2 = (ea / sm_a) * (ea / sm_a);
+    rel += r2 / n;
+    rel2 += r2 * r2 / n;
+  }
+  EXPECT_NEAR(mse_a / mse_b, (sm_a * sm_a) / (sm_b * sm_b), 1e-9);
+  EXPECT_GT(std::fabs(mse_a / mse_b - sm_a / sm_b), 0.5) << "not linear in SM";
+  const double se = std::sqrt((rel2 - rel * rel) / n);
+  EXPECT_NEAR(rel, (std::exp(u2) - 1) / m, 4 * se) << "relative MSE " << rel << ", se " << se;
+}
+
 // The stabilisers only scale: key features are the plain ones times one constant per (sequence,
 // head) (so they cancel in S/z), query features one constant per token, and the largest feature
 // of the group is exactly 1/√m.
