@@ -605,6 +605,50 @@ TEST(FavorAttention, GradientsMatchFiniteDifferences) {
     }
 }
 
+// Strided inputs: q, k, v read as every other head of wider tensors and w transposed in memory
+// give the same results as their contiguous copies.
+TEST(FavorAttention, StridedInputsMatchContiguous) {
+  std::mt19937_64 rng(11);
+  for (bool causal : {false, true}) {
+    const AttnCase c = make_attn(rng, 2, 6, 2, 3, 2, 5, false, causal);
+    const std::int64_t B = 2, T = 6, H = 2, d = 3, V = 2, m = 5;
+    // Wider buffers [B, T, 2H, ·] holding the inputs at heads 0, 2, … and garbage in between.
+    auto widen = [&](const Tensor& x, std::int64_t D) {
+      Tensor wide = testing::randn({B, T, 2 * H, D}, rng);
+      for (std::int64_t i = 0; i < B * T * H * D; ++i) {
+        const std::int64_t e = i % D, h = (i / D) % H, bt = i / (D * H);
+        wide.set((bt * 2 * H + 2 * h) * D + e, x.at(i));
+      }
+      return wide;
+    };
+    const Tensor qw = widen(c.q, d), kw = widen(c.k, d), vw = widen(c.v, V);
+    Tensor wt({d, m}, DType::float64);  // w stored transposed
+    for (std::int64_t r = 0; r < m; ++r)
+      for (std::int64_t i = 0; i < d; ++i) wt.set(i * m + r, c.w.at(r * d + i));
+    auto strided = [&](const Tensor& t, std::int64_t D) {
+      return TensorView::strided(t.view().data, DType::float64, {B, T, H, D},
+                                 {T * 2 * H * D, 2 * H * D, 2 * D, 1});
+    };
+    FavorAttentionParams p = c.params();
+    p.q = strided(qw, d);
+    p.k = strided(kw, d);
+    p.v = strided(vw, V);
+    p.w = TensorView::strided(wt.view().data, DType::float64, {m, d}, {1, m});
+    const Tensor d_o = testing::randn(c.v.shape(), rng);
+    const AttnResult ref = run_attn(c, Impl::reference, d_o, DType::float64);
+    Tensor o = output(c.v.shape()), dq = output(c.q.shape()), dk = output(c.k.shape()),
+           dv = output(c.v.shape()), dw = output(c.w.shape());
+    favor_attention_forward(p, Impl::chunk, o.view());
+    favor_attention_backward(p, Impl::chunk, d_o.view(),
+                             {dq.view(), dk.view(), dv.view(), dw.view()});
+    PHASOR_EXPECT_CLOSE(o, ref.o, 1e-11, "o");
+    PHASOR_EXPECT_CLOSE(dq, ref.dq, 1e-11, "dq");
+    PHASOR_EXPECT_CLOSE(dk, ref.dk, 1e-11, "dk");
+    PHASOR_EXPECT_CLOSE(dv, ref.dv, 1e-11, "dv");
+    PHASOR_EXPECT_CLOSE(dw, ref.dw, 1e-11, "dw");
+  }
+}
+
 TEST(FavorAttention, DeterministicForAnyThreadCount) {
   std::mt19937_64 rng(9);
   for (bool causal : {false, true}) {
