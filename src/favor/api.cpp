@@ -1,0 +1,203 @@
+// FAVOR+ ops: argument validation and dispatch to the reference and optimized kernels.
+//
+// Every check happens here, before any kernel runs, so a bad call never writes to an output.
+#include <cmath>
+#include <string>
+
+#include "common/check.h"
+#include "favor/kernels.h"
+#include "phasor/favor.h"
+
+namespace phasor {
+
+const char* to_string(FavorMatrixKind kind) {
+  switch (kind) {
+    case FavorMatrixKind::orthogonal_chi:
+      return "orthogonal_chi";
+    case FavorMatrixKind::orthogonal_fixed:
+      return "orthogonal_fixed";
+    case FavorMatrixKind::iid:
+      return "iid";
+  }
+  return "?";
+}
+
+namespace {
+
+using detail::favor::AttentionProblem;
+using detail::favor::FeatureProblem;
+using detail::favor::Shape;
+
+std::string op_name(const char* op, Impl impl) {
+  return impl == Impl::reference ? std::string(op) + "_reference" : std::string(op);
+}
+
+// An output must own each of its elements (no zero strides over a dimension of size > 1).
+void check_owns_elements(const std::string& op, const std::string& name, const TensorView& x) {
+  if (x.numel() == 0) return;
+  for (int d = 0; d < x.rank; ++d)
+    if (x.size(d) > 1 && x.stride(d) == 0)
+      detail::fail(op, name, "an output view without zero (broadcast) strides",
+                   "stride 0 in dimension " + std::to_string(d) + " of " + x.shape_string());
+}
+void check_output(const std::string& op, const std::string& name, const TensorView& x,
+                  std::initializer_list<detail::Dim> dims) {
+  detail::check_output(op, name, x, dims);
+  check_owns_elements(op, name, x);
+}
+
+// w: [m, d] or [H, m, d] with m ≥ 1; d must equal `d` (from x or q).
+void check_w(const std::string& op, const std::string& name, const TensorView& w, std::int64_t H,
+             std::int64_t d, bool output = false) {
+  if (!w.defined() || (w.rank != 2 && w.rank != 3))
+    detail::fail(op, name,
+                 "[m, d] (shared) or [H, m, d] (per head) with d = " + std::to_string(d) +
+                     ", H = " + std::to_string(H),
+                 w.shape_string());
+  const std::int64_t m = w.size(w.rank - 2);
+  if (m < 1) detail::fail(op, name, "at least one feature (m ≥ 1)", w.shape_string());
+  if (w.rank == 2) {
+    if (output)
+      check_output(op, name, w, {{m, "m"}, {d, "d"}});
+    else
+      detail::check_float_tensor(op, name, w, {{m, "m"}, {d, "d"}});
+  } else {
+    if (output)
+      check_output(op, name, w, {{H, "H"}, {m, "m"}, {d, "d"}});
+    else
+      detail::check_float_tensor(op, name, w, {{H, "H"}, {m, "m"}, {d, "d"}});
+  }
+}
+
+// A gradient of w: exactly w's shape.
+void check_w_grad(const std::string& op, const std::string& name, const TensorView& dw,
+                  const Shape& sh) {
+  if (sh.w_per_head)
+    check_output(op, name, dw, {{sh.H, "H (as w)"}, {sh.m, "m (as w)"}, {sh.d, "d (as w)"}});
+  else
+    check_output(op, name, dw, {{sh.m, "m (as w)"}, {sh.d, "d (as w)"}});
+}
+
+Shape make_shape(const std::string& op, const char* x_name, const TensorView& x,
+                 const TensorView& w, const TensorView& cu_seqlens) {
+  detail::check_float_rank(op, x_name, x, 4, "[B, T, H, d]");
+  Shape sh;
+  sh.H = x.size(2);
+  sh.d = x.size(3);
+  if (sh.d < 1) detail::fail(op, x_name, "a head dimension d ≥ 1", x.shape_string());
+  check_w(op, "w", w, sh.H, sh.d);
+  sh.w_per_head = w.rank == 3;
+  sh.m = w.size(w.rank - 2);
+  sh.sequences = detail::sequences(op, cu_seqlens, x.size(0), x.size(1));
+  return sh;
+}
+
+FeatureProblem validate_features(const std::string& op, const FavorFeatureParams& params) {
+  FeatureProblem p;
+  p.shape = make_shape(op, "x", params.x, params.w, params.cu_seqlens);
+  p.x = params.x;
+  p.w = params.w;
+  p.stabilizer = params.stabilizer;
+  return p;
+}
+
+AttentionProblem validate_attention(const std::string& op, const FavorAttentionParams& params,
+                                    Impl impl) {
+  AttentionProblem p;
+  p.shape = make_shape(op, "q", params.q, params.w, params.cu_seqlens);
+  const std::int64_t B = params.q.size(0), T = params.q.size(1), H = p.shape.H, d = p.shape.d;
+  detail::check_float_tensor(op, "k", params.k,
+                             {{B, "B (as q)"}, {T, "T (as q)"}, {H, "H (as q)"}, {d, "d (as q)"}});
+  detail::check_float_rank(op, "v", params.v, 4, "[B, T, H, V]");
+  p.V = params.v.size(3);
+  detail::check_float_tensor(op, "v", params.v,
+                             {{B, "B (as q)"}, {T, "T (as q)"}, {H, "H (as q)"}, {p.V, "V"}});
+  const double scale = detail::resolve_scale(op, params.scale, d);
+  if (!(scale > 0))
+    detail::fail(op, "scale", "a finite positive softmax scale", std::to_string(scale));
+  detail::check_positive(op, "chunk_size", params.chunk_size);
+  p.q = params.q;
+  p.k = params.k;
+  p.v = params.v;
+  p.w = params.w;
+  p.cu_seqlens = params.cu_seqlens;
+  p.causal = params.causal;
+  p.input_scale = std::sqrt(scale);  // q̂ = s q, k̂ = s k: q̂ᵀk̂ = scale · qᵀk
+  p.chunk_size = params.chunk_size;
+  p.impl = impl == Impl::recurrent ? Impl::recurrent : Impl::chunk;
+  return p;
+}
+
+}  // namespace
+
+void favor_random_matrix(FavorMatrixKind kind, std::uint64_t seed, const TensorView& w) {
+  const std::string op = "favor_random_matrix";
+  if (!w.defined() || (w.rank != 2 && w.rank != 3))
+    detail::fail(op, "w", "[m, d] or [H, m, d]", w.shape_string());
+  if (kind != FavorMatrixKind::orthogonal_chi && kind != FavorMatrixKind::orthogonal_fixed &&
+      kind != FavorMatrixKind::iid)
+    detail::fail(op, "kind", "orthogonal_chi, orthogonal_fixed or iid",
+                 std::to_string(static_cast<int>(kind)));
+  const std::int64_t m = w.size(w.rank - 2), d = w.size(w.rank - 1);
+  if (m < 1 || d < 1) detail::fail(op, "w", "m ≥ 1 rows and d ≥ 1 columns", w.shape_string());
+  check_w(op, "w", w, w.rank == 3 ? w.size(0) : 1, d, /*output=*/true);
+  detail::favor::random_matrix(kind, seed, w);
+}
+
+void favor_features_forward(const FavorFeatureParams& params, Impl impl, const TensorView& phi) {
+  const std::string op = op_name("favor_features", impl);
+  const FeatureProblem p = validate_features(op, params);
+  const std::int64_t B = params.x.size(0), T = params.x.size(1);
+  check_output(op, "phi", phi, {{B, "B"}, {T, "T"}, {p.shape.H, "H"}, {p.shape.m, "m (as w)"}});
+  if (impl == Impl::reference)
+    detail::favor::reference_features_forward(p, phi);
+  else
+    detail::favor::features_forward(p, phi);
+}
+
+void favor_features_backward(const FavorFeatureParams& params, Impl impl, const TensorView& d_phi,
+                             const TensorView& dx, const TensorView& dw) {
+  const std::string op = op_name("favor_features", impl);
+  const FeatureProblem p = validate_features(op, params);
+  const std::int64_t B = params.x.size(0), T = params.x.size(1), H = p.shape.H;
+  detail::check_float_tensor(op, "d_phi", d_phi,
+                             {{B, "B"}, {T, "T"}, {H, "H"}, {p.shape.m, "m (as w)"}});
+  if (dx.defined()) check_output(op, "dx", dx, {{B, "B"}, {T, "T"}, {H, "H"}, {p.shape.d, "d"}});
+  if (dw.defined()) check_w_grad(op, "dw", dw, p.shape);
+  if (impl == Impl::reference)
+    detail::favor::reference_features_backward(p, d_phi, dx, dw);
+  else
+    detail::favor::features_backward(p, d_phi, dx, dw);
+}
+
+void favor_attention_forward(const FavorAttentionParams& params, Impl impl, const TensorView& o) {
+  const std::string op = op_name("favor_attention", impl);
+  const AttentionProblem p = validate_attention(op, params, impl);
+  check_output(op, "o", o,
+               {{params.q.size(0), "B"}, {params.q.size(1), "T"}, {p.shape.H, "H"}, {p.V, "V"}});
+  if (impl == Impl::reference)
+    detail::favor::reference_attention_forward(p, o);
+  else
+    detail::favor::attention_forward(p, o);
+}
+
+void favor_attention_backward(const FavorAttentionParams& params, Impl impl, const TensorView& d_o,
+                              const FavorAttentionGrads& grads) {
+  const std::string op = op_name("favor_attention", impl);
+  const AttentionProblem p = validate_attention(op, params, impl);
+  const std::int64_t B = params.q.size(0), T = params.q.size(1), H = p.shape.H, d = p.shape.d;
+  detail::check_float_tensor(op, "d_o", d_o, {{B, "B"}, {T, "T"}, {H, "H"}, {p.V, "V"}});
+  if (grads.dq.defined())
+    check_output(op, "dq", grads.dq, {{B, "B"}, {T, "T"}, {H, "H"}, {d, "d"}});
+  if (grads.dk.defined())
+    check_output(op, "dk", grads.dk, {{B, "B"}, {T, "T"}, {H, "H"}, {d, "d"}});
+  if (grads.dv.defined())
+    check_output(op, "dv", grads.dv, {{B, "B"}, {T, "T"}, {H, "H"}, {p.V, "V"}});
+  if (grads.dw.defined()) check_w_grad(op, "dw", grads.dw, p.shape);
+  if (impl == Impl::reference)
+    detail::favor::reference_attention_backward(p, d_o, grads);
+  else
+    detail::favor::attention_backward(p, d_o, grads);
+}
+
+}  // namespace phasor
