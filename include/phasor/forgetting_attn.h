@@ -32,6 +32,10 @@
 //   ALiBi with a_i = m, b = 0 (tested). The two compose: gates and slopes may be given together.
 // Slopes of any sign are accepted (a softmax needs no sign); they must be finite. a follows the
 // query head, b the key/value head: all query heads of a group share b_j, and db sums over them.
+// The bias is formed in float64 and added to the gate sum before the one rounding to the compute
+// type; da, db are accumulated in float64. (The paper's (j − i)·ω·[…] is −(i − j)·ω·[…]: the same.
+// Its App. C writes the FoX potential as U_u = Σ_{ℓ<u} a_ℓ; U_t − U_j then sums [j, t), not
+// (j, t]: the potential must be the inclusive Σ_{ℓ≤u}, as c above — shown by a test.)
 //
 // Layouts (any strides; float32 or float64 for every floating argument, and they may differ):
 //   q:          [B, T, HQ, K]
