@@ -17,6 +17,7 @@
 #include <functional>
 #include <limits>
 #include <optional>
+#include <ostream>
 #include <random>
 #include <string>
 #include <vector>
@@ -467,6 +468,11 @@ struct Case {
   // b likewise per key head (a negative gain gives negative slopes).
   double slope_gain = 0;
 };
+
+// Failure messages name the case (instead of dumping its bytes).
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << c.name;
+}
 
 std::vector<Case> adversarial_cases() {
   return {
