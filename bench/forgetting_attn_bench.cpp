@@ -5,6 +5,9 @@
 //    T ∈ {1024, 4096, 16384}; the float64 reference at T = 1024 only.
 //  - BM_FoxForwardBackward: the chunk kernel (the backward given the forward's o and lse), same
 //    T; the reference at T = 1024.
+//  - BM_FoxSlopesForward / BM_FoxSlopesForwardBackward: the chunk kernel without and with the
+//    additive GRAPE-A-QK bias (per-query and per-key slopes ω·softplus(·), ω = 0.02; the backward
+//    also writes da, db), T ∈ {1024, 4096}, label "chunk/no_bias" or "chunk/grape_a_qk".
 //  - BM_FoxCacheDecode: the public ForgettingAttnCache, one step() call per token (T ≤ 4096;
 //    BM_FoxForward's recurrent rows are the same decoding without the per-call overhead).
 // items_per_second is tokens per second; peak_MiB is the peak heap of one call (forward, or
@@ -137,6 +140,65 @@ void BM_FoxRotationForwardBackward(benchmark::State& state) {
       });
 }
 
+// GRAPE-A-QK slopes a [B, T, HQ], b [B, T, H]: ω·softplus(x), x ~ N(0, 1), ω = 0.02 (the
+// projections vᵀq/√d, uᵀk/√d are the caller's, outside the kernel).
+struct Slopes {
+  std::vector<float> a, b, da, db;
+  explicit Slopes(std::int64_t T) {
+    std::mt19937_64 rng(11);
+    const auto n = static_cast<std::size_t>(kB * T * kH);
+    a = phasor::bench::normal(n, rng);
+    b = phasor::bench::normal(n, rng);
+    for (float* x : {a.data(), b.data()})
+      for (std::size_t i = 0; i < n; ++i) x[i] = 0.02f * std::log1p(std::exp(x[i]));
+    da.assign(n, 0.f);
+    db.assign(n, 0.f);
+  }
+};
+
+// state.range(0): 0 = no bias, 1 = GRAPE-A-QK slopes; state.range(1) = T.
+void BM_FoxSlopesForward(benchmark::State& state) {
+  const bool biased = state.range(0) != 0;
+  Problem problem(state.range(1));
+  Slopes slopes(problem.T);
+  phasor::ForgettingAttnParams params = problem.params();
+  if (biased) {
+    params.bias_q_slope = problem.gate_view(slopes.a);
+    params.bias_k_slope = problem.gate_view(slopes.b);
+  }
+  const TensorView o = problem.v_view(problem.o), lse = problem.gate_view(problem.lse);
+  phasor::bench::time_calls(state, problem.T, Impl::chunk,
+                            [&] { phasor::forgetting_attn_forward(params, Impl::chunk, o, lse); });
+  state.SetLabel(biased ? "chunk/grape_a_qk" : "chunk/no_bias");
+}
+
+void BM_FoxSlopesForwardBackward(benchmark::State& state) {
+  const bool biased = state.range(0) != 0;
+  Problem problem(state.range(1));
+  Slopes slopes(problem.T);
+  phasor::ForgettingAttnParams params = problem.params();
+  phasor::ForgettingAttnGrads grads = problem.grads();
+  if (biased) {
+    params.bias_q_slope = problem.gate_view(slopes.a);
+    params.bias_k_slope = problem.gate_view(slopes.b);
+    grads.dbias_q_slope = problem.gate_view(slopes.da);
+    grads.dbias_k_slope = problem.gate_view(slopes.db);
+  }
+  const TensorView o = problem.v_view(problem.o), lse = problem.gate_view(problem.lse),
+                   d_o = problem.v_view(problem.d_o);
+  phasor::bench::time_calls(state, problem.T, Impl::chunk, [&] {
+    phasor::forgetting_attn_forward(params, Impl::chunk, o, lse);
+    phasor::forgetting_attn_backward(params, Impl::chunk, d_o, o, lse, grads);
+  });
+  state.SetLabel(biased ? "chunk/grape_a_qk" : "chunk/no_bias");
+}
+
+void slope_arguments(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"bias", "T"});
+  for (std::int64_t T : {1024, 4096})
+    for (std::int64_t biased : {0, 1}) b->Args({biased, T});
+}
+
 // Decoding through the public cache: T calls of step(), each with views of token t.
 void BM_FoxCacheDecode(benchmark::State& state) {
   Problem problem(state.range(0));
@@ -204,6 +266,16 @@ BENCHMARK(BM_FoxRotationForward)->Apply([](auto* b) {
 BENCHMARK(BM_FoxRotationForwardBackward)->Apply([](auto* b) {
   phasor::bench::register_rotation_grid(b, {Impl::chunk});
 });
+BENCHMARK(BM_FoxSlopesForward)
+    ->Apply(slope_arguments)
+    ->Unit(benchmark::kMillisecond)
+    ->MinTime(0.2)
+    ->UseRealTime();
+BENCHMARK(BM_FoxSlopesForwardBackward)
+    ->Apply(slope_arguments)
+    ->Unit(benchmark::kMillisecond)
+    ->MinTime(0.2)
+    ->UseRealTime();
 BENCHMARK(BM_FoxCacheDecode)
     ->ArgName("T")
     ->Arg(1024)

@@ -5,7 +5,11 @@
 // by step; thread-count invariance; argument validation. The rotation by θ fused into the kernels
 // (RoPE / Selective RoPE): against rotating q and k explicitly with apply_rotary, dθ against
 // finite differences, invariance under θ + c, standard RoPE logits depending only on m − n,
-// decoding with θ, and its errors.
+// decoding with θ, and its errors. The additive GRAPE slopes (ALiBi, GRAPE-A-QK): every
+// implementation against the reference on the adversarial cases with slopes, da and db against
+// finite differences, ALiBi ≡ FoX with a constant log gate, zero slopes ≡ no slopes (bit for bit),
+// the relative law (a sequence shifted to later positions gives the same outputs), decoding with
+// slopes, and the errors.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -13,6 +17,7 @@
 #include <functional>
 #include <limits>
 #include <optional>
+#include <ostream>
 #include <random>
 #include <string>
 #include <vector>
@@ -127,6 +132,8 @@ struct Problem {
   Tensor theta;  // [B, T, H, K/2] rotation angles; undefined: none
   RotaryLayout layout = RotaryLayout::half_split;
   Tensor cu;  // undefined: none
+  // Additive GRAPE slopes a [B, T, HQ] and b [B, T, H]; undefined: none.
+  Tensor slope_q, slope_k;
   std::optional<std::int64_t> window;
   std::optional<double> scale;
   std::int64_t block_size = 64;
@@ -147,6 +154,8 @@ struct Problem {
     p.g = g.to(dtype);
     p.d_o = d_o.to(dtype);
     if (theta.defined()) p.theta = theta.to(dtype);
+    if (slope_q.defined()) p.slope_q = slope_q.to(dtype);
+    if (slope_k.defined()) p.slope_k = slope_k.to(dtype);
     return p;
   }
 };
@@ -167,7 +176,7 @@ Problem make_problem(const Shape& s, Gates gates, std::mt19937_64& rng, double l
 
 // Views of the problem's inputs (kept alive by the Args).
 struct Inputs {
-  Arg q, k, v, g, d_o, theta;
+  Arg q, k, v, g, d_o, theta, slope_q, slope_k;
   ForgettingAttnParams params;
   explicit Inputs(const Problem& p)
       : q(p.q, p.strided),
@@ -177,6 +186,10 @@ struct Inputs {
         d_o(p.d_o, p.strided) {
     if (p.theta.defined()) theta = Arg(p.theta, p.strided);
     params.theta = theta.view();
+    if (p.slope_q.defined()) slope_q = Arg(p.slope_q, p.strided);
+    if (p.slope_k.defined()) slope_k = Arg(p.slope_k, p.strided);
+    params.bias_q_slope = slope_q.view();
+    params.bias_k_slope = slope_k.view();
     params.rotary_layout = p.layout;
     params.q = q.view();
     params.k = k.view();
@@ -216,6 +229,7 @@ Forward run_forward(const Problem& p, Impl impl) {
 
 struct Grads {
   Tensor dq, dk, dv, dg, dtheta;  // dtheta: only with θ
+  Tensor dslope_q, dslope_k;      // only with the slopes
 };
 
 ForgettingAttnGrads make_grads(TensorView dq, TensorView dk, TensorView dv, TensorView dg,
@@ -235,18 +249,27 @@ Grads run_backward(const Problem& p, Impl impl, const Forward* saved) {
   const DType dt = output_dtype(p, impl);
   Arg dq = nan_output(p.q.shape(), dt, p.strided), dk = nan_output(p.k.shape(), dt, p.strided),
       dv = nan_output(p.v.shape(), dt, p.strided), dg = nan_output(p.g.shape(), dt, p.strided);
-  Arg dtheta;
+  Arg dtheta, dslope_q, dslope_k;
   if (p.theta.defined()) dtheta = nan_output(p.theta.shape(), dt, p.strided);
+  if (p.slope_q.defined()) dslope_q = nan_output(p.slope_q.shape(), dt, p.strided);
+  if (p.slope_k.defined()) dslope_k = nan_output(p.slope_k.shape(), dt, p.strided);
   Arg o, lse;
   if (saved) {
     o = Arg(saved->o, p.strided);
     lse = Arg(saved->lse, p.strided);
   }
+  ForgettingAttnGrads grads = make_grads(dq.view(), dk.view(), dv.view(), dg.view(), dtheta.view());
+  grads.dbias_q_slope = dslope_q.view();
+  grads.dbias_k_slope = dslope_k.view();
   forgetting_attn_backward(in.params, impl, in.d_o.view(), saved ? o.view() : TensorView{},
-                           saved ? lse.view() : TensorView{},
-                           make_grads(dq.view(), dk.view(), dv.view(), dg.view(), dtheta.view()));
-  return {dq.values(), dk.values(), dv.values(), dg.values(),
-          p.theta.defined() ? dtheta.values() : Tensor()};
+                           saved ? lse.view() : TensorView{}, grads);
+  return {dq.values(),
+          dk.values(),
+          dv.values(),
+          dg.values(),
+          p.theta.defined() ? dtheta.values() : Tensor(),
+          p.slope_q.defined() ? dslope_q.values() : Tensor(),
+          p.slope_k.defined() ? dslope_k.values() : Tensor()};
 }
 
 // ---- the reference against the definition -----------------------------------------------------
@@ -263,9 +286,10 @@ struct BruteForce {
 BruteForce brute_force(const Problem& p) {
   using Real = long double;
   const std::int64_t B = p.B(), T = p.T(), HQ = p.HQ(), H = p.H(), K = p.K(), V = p.V();
-  BruteForce out{{Tensor::zeros({B, T, HQ, V}), Tensor::zeros({B, T, HQ})},
-                 {Tensor::zeros(p.q.shape()), Tensor::zeros(p.k.shape()),
-                  Tensor::zeros(p.v.shape()), Tensor::zeros(p.g.shape()), Tensor()}};
+  BruteForce out{
+      {Tensor::zeros({B, T, HQ, V}), Tensor::zeros({B, T, HQ})},
+      {Tensor::zeros(p.q.shape()), Tensor::zeros(p.k.shape()), Tensor::zeros(p.v.shape()),
+       Tensor::zeros(p.g.shape()), Tensor(), Tensor(), Tensor()}};
   const Real scale = p.scale.value_or(1.0 / std::sqrt(static_cast<double>(K)));
   auto idx4 = [](const Tensor& x, std::int64_t b, std::int64_t t, std::int64_t h, std::int64_t c) {
     const auto& s = x.shape();
@@ -401,6 +425,10 @@ void expect_gradients_match_finite_differences(const Problem& p) {
   PHASOR_EXPECT_CLOSE(g.dg, finite_differences(p, &Problem::g), 1e-7, "dg");
   if (p.theta.defined())
     PHASOR_EXPECT_CLOSE(g.dtheta, finite_differences(p, &Problem::theta), 1e-7, "dtheta");
+  if (p.slope_q.defined())
+    PHASOR_EXPECT_CLOSE(g.dslope_q, finite_differences(p, &Problem::slope_q), 1e-7, "dslope_q");
+  if (p.slope_k.defined())
+    PHASOR_EXPECT_CLOSE(g.dslope_k, finite_differences(p, &Problem::slope_k), 1e-7, "dslope_k");
 }
 
 TEST(ForgettingAttnReference, GradientsMatchFiniteDifferences) {
@@ -436,7 +464,15 @@ struct Case {
   double logit_gain = 1.0;
   std::vector<std::int64_t> lengths = {};  // packed sequences (B must be 1)
   bool strided = false;
+  // Additive GRAPE slopes: none (0), or a = gain·softplus(N(0, 1)) per query head and token and
+  // b likewise per key head (a negative gain gives negative slopes).
+  double slope_gain = 0;
 };
+
+// Failure messages name the case (instead of dumping its bytes).
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << c.name;
+}
 
 std::vector<Case> adversarial_cases() {
   return {
@@ -475,12 +511,24 @@ std::vector<Case> adversarial_cases() {
   };
 }
 
+// GRAPE-A-QK-like slopes: a = gain·softplus(x), x ~ N(0, 1), [B, T, HQ]; b likewise [B, T, H].
+void add_random_slopes(Problem& p, std::mt19937_64& rng, double gain) {
+  auto slopes = [&](std::vector<std::int64_t> shape) {
+    Tensor x = testing::randn(shape, rng);
+    for (std::int64_t i = 0; i < x.numel(); ++i) x.set(i, gain * std::log1p(std::exp(x.at(i))));
+    return x;
+  };
+  p.slope_q = slopes({p.B(), p.T(), p.HQ()});
+  p.slope_k = slopes({p.B(), p.T(), p.H()});
+}
+
 Problem make_case(const Case& c, std::mt19937_64& rng) {
   Problem p = make_problem(c.shape, c.gates, rng, c.logit_gain);
   p.block_size = c.block_size;
   p.window = c.window;
   p.strided = c.strided;
   if (!c.lengths.empty()) p.cu = testing::cu_seqlens(c.lengths);
+  if (c.slope_gain != 0) add_random_slopes(p, rng, c.slope_gain);
   return p;
 }
 
@@ -506,6 +554,10 @@ void expect_matches_reference(const Case& c, Impl impl, DType dtype) {
     PHASOR_EXPECT_CLOSE(g.dk, expected_grads.dk, dqdk_tol, "dk");
     PHASOR_EXPECT_CLOSE(g.dv, expected_grads.dv, tol, "dv");
     PHASOR_EXPECT_CLOSE(g.dg, expected_grads.dg, tol, "dg");
+    if (p.slope_q.defined())
+      PHASOR_EXPECT_CLOSE(g.dslope_q, expected_grads.dslope_q, tol, "dslope_q");
+    if (p.slope_k.defined())
+      PHASOR_EXPECT_CLOSE(g.dslope_k, expected_grads.dslope_k, tol, "dslope_k");
   }
 }
 
@@ -1002,17 +1054,20 @@ TensorView token_view(const Tensor& x, std::int64_t t) {
 }
 
 // rotation: θ given at every step (with this layout), or none.
+// slopes: additive GRAPE slopes given at every step.
 void expect_decode_matches_forward(const Shape& s, std::optional<std::int64_t> window, DType dtype,
-                                   std::optional<RotaryLayout> rotation = std::nullopt) {
-  SCOPED_TRACE(std::string(to_string(dtype)) +
-               (window ? " window " + std::to_string(*window) : "") +
-               (rotation ? std::string(" theta ") + to_string(*rotation) : ""));
+                                   std::optional<RotaryLayout> rotation = std::nullopt,
+                                   bool slopes = false) {
+  SCOPED_TRACE(
+      std::string(to_string(dtype)) + (window ? " window " + std::to_string(*window) : "") +
+      (rotation ? std::string(" theta ") + to_string(*rotation) : "") + (slopes ? " slopes" : ""));
   std::mt19937_64 rng(9);
   Problem p = make_problem(s, Gates::mixed, rng);
   if (rotation) {
     p.theta = random_theta(p, rng);
     p.layout = *rotation;
   }
+  if (slopes) add_random_slopes(p, rng, 0.3);
   p = p.to(dtype);
   p.window = window;
   p.scale = 0.6;
@@ -1024,7 +1079,8 @@ void expect_decode_matches_forward(const Shape& s, std::optional<std::int64_t> w
     for (std::int64_t t = 0; t < s.T; ++t) {
       cache.step(token_view(p.q, t), token_view(p.k, t), token_view(p.v, t), token_view(p.g, t),
                  token_view(o, t), 0.6, p.theta.defined() ? token_view(p.theta, t) : TensorView{},
-                 p.layout);
+                 p.layout, slopes ? token_view(p.slope_q, t) : TensorView{},
+                 slopes ? token_view(p.slope_k, t) : TensorView{});
       EXPECT_EQ(cache.length(), t + 1);
     }
     PHASOR_EXPECT_CLOSE(o, expected.o, dtype == DType::float32 ? 1e-5 : 1e-12, "o");
@@ -1051,6 +1107,46 @@ TEST(ForgettingAttnCache, StepByStepWithThetaEqualsParallelForward) {
       expect_decode_matches_forward({2, 40, 4, 2, 6, 5}, 7, dtype, layout);
       expect_decode_matches_forward({1, 30, 4, 1, 2, 4}, 1, dtype, layout);
     }
+}
+
+// Decoding with additive GRAPE slopes (the cache keeps each key's b_p and position p) equals the
+// parallel forward with them: windows (ring buffer), grouped queries, zero gates that empty the
+// cache (positions keep counting), with θ as well; reset() restarts the positions at 0.
+TEST(ForgettingAttnCache, StepByStepWithSlopesEqualsParallelForward) {
+  for (DType dtype : {DType::float64, DType::float32}) {
+    expect_decode_matches_forward({2, 40, 4, 2, 5, 6}, std::nullopt, dtype, std::nullopt, true);
+    expect_decode_matches_forward({2, 40, 4, 2, 5, 6}, 7, dtype, std::nullopt, true);
+    expect_decode_matches_forward({3, 20, 2, 2, 3, 4}, 1, dtype, std::nullopt, true);
+    expect_decode_matches_forward({1, 50, 4, 1, 4, 4}, 64, dtype, std::nullopt, true);
+    expect_decode_matches_forward({2, 30, 4, 2, 6, 5}, 9, dtype, RotaryLayout::interleaved, true);
+  }
+}
+
+// A step without slopes counts as slopes 0: a cache fed a only on some steps and b only on others
+// equals the parallel forward with zeros in the missing places.
+TEST(ForgettingAttnCache, MissingSlopesAreZero) {
+  std::mt19937_64 rng(31);
+  const Shape s{2, 24, 4, 2, 4, 3};
+  Problem p = make_problem(s, Gates::realistic, rng);
+  add_random_slopes(p, rng, 0.5);
+  for (std::int64_t t = 0; t < s.T; ++t) {
+    if (t % 3 == 0)  // no a at this step
+      for (std::int64_t b = 0; b < s.B; ++b)
+        for (std::int64_t h = 0; h < s.HQ; ++h) p.slope_q.set((b * s.T + t) * s.HQ + h, 0.0);
+    if (t % 4 == 1)  // no b at this step
+      for (std::int64_t b = 0; b < s.B; ++b)
+        for (std::int64_t h = 0; h < s.H; ++h) p.slope_k.set((b * s.T + t) * s.H + h, 0.0);
+  }
+  const Forward expected = run_forward(p, Impl::reference);
+  ForgettingAttnCache cache(s.B, s.HQ, s.H, s.K, s.V);
+  Tensor o({s.B, s.T, s.HQ, s.V}, DType::float64);
+  o.fill(kNaN);
+  for (std::int64_t t = 0; t < s.T; ++t)
+    cache.step(token_view(p.q, t), token_view(p.k, t), token_view(p.v, t), token_view(p.g, t),
+               token_view(o, t), std::nullopt, {}, RotaryLayout::half_split,
+               t % 3 == 0 ? TensorView{} : token_view(p.slope_q, t),
+               t % 4 == 1 ? TensorView{} : token_view(p.slope_k, t));
+  PHASOR_EXPECT_CLOSE(o, expected.o, 1e-12, "o");
 }
 
 // A cache holds rotated keys or unrotated ones, in one layout: a step that does not match the
@@ -1113,11 +1209,314 @@ TEST(ForgettingAttnCache, MovedCacheKeepsItsState) {
   PHASOR_EXPECT_CLOSE(o, expected.o, 1e-12, "o");
 }
 
+// ---- additive GRAPE slopes (ALiBi, GRAPE-A-QK) -------------------------------------------------
+
+std::vector<Case> slope_cases() {
+  std::vector<Case> cases;
+  // Every adversarial case with GRAPE-A-QK-like slopes...
+  for (Case c : adversarial_cases()) {
+    c.name += "_slopes";
+    c.slope_gain = 0.3;
+    cases.push_back(c);
+  }
+  // ...strong slopes (the diagonal dominates, as with strong gates; T not a multiple of the
+  // block), negative slopes (logits grow with the distance), slopes with weak gates over long
+  // distances (the bias, not the gates, decides), and with a window.
+  cases.push_back({"strong_slopes", {2, 29, 2, 1, 8, 5}, Gates::weak, 5, {}, 1.0, {}, false, 6.0});
+  cases.push_back(
+      {"strong_slopes_block64", {1, 70, 2, 1, 8, 8}, Gates::realistic, 64, {}, 1.0, {}, false, 4});
+  cases.push_back(
+      {"negative_slopes", {1, 53, 4, 2, 6, 5}, Gates::weak, 16, {}, 1.0, {}, false, -0.03});
+  cases.push_back(
+      {"long_weak_gates_slopes", {1, 150, 2, 2, 8, 8}, Gates::weak, 16, {}, 1.0, {}, false, 0.05});
+  cases.push_back({"window_slopes_varlen",
+                   {1, 60, 4, 2, 5, 4},
+                   Gates::mixed,
+                   8,
+                   11,
+                   1.0,
+                   {23, 0, 1, 36},
+                   false,
+                   0.4});
+  return cases;
+}
+
+class ForgettingAttnSlopes : public ::testing::TestWithParam<Case> {};
+
+TEST_P(ForgettingAttnSlopes, ChunkFloat64MatchesReference) {
+  expect_matches_reference(GetParam(), Impl::chunk, DType::float64);
+}
+TEST_P(ForgettingAttnSlopes, ChunkFloat32MatchesReference) {
+  expect_matches_reference(GetParam(), Impl::chunk, DType::float32);
+}
+TEST_P(ForgettingAttnSlopes, RecurrentFloat64MatchesReference) {
+  expect_matches_reference(GetParam(), Impl::recurrent, DType::float64);
+}
+TEST_P(ForgettingAttnSlopes, RecurrentFloat32MatchesReference) {
+  expect_matches_reference(GetParam(), Impl::recurrent, DType::float32);
+}
+
+INSTANTIATE_TEST_SUITE_P(Adversarial, ForgettingAttnSlopes, ::testing::ValuesIn(slope_cases()),
+                         [](const ::testing::TestParamInfo<Case>& info) {
+                           return info.param.name;
+                         });
+
+// The reference's da, db (and every other gradient) against central finite differences of its
+// forward: grouped queries (db sums over the group), a window, packed sequences, zero gates.
+TEST(ForgettingAttnSlopes, ReferenceGradientsMatchFiniteDifferences) {
+  std::mt19937_64 rng(21);
+  Problem p = make_problem({2, 9, 4, 2, 3, 4}, Gates::realistic, rng);
+  add_random_slopes(p, rng, 0.5);
+  expect_gradients_match_finite_differences(p);
+  Problem varlen = make_problem({1, 14, 4, 2, 4, 3}, Gates::zeros, rng);
+  varlen.cu = testing::cu_seqlens({6, 0, 1, 7});
+  varlen.window = 4;
+  add_random_slopes(varlen, rng, -0.4);  // negative slopes too
+  expect_gradients_match_finite_differences(varlen);
+}
+
+// da and db of each optimized implementation against central finite differences of that
+// implementation's own forward (float64), blocks that do not divide T.
+TEST(ForgettingAttnSlopes, SlopeGradientsMatchFiniteDifferencesInEveryImpl) {
+  std::mt19937_64 rng(22);
+  Problem p = make_problem({1, 13, 4, 2, 3, 4}, Gates::mixed, rng);
+  add_random_slopes(p, rng, 0.7);
+  p.block_size = 4;
+  p.window = 9;
+  for (Impl impl : {Impl::chunk, Impl::recurrent}) {
+    SCOPED_TRACE(to_string(impl));
+    const Grads g = run_backward(p, impl, nullptr);
+    PHASOR_EXPECT_CLOSE(g.dslope_q, finite_differences(p, &Problem::slope_q, impl), 1e-7, "da");
+    PHASOR_EXPECT_CLOSE(g.dslope_k, finite_differences(p, &Problem::slope_k, impl), 1e-7, "db");
+  }
+}
+
+// GRAPE Sec. 4.2 / App. C: FoX with a constant log gate g = −m is exactly ALiBi with slope m:
+// Σ_{s ∈ (j, i]} (−m) = −m (i − j). Same o and lse, same dq, dk, dv; and since a constant gate
+// and a constant slope are one parameter m seen two ways, d loss/dm agrees: Σ_i da_i = −Σ_s dg_s
+// (each pair (i, j) holds i − j gates). m differs per query head. More generally the two
+// compose: gates g with slope a_i = m equal gates g − m without slopes.
+TEST(ForgettingAttnSlopes, AlibiEqualsFoxWithConstantLogGates) {
+  std::mt19937_64 rng(23);
+  Problem fox = make_problem({2, 37, 4, 2, 6, 5}, Gates::realistic, rng);
+  fox.block_size = 8;
+  const std::vector<double> m = {0.5, 0.125, 1.0 / 32, 2.0};  // ALiBi-like, per query head
+  Problem alibi = fox;
+  alibi.slope_q = Tensor::zeros(fox.g.shape());
+  for (std::int64_t i = 0; i < fox.g.numel(); ++i) {
+    const double slope = m[static_cast<std::size_t>(i % 4)];
+    fox.g.set(i, -slope);
+    alibi.g.set(i, 0.0);  // no forgetting: only the slope
+    alibi.slope_q.set(i, slope);
+  }
+  for (DType dtype : {DType::float64, DType::float32})
+    for (Impl impl : {Impl::reference, Impl::chunk, Impl::recurrent}) {
+      SCOPED_TRACE(std::string(to_string(impl)) + " " + to_string(dtype));
+      const Problem f = fox.to(dtype), a = alibi.to(dtype);
+      const double tol = dtype == DType::float64 ? 1e-13 : 1e-6;
+      const Forward fox_out = run_forward(f, impl), alibi_out = run_forward(a, impl);
+      PHASOR_EXPECT_CLOSE(alibi_out.o, fox_out.o, tol, "o");
+      PHASOR_EXPECT_CLOSE(alibi_out.lse, fox_out.lse, tol, "lse");
+      const Grads fg = run_backward(f, impl, nullptr), ag = run_backward(a, impl, nullptr);
+      PHASOR_EXPECT_CLOSE(ag.dq, fg.dq, tol, "dq");
+      PHASOR_EXPECT_CLOSE(ag.dk, fg.dk, tol, "dk");
+      PHASOR_EXPECT_CLOSE(ag.dv, fg.dv, tol, "dv");
+      // Per (sequence, query head): Σ_t da_t = −Σ_t dg_t.
+      for (std::int64_t b = 0; b < fox.B(); ++b)
+        for (std::int64_t h = 0; h < fox.HQ(); ++h) {
+          double sum_da = 0, sum_dg = 0;
+          for (std::int64_t t = 0; t < fox.T(); ++t) {
+            sum_da += ag.dslope_q.at((b * fox.T() + t) * fox.HQ() + h);
+            sum_dg += fg.dg.at((b * fox.T() + t) * fox.HQ() + h);
+          }
+          EXPECT_NEAR(sum_da, -sum_dg,
+                      (dtype == DType::float64 ? 1e-11 : 1e-4) * (1 + std::abs(sum_dg)))
+              << "b " << b << " head " << h;
+        }
+    }
+  // Composition: realistic gates g plus slope m equal gates g − m.
+  Problem gates = make_problem({1, 41, 4, 2, 6, 5}, Gates::realistic, rng);
+  gates.block_size = 16;
+  gates.window = 30;
+  Problem composed = gates, shifted = gates;
+  composed.slope_q = Tensor::zeros(gates.g.shape());
+  for (std::int64_t i = 0; i < gates.g.numel(); ++i) {
+    const double slope = m[static_cast<std::size_t>(i % 4)];
+    composed.slope_q.set(i, slope);
+    shifted.g.set(i, gates.g.at(i) - slope);
+  }
+  for (Impl impl : {Impl::reference, Impl::chunk, Impl::recurrent}) {
+    SCOPED_TRACE(std::string("composed ") + to_string(impl));
+    PHASOR_EXPECT_CLOSE(run_forward(composed, impl).o, run_forward(shifted, impl).o, 1e-13, "o");
+  }
+}
+
+// Slopes of exactly 0 add −(i − j)·0 = −0 to each logit: the outputs and all the other gradients
+// are bit-identical to the call without slopes, in every implementation and dtype.
+TEST(ForgettingAttnSlopes, ZeroSlopesAreBitIdenticalToNoSlopes) {
+  std::mt19937_64 rng(24);
+  Problem plain = make_problem({2, 45, 4, 2, 6, 5}, Gates::mixed, rng);
+  plain.block_size = 16;
+  plain.window = 20;
+  Problem zero = plain;
+  zero.slope_q = Tensor::zeros(plain.g.shape());
+  zero.slope_k = Tensor::zeros({plain.B(), plain.T(), plain.H()});
+  for (DType dtype : {DType::float64, DType::float32})
+    for (Impl impl : {Impl::reference, Impl::chunk, Impl::recurrent}) {
+      SCOPED_TRACE(std::string(to_string(impl)) + " " + to_string(dtype));
+      const Problem p = plain.to(dtype), z = zero.to(dtype);
+      const Forward fp = run_forward(p, impl), fz = run_forward(z, impl);
+      EXPECT_TRUE(fz.o.bit_equal(fp.o));
+      EXPECT_TRUE(fz.lse.bit_equal(fp.lse));
+      const Grads gp = run_backward(p, impl, &fp), gz = run_backward(z, impl, &fz);
+      EXPECT_TRUE(gz.dq.bit_equal(gp.dq));
+      EXPECT_TRUE(gz.dk.bit_equal(gp.dk));
+      EXPECT_TRUE(gz.dv.bit_equal(gp.dv));
+      EXPECT_TRUE(gz.dg.bit_equal(gp.dg));
+      EXPECT_TRUE(testing::all_finite(gz.dslope_q) && testing::all_finite(gz.dslope_k));
+    }
+}
+
+// The relative law (GRAPE Eq. 4.3): the bias depends on i − j only. A sequence moved to later
+// positions — s random tokens put in front of it and cut off by a zero gate at its first token,
+// so that nothing of them is visible — gives the same outputs and gradients as the sequence on
+// its own, although every absolute position grew by s (and the chunk tiles now fall elsewhere).
+// For the cache too, where the zero gate empties the cache but the positions keep counting.
+TEST(ForgettingAttnSlopes, RelativeLawShiftedSequenceIsUnchanged) {
+  std::mt19937_64 rng(25);
+  const std::int64_t L = 29, HQ = 4, H = 2, K = 6, V = 5;
+  for (std::int64_t shift : {1, 7, 100}) {
+    SCOPED_TRACE("shift " + std::to_string(shift));
+    Problem alone = make_problem({1, L, HQ, H, K, V}, Gates::realistic, rng);
+    add_random_slopes(alone, rng, 0.4);
+    alone.block_size = 8;
+    alone.window = 12;
+    Problem shifted = make_problem({1, shift + L, HQ, H, K, V}, Gates::realistic, rng);
+    add_random_slopes(shifted, rng, 0.4);
+    shifted.block_size = 8;
+    shifted.window = 12;
+    // Copy the sequence into tokens shift..; its first gate (which never enters) becomes −inf.
+    auto copy = [&](const Tensor& from, Tensor& to, std::int64_t per_token) {
+      for (std::int64_t t = 0; t < L; ++t)
+        for (std::int64_t e = 0; e < per_token; ++e)
+          to.set((shift + t) * per_token + e, from.at(t * per_token + e));
+    };
+    copy(alone.q, shifted.q, HQ * K);
+    copy(alone.k, shifted.k, H * K);
+    copy(alone.v, shifted.v, H * V);
+    copy(alone.g, shifted.g, HQ);
+    copy(alone.d_o, shifted.d_o, HQ * V);
+    copy(alone.slope_q, shifted.slope_q, HQ);
+    copy(alone.slope_k, shifted.slope_k, H);
+    for (std::int64_t h = 0; h < HQ; ++h) shifted.g.set(shift * HQ + h, -kInf);
+    // The shifted run's values at tokens shift.. (per_token values each).
+    auto tail = [&](const Tensor& x, std::int64_t per_token) {
+      Tensor out = Tensor::zeros({L * per_token});
+      for (std::int64_t i = 0; i < L * per_token; ++i) out.set(i, x.at(shift * per_token + i));
+      return out;
+    };
+    auto flat = [](const Tensor& x) {
+      Tensor out = Tensor::zeros({x.numel()});
+      for (std::int64_t i = 0; i < x.numel(); ++i) out.set(i, x.at(i));
+      return out;
+    };
+    for (Impl impl : {Impl::reference, Impl::chunk, Impl::recurrent}) {
+      SCOPED_TRACE(to_string(impl));
+      const Forward fa = run_forward(alone, impl), fs = run_forward(shifted, impl);
+      PHASOR_EXPECT_CLOSE(tail(fs.o, HQ * V), flat(fa.o), 1e-13, "o");
+      PHASOR_EXPECT_CLOSE(tail(fs.lse, HQ), flat(fa.lse), 1e-13, "lse");
+      const Grads ga = run_backward(alone, impl, nullptr),
+                  gs = run_backward(shifted, impl, nullptr);
+      PHASOR_EXPECT_CLOSE(tail(gs.dq, HQ * K), flat(ga.dq), 1e-12, "dq");
+      PHASOR_EXPECT_CLOSE(tail(gs.dk, H * K), flat(ga.dk), 1e-12, "dk");
+      PHASOR_EXPECT_CLOSE(tail(gs.dslope_q, HQ), flat(ga.dslope_q), 1e-12, "da");
+      PHASOR_EXPECT_CLOSE(tail(gs.dslope_k, H), flat(ga.dslope_k), 1e-12, "db");
+    }
+    // Decoding the shifted sequence: the last L outputs equal the sequence's own.
+    const Forward fa = run_forward(alone, Impl::reference);
+    ForgettingAttnCache cache(1, HQ, H, K, V, 12);
+    Tensor o({1, shift + L, HQ, V}, DType::float64);
+    for (std::int64_t t = 0; t < shift + L; ++t)
+      cache.step(token_view(shifted.q, t), token_view(shifted.k, t), token_view(shifted.v, t),
+                 token_view(shifted.g, t), token_view(o, t), std::nullopt, {},
+                 RotaryLayout::half_split, token_view(shifted.slope_q, t),
+                 token_view(shifted.slope_k, t));
+    PHASOR_EXPECT_CLOSE(tail(o, HQ * V), flat(fa.o), 1e-13, "cache o");
+  }
+}
+
+// Each slope gradient requested alone equals its value when everything is computed.
+TEST(ForgettingAttnSlopes, SlopeGradientsRequestedAlone) {
+  std::mt19937_64 rng(26);
+  Problem p = make_problem({1, 30, 4, 2, 4, 4}, Gates::mixed, rng);
+  add_random_slopes(p, rng, 0.3);
+  p.block_size = 8;
+  for (Impl impl : {Impl::chunk, Impl::recurrent, Impl::reference}) {
+    SCOPED_TRACE(to_string(impl));
+    const Grads all = run_backward(p, impl, nullptr);
+    Inputs in(p);
+    Tensor da(p.slope_q.shape(), DType::float64), db(p.slope_k.shape(), DType::float64);
+    da.fill(kNaN);
+    db.fill(kNaN);
+    ForgettingAttnGrads only_da, only_db;
+    only_da.dbias_q_slope = da.view();
+    only_db.dbias_k_slope = db.view();
+    forgetting_attn_backward(in.params, impl, in.d_o.view(), {}, {}, only_da);
+    forgetting_attn_backward(in.params, impl, in.d_o.view(), {}, {}, only_db);
+    EXPECT_TRUE(da.bit_equal(all.dslope_q));
+    EXPECT_TRUE(db.bit_equal(all.dslope_k));
+  }
+}
+
+// GRAPE App. C writes the FoX bias as a difference of per-time potentials, b(t, j) =
+// Σ_{ℓ=j+1}^{t} a_ℓ = U_t − U_j with U_u := Σ_{ℓ<u} a_ℓ. That U is exclusive, and with it
+// U_t − U_j = Σ_{ℓ=j}^{t−1} a_ℓ: the gates of [j, t), not (j, t]. The mathematics needs the
+// inclusive U_u = Σ_{ℓ≤u} a_ℓ. Brute-force softmax attention with each potential: the inclusive
+// one reproduces the op (and the paper's own Σ_{ℓ=j+1}^{t}); the printed exclusive one does not.
+TEST(ForgettingAttnSlopes, GrapeAppendixCPotentialMustBeInclusive) {
+  std::mt19937_64 rng(28);
+  const Problem p = make_problem({1, 16, 1, 1, 4, 3}, Gates::realistic, rng);
+  const std::int64_t T = p.T(), K = p.K(), V = p.V();
+  const double scale = 1.0 / std::sqrt(static_cast<double>(K));
+  std::vector<double> inclusive(static_cast<std::size_t>(T)), exclusive(inclusive);
+  double run = 0;
+  for (std::int64_t u = 0; u < T; ++u) {
+    exclusive[static_cast<std::size_t>(u)] = run;  // Σ_{ℓ<u}, as printed
+    run += p.g.at(u);
+    inclusive[static_cast<std::size_t>(u)] = run;  // Σ_{ℓ≤u}
+  }
+  auto attention = [&](const std::vector<double>& U) {
+    Tensor o = Tensor::zeros({1, T, 1, V});
+    for (std::int64_t i = 0; i < T; ++i) {
+      std::vector<double> logit(static_cast<std::size_t>(i + 1));
+      double max_logit = -kInf, sum = 0;
+      for (std::int64_t j = 0; j <= i; ++j) {
+        double qk = 0;
+        for (std::int64_t c = 0; c < K; ++c) qk += p.q.at(i * K + c) * p.k.at(j * K + c);
+        logit[static_cast<std::size_t>(j)] =
+            scale * qk + U[static_cast<std::size_t>(i)] - U[static_cast<std::size_t>(j)];
+        max_logit = std::max(max_logit, logit[static_cast<std::size_t>(j)]);
+      }
+      for (double& l : logit) sum += (l = std::exp(l - max_logit));
+      for (std::int64_t j = 0; j <= i; ++j)
+        for (std::int64_t c = 0; c < V; ++c)
+          o.set(i * V + c,
+                o.at(i * V + c) + logit[static_cast<std::size_t>(j)] / sum * p.v.at(j * V + c));
+    }
+    return o;
+  };
+  const Forward op = run_forward(p, Impl::reference);
+  PHASOR_EXPECT_CLOSE(attention(inclusive), op.o, 1e-13, "inclusive potential");
+  EXPECT_GT(testing::rel_rms(attention(exclusive), op.o), 1e-3) << "the printed U_u = Σ_{ℓ<u}";
+}
+
 // ---- threads -----------------------------------------------------------------------------------
 
 TEST(ForgettingAttnThreads, BitIdenticalForAnyThreadCount) {
   std::mt19937_64 rng(11);
-  Problem p = make_problem({2, 70, 6, 3, 8, 8}, Gates::mixed, rng).to(DType::float32);
+  Problem p = make_problem({2, 70, 6, 3, 8, 8}, Gates::mixed, rng);
+  add_random_slopes(p, rng, 0.2);
+  p = p.to(DType::float32);
   p.block_size = 16;
   p.window = 40;
   for (Impl impl : {Impl::chunk, Impl::recurrent, Impl::reference}) {
@@ -1136,12 +1535,86 @@ TEST(ForgettingAttnThreads, BitIdenticalForAnyThreadCount) {
       EXPECT_TRUE(backwards[r].dk.bit_equal(backwards[0].dk));
       EXPECT_TRUE(backwards[r].dv.bit_equal(backwards[0].dv));
       EXPECT_TRUE(backwards[r].dg.bit_equal(backwards[0].dg));
+      EXPECT_TRUE(backwards[r].dslope_q.bit_equal(backwards[0].dslope_q));
+      EXPECT_TRUE(backwards[r].dslope_k.bit_equal(backwards[0].dslope_k));
     }
   }
   set_num_threads(0);
 }
 
 // ---- bad input ---------------------------------------------------------------------------------
+
+TEST(ForgettingAttnErrors, BadSlopeArgumentsNameTheArgument) {
+  std::mt19937_64 rng(27);
+  const Problem p = make_problem({1, 6, 4, 2, 3, 5}, Gates::realistic, rng);
+  Tensor o({1, 6, 4, 5}, DType::float64), slope_q = Tensor::zeros({1, 6, 4}),
+                                          slope_k = Tensor::zeros({1, 6, 2});
+  Tensor bad_q = Tensor::zeros({1, 6, 2}), bad_k = Tensor::zeros({1, 6, 4}), inf_q = slope_q,
+         nan_k = slope_k;
+  inf_q.set(5, kInf);
+  nan_k.set(3, kNaN);
+  for (Impl impl : {Impl::reference, Impl::chunk, Impl::recurrent}) {
+    const std::string op = impl == Impl::chunk       ? "parallel_forgetting_attn"
+                           : impl == Impl::recurrent ? "forgetting_attn_recurrent"
+                                                     : "forgetting_attn_reference";
+    auto forward = [&](const Tensor& a, const Tensor& b) {
+      Inputs in(p);
+      in.params.bias_q_slope = a.view();
+      in.params.bias_k_slope = b.view();
+      forgetting_attn_forward(in.params, impl, o.view());
+    };
+    testing::expect_error([&] { forward(bad_q, slope_k); },
+                          {op.c_str(), "'bias_q_slope'", "HQ (as q)=4", "[1, 6, 2]"});
+    testing::expect_error([&] { forward(slope_q, bad_k); },
+                          {op.c_str(), "'bias_k_slope'", "H (as k)=2", "[1, 6, 4]"});
+    testing::expect_error([&] { forward(inf_q, slope_k); },
+                          {op.c_str(), "'bias_q_slope'", "finite", "bias_q_slope[0, 1, 1]"});
+    testing::expect_error([&] { forward(slope_q, nan_k); },
+                          {op.c_str(), "'bias_k_slope'", "finite", "bias_k_slope[0, 1, 1]"});
+    // A slope gradient needs its slope, its shape, and its own elements.
+    Inputs in(p);
+    Tensor da = Tensor::zeros({1, 6, 4}), db = Tensor::zeros({1, 6, 2}),
+           db_bad = Tensor::zeros({1, 5, 2});
+    ForgettingAttnGrads grads;
+    grads.dbias_q_slope = da.view();
+    testing::expect_error(
+        [&] { forgetting_attn_backward(in.params, impl, in.d_o.view(), {}, {}, grads); },
+        {op.c_str(), "'dbias_q_slope'", "bias_q_slope to be given"});
+    in.params.bias_q_slope = slope_q.view();
+    in.params.bias_k_slope = slope_k.view();
+    grads.dbias_k_slope = db_bad.view();
+    testing::expect_error(
+        [&] { forgetting_attn_backward(in.params, impl, in.d_o.view(), {}, {}, grads); },
+        {op.c_str(), "'dbias_k_slope'", "T=6"});
+    grads.dbias_k_slope =
+        TensorView::strided(db.view().data, DType::float64, {1, 6, 2}, {12, 0, 1});
+    testing::expect_error(
+        [&] { forgetting_attn_backward(in.params, impl, in.d_o.view(), {}, {}, grads); },
+        {op.c_str(), "'dbias_k_slope'", "no zero strides"});
+  }
+  // The cache: one token's slopes.
+  ForgettingAttnCache cache(2, 4, 2, 3, 5);
+  Tensor q({2, 1, 4, 3}, DType::float64), k({2, 1, 2, 3}, DType::float64),
+      v({2, 1, 2, 5}, DType::float64),
+      g = Tensor::zeros({2, 1, 4}), out({2, 1, 4, 5}, DType::float64), a = Tensor::zeros({2, 1, 4}),
+      b = Tensor::zeros({2, 1, 2});
+  Tensor a_bad = Tensor::zeros({2, 1, 2}), b_inf = b;
+  b_inf.set(1, -kInf);
+  const std::string op = "ForgettingAttnCache::step";
+  testing::expect_error(
+      [&] {
+        cache.step(q.view(), k.view(), v.view(), g.view(), out.view(), std::nullopt, {},
+                   RotaryLayout::half_split, a_bad.view(), b.view());
+      },
+      {op.c_str(), "'bias_q_slope'", "num_q_heads=4"});
+  testing::expect_error(
+      [&] {
+        cache.step(q.view(), k.view(), v.view(), g.view(), out.view(), std::nullopt, {},
+                   RotaryLayout::half_split, a.view(), b_inf.view());
+      },
+      {op.c_str(), "'bias_k_slope'", "finite"});
+  EXPECT_EQ(cache.length(), 0);
+}
 
 TEST(ForgettingAttnErrors, BadArgumentsNameTheArgument) {
   std::mt19937_64 rng(12);

@@ -18,11 +18,32 @@
 // gate gradient's accumulations in float64), except Impl::reference: float64 throughout. Results
 // are bit-identical for any thread count.
 //
+// Additive GRAPE position biases (optional; GRAPE paper, Sections 4–4.2 and Appendix C): with
+// per-query slopes a [B, T, HQ] and per-key slopes b [B, T, H] the logits become
+//   ℓ_ij = scale · q_i·k_j + (c_i − c_j) − (i − j)(a_i + b_j),
+// i, j the positions within the sequence (restarting at 0 in each cu_seqlens sequence). Only
+// i − j enters, so the bias obeys the exact relative law (shifting a sequence changes nothing).
+//   ALiBi (Sec. 4.2):       a_i = m_h (the head's slope, constant), b = 0.
+//   GRAPE-A-QK (Eq. 4.6):   a_i = ω·softplus(vᵀq_i/√d), b_j = ω·softplus(uᵀk_j/√d): the caller
+//                           computes the slopes (and takes da, db back through them).
+//   GRAPE-A-Q / GRAPE-A-K:  only a, or only b.
+//   FoX itself (App. C) is the path-additive case with edge potentials ψ(t, s) = g_s: the gate
+//   sum Σ_{s ∈ (j, i]} g_s. With a constant gate g_s = −m it equals −m (i − j): the same logits as
+//   ALiBi with a_i = m, b = 0 (tested). The two compose: gates and slopes may be given together.
+// Slopes of any sign are accepted (a softmax needs no sign); they must be finite. a follows the
+// query head, b the key/value head: all query heads of a group share b_j, and db sums over them.
+// The bias is formed in float64 and added to the gate sum before the one rounding to the compute
+// type; da, db are accumulated in float64. (The paper's (j − i)·ω·[…] is −(i − j)·ω·[…]: the same.
+// Its App. C writes the FoX potential as U_u = Σ_{ℓ<u} a_ℓ; U_t − U_j then sums [j, t), not
+// (j, t]: the potential must be the inclusive Σ_{ℓ≤u}, as c above — shown by a test.)
+//
 // Layouts (any strides; float32 or float64 for every floating argument, and they may differ):
 //   q:          [B, T, HQ, K]
 //   k:          [B, T, H, K]
 //   v:          [B, T, H, V]
 //   g:          [B, T, HQ]
+//   bias_q_slope: [B, T, HQ], optional (a above)
+//   bias_k_slope: [B, T, H], optional (b above)
 //   cu_seqlens: [N + 1] int32/int64, optional: packed variable-length batch; B must be 1 and the
 //               sequences [cu[n], cu[n+1]) are independent (empty ones are allowed).
 // Errors (phasor::Error) name the op — "parallel_forgetting_attn" (chunk),
@@ -55,6 +76,12 @@ struct ForgettingAttnParams {
   // Undefined: no rotation, and no cost.
   TensorView theta;
   RotaryLayout rotary_layout = RotaryLayout::half_split;  // pairs (i, i + K/2) or (2i, 2i + 1)
+  // Optional additive GRAPE slopes (see the top of this file): the logit of (query i, key j)
+  // gets −(i − j)(a_i + b_j). bias_q_slope = a: [B, T, HQ], one slope per query token and query
+  // head (ALiBi: the head's slope m_h at every token). bias_k_slope = b: [B, T, H], one slope per
+  // key token and key/value head, shared by the query heads of its group. Finite values, any
+  // float dtype; either, both or neither. Undefined: that term is 0, and costs nothing.
+  TensorView bias_q_slope, bias_k_slope;
 };
 
 struct ForgettingAttnGrads {
@@ -64,17 +91,22 @@ struct ForgettingAttnGrads {
   // that of the rotated k_t. Must own each element (no zero strides). Requesting it alone costs
   // the dq and dk computation.
   TensorView dtheta;
+  // Gradients of the additive GRAPE slopes, each optional, and each requires its slope:
+  //   dbias_q_slope [B, T, HQ]: da_i = −Σ_j (i − j) dℓ_ij;
+  //   dbias_k_slope [B, T, H]:  db_j = −Σ_{hq in the group} Σ_i (i − j) dℓ_ij.
+  TensorView dbias_q_slope, dbias_k_slope;
 };
 
 // o: [B, T, HQ, V]. lse: [B, T, HQ], optional: the natural-log softmax normaliser of each row,
-// lse_i = log Σ_j exp(scale · q_i·k_j + c_i − c_j) (max included; saved for the backward pass).
+// lse_i = log Σ_j exp(ℓ_ij) (max included; saved for the backward pass).
 void forgetting_attn_forward(const ForgettingAttnParams& params, Impl impl, const TensorView& o,
                              const TensorView& lse = {});
 
 // d_o: [B, T, HQ, V]. o and lse are optional: pass both of the forward's outputs to skip
 // recomputing them (if either is missing, both are recomputed; Impl::reference always
-// recomputes). Gradients: dq like q, dk like k, dv like v, dg like g; each optional (undefined:
-// not computed); any float dtype. dk and dv sum over the query heads of each group.
+// recomputes). Gradients: dq like q, dk like k, dv like v, dg like g (and dbias_q_slope,
+// dbias_k_slope like the slopes); each optional (undefined: not computed); any float dtype. dk, dv
+// and dbias_k_slope sum over the query heads of each group.
 void forgetting_attn_backward(const ForgettingAttnParams& params, Impl impl, const TensorView& d_o,
                               const TensorView& o, const TensorView& lse,
                               const ForgettingAttnGrads& grads);
@@ -86,6 +118,9 @@ void forgetting_attn_backward(const ForgettingAttnParams& params, Impl impl, con
 // (float64). The compute type is q's dtype at the first step after construction or reset();
 // later steps must use the same q dtype. Errors name "ForgettingAttnCache" (constructor) or
 // "ForgettingAttnCache::step"; a failed step changes nothing.
+// With additive GRAPE slopes the cache also holds each cached token's key slope b_p and its
+// position p (the number of steps since construction or reset(): every batch row is one sequence
+// starting at position 0), so a new token t adds −(t − p)(a_t + b_p) to its logit against p.
 class ForgettingAttnCache {
  public:
   ForgettingAttnCache(std::int64_t batch, std::int64_t num_q_heads, std::int64_t num_kv_heads,
@@ -102,9 +137,13 @@ class ForgettingAttnCache {
   // whether the cache rotates and with which rotary_layout: a later step without theta (or with
   // it, if the first had none) fails naming 'theta', one with another layout naming
   // 'rotary_layout'.
+  // bias_q_slope: [B, 1, HQ], bias_k_slope: [B, 1, H], optional: this token's additive GRAPE
+  // slopes a_t, b_t (as in ForgettingAttnParams). A missing slope is 0 (for b: the cached b_t is
+  // 0), so steps with and without them may be mixed.
   void step(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& g,
             const TensorView& o, std::optional<double> scale = std::nullopt,
-            const TensorView& theta = {}, RotaryLayout rotary_layout = RotaryLayout::half_split);
+            const TensorView& theta = {}, RotaryLayout rotary_layout = RotaryLayout::half_split,
+            const TensorView& bias_q_slope = {}, const TensorView& bias_k_slope = {});
   std::int64_t length() const;  // tokens seen so far
   void reset();
 

@@ -2,10 +2,12 @@
 // kernels.
 //
 // Every check happens here, before any kernel runs, so a bad call never writes to an output.
+#include <cmath>
 #include <string>
 
 #include "common/check.h"
 #include "common/rotation.h"
+#include "common/slices.h"
 #include "forgetting_attn/kernels.h"
 #include "phasor/forgetting_attn.h"
 
@@ -25,6 +27,24 @@ std::string op_name(Impl impl) {
       return "parallel_forgetting_attn";
   }
   return "forgetting_attn";
+}
+
+// A slope gradient, if requested, needs its slope, must have its shape and must own each element
+// (work items write disjoint (sequence, head) columns; a zero stride would make them share one).
+void check_slope_grad(const std::string& op, const char* name, const TensorView& grad,
+                      const char* slope_name, const TensorView& slope) {
+  if (!grad.defined()) return;
+  if (!slope.defined())
+    detail::fail(op, name, std::string(slope_name) + " to be given (" + name + " is its gradient)",
+                 std::string(name) + " requested without " + slope_name);
+  detail::check_output(op, name, grad,
+                       {{slope.size(0), "B"}, {slope.size(1), "T"}, {slope.size(2), "heads"}});
+  if (grad.numel() == 0) return;
+  for (int d = 0; d < 3; ++d)
+    if (grad.size(d) > 1 && grad.stride(d) == 0)
+      detail::fail(
+          op, name, "a tensor that owns each element (no zero strides)",
+          "stride 0 in dimension " + std::to_string(d) + " of shape " + grad.shape_string());
 }
 
 // Checks every input of `params` against q's dimensions and resolves sequences and options.
@@ -71,6 +91,19 @@ Problem validate_inputs(const std::string& op, const ForgettingAttnParams& param
   detail::check_theta(op, params.theta, B, T, H, K, "H (key heads)");
   p.theta = params.theta;
   p.rotary_layout = params.rotary_layout;
+  // Additive GRAPE slopes: a per query head, b per key/value head (shared by the group).
+  if (params.bias_q_slope.defined()) {
+    detail::check_float_tensor(op, "bias_q_slope", params.bias_q_slope,
+                               {{B, "B"}, {T, "T"}, {HQ, "HQ (as q)"}});
+    detail::fox::check_finite_slopes(op, "bias_q_slope", params.bias_q_slope);
+  }
+  if (params.bias_k_slope.defined()) {
+    detail::check_float_tensor(op, "bias_k_slope", params.bias_k_slope,
+                               {{B, "B"}, {T, "T"}, {H, "H (as k)"}});
+    detail::fox::check_finite_slopes(op, "bias_k_slope", params.bias_k_slope);
+  }
+  p.slope_q = params.bias_q_slope;
+  p.slope_k = params.bias_k_slope;
   return p;
 }
 
@@ -115,6 +148,8 @@ void forgetting_attn_backward(const ForgettingAttnParams& params, Impl impl, con
   if (grads.dg.defined())
     detail::check_output(op, "dg", grads.dg, {{B, "B"}, {T, "T"}, {p.HQ, "HQ"}});
   detail::check_dtheta(op, grads.dtheta, params.theta);
+  check_slope_grad(op, "dbias_q_slope", grads.dbias_q_slope, "bias_q_slope", params.bias_q_slope);
+  check_slope_grad(op, "dbias_k_slope", grads.dbias_k_slope, "bias_k_slope", params.bias_k_slope);
   switch (impl) {
     case Impl::reference:
       detail::fox::reference_backward(p, d_o, grads);
@@ -127,5 +162,25 @@ void forgetting_attn_backward(const ForgettingAttnParams& params, Impl impl, con
       return;
   }
 }
+
+namespace detail::fox {
+
+void check_finite_slopes(const std::string& op, const char* name, const TensorView& x) {
+  detail::dispatch_float(x, [&](auto tag) {
+    using S = decltype(tag);
+    const S* data = static_cast<const S*>(x.data);
+    for (std::int64_t b = 0; b < x.size(0); ++b)
+      for (std::int64_t t = 0; t < x.size(1); ++t)
+        for (std::int64_t h = 0; h < x.size(2); ++h) {
+          const S value = data[b * x.stride(0) + t * x.stride(1) + h * x.stride(2)];
+          if (!std::isfinite(value))
+            detail::fail(op, name, "finite slopes",
+                         std::string(name) + "[" + std::to_string(b) + ", " + std::to_string(t) +
+                             ", " + std::to_string(h) + "] = " + std::to_string(value));
+        }
+  });
+}
+
+}  // namespace detail::fox
 
 }  // namespace phasor

@@ -30,6 +30,12 @@
 //    column sums, which cancels catastrophically (row sums are 0 analytically) and would carry
 //    the float32 rounding of the dominant terms along the whole sequence.
 //
+// Additive GRAPE slopes (optional): the tile adds −(i − j)(a_i + b_j) to each logit, in float64
+// together with the gate bias before the one rounding to the compute type (O(1) per logit, like
+// the gates; the tiles, the walk and the memory stay as they are). The backward adds
+// da_i = −Σ_j (i − j) dℓ_ij and db_j = −Σ_i (i − j) dℓ_ij tile by tile in float64 (the dominant
+// key's dℓ_ij* with the rest of its row); db sums over the query heads of the group.
+//
 // Rotation by θ (optional, common/rotation.h): the item rotates its keys once, right after
 // loading them, and each block of queries right after loading it (R1): O(T·K) work next to the
 // O(T²·K) of the tiles. The cos/sin are evaluated piece by piece (a query block's, or
@@ -110,12 +116,20 @@ void walk_key_blocks(const BlockGates& gates, std::int64_t window, std::int64_t 
   }
 }
 
+// The additive GRAPE slopes of one (sequence, query head): a of the query head, b of its key
+// head, both float64 over the sequence; `on` is false (and a, b unused) when neither is given.
+struct Slopes {
+  bool on = false;
+  Vec<double> a, b;
+};
+
 // Logits of the tile (query rows i0.., key rows j0..j0 + nJ):
-//   ℓ_ij = (scale q_i)·k_j + Σ_{s ∈ (j, i]} g_s;  −inf where j > i or i − j ≥ window.
+//   ℓ_ij = (scale q_i)·k_j + Σ_{s ∈ (j, i]} g_s − (i − j)(a_i + b_j);
+//   −inf where j > i or i − j ≥ window.
 template <class S>
 void tile_logits(const Mat<S>& q_scaled, const Mat<S>& k, const BlockGates& gates,
-                 std::int64_t window, std::int64_t i0, std::int64_t j0, std::int64_t nJ, double gap,
-                 Mat<S>& logits) {
+                 const Slopes& slopes, std::int64_t window, std::int64_t i0, std::int64_t j0,
+                 std::int64_t nJ, double gap, Mat<S>& logits) {
   const std::int64_t nI = q_scaled.rows();
   const S neg_inf = -std::numeric_limits<S>::infinity();
   logits.resize(nI, nJ);
@@ -129,14 +143,28 @@ void tile_logits(const Mat<S>& q_scaled, const Mat<S>& k, const BlockGates& gate
       // Diagonal tile: the gate sum along the row, from j = i down.
       for (std::int64_t c = r + 1; c < nJ; ++c) logits(r, c) = neg_inf;
       double gate_sum = 0;
-      for (std::int64_t c = r - 1; c >= first_col; --c) {
-        gate_sum += gates.g[j0 + c + 1];
-        logits(r, c) += static_cast<S>(gate_sum);
+      if (slopes.on) {
+        for (std::int64_t c = r - 1; c >= first_col; --c) {
+          gate_sum += gates.g[j0 + c + 1];
+          logits(r, c) +=
+              static_cast<S>(gate_sum + slope_bias(i, j0 + c, slopes.a[i], slopes.b[j0 + c]));
+        }
+      } else {
+        for (std::int64_t c = r - 1; c >= first_col; --c) {
+          gate_sum += gates.g[j0 + c + 1];
+          logits(r, c) += static_cast<S>(gate_sum);
+        }
       }
     } else {
       const double row_part = gates.from_start[BlockGates::idx(i)] + gap;
-      for (std::int64_t c = first_col; c < nJ; ++c)
-        logits(r, c) += static_cast<S>(row_part + gates.to_end[BlockGates::idx(j0 + c)]);
+      if (slopes.on) {
+        for (std::int64_t c = first_col; c < nJ; ++c)
+          logits(r, c) += static_cast<S>(row_part + gates.to_end[BlockGates::idx(j0 + c)] +
+                                         slope_bias(i, j0 + c, slopes.a[i], slopes.b[j0 + c]));
+      } else {
+        for (std::int64_t c = first_col; c < nJ; ++c)
+          logits(r, c) += static_cast<S>(row_part + gates.to_end[BlockGates::idx(j0 + c)]);
+      }
     }
   }
 }
@@ -166,14 +194,14 @@ struct Scratch {
 // Forward of one query block: o (nI × V) and lse (nI) by the online softmax over the key blocks.
 template <class S>
 void forward_block(const Problem& p, const Mat<S>& k, const Mat<S>& v, const BlockGates& gates,
-                   std::int64_t i0, const Mat<S>& q_scaled, Scratch<S>& tmp, Mat<S>& out,
-                   Vec<S>& out_lse) {
+                   const Slopes& slopes, std::int64_t i0, const Mat<S>& q_scaled, Scratch<S>& tmp,
+                   Mat<S>& out, Vec<S>& out_lse) {
   const std::int64_t nI = q_scaled.rows();
   Vec<S> row_max = Vec<S>::Constant(nI, -std::numeric_limits<S>::infinity());
   Vec<S> row_sum = Vec<S>::Zero(nI), rescale(nI);
   out = Mat<S>::Zero(nI, p.V);  // the accumulator A
   walk_key_blocks(gates, p.window, i0, [&](std::int64_t j0, std::int64_t nJ, double gap) {
-    tile_logits(q_scaled, k, gates, p.window, i0, j0, nJ, gap, tmp.logits);
+    tile_logits(q_scaled, k, gates, slopes, p.window, i0, j0, nJ, gap, tmp.logits);
     for (std::int64_t r = 0; r < nI; ++r) {
       const S new_max = std::max(row_max[r], tmp.logits.row(r).maxCoeff());
       // The diagonal tile comes first and always holds j = i, so new_max is finite from then on;
@@ -218,12 +246,16 @@ void forward_typed(const Problem& p, const TensorView& o, const TensorView& lse)
     Vec<S> out_lse;
     Scratch<S> tmp;
     BlockGates gates;
+    Slopes slopes;
     load_rows(p.k, seq, h, k);
     load_rows(p.v, seq, h, v);
+    slopes.on = p.has_slopes();
+    if (slopes.on) load_slopes(p.slope_k, seq, h, slopes.b);
     PairAngles<S> angles;  // θ of key head h, for a piece of the sequence
     if (p.theta.defined()) rotate_keys(p, seq, h, k, angles);
     for (std::int64_t hq = h * p.group(); hq < (h + 1) * p.group(); ++hq) {
       gates.load(p, seq, hq);
+      if (slopes.on) load_slopes(p.slope_q, seq, hq, slopes.a);
       for (std::int64_t i0 = 0; i0 < L; i0 += B) {
         const Sequence rows = rows_of(seq, i0, std::min(B, L - i0));
         load_rows(p.q, rows, hq, q);
@@ -232,7 +264,7 @@ void forward_typed(const Problem& p, const TensorView& o, const TensorView& lse)
           rotate_rows(q, angles, p.rotary_layout);
         }
         q *= static_cast<S>(p.scale);
-        forward_block(p, k, v, gates, i0, q, tmp, out, out_lse);
+        forward_block(p, k, v, gates, slopes, i0, q, tmp, out, out_lse);
         store_rows(out, o, rows, hq);
         if (lse.defined()) store_column(out_lse, lse, rows, hq);
       }
@@ -278,6 +310,23 @@ void add_gate_grads(const Mat<S>& dlogits, const Vec<S>& row_sums, std::int64_t 
   }
 }
 
+// Adds the tile's part of the slope gradients: ℓ_ij contains −(i − j)(a_i + b_j), so
+// da_i += −(i − j) dℓ_ij and db_j += −(i − j) dℓ_ij, in float64. (Dominant entries are zero here;
+// the caller adds them.)
+template <class S>
+void add_slope_grads(const Mat<S>& dlogits, std::int64_t i0, std::int64_t j0, Vec<double>& da,
+                     Vec<double>& db) {
+  for (Eigen::Index r = 0; r < dlogits.rows(); ++r) {
+    double row = 0;
+    for (Eigen::Index c = 0; c < dlogits.cols(); ++c) {
+      const double d = -static_cast<double>(i0 + r - (j0 + c)) * static_cast<double>(dlogits(r, c));
+      row += d;
+      db[j0 + c] += d;
+    }
+    da[i0 + r] += row;
+  }
+}
+
 template <class S>
 void backward_typed(const Problem& p, const TensorView& d_o, const TensorView& o,
                     const TensorView& lse, const ForgettingAttnGrads& grads) {
@@ -285,8 +334,10 @@ void backward_typed(const Problem& p, const TensorView& d_o, const TensorView& o
   const bool rotated = p.theta.defined(), want_dtheta = grads.dtheta.defined();
   const bool want_dq = grads.dq.defined() || want_dtheta,
              want_dk = grads.dk.defined() || want_dtheta, want_dv = grads.dv.defined(),
-             want_dg = grads.dg.defined();
-  const bool want_dlogits = want_dq || want_dk || want_dg;
+             want_dg = grads.dg.defined(), want_da = grads.dbias_q_slope.defined(),
+             want_db = grads.dbias_k_slope.defined();
+  const bool want_dslopes = want_da || want_db;
+  const bool want_dlogits = want_dq || want_dk || want_dg || want_dslopes;
   const bool saved = o.defined() && lse.defined();
   if (!want_dlogits && !want_dv) return;
   parallel_for(p.num_items(), [&](std::int64_t item) {
@@ -297,8 +348,13 @@ void backward_typed(const Problem& p, const TensorView& d_o, const TensorView& o
     std::vector<std::int64_t> dominant;
     Scratch<S> tmp;
     BlockGates gates;
+    Slopes slopes;
     load_rows(p.k, seq, h, k);
     load_rows(p.v, seq, h, v);
+    slopes.on = p.has_slopes();
+    if (slopes.on) load_slopes(p.slope_k, seq, h, slopes.b);
+    // da of the current query head; db of key head h, summed over its group.
+    Vec<double> da, db = Vec<double>::Zero(want_dslopes ? L : 0);
     // With θ, k and the query blocks are the rotated rows, and dk, dq are first taken with
     // respect to them.
     PairAngles<S> angles;  // θ of key head h, for a piece of the sequence
@@ -311,6 +367,8 @@ void backward_typed(const Problem& p, const TensorView& d_o, const TensorView& o
     std::vector<double> dg, spans;
     for (std::int64_t hq = h * p.group(); hq < (h + 1) * p.group(); ++hq) {
       gates.load(p, seq, hq);
+      if (slopes.on) load_slopes(p.slope_q, seq, hq, slopes.a);
+      da = Vec<double>::Zero(want_dslopes ? L : 0);
       // Pass 1: lse and D for every row (o and lse from the forward, or recomputed).
       for (std::int64_t i0 = 0; i0 < L; i0 += B) {
         const std::int64_t nI = std::min(B, L - i0);
@@ -326,7 +384,7 @@ void backward_typed(const Problem& p, const TensorView& d_o, const TensorView& o
             rotate_rows(q_scaled, angles, p.rotary_layout);
           }
           q_scaled *= static_cast<S>(p.scale);
-          forward_block(p, k, v, gates, i0, q_scaled, tmp, out, block_lse);
+          forward_block(p, k, v, gates, slopes, i0, q_scaled, tmp, out, block_lse);
         }
         row_lse.segment(i0, nI) = block_lse;
         delta.segment(i0, nI) = dout.cwiseProduct(out).rowwise().sum();
@@ -349,7 +407,7 @@ void backward_typed(const Problem& p, const TensorView& d_o, const TensorView& o
         other_sums = Vec<S>::Zero(nI);                      // Σ_{j≠j*} dℓ_ij
         dominant.assign(static_cast<std::size_t>(nI), -1);  // j* of each row, or −1
         walk_key_blocks(gates, p.window, i0, [&](std::int64_t j0, std::int64_t nJ, double gap) {
-          tile_logits(q_scaled, k, gates, p.window, i0, j0, nJ, gap, tmp.logits);
+          tile_logits(q_scaled, k, gates, slopes, p.window, i0, j0, nJ, gap, tmp.logits);
           masked_exp(tmp.logits, lse_rows, tmp.probs);
           if (want_dv) dv.middleRows(j0, nJ).noalias() += tmp.probs.transpose() * dout;
           if (!want_dlogits) return;
@@ -373,6 +431,7 @@ void backward_typed(const Problem& p, const TensorView& d_o, const TensorView& o
           if (want_dq) dq.noalias() += tmp.dlogits * k.middleRows(j0, nJ);
           if (want_dk) dk.middleRows(j0, nJ).noalias() += tmp.dlogits.transpose() * q;
           if (want_dg) add_gate_grads(tmp.dlogits, row_sums, i0, j0, dg, spans);
+          if (want_dslopes) add_slope_grads(tmp.dlogits, i0, j0, da, db);
         });
         // dℓ_ij* = −Σ_{j≠j*} dℓ_ij: dq_i += dℓ_ij* k_j*, dk_j* += dℓ_ij* q_i, and g_s for
         // s ∈ (j*, i] gets dℓ_ij* (a range of the difference array).
@@ -385,6 +444,11 @@ void backward_typed(const Problem& p, const TensorView& d_o, const TensorView& o
           if (want_dg && j_star < i0 + r) {
             spans[static_cast<std::size_t>(j_star + 1)] += static_cast<double>(dlogit);
             spans[static_cast<std::size_t>(i0 + r + 1)] -= static_cast<double>(dlogit);
+          }
+          if (want_dslopes) {
+            const double d = -static_cast<double>(i0 + r - j_star) * static_cast<double>(dlogit);
+            da[i0 + r] += d;
+            db[j_star] += d;
           }
         }
         if (want_dq) {
@@ -403,7 +467,9 @@ void backward_typed(const Problem& p, const TensorView& d_o, const TensorView& o
         }
         store_column(dg_out, grads.dg, seq, hq);
       }
+      if (want_da) store_column(da, grads.dbias_q_slope, seq, hq);
     }
+    if (want_db) store_column(db, grads.dbias_k_slope, seq, h);
     if (want_dk) {
       dk *= static_cast<S>(p.scale);
       if (rotated)

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "common/check.h"
+#include "common/slices.h"
 #include "phasor/forgetting_attn.h"
 
 namespace phasor::detail::fox {
@@ -40,6 +41,13 @@ struct Problem {
   // ((R2), (R3)). Undefined: no rotation, and nothing of it runs.
   TensorView theta;
   RotaryLayout rotary_layout = RotaryLayout::half_split;
+  // Optional additive GRAPE slopes: a = slope_q [B, T, HQ], b = slope_k [B, T, H]; the logit of
+  // (i, j) gets −(i − j)(a_i + b_j) (slope_bias below), i, j sequence-local positions. Undefined:
+  // 0. The kernels load them as float64 columns (zeros when absent) and skip every bias loop when
+  // neither is given (has_slopes()).
+  TensorView slope_q, slope_k;
+
+  bool has_slopes() const { return slope_q.defined() || slope_k.defined(); }
 
   std::int64_t group() const { return HQ / H; }  // query heads per key/value head
   std::int64_t num_items() const { return static_cast<std::int64_t>(sequences.size()) * H; }
@@ -49,6 +57,27 @@ struct Problem {
 // positions.
 inline std::int64_t window_start(std::int64_t i, std::int64_t window) {
   return window > i ? 0 : i - window + 1;
+}
+
+// The additive GRAPE bias of the pair (query at position i, key at position j ≤ i), in float64:
+// −(i − j)(a_i + b_j) (GRAPE Eq. 4.6 with a_i, b_j the caller's ω-scaled gates; ALiBi: a_i = m).
+// Its derivative with respect to a_i and to b_j is −(i − j).
+inline double slope_bias(std::int64_t i, std::int64_t j, double a_i, double b_j) {
+  return -static_cast<double>(i - j) * (a_i + b_j);
+}
+
+// Every element of a [B, T, heads] slope tensor must be finite (a phasor::Error naming `name` and
+// the first bad index otherwise): an infinite slope would make (i − j)·slope NaN at i = j (0·inf),
+// and the NaN would spread through the softmax row. (api.cpp)
+void check_finite_slopes(const std::string& op, const char* name, const TensorView& x);
+
+// The slope columns of one sequence: a of query head hq, b of key head h; zeros when absent.
+inline void load_slopes(const TensorView& slope, const Sequence& seq, std::int64_t head,
+                        Vec<double>& out) {
+  if (slope.defined())
+    load_column(slope, seq, head, out);
+  else
+    out = Vec<double>::Zero(seq.length);
 }
 
 // Forward: o [B, T, HQ, V]; lse [B, T, HQ] optional.

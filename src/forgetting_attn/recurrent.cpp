@@ -18,6 +18,12 @@
 // or large logits make P_tp* ≈ 1.
 // Everything is computed in the input's precision (the gate sums in float64).
 //
+// Additive GRAPE slopes (optional): the cache also keeps each cached token's key slope b_p and
+// its position p (a step counter that restarts with each sequence / reset and keeps counting when
+// a zero gate empties the cache), and step t adds −(t − p)(a_t + b_p) to its logit against p, in
+// float64 with the decay before the one rounding (as the chunk kernel does). The backward adds
+// da_t = −Σ_p (t − p) dℓ_tp and db_p += −(t − p) dℓ_tp (db summed over the group).
+//
 // Rotation by θ (optional, common/rotation.h): each item rotates its keys and the queries of its
 // group once, right after loading them (R1), so the cache only ever holds rotated keys (each key
 // rotated once, in ForgettingAttnCache too). The backward computes dq, dk with respect to the
@@ -66,13 +72,18 @@ class KvCache {
       keys_.resize(capacity_, K);
       values_.resize(capacity_, V);
       decay_.resize(group, capacity_);
+      slope_k_.resize(static_cast<std::size_t>(capacity_));
+      position_.resize(static_cast<std::size_t>(capacity_));
     }
   }
 
   // Token t: q (group × K) for the query heads of the group, k (1 × K), v (1 × V), g (group)
   // the log gates of t. Writes o (group × V) and lse (group), then caches the token.
+  // slopes: whether this token has additive GRAPE slopes, a (group) its query slopes and b its key
+  // slope (zeros where absent). Once any token had slopes, every later step adds the bias.
   void step(const Mat<S>& q, const Mat<S>& k, const Mat<S>& v, const Vec<double>& g, double scale,
-            Mat<S>& o, Vec<S>& lse) {
+            Mat<S>& o, Vec<S>& lse, bool slopes = false, const Vec<double>& a = {}, double b = 0) {
+    biased_ = biased_ || slopes;
     // A zero gate on every query head hides everything cached from all of them: drop it.
     if ((g.array() == kNegInf).all()) cached_ = next_ = 0;
     const std::int64_t n = cached_, G = q.rows();
@@ -87,7 +98,17 @@ class KvCache {
     for (std::int64_t h = 0; h < G; ++h) {
       // decay_p ← decay_p + g_t: the sum of the gates in (p, t].
       decay_.row(h).head(n).array() += g[h];
-      logits_.row(h) += decay_.row(h).head(n).template cast<S>();
+      if (biased_) {
+        // −(t − p)(a_t + b_p) with the decay, in float64; −inf decays stay −inf.
+        const double a_h = a.size() > 0 ? a[h] : 0.0;
+        for (std::int64_t p = 0; p < n; ++p) {
+          const auto slot = static_cast<std::size_t>(p);
+          logits_(h, p) += static_cast<S>(
+              decay_(h, p) + slope_bias(position_now_, position_[slot], a_h, slope_k_[slot]));
+        }
+      } else {
+        logits_.row(h) += decay_.row(h).head(n).template cast<S>();
+      }
       if (n > 0) max_logit[h] = std::max(max_logit[h], logits_.row(h).maxCoeff());
       // exp vectorised on its own, then exact zeros for the masked (−inf) tokens (Eigen's
       // float64 exp only flushes them to the smallest normal number).
@@ -102,13 +123,14 @@ class KvCache {
     o.noalias() += self_prob * v;
     o = sum.cwiseInverse().asDiagonal() * o;
     lse = max_logit.array() + sum.array().log();
-    append(k, v);
+    append(k, v, b);
+    ++position_now_;
   }
 
   std::int64_t cached() const { return cached_; }
 
  private:
-  void append(const Mat<S>& k, const Mat<S>& v) {
+  void append(const Mat<S>& k, const Mat<S>& v, double b) {
     if (capacity_ == 0) return;  // window 1: a token only ever sees itself
     std::int64_t slot;
     if (capacity_ < 0) {  // unbounded: grow by doubling
@@ -118,6 +140,8 @@ class KvCache {
         keys_.conservativeResize(rows, keys_.cols());
         values_.conservativeResize(rows, values_.cols());
         decay_.conservativeResize(decay_.rows(), rows);
+        slope_k_.resize(static_cast<std::size_t>(rows));
+        position_.resize(static_cast<std::size_t>(rows));
       }
     } else if (cached_ < capacity_) {
       slot = cached_++;
@@ -128,6 +152,8 @@ class KvCache {
     keys_.row(slot) = k.row(0);
     values_.row(slot) = v.row(0);
     decay_.col(slot).setZero();
+    slope_k_[static_cast<std::size_t>(slot)] = b;
+    position_[static_cast<std::size_t>(slot)] = position_now_;
   }
 
   std::int64_t capacity_;    // −1: unbounded
@@ -135,6 +161,11 @@ class KvCache {
   std::int64_t next_ = 0;    // full ring: the slot of the oldest token
   Mat<S> keys_, values_;
   Mat<double> decay_;  // query head of the group × slot
+  // Additive GRAPE slopes: each slot's key slope b_p and position p; the current token's position.
+  bool biased_ = false;
+  std::vector<double> slope_k_;
+  std::vector<std::int64_t> position_;
+  std::int64_t position_now_ = 0;
   Mat<S> logits_, probs_;
 };
 
@@ -152,9 +183,14 @@ void forward_typed(const Problem& p, const TensorView& o, const TensorView& lse)
       rotate_rows(k, angles, p.rotary_layout);
     }
     std::vector<Mat<S>> q(static_cast<std::size_t>(G)), out(static_cast<std::size_t>(G));
-    Mat<double> gates(L, G);
-    Vec<double> column;
+    Mat<double> gates(L, G), slopes_q(p.has_slopes() ? L : 0, G);
+    Vec<double> column, slopes_k, a_t = Vec<double>::Zero(G);
+    if (p.has_slopes()) load_slopes(p.slope_k, seq, h, slopes_k);
     for (std::int64_t r = 0; r < G; ++r) {
+      if (p.has_slopes()) {
+        load_slopes(p.slope_q, seq, h * G + r, column);
+        slopes_q.col(r) = column;
+      }
       load_rows(p.q, seq, h * G + r, q[static_cast<std::size_t>(r)]);
       if (p.theta.defined()) rotate_rows(q[static_cast<std::size_t>(r)], angles, p.rotary_layout);
       load_column(p.g, seq, h * G + r, column);
@@ -168,7 +204,13 @@ void forward_typed(const Problem& p, const TensorView& o, const TensorView& lse)
       for (std::int64_t r = 0; r < G; ++r) q_t.row(r) = q[static_cast<std::size_t>(r)].row(t);
       k_t = k.row(t);
       v_t = v.row(t);
-      cache.step(q_t, k_t, v_t, gates.row(t).transpose(), p.scale, o_t, lse_t);
+      if (p.has_slopes()) {
+        a_t = slopes_q.row(t).transpose();
+        cache.step(q_t, k_t, v_t, gates.row(t).transpose(), p.scale, o_t, lse_t, true, a_t,
+                   slopes_k[t]);
+      } else {
+        cache.step(q_t, k_t, v_t, gates.row(t).transpose(), p.scale, o_t, lse_t);
+      }
       for (std::int64_t r = 0; r < G; ++r) out[static_cast<std::size_t>(r)].row(t) = o_t.row(r);
       out_lse.row(t) = lse_t.transpose();
     }
@@ -188,9 +230,12 @@ void backward_typed(const Problem& p, const TensorView& d_o, const TensorView& o
     const std::int64_t h = item % p.H, L = seq.length;
     Mat<S> k, v, q, dout, out;
     Vec<S> saved_lse, logits, probs, dlogits;
-    Vec<double> g;
+    Vec<double> g, a, b;
     load_rows(p.k, seq, h, k);
     load_rows(p.v, seq, h, v);
+    const bool slopes = p.has_slopes();
+    if (slopes) load_slopes(p.slope_k, seq, h, b);
+    Vec<double> db = Vec<double>::Zero(L);  // summed over the group
     // With θ, k and q are the rotated rows and dk, dq are first taken with respect to them.
     const bool rotated = p.theta.defined();
     PairAngles<S> angles;
@@ -206,6 +251,8 @@ void backward_typed(const Problem& p, const TensorView& d_o, const TensorView& o
       if (rotated) rotate_rows(q, angles, p.rotary_layout);
       load_rows(d_o, seq, hq, dout);
       load_column(p.g, seq, hq, g);
+      if (slopes) load_slopes(p.slope_q, seq, hq, a);
+      Vec<double> da = Vec<double>::Zero(L);
       if (saved) {
         load_rows(o, seq, hq, out);
         load_column(lse, seq, hq, saved_lse);
@@ -224,8 +271,14 @@ void backward_typed(const Problem& p, const TensorView& d_o, const TensorView& o
         const std::int64_t first = t - n + 1;
         const Vec<S> q_scaled = q.row(t).transpose() * static_cast<S>(p.scale);
         logits.noalias() = k.middleRows(first, n) * q_scaled;
-        for (std::int64_t j = first; j <= t; ++j)
-          logits[j - first] += static_cast<S>(gate_sums[static_cast<std::size_t>(t - j)]);
+        if (slopes) {
+          for (std::int64_t j = first; j <= t; ++j)
+            logits[j - first] += static_cast<S>(gate_sums[static_cast<std::size_t>(t - j)] +
+                                                slope_bias(t, j, a[t], b[j]));
+        } else {
+          for (std::int64_t j = first; j <= t; ++j)
+            logits[j - first] += static_cast<S>(gate_sums[static_cast<std::size_t>(t - j)]);
+        }
         // Step t's forward: lse_t and o_t, saved or recomputed.
         S lse_t;
         Vec<S> o_t;
@@ -260,11 +313,20 @@ void backward_typed(const Problem& p, const TensorView& d_o, const TensorView& o
           run += static_cast<double>(dlogits[j - first]);
           dg[j + 1] += run;
         }
+        // ℓ_tj contains −(t − j)(a_t + b_j).
+        if (slopes)
+          for (std::int64_t j = first; j < t; ++j) {
+            const double d = -static_cast<double>(t - j) * static_cast<double>(dlogits[j - first]);
+            da[t] += d;
+            db[j] += d;
+          }
       }
       if (rotated) unrotate_gradient_rows(dq, q, angles, p.rotary_layout, dtheta);
       if (grads.dq.defined()) store_rows(dq, grads.dq, seq, hq);
       if (grads.dg.defined()) store_column(dg, grads.dg, seq, hq);
+      if (grads.dbias_q_slope.defined()) store_column(da, grads.dbias_q_slope, seq, hq);
     }
+    if (grads.dbias_k_slope.defined()) store_column(db, grads.dbias_k_slope, seq, h);
     dk *= static_cast<S>(p.scale);
     if (rotated) {
       unrotate_gradient_rows(dk, k, angles, p.rotary_layout, dtheta);
@@ -358,7 +420,8 @@ void ForgettingAttnCache::reset() {
 void ForgettingAttnCache::step(const TensorView& q, const TensorView& k, const TensorView& v,
                                const TensorView& g, const TensorView& o,
                                std::optional<double> scale, const TensorView& theta,
-                               RotaryLayout rotary_layout) {
+                               RotaryLayout rotary_layout, const TensorView& bias_q_slope,
+                               const TensorView& bias_k_slope) {
   const std::string op = "ForgettingAttnCache::step";
   if (!state_) throw Error(op + ": the cache was moved from");
   State& s = *state_;
@@ -384,6 +447,17 @@ void ForgettingAttnCache::step(const TensorView& q, const TensorView& k, const T
                      "reset())",
                  std::string("dtype ") + to_string(q.dtype));
   detail::check_log_gates(op, "g", g);
+  if (bias_q_slope.defined()) {
+    detail::check_float_tensor(op, "bias_q_slope", bias_q_slope,
+                               {{s.batch, "batch"}, {1, "1 (one token)"}, {s.HQ, "num_q_heads"}});
+    detail::fox::check_finite_slopes(op, "bias_q_slope", bias_q_slope);
+  }
+  if (bias_k_slope.defined()) {
+    detail::check_float_tensor(op, "bias_k_slope", bias_k_slope,
+                               {{s.batch, "batch"}, {1, "1 (one token)"}, {s.H, "num_kv_heads"}});
+    detail::fox::check_finite_slopes(op, "bias_k_slope", bias_k_slope);
+  }
+  const bool slopes = bias_q_slope.defined() || bias_k_slope.defined();
   detail::check_theta(op, theta, s.batch, 1, s.H, s.K, "num_kv_heads");
   if (s.started && theta.defined() != s.rotated)
     detail::fail(op, "theta",
@@ -414,13 +488,22 @@ void ForgettingAttnCache::step(const TensorView& q, const TensorView& k, const T
       const std::int64_t b = item / s.H, h = item % s.H;
       const detail::Sequence token{b, 0, 1};
       detail::Mat<S> q_t(G, s.K), row, k_t, v_t, o_t;
-      detail::Vec<double> gates(G), column;
+      detail::Vec<double> gates(G), column, a_t = detail::Vec<double>::Zero(G);
       detail::Vec<S> lse_t;
       for (std::int64_t r = 0; r < G; ++r) {
         detail::load_rows(q, token, h * G + r, row);
         q_t.row(r) = row.row(0);
         detail::load_column(g, token, h * G + r, column);
         gates[r] = column[0];
+        if (bias_q_slope.defined()) {
+          detail::load_column(bias_q_slope, token, h * G + r, column);
+          a_t[r] = column[0];
+        }
+      }
+      double b_t = 0;
+      if (bias_k_slope.defined()) {
+        detail::load_column(bias_k_slope, token, h, column);
+        b_t = column[0];
       }
       detail::load_rows(k, token, h, k_t);
       detail::load_rows(v, token, h, v_t);
@@ -433,7 +516,8 @@ void ForgettingAttnCache::step(const TensorView& q, const TensorView& k, const T
         for (std::int64_t r = 0; r < G; ++r)
           detail::rotate_rows(q_t.middleRows(r, 1), angles, rotary_layout);
       }
-      caches[static_cast<std::size_t>(item)].step(q_t, k_t, v_t, gates, resolved_scale, o_t, lse_t);
+      caches[static_cast<std::size_t>(item)].step(q_t, k_t, v_t, gates, resolved_scale, o_t, lse_t,
+                                                  slopes, a_t, b_t);
       for (std::int64_t r = 0; r < G; ++r) detail::store_rows(o_t.row(r), o, token, h * G + r);
     };
     // Waking the thread pool costs more than a short step: below ~2^18 multiply-adds the items
