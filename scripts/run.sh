@@ -3,7 +3,8 @@
 # tasks/configs/quick, about 13 minutes on 2 cores). Each config trains and evaluates its grid and
 # writes results.json, results.csv and PNG plots into results/<suite>/<config name>/.
 #   bash scripts/run.sh                  # quick suite
-#   bash scripts/run.sh full --jobs 2    # the full suite (~1.5 h on 2 cores; see README)
+#   bash scripts/run.sh full --jobs 2    # the full suite (1 h 37 min on 2 cores; see README)
+#   bash scripts/run.sh diagnostics      # the MQAR diagnostic runs (tasks/configs/diagnostics)
 #   bash scripts/run.sh demo ...         # every op through every implementation (phasor demo)
 # --jobs N runs N configs at a time, each on one thread, its output in results/<suite>/<name>/log.txt
 # (small models train faster as separate single-threaded processes than as one process on two
