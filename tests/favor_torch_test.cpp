@@ -204,6 +204,18 @@ TEST(FavorTorch, FeaturesMatchTheCoreAndFiniteDifferences) {
           [&](const std::vector<at::Tensor>& in) { return favor_features(in[0], in[1], stab); },
           {x, w}, {"x", "w"}, 1e-7, what);
     }
+  // The stabiliser term matters: the core's fixed-c gradient alone is not the features' gradient.
+  {
+    const at::Tensor x = leaf(at::randn({1, 4, 2, 3}, f64)), w = at::randn({2, 5, 3}, f64);
+    const at::Tensor d_phi = at::randn({1, 4, 2, 5}, f64);
+    favor_features(x, w, FavorStabilizer::query).backward(d_phi);
+    FavorFeatureParams p;
+    const at::Tensor xc = x.detach().contiguous();
+    p.x = core_view(xc), p.w = core_view(w), p.stabilizer = FavorStabilizer::query;
+    at::Tensor dx_fixed = at::empty_like(xc);
+    favor_features_backward(p, Impl::reference, core_view(d_phi), core_view(dx_fixed), {});
+    EXPECT_GT(rel_rms(x.grad(), dx_fixed), 1e-2);
+  }
   // Key stabiliser over packed sequences (cu_seqlens, B = 1, an empty sequence included).
   const at::Tensor x = at::randn({1, 9, 2, 3}, f64), w = at::randn({2, 5, 3}, f64);
   const at::Tensor cu = torch::tensor({0, 4, 4, 9}, at::kInt);
@@ -340,6 +352,20 @@ TEST(FavorTorch, Errors) {
                      {"favor_attention", "'scale'"});
   expect_torch_error([&] { favor_attention(q.to(at::kInt), q, v, w); },
                      {"favor_attention", "'q'", "dtype"});
+  // First-order gradients only.
+  const at::Tensor ql = leaf(q.to(at::kDouble));
+  const at::Tensor o = favor_attention(ql, q.to(at::kDouble), v.to(at::kDouble), w, true);
+  expect_torch_error(
+      [&] {
+        torch::autograd::grad({o.sum()}, {ql}, {}, /*retain_graph=*/true, /*create_graph=*/true);
+      },
+      {"favor_attention backward", "double backward"});
+  const at::Tensor phi = favor_features(ql, w);
+  expect_torch_error(
+      [&] {
+        torch::autograd::grad({phi.sum()}, {ql}, {}, /*retain_graph=*/true, /*create_graph=*/true);
+      },
+      {"favor_features backward", "double backward"});
   // w for 3 heads, x with 2.
   expect_torch_error(
       [&] {
