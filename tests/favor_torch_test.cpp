@@ -730,6 +730,18 @@ TEST(PerformerAttentionLayer, DtypesGradientsDecodingRedrawAndErrors) {
     }
     // The features are a buffer, not a parameter.
     for (const auto& item : layer->named_parameters()) EXPECT_NE(item.key(), "features");
+    {
+      // float32 decoding (state kept in float64) against the float32 parallel forward.
+      torch::NoGradGuard no_grad;
+      const at::Tensor full32 = layer->forward(x32);
+      nn::LayerCache cache32;
+      std::vector<at::Tensor> rows;
+      for (std::int64_t t = 0; t < 7; ++t)
+        rows.push_back(layer->forward(x32.narrow(1, t, 1), &cache32));
+      const at::Tensor decoded = at::cat(rows, 1);
+      EXPECT_EQ(decoded.scalar_type(), at::kFloat);
+      EXPECT_CLOSE(decoded, full32, 1e-5, what + " float32 decoding");
+    }
     layer->to(at::kDouble);
     EXPECT_EQ(layer->features.scalar_type(), at::kDouble);
     // Decoding: prefill 4, then one token at a time, equals the parallel forward (float64), and
