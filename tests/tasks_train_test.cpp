@@ -91,8 +91,8 @@ TEST(ModelConfig, JsonRoundTripAndErrors) {
   };
   expect_error([&] { (void)with("mixer", "mamba").get<ModelConfig>(); },
                {"ModelConfig", "'mixer'", "attention, fox, gated_deltanet, gla", "'mamba'"});
-  expect_error([&] { (void)with("pos_encoding", "alibi").get<ModelConfig>(); },
-               {"ModelConfig", "'pos_encoding'", "none, rope, selective_rope", "'alibi'"});
+  expect_error([&] { (void)with("pos_encoding", "xpos").get<ModelConfig>(); },
+               {"ModelConfig", "'pos_encoding'", "none, rope, selective_rope", "'xpos'"});
   expect_error([&] { (void)with("hidden_sise", 8).get<ModelConfig>(); },
                {"ModelConfig", "'hidden_sise'", "unknown key"});
   expect_error([&] { (void)with("num_layers", "2").get<ModelConfig>(); },

@@ -5,6 +5,7 @@
 //   GatedLinearAttention  fla's GLA layer.
 //   GatedDeltaNet         fla's Gated DeltaNet layer.
 //   ForgettingAttention   fla's Forgetting Transformer (FoX) attention layer.
+//   PerformerAttention    Performer FAVOR+ linear attention (positive orthogonal random features).
 //
 // The three attention layers take a position encoding, PosEncoding::{none, rope, selective_rope},
 // whose angles θ [B, T, H, K/2] the op applies to q and k (fused in the kernel, or explicitly
@@ -46,6 +47,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <utility>
 
 #include "phasor/common.h"
 #include "phasor/torch.h"
@@ -174,11 +176,15 @@ struct LayerCache {
   std::shared_ptr<ForgettingAttnDecoder> fox;  // FoX key/value cache
   SelectiveRoPECache rope;                     // PosEncoding::selective_rope
   std::int64_t offset = 0;                     // tokens consumed so far (RoPE positions)
+  // PerformerAttention (causal FAVOR+): S = Σ φ(k_j) v_jᵀ [B, H, m, V], z = Σ φ(k_j) [B, H, m] and
+  // their running key stabiliser c [B, H] (float64; S and z are kept scaled by exp(−c)).
+  at::Tensor favor_state, favor_norm, favor_max;
   void reset() {
     q_conv = k_conv = v_conv = state = at::Tensor();
     fox.reset();
     rope.reset();
     offset = 0;
+    favor_state = favor_norm = favor_max = at::Tensor();
   }
 };
 
@@ -296,6 +302,26 @@ TORCH_MODULE(GatedDeltaNet);
 //   o    = RMSNorm(o) per head (use_output_norm), o ⊙ σ(W_g x) (use_output_gate),
 //   y    = W_o o.
 // With a cache, tokens go through ForgettingAttnDecoder one at a time (inference only).
+//
+// Additive position bias (additive_bias, GRAPE paper Sec. 4; fused in the kernel through
+// bias_q_slope / bias_k_slope, so it works with or without the forget gate and with a cache):
+// the logit of query i and key j gets −(i − j)(a_i + b_j):
+//   AdditiveBias::alibi    a_i = m_h, the fixed ALiBi slopes alibi_slopes(HQ) (Press et al. 2022:
+//                          the geometric sequence 2^(−8h/n), h = 1 … n), b = 0.
+//   AdditiveBias::grape_a  GRAPE-A-QK (Eq. 4.6): a_i = ω·softplus(vᵀq_i/√K),
+//                          b_j = ω·softplus(uᵀk_j/√K), with learnable v [HQ, K] (grape_v),
+//                          u [H, K] (grape_u) and ω = exp(grape_log_omega) > 0 per key/value head
+//                          [H] (shared by its query group, since b_j is per key head). q, k are the
+//                          projected (and qk-normed) vectors before rotation. Init: v, u ~
+//                          U(±1/√K) and ω_h = alibi_slopes(H)_h / (2 ln 2), so that at v = u = 0
+//                          (softplus(0) = ln 2) the bias is ALiBi's.
+enum class AdditiveBias { none, alibi, grape_a };
+
+// The ALiBi slopes of n heads (Press et al. 2022, their reference code): for n a power of two,
+// 2^(−8h/n), h = 1 … n; otherwise those of the nearest lower power of two p, followed by every
+// other slope of 2p heads. float64 [n].
+at::Tensor alibi_slopes(std::int64_t num_heads);
+
 struct ForgettingAttentionOptions {
   ForgettingAttentionOptions(std::int64_t hidden_size, std::int64_t num_heads)
       : hidden_size_(hidden_size), num_heads_(num_heads) {}
@@ -317,6 +343,8 @@ struct ForgettingAttentionOptions {
   TORCH_ARG(bool, fused_rotation) = true;  // as GatedLinearAttentionOptions::fused_rotation
   // SelectiveRoPE submodule options (sizes set by the layer: D, H, K).
   TORCH_ARG(SelectiveRoPEOptions, selective_rope) = SelectiveRoPEOptions(0, 0, 0);
+  // Additive logit bias (see above); composes with pos_encoding and with the forget gate.
+  TORCH_ARG(AdditiveBias, additive_bias) = AdditiveBias::none;
 };
 
 class ForgettingAttentionImpl : public torch::nn::Cloneable<ForgettingAttentionImpl> {
@@ -331,7 +359,62 @@ class ForgettingAttentionImpl : public torch::nn::Cloneable<ForgettingAttentionI
       g_proj{nullptr}, o_proj{nullptr};
   at::Tensor q_norm_weight, k_norm_weight, o_norm_weight;  // [K] each, when enabled
   SelectiveRoPE rope{nullptr};
+  // Additive bias (additive_bias): the ALiBi buffer "alibi_slopes" [HQ], or GRAPE-A-QK's
+  // parameters grape_v [HQ, K], grape_u [H, K], grape_log_omega [H].
+  at::Tensor alibi, grape_v, grape_u, grape_log_omega;
+  // The slopes (a [B, T, HQ], b [B, T, H]) given q [B, T, HQ, K] and k [B, T, H, K]; undefined
+  // tensors where the bias has none.
+  std::pair<at::Tensor, at::Tensor> bias_slopes(const at::Tensor& q, const at::Tensor& k);
 };
 TORCH_MODULE(ForgettingAttention);
+
+// ---- PerformerAttention -------------------------------------------------------------------------
+// Performer FAVOR+ attention (Choromanski et al. 2021; phasor/favor.h), H heads of width
+// K = hidden / H:
+//   q, k, v = W x (bias with qkv_bias), q and k rotated by θ (pos_encoding, explicitly with
+//             apply_rotary: FAVOR+ has no fused rotation),
+//   o    = favor_attention(q, k, v, w): softmax attention exp(qᵀk/√K) estimated with m positive
+//          random features, with its normaliser; causal (prefix sums) or not,
+//   y    = W_o o.
+// w is the buffer "features", [H, m, K] (per_head_features: one matrix per head, drawn one after
+// the other from the seed) or [m, K], drawn by favor_random_matrix(feature_kind, seed). It is not
+// learned; redraw_features(seed) draws a new one in place (the Performer's periodic redraw).
+// With a cache (causal only) the layer keeps S = Σ φ(k_j) v_jᵀ and z = Σ φ(k_j) with a running key
+// stabiliser (float64), so decoding costs O(m·(K + V)) per token and equals the parallel forward;
+// it is differentiable too. Do not redraw the features in the middle of a cached sequence.
+struct PerformerAttentionOptions {
+  PerformerAttentionOptions(std::int64_t hidden_size, std::int64_t num_heads)
+      : hidden_size_(hidden_size), num_heads_(num_heads) {}
+  TORCH_ARG(std::int64_t, hidden_size);        // D: a multiple of num_heads
+  TORCH_ARG(std::int64_t, num_heads);          // H (> 0)
+  TORCH_ARG(std::int64_t, num_features) = 64;  // m (≥ 1) random features per head
+  TORCH_ARG(bool, causal) = true;              // causal (language model) or bidirectional
+  TORCH_ARG(FavorMatrixKind, feature_kind) = FavorMatrixKind::orthogonal_chi;
+  TORCH_ARG(std::uint64_t, seed) = 0;         // seed of the feature matrix
+  TORCH_ARG(bool, per_head_features) = true;  // w [H, m, K] (default) or [m, K] shared
+  TORCH_ARG(bool, qkv_bias) = false;          // biases in W_q, W_k, W_v
+  TORCH_ARG(std::int64_t, chunk_size) = 64;   // the causal prefix-sum kernel's chunk length
+  TORCH_ARG(PosEncoding, pos_encoding) = PosEncoding::none;  // K must be even unless none
+  TORCH_ARG(double, rope_theta) = 10000.0;                   // PosEncoding::rope base (> 1)
+  TORCH_ARG(RotaryLayout, rotary_layout) = RotaryLayout::half_split;
+  // SelectiveRoPE submodule options (sizes set by the layer: D, H, K).
+  TORCH_ARG(SelectiveRoPEOptions, selective_rope) = SelectiveRoPEOptions(0, 0, 0);
+};
+
+class PerformerAttentionImpl : public torch::nn::Cloneable<PerformerAttentionImpl> {
+ public:
+  explicit PerformerAttentionImpl(PerformerAttentionOptions options);
+  void reset() override;
+  at::Tensor forward(const at::Tensor& x, LayerCache* cache = nullptr);
+  // Draw the feature matrix anew from `seed` (kept in options.seed), in place, in its dtype.
+  void redraw_features(std::uint64_t seed);
+
+  PerformerAttentionOptions options;
+  std::int64_t head_dim = 0;
+  torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
+  at::Tensor features;  // buffer w: [H, m, K] or [m, K]
+  SelectiveRoPE rope{nullptr};
+};
+TORCH_MODULE(PerformerAttention);
 
 }  // namespace phasor::nn

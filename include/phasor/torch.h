@@ -39,6 +39,7 @@
 #include <tuple>
 
 #include "phasor/common.h"
+#include "phasor/favor.h"
 #include "phasor/forgetting_attn.h"
 
 namespace phasor {
@@ -124,6 +125,11 @@ OutputAndState fused_recurrent_gated_delta_rule(
 // forget gates (≤ 0); o: [B, T, HQ, V]. window_size: attend to the last window_size tokens
 // (≥ 1), or to the whole causal prefix when absent. block_size: Impl::chunk tile size.
 // Impl::chunk is the tiled flash-style kernel, Impl::recurrent the token-by-token decode path.
+// Additive GRAPE slopes (phasor/forgetting_attn.h), optional and differentiable: the logit of
+// query i and key j (positions within the sequence) gets −(i − j)(a_i + b_j), with
+// bias_q_slope a: [B, T, HQ] and bias_k_slope b: [B, T, H] (key/value head, shared by its query
+// group). ALiBi: a = the head's slope m_h at every token. GRAPE-A-QK (GRAPE Eq. 4.6):
+// a_i = ω·softplus(vᵀq_i/√K), b_j = ω·softplus(uᵀk_j/√K), computed by the caller with autograd.
 at::Tensor forgetting_attn(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                            const at::Tensor& g, Impl impl,
                            c10::optional<double> scale = c10::nullopt,
@@ -131,7 +137,9 @@ at::Tensor forgetting_attn(const at::Tensor& q, const at::Tensor& k, const at::T
                            const c10::optional<at::Tensor>& cu_seqlens = c10::nullopt,
                            std::int64_t block_size = 64,
                            const c10::optional<at::Tensor>& theta = c10::nullopt,
-                           RotaryLayout rotary_layout = RotaryLayout::half_split);
+                           RotaryLayout rotary_layout = RotaryLayout::half_split,
+                           const c10::optional<at::Tensor>& bias_q_slope = c10::nullopt,
+                           const c10::optional<at::Tensor>& bias_k_slope = c10::nullopt);
 
 // forgetting_attn(..., Impl::chunk, ...).
 at::Tensor parallel_forgetting_attn(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -140,7 +148,9 @@ at::Tensor parallel_forgetting_attn(const at::Tensor& q, const at::Tensor& k, co
                                     const c10::optional<at::Tensor>& cu_seqlens = c10::nullopt,
                                     std::int64_t block_size = 64,
                                     const c10::optional<at::Tensor>& theta = c10::nullopt,
-                                    RotaryLayout rotary_layout = RotaryLayout::half_split);
+                                    RotaryLayout rotary_layout = RotaryLayout::half_split,
+                                    const c10::optional<at::Tensor>& bias_q_slope = c10::nullopt,
+                                    const c10::optional<at::Tensor>& bias_k_slope = c10::nullopt);
 
 // ---- Rotary position embeddings and short convolution (phasor/rotary.h, phasor/short_conv.h) ----
 // Selective RoPE cumulative phases θ_t = ω ⊙ (θ_0 + Σ_{s ≤ t} φ_s), restarting per sequence.
@@ -187,10 +197,14 @@ class ForgettingAttnDecoder {
 
   // q: [B, 1, HQ, K], k: [B, 1, H, K], v: [B, 1, H, V], g: [B, 1, HQ] (CPU, any float dtype);
   // theta: [B, 1, H, K/2], optional rotation angles of this token (give them at every step or
-  // at none). Returns o: [B, 1, HQ, V] in q's dtype.
+  // at none). bias_q_slope: [B, 1, HQ], bias_k_slope: [B, 1, H], optional additive GRAPE slopes
+  // of this token (as forgetting_attn; a missing one counts as 0; positions are the number of
+  // tokens fed since construction or reset()). Returns o: [B, 1, HQ, V] in q's dtype.
   at::Tensor step(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                   const at::Tensor& g, const c10::optional<at::Tensor>& theta = c10::nullopt,
-                  RotaryLayout rotary_layout = RotaryLayout::half_split);
+                  RotaryLayout rotary_layout = RotaryLayout::half_split,
+                  const c10::optional<at::Tensor>& bias_q_slope = c10::nullopt,
+                  const c10::optional<at::Tensor>& bias_k_slope = c10::nullopt);
   std::int64_t length() const;  // tokens fed so far
   void reset();                 // forget every token
 
@@ -199,5 +213,43 @@ class ForgettingAttnDecoder {
   std::int64_t num_q_heads_, value_dim_;
   c10::optional<double> scale_;
 };
+
+// ---- Performer FAVOR+ (phasor/favor.h) ----------------------------------------------------------
+// Positive orthogonal random features for softmax attention (Choromanski et al. 2021): with m
+// feature rows w_r, φ(x)_r = exp(w_rᵀx − |x|²/2 − c)/√m estimates exp(xᵀy) by φ(x)ᵀφ(y), and FAVOR+
+// attention is o_i = φ(q̂_i)ᵀ Σ_j φ(k̂_j) v_jᵀ / φ(q̂_i)ᵀ Σ_j φ(k̂_j) over all j (non-causal) or j ≤ i
+// (causal), q̂ = q·scale^{1/2}, k̂ = k·scale^{1/2} (default scale d^{−1/2}), in O(T·m·(d + V)).
+
+// The random feature matrix w: [m, d], or [H, m, d] (one matrix per head) when num_heads is given,
+// drawn from seed (the same seed gives the same matrix on every platform; another redraws).
+// kind: orthogonal_chi (default; orthogonal blocks, rows with chi(d) norms: unbiased),
+// orthogonal_fixed (rows of norm √d) or iid (Gaussian rows). dtype float32 or float64. A plain
+// tensor (requires_grad false): a buffer to redraw, or a parameter if the caller wants to learn it.
+at::Tensor favor_random_matrix(std::int64_t num_features, std::int64_t head_dim, std::uint64_t seed,
+                               FavorMatrixKind kind = FavorMatrixKind::orthogonal_chi,
+                               c10::optional<std::int64_t> num_heads = c10::nullopt,
+                               at::ScalarType dtype = at::kFloat);
+
+// The positive features φ: [B, T, H, m] of x: [B, T, H, d] (w: [m, d] or [H, m, d]), with the
+// stabiliser c: FavorStabilizer::query (per token: the row max, largest feature 1/√m),
+// ::key (one per sequence and head, for features summed over tokens) or ::none (c = 0).
+// cu_seqlens (B = 1) delimits the key stabiliser's sequences. Differentiable in x and w. The
+// gradient is that of the returned (stabilised) features, c's dependence on x and w included
+// (the core's backward holds c fixed, which is exact only inside attention, where c cancels;
+// the c term is added here). Impl::reference runs the float64 loops.
+at::Tensor favor_features(const at::Tensor& x, const at::Tensor& w,
+                          FavorStabilizer stabilizer = FavorStabilizer::query,
+                          const c10::optional<at::Tensor>& cu_seqlens = c10::nullopt,
+                          Impl impl = Impl::chunk);
+
+// FAVOR+ attention with its normaliser: q, k: [B, T, H, d], v: [B, T, H, V], w: [m, d] or
+// [H, m, d] → o: [B, T, H, V] in q's dtype. causal: prefix sums j ≤ i (phasor's GLA kernel with
+// zero gates; chunk_size is its chunk length). Queries use the per-row stabiliser and keys one per
+// (sequence, head); both cancel in o. Differentiable in q, k, v and w.
+at::Tensor favor_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                           const at::Tensor& w, bool causal = false,
+                           c10::optional<double> scale = c10::nullopt,
+                           const c10::optional<at::Tensor>& cu_seqlens = c10::nullopt,
+                           Impl impl = Impl::chunk, std::int64_t chunk_size = 64);
 
 }  // namespace phasor

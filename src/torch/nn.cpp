@@ -450,6 +450,28 @@ at::Tensor GatedDeltaNetImpl::forward(const at::Tensor& x, LayerCache* cache) {
 
 // ---- ForgettingAttention ------------------------------------------------------------------------
 
+at::Tensor alibi_slopes(std::int64_t num_heads) {
+  TORCH_CHECK(num_heads > 0, "alibi_slopes: argument 'num_heads': expected a positive number, got ",
+              num_heads);
+  // Press et al.'s reference: n = 2^k heads get start·start^i with start = 2^(−8/n); other n take
+  // the 2^⌊log2 n⌋ slopes and then every other slope of twice that many heads.
+  auto power_of_two = [](std::int64_t n) {
+    std::vector<double> out;
+    const double start = std::pow(2.0, -8.0 / static_cast<double>(n));
+    for (std::int64_t i = 0; i < n; ++i) out.push_back(std::pow(start, static_cast<double>(i + 1)));
+    return out;
+  };
+  std::int64_t p = 1;
+  while (p * 2 <= num_heads) p *= 2;
+  std::vector<double> slopes = power_of_two(p);
+  if (p < num_heads) {
+    const std::vector<double> extra = power_of_two(2 * p);
+    for (std::int64_t i = 0; static_cast<std::int64_t>(slopes.size()) < num_heads; i += 2)
+      slopes.push_back(extra[static_cast<std::size_t>(i)]);
+  }
+  return torch::tensor(slopes, torch::kDouble);
+}
+
 ForgettingAttentionImpl::ForgettingAttentionImpl(ForgettingAttentionOptions options_)
     : options(std::move(options_)) {
   reset();
@@ -485,6 +507,40 @@ void ForgettingAttentionImpl::reset() {
   if (o.use_output_norm()) o_norm_weight = register_parameter("o_norm_weight", ones_parameter(K));
   o_proj = register_module("o_proj", linear(HQ * K, D, false));
   rope = make_rope(*this, o.pos_encoding(), o.selective_rope(), D, H, K);
+  // Additive position bias (nn.h): fixed ALiBi slopes, or GRAPE-A-QK's learnable v, u, ω.
+  if (o.additive_bias() == AdditiveBias::alibi) {
+    alibi = register_buffer("alibi_slopes", alibi_slopes(HQ).to(at::kFloat));
+  } else if (o.additive_bias() == AdditiveBias::grape_a) {
+    const double bound = 1.0 / std::sqrt(static_cast<double>(K));
+    grape_v = register_parameter("grape_v", uniform({HQ, K}, bound));
+    grape_u = register_parameter("grape_u", uniform({H, K}, bound));
+    // ω_h = ALiBi slope / (2 ln 2): with v = u = 0, ω (softplus(0) + softplus(0)) = the slope.
+    grape_log_omega = register_parameter(
+        "grape_log_omega", (alibi_slopes(H) / (2.0 * std::log(2.0))).log().to(at::kFloat));
+  }
+}
+
+std::pair<at::Tensor, at::Tensor> ForgettingAttentionImpl::bias_slopes(const at::Tensor& q,
+                                                                       const at::Tensor& k) {
+  const std::int64_t B = q.size(0), T = q.size(1), HQ = q.size(2), H = k.size(2), K = q.size(3);
+  switch (options.additive_bias()) {
+    case AdditiveBias::none:
+      break;
+    case AdditiveBias::alibi:
+      // The head's slope at every token (a zero-stride view; the kernels read any strides).
+      return {alibi.to(q.scalar_type()).expand({B, T, HQ}), at::Tensor()};
+    case AdditiveBias::grape_a: {
+      // GRAPE Eq. 4.6: a_i = ω softplus(vᵀq_i/√K), b_j = ω softplus(uᵀk_j/√K); query head hq
+      // uses the ω of its key head hq / (HQ / H).
+      const double inv = 1.0 / std::sqrt(static_cast<double>(K));
+      const at::Tensor omega = grape_log_omega.exp();
+      const at::Tensor a =
+          omega.repeat_interleave(HQ / H) * at::softplus((q * grape_v).sum(-1) * inv);
+      const at::Tensor b = omega * at::softplus((k * grape_u).sum(-1) * inv);
+      return {a, b};
+    }
+  }
+  return {at::Tensor(), at::Tensor()};
 }
 
 at::Tensor ForgettingAttentionImpl::forward(const at::Tensor& x, LayerCache* cache) {
@@ -504,6 +560,8 @@ at::Tensor ForgettingAttentionImpl::forward(const at::Tensor& x, LayerCache* cac
   // causal softmax attention (same kernels, so the control arm differs only by the gate).
   const at::Tensor f =
       f_proj ? at::log_sigmoid(f_proj->forward(x)) : at::zeros({B, T, HQ}, x.options());
+  // Additive bias slopes from the unrotated q, k (GRAPE-A reads their content).
+  const auto [slope_q, slope_k] = bias_slopes(q, k);
   at::Tensor theta = position_angles(o.pos_encoding(), rope, o.rope_theta(), x, H, K, cache);
   theta = unfused_rotation(o.fused_rotation(), theta, q, k, o.rotary_layout());
 
@@ -517,14 +575,19 @@ at::Tensor ForgettingAttentionImpl::forward(const at::Tensor& x, LayerCache* cac
     for (std::int64_t t = 0; t < T; ++t) {
       c10::optional<at::Tensor> theta_t;
       if (theta.defined()) theta_t = theta.narrow(1, t, 1);
+      c10::optional<at::Tensor> slope_q_t, slope_k_t;
+      if (slope_q.defined()) slope_q_t = slope_q.narrow(1, t, 1);
+      if (slope_k.defined()) slope_k_t = slope_k.narrow(1, t, 1);
       rows.push_back(cache->fox->step(q.narrow(1, t, 1), k.narrow(1, t, 1), v.narrow(1, t, 1),
-                                      f.narrow(1, t, 1), theta_t, o.rotary_layout()));
+                                      f.narrow(1, t, 1), theta_t, o.rotary_layout(), slope_q_t,
+                                      slope_k_t));
     }
     out = at::cat(rows, 1);
     cache->offset += T;
   } else {
     out = phasor::parallel_forgetting_attn(q, k, v, f, c10::nullopt, o.window_size(), c10::nullopt,
-                                           o.block_size(), optional_of(theta), o.rotary_layout());
+                                           o.block_size(), optional_of(theta), o.rotary_layout(),
+                                           optional_of(slope_q), optional_of(slope_k));
   }
   if (o.use_output_norm()) out = rms_norm(out, o_norm_weight, o.norm_eps());
   if (g_proj) out = out * at::sigmoid(g_proj->forward(x).reshape({B, T, HQ, K}));

@@ -194,12 +194,11 @@ struct ForgettingAttnOptions {
   RotaryLayout rotary_layout;
 };
 
-ForgettingAttnParams forgetting_attn_params(const at::Tensor& q, const at::Tensor& k,
-                                            const at::Tensor& v, const at::Tensor& g,
-                                            const at::Tensor& cu, const at::Tensor& theta,
-                                            c10::optional<double> scale,
-                                            c10::optional<std::int64_t> window_size,
-                                            std::int64_t block_size, RotaryLayout rotary_layout) {
+ForgettingAttnParams forgetting_attn_params(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g,
+    const at::Tensor& cu, const at::Tensor& theta, c10::optional<double> scale,
+    c10::optional<std::int64_t> window_size, std::int64_t block_size, RotaryLayout rotary_layout,
+    const at::Tensor& bias_q_slope, const at::Tensor& bias_k_slope) {
   ForgettingAttnParams p;
   p.q = view_of(q), p.k = view_of(k), p.v = view_of(v), p.g = view_of(g);
   p.cu_seqlens = view_of(cu);
@@ -208,6 +207,8 @@ ForgettingAttnParams forgetting_attn_params(const at::Tensor& q, const at::Tenso
   p.block_size = block_size;
   p.theta = view_of(theta);
   p.rotary_layout = rotary_layout;
+  p.bias_q_slope = view_of(bias_q_slope);
+  p.bias_k_slope = view_of(bias_k_slope);
   return p;
 }
 
@@ -216,25 +217,31 @@ struct ForgettingAttnFunction : torch::autograd::Function<ForgettingAttnFunction
                                const at::Tensor& v, const at::Tensor& g,
                                const c10::optional<at::Tensor>& cu_seqlens,
                                const c10::optional<at::Tensor>& theta_in,
+                               const c10::optional<at::Tensor>& bias_q_slope_in,
+                               const c10::optional<at::Tensor>& bias_k_slope_in,
                                const ForgettingAttnOptions& opt) {
-    const at::Tensor cu = value_or_undefined(cu_seqlens), theta = value_or_undefined(theta_in);
-    const ForgettingAttnParams p = forgetting_attn_params(
-        q, k, v, g, cu, theta, opt.scale, opt.window_size, opt.block_size, opt.rotary_layout);
+    const at::Tensor cu = value_or_undefined(cu_seqlens), theta = value_or_undefined(theta_in),
+                     sq = value_or_undefined(bias_q_slope_in),
+                     sk = value_or_undefined(bias_k_slope_in);
+    const ForgettingAttnParams p =
+        forgetting_attn_params(q, k, v, g, cu, theta, opt.scale, opt.window_size, opt.block_size,
+                               opt.rotary_layout, sq, sk);
     at::Tensor o = at::empty({q.size(0), q.size(1), q.size(2), v.size(3)}, q.options());
     // The per-row log-sum-exp, kept so the backward pass need not recompute the forward.
     at::Tensor lse =
         at::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(state_dtype(q)));
     rethrow_as_torch([&] { forgetting_attn_forward(p, opt.impl, view_of(o), view_of(lse)); });
 
-    ctx->save_for_backward({q, k, v, g, cu, o, lse, theta});
+    ctx->save_for_backward({q, k, v, g, cu, o, lse, theta, sq, sk});
     ctx->saved_data["rotary_layout"] = static_cast<std::int64_t>(opt.rotary_layout);
     ctx->saved_data["impl"] = static_cast<std::int64_t>(opt.impl);
     ctx->saved_data["scale"] = optional_double(opt.scale);
     ctx->saved_data["window_size"] =
         opt.window_size ? c10::IValue(*opt.window_size) : c10::IValue();
     ctx->saved_data["block_size"] = opt.block_size;
-    ctx->saved_data["need"] = c10::List<bool>({requires_grad(q), requires_grad(k), requires_grad(v),
-                                               requires_grad(g), requires_grad(theta)});
+    ctx->saved_data["need"] =
+        c10::List<bool>({requires_grad(q), requires_grad(k), requires_grad(v), requires_grad(g),
+                         requires_grad(theta), requires_grad(sq), requires_grad(sk)});
     ctx->set_materialize_grads(false);
     return {o};
   }
@@ -243,12 +250,13 @@ struct ForgettingAttnFunction : torch::autograd::Function<ForgettingAttnFunction
     check_first_order(forgetting_attn_op_name(static_cast<Impl>(ctx->saved_data["impl"].toInt())));
     const auto saved = ctx->get_saved_variables();
     const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &g = saved[3], &cu = saved[4],
-                     &o = saved[5], &lse = saved[6], &theta = saved[7];
+                     &o = saved[5], &lse = saved[6], &theta = saved[7], &sq = saved[8],
+                     &sk = saved[9];
     const auto& window = ctx->saved_data["window_size"];
     const ForgettingAttnParams p = forgetting_attn_params(
         q, k, v, g, cu, theta, to_optional_double(ctx->saved_data["scale"]),
         window.isNone() ? c10::nullopt : c10::optional<std::int64_t>(window.toInt()),
-        ctx->saved_data["block_size"].toInt(), saved_layout(ctx));
+        ctx->saved_data["block_size"].toInt(), saved_layout(ctx), sq, sk);
     const auto impl = static_cast<Impl>(ctx->saved_data["impl"].toInt());
     const auto need = ctx->saved_data["need"].toBoolList();
 
@@ -256,13 +264,15 @@ struct ForgettingAttnFunction : torch::autograd::Function<ForgettingAttnFunction
     if (!d_o.defined()) d_o = at::zeros_like(o);
     at::Tensor dq = grad_buffer(q, need[0]), dk = grad_buffer(k, need[1]),
                dv = grad_buffer(v, need[2]), dg = grad_buffer(g, need[3]),
-               dtheta = grad_buffer(theta, need[4]);
+               dtheta = grad_buffer(theta, need[4]), dsq = grad_buffer(sq, need[5]),
+               dsk = grad_buffer(sk, need[6]);
     ForgettingAttnGrads out;
     out.dq = view_of(dq), out.dk = view_of(dk), out.dv = view_of(dv), out.dg = view_of(dg);
     out.dtheta = view_of(dtheta);
+    out.dbias_q_slope = view_of(dsq), out.dbias_k_slope = view_of(dsk);
     rethrow_as_torch(
         [&] { forgetting_attn_backward(p, impl, view_of(d_o), view_of(o), view_of(lse), out); });
-    return {dq, dk, dv, dg, at::Tensor(), dtheta, at::Tensor()};
+    return {dq, dk, dv, dg, at::Tensor(), dtheta, dsq, dsk, at::Tensor()};
   }
 };
 
@@ -362,7 +372,9 @@ at::Tensor forgetting_attn(const at::Tensor& q, const at::Tensor& k, const at::T
                            const at::Tensor& g, Impl impl, c10::optional<double> scale,
                            c10::optional<std::int64_t> window_size,
                            const c10::optional<at::Tensor>& cu_seqlens, std::int64_t block_size,
-                           const c10::optional<at::Tensor>& theta, RotaryLayout rotary_layout) {
+                           const c10::optional<at::Tensor>& theta, RotaryLayout rotary_layout,
+                           const c10::optional<at::Tensor>& bias_q_slope,
+                           const c10::optional<at::Tensor>& bias_k_slope) {
   const std::string op = forgetting_attn_op_name(impl);
   check_float(op, "q", q, 4, "[B, T, HQ, K]");
   check_float(op, "k", k, 4, "[B, T, H, K]");
@@ -370,8 +382,11 @@ at::Tensor forgetting_attn(const at::Tensor& q, const at::Tensor& k, const at::T
   check_float(op, "g", g, 3, "[B, T, HQ]");
   check_cu_seqlens(op, cu_seqlens);
   check_optional_float(op, "theta", theta, 4, "[B, T, H, K/2]");
+  check_optional_float(op, "bias_q_slope", bias_q_slope, 3, "[B, T, HQ]");
+  check_optional_float(op, "bias_k_slope", bias_k_slope, 3, "[B, T, H]");
   const variable_list out = ForgettingAttnFunction::apply(
       to_compute(q), to_compute(k), to_compute(v), to_compute(g), cu_seqlens, to_compute(theta),
+      to_compute(bias_q_slope), to_compute(bias_k_slope),
       ForgettingAttnOptions{impl, scale, window_size, block_size, rotary_layout});
   return in_dtype_of(out[0], q);
 }
@@ -381,9 +396,11 @@ at::Tensor parallel_forgetting_attn(const at::Tensor& q, const at::Tensor& k, co
                                     c10::optional<std::int64_t> window_size,
                                     const c10::optional<at::Tensor>& cu_seqlens,
                                     std::int64_t block_size, const c10::optional<at::Tensor>& theta,
-                                    RotaryLayout rotary_layout) {
+                                    RotaryLayout rotary_layout,
+                                    const c10::optional<at::Tensor>& bias_q_slope,
+                                    const c10::optional<at::Tensor>& bias_k_slope) {
   return forgetting_attn(q, k, v, g, Impl::chunk, scale, window_size, cu_seqlens, block_size, theta,
-                         rotary_layout);
+                         rotary_layout, bias_q_slope, bias_k_slope);
 }
 
 // ---- FoX decoding -------------------------------------------------------------------------------
@@ -415,22 +432,28 @@ ForgettingAttnDecoder::ForgettingAttnDecoder(std::int64_t batch, std::int64_t nu
 at::Tensor ForgettingAttnDecoder::step(const at::Tensor& q, const at::Tensor& k,
                                        const at::Tensor& v, const at::Tensor& g,
                                        const c10::optional<at::Tensor>& theta,
-                                       RotaryLayout rotary_layout) {
+                                       RotaryLayout rotary_layout,
+                                       const c10::optional<at::Tensor>& bias_q_slope,
+                                       const c10::optional<at::Tensor>& bias_k_slope) {
   const std::string op = "ForgettingAttnDecoder::step";
   check_float(op, "q", q, 4, "[B, 1, HQ, K]");
   check_float(op, "k", k, 4, "[B, 1, H, K]");
   check_float(op, "v", v, 4, "[B, 1, H, V]");
   check_float(op, "g", g, 3, "[B, 1, HQ]");
   check_optional_float(op, "theta", theta, 4, "[B, 1, H, K/2]");
+  check_optional_float(op, "bias_q_slope", bias_q_slope, 3, "[B, 1, HQ]");
+  check_optional_float(op, "bias_k_slope", bias_k_slope, 3, "[B, 1, H]");
   at::NoGradGuard no_grad;
   const at::Tensor qc = to_compute(q), kc = to_compute(k), vc = to_compute(v), gc = to_compute(g),
-                   thetac = value_or_undefined(to_compute(theta));
+                   thetac = value_or_undefined(to_compute(theta)),
+                   sqc = value_or_undefined(to_compute(bias_q_slope)),
+                   skc = value_or_undefined(to_compute(bias_k_slope));
   at::Tensor o = at::empty({q.size(0), q.size(1), num_q_heads_, value_dim_}, qc.options());
   std::optional<double> scale;
   if (scale_) scale = *scale_;
   rethrow_as_torch([&] {
     cache_.step(view_of(qc), view_of(kc), view_of(vc), view_of(gc), view_of(o), scale,
-                view_of(thetac), rotary_layout);
+                view_of(thetac), rotary_layout, view_of(sqc), view_of(skc));
   });
   return in_dtype_of(o, q);
 }

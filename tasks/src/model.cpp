@@ -68,6 +68,22 @@ Impl impl_from(const std::string& op, const std::string& s) {
   fail(op, "impl", "'chunk' or 'recurrent'", quoted(s));
 }
 
+FavorMatrixKind feature_kind_from(const std::string& op, const std::string& s) {
+  if (s == "orthogonal_chi") return FavorMatrixKind::orthogonal_chi;
+  if (s == "orthogonal_fixed") return FavorMatrixKind::orthogonal_fixed;
+  if (s == "iid") return FavorMatrixKind::iid;
+  fail(op, "feature_kind", "'orthogonal_chi', 'orthogonal_fixed' or 'iid'", quoted(s));
+}
+
+// Additive biases live in the FoX kernel: a mixer that cannot apply them says so by name.
+void require_no_additive_bias(const std::string& op, const PositionEncoding& pe) {
+  if (pe.additive_bias != nn::AdditiveBias::none)
+    fail(op, "pos_encoding",
+         "a rotation encoding (the additive logit bias " + quoted(pe.name) +
+             " is fused in the FoX kernel: use the mixer 'fox' or 'attention')",
+         quoted(pe.name));
+}
+
 // Layer construction errors of phasor::nn are c10::Error; turn them into phasor::Error so that
 // every configuration problem reaches the caller as one exception type.
 template <class F>
@@ -114,6 +130,19 @@ PositionEncoding selective_rope_position(const ModelConfig& c) {
   return p;
 }
 
+// Additive logit biases (ALiBi, GRAPE-A-QK), optionally with RoPE on q and k as well.
+PositionEncoding additive_position(const ModelConfig& c, const std::string& name,
+                                   nn::AdditiveBias bias) {
+  OptionReader r(c.pos_options, "pos_encoding " + quoted(name));
+  PositionEncoding p;
+  p.name = name;
+  p.additive_bias = bias;
+  if (r.boolean("rope", false)) p.kind = nn::PosEncoding::rope;
+  p.rope_theta = r.number("rope_theta", p.rope_theta);
+  r.finish();
+  return p;
+}
+
 // ---- built-in mixers ----------------------------------------------------------------------------
 
 template <class Layer>
@@ -126,6 +155,7 @@ Mixer wrap(Layer layer) {
 
 Mixer gla_mixer(const ModelConfig& c, const PositionEncoding& pe) {
   const std::string op = "mixer 'gla'";
+  require_no_additive_bias(op, pe);
   OptionReader r(c.mixer_options, op);
   auto o = nn::GatedLinearAttentionOptions(c.hidden_size, c.num_heads);
   o.expand_k(r.number("expand_k", o.expand_k()));
@@ -148,6 +178,7 @@ Mixer gla_mixer(const ModelConfig& c, const PositionEncoding& pe) {
 
 Mixer gated_deltanet_mixer(const ModelConfig& c, const PositionEncoding& pe) {
   const std::string op = "mixer 'gated_deltanet'";
+  require_no_additive_bias(op, pe);
   OptionReader r(c.mixer_options, op);
   const std::int64_t head_dim =
       r.integer("head_dim", c.num_heads > 0 ? c.hidden_size / c.num_heads : 0);
@@ -187,7 +218,34 @@ Mixer attention_mixer(const ModelConfig& c, const PositionEncoding& pe, bool for
   o.use_forget_gate(forget_gate);
   o.norm_eps(c.norm_eps).pos_encoding(pe.kind).rope_theta(pe.rope_theta);
   o.selective_rope(pe.selective_rope);
+  o.additive_bias(pe.additive_bias);
   return wrap(build_layer(op, [&] { return nn::ForgettingAttention(o); }));
+}
+
+Mixer performer_mixer(const ModelConfig& c, const PositionEncoding& pe) {
+  const std::string op = "mixer 'performer'";
+  require_no_additive_bias(op, pe);
+  OptionReader r(c.mixer_options, op);
+  auto o = nn::PerformerAttentionOptions(c.hidden_size, c.num_heads);
+  o.num_features(r.integer("num_features", o.num_features()));
+  o.feature_kind(feature_kind_from(op, r.string("feature_kind", "orthogonal_chi")));
+  if (r.has("seed")) {
+    const std::int64_t seed = r.integer("seed", 0);
+    if (seed < 0) fail(op, "seed", "an integer ≥ 0", std::to_string(seed));
+    o.seed(static_cast<std::uint64_t>(seed));
+  } else {
+    // From torch's generator: reproducible under torch::manual_seed, different in every layer.
+    o.seed(static_cast<std::uint64_t>(
+        torch::randint(0, std::int64_t{1} << 62, {1}, torch::kLong).item<std::int64_t>()));
+  }
+  o.per_head_features(r.boolean("per_head_features", o.per_head_features()));
+  o.qkv_bias(r.boolean("qkv_bias", o.qkv_bias()));
+  o.chunk_size(r.integer("chunk_size", o.chunk_size()));
+  o.rotary_layout(layout_from(op, r.string("rotary_layout", "half_split")));
+  r.finish();
+  o.causal(true).pos_encoding(pe.kind).rope_theta(pe.rope_theta);
+  o.selective_rope(pe.selective_rope);
+  return wrap(build_layer(op, [&] { return nn::PerformerAttention(o); }));
 }
 
 // The registries, created with the built-ins on first use (no static-initialisation order issue
@@ -212,6 +270,13 @@ Registry& registry() {
     reg->positions["none"] = no_position;
     reg->positions["rope"] = rope_position;
     reg->positions["selective_rope"] = selective_rope_position;
+    reg->mixers["performer"] = performer_mixer;
+    reg->positions["alibi"] = [](const ModelConfig& c) {
+      return additive_position(c, "alibi", nn::AdditiveBias::alibi);
+    };
+    reg->positions["grape_a"] = [](const ModelConfig& c) {
+      return additive_position(c, "grape_a", nn::AdditiveBias::grape_a);
+    };
     return reg;
   }();
   return *r;

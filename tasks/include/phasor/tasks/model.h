@@ -11,7 +11,15 @@
 //                       "fox"             phasor::nn::ForgettingAttention (Forgetting Transformer)
 //                       "attention"       the same layer without forget gate: causal softmax
 //                                         attention, the control arm
+//                       "performer"       phasor::nn::PerformerAttention (causal FAVOR+ linear
+//                                         attention with positive orthogonal random features)
 //   position encodings: "none", "rope", "selective_rope"   (phasor::nn::PosEncoding)
+//                       "alibi", "grape_a"  additive logit biases fused in the FoX kernel
+//                                         (phasor::nn::AdditiveBias): ALiBi's fixed per-head
+//                                         slopes, GRAPE-A-QK's learnable content-gated slopes.
+//                                         Only with the mixers "fox" and "attention" (softmax
+//                                         attention + ALiBi); any other mixer raises an error
+//                                         naming itself.
 //
 //   #include <phasor/tasks/model.h>      // CMake: target_link_libraries(app PRIVATE phasor_tasks)
 //   phasor::tasks::ModelConfig cfg;
@@ -64,12 +72,18 @@ struct ModelConfig {
   //                   conv_size, use_gate, chunk_size, impl
   //  fox, attention:  num_kv_heads, qk_norm, qkv_bias, window_size, use_output_gate,
   //                   use_output_norm, block_size
-  //  every mixer:     fused_rotation, rotary_layout ("half_split" | "interleaved")
+  //  performer:       num_features (m, default 64), feature_kind ("orthogonal_chi" |
+  //                   "orthogonal_fixed" | "iid"), seed (≥ 0; default: drawn from torch's
+  //                   generator, so each layer gets its own features), per_head_features,
+  //                   qkv_bias, chunk_size, rotary_layout (no fused_rotation: FAVOR+ rotates
+  //                   q and k before the features)
+  //  every other mixer: fused_rotation, rotary_layout ("half_split" | "interleaved")
   nlohmann::json mixer_options = nlohmann::json::object();
   //  rope:            rope_theta
   //  selective_rope:  projection ("low_rank" | "full_rank"), rank, conv_size, conv_silu, bias,
   //                   gate ("none" | "per_head" | "per_channel"), spectrum ("rope" | "tan2"),
   //                   spectrum_base, learnable_omega
+  //  alibi, grape_a:  rope (boolean, default false: also rotate q, k by RoPE), rope_theta
   nlohmann::json pos_options = nlohmann::json::object();
 };
 
@@ -112,6 +126,10 @@ struct PositionEncoding {
   nn::PosEncoding kind = nn::PosEncoding::none;
   double rope_theta = 10000.0;
   nn::SelectiveRoPEOptions selective_rope = nn::SelectiveRoPEOptions(0, 0, 0);
+  // ---- additive logit bias ("alibi", "grape_a"): not a rotation; composes with the one above.
+  // Honoured by the mixers "fox" and "attention" (ForgettingAttentionOptions::additive_bias);
+  // every other mixer must reject anything but AdditiveBias::none.
+  nn::AdditiveBias additive_bias = nn::AdditiveBias::none;
 };
 using PositionEncodingFactory = std::function<PositionEncoding(const ModelConfig&)>;
 
