@@ -259,8 +259,10 @@ TEST_P(TorchImpl, ForgettingAttnAutogradMatchesCoreBackward) {
     const at::Tensor dq = at::empty_like(q0), dk = at::empty_like(k0), dv = at::empty_like(v0),
                      dg = at::empty_like(g0);
     // No o / lse: the core recomputes them, so this also checks what the layer saved.
-    forgetting_attn_backward(p, impl, core_view(d_o), {}, {},
-                             {core_view(dq), core_view(dk), core_view(dv), core_view(dg), {}});
+    ForgettingAttnGrads grads;
+    grads.dq = core_view(dq), grads.dk = core_view(dk), grads.dv = core_view(dv);
+    grads.dg = core_view(dg);
+    forgetting_attn_backward(p, impl, core_view(d_o), {}, {}, grads);
     EXPECT_CLOSE(o, o_ref, 1e-13, "o");
     EXPECT_CLOSE(q.grad(), dq, 1e-12, "dq");
     EXPECT_CLOSE(k.grad(), dk, 1e-12, "dk");
