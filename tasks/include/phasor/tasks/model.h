@@ -12,6 +12,10 @@
 //                       "attention"       the same layer without forget gate: causal softmax
 //                                         attention, the control arm
 //   position encodings: "none", "rope", "selective_rope"   (phasor::nn::PosEncoding)
+//                       "string_cayley"     Cayley-STRING: RoPE · (I − S)(I + S)^(−1), S learnable
+//                       "string_circulant"  Circulant-STRING: exp(t (C − Cᵀ)), C circulant
+//                       "grape"             multi-subspace GRAPE-M: RoPE in a learned basis
+//                       (learnable rotations, RoPE or RoPE-equivalent at init; phasor/nn.h)
 //
 //   #include <phasor/tasks/model.h>      // CMake: target_link_libraries(app PRIVATE phasor_tasks)
 //   phasor::tasks::ModelConfig cfg;
@@ -70,6 +74,10 @@ struct ModelConfig {
   //  selective_rope:  projection ("low_rank" | "full_rank"), rank, conv_size, conv_silu, bias,
   //                   gate ("none" | "per_head" | "per_channel"), spectrum ("rope" | "tan2"),
   //                   spectrum_base, learnable_omega
+  //  string_cayley, grape:  rope_theta (base of the initial spectrum), per_head (default true:
+  //                   generator per key head, else shared), learnable_omega (default false),
+  //                   init_std (default 0: start exactly at RoPE)
+  //  string_circulant:      rope_theta, per_head, init_std (its frequencies come from c)
   nlohmann::json pos_options = nlohmann::json::object();
 };
 
@@ -112,6 +120,9 @@ struct PositionEncoding {
   nn::PosEncoding kind = nn::PosEncoding::none;
   double rope_theta = 10000.0;
   nn::SelectiveRoPEOptions selective_rope = nn::SelectiveRoPEOptions(0, 0, 0);
+  // ---- rotation encodings "string_cayley", "string_circulant", "grape" (phasor::nn's
+  // RotationEncodingOptions; sizes, base and layout are set by the layer) ----
+  nn::RotationEncodingOptions rotation = nn::RotationEncodingOptions();
 };
 using PositionEncodingFactory = std::function<PositionEncoding(const ModelConfig&)>;
 
