@@ -35,6 +35,12 @@ std::string name_of(PosEncoding pe) {
       return "rope";
     case PosEncoding::selective_rope:
       return "selective_rope";
+    case PosEncoding::string_cayley:  // tested in rotations_torch_test.cpp
+      return "string_cayley";
+    case PosEncoding::string_circulant:
+      return "string_circulant";
+    case PosEncoding::grape:
+      return "grape";
   }
   return "?";
 }

@@ -2,14 +2,17 @@
 //
 //   ShortConvolution      fla's ShortConvolution: causal depthwise conv with optional SiLU.
 //   SelectiveRoPE         input-dependent rotation angles θ (Selective RoPE) for q and k.
+//   CayleyStringEncoding, CirculantStringEncoding, GrapeEncoding
+//                         learnable relative rotations of q and k (STRING, GRAPE-M).
 //   GatedLinearAttention  fla's GLA layer.
 //   GatedDeltaNet         fla's Gated DeltaNet layer.
 //   ForgettingAttention   fla's Forgetting Transformer (FoX) attention layer.
 //   PerformerAttention    Performer FAVOR+ linear attention (positive orthogonal random features).
 //
-// The three attention layers take a position encoding, PosEncoding::{none, rope, selective_rope},
-// whose angles θ [B, T, H, K/2] the op applies to q and k (fused in the kernel, or explicitly
-// with apply_rotary when fused_rotation is off — the same function).
+// The three attention layers take a position encoding, PosEncoding::{none, rope, selective_rope,
+// string_cayley, string_circulant, grape}, whose angles θ [B, T, H, K/2] the op applies to q and k
+// (fused in the kernel, or explicitly with apply_rotary when fused_rotation is off — the same
+// function); the learnable rotations first apply their orthogonal map (see "Rotation encodings").
 //
 //   #include <phasor/nn.h>          // CMake: target_link_libraries(app PRIVATE phasor::torch)
 //   namespace pn = phasor::nn;
@@ -58,7 +61,15 @@ namespace phasor::nn {
 //  none:           no rotation (NoPE).
 //  rope:           standard RoPE, θ[t, i] = (position t) · rope_theta^(−2i/K), shared by heads.
 //  selective_rope: θ from a SelectiveRoPE submodule (input-dependent, learnable).
-enum class PosEncoding { none, rope, selective_rope };
+//  string_cayley, string_circulant, grape: learnable rotations (see "Rotation encodings" below).
+enum class PosEncoding {
+  none,
+  rope,
+  selective_rope,
+  string_cayley,     // Cayley-STRING (nn_rotations.cpp)
+  string_circulant,  // Circulant-STRING
+  grape,             // multi-subspace GRAPE-M
+};
 
 // ---- ShortConvolution ---------------------------------------------------------------------------
 // y[t, d] = act(bias[d] + Σ_{j<W} weight[d, j] · x[t − W + 1 + j, d]) (causal_conv1d), with act
@@ -169,6 +180,131 @@ class SelectiveRoPEImpl : public torch::nn::Cloneable<SelectiveRoPEImpl> {
 };
 TORCH_MODULE(SelectiveRoPE);
 
+// ---- Rotation encodings: Cayley-STRING, Circulant-STRING, GRAPE-M (src/torch/nn_rotations.cpp) --
+// Learnable position encodings that keep RoPE's relative law (STRING, ../shared/papers/string.txt;
+// GRAPE, grape.txt). Each is a rotation R(t) = exp(t·L)-like map of the token index t (continuing
+// across LayerCache calls), and each can be written as RoPE composed with a learned orthogonal
+// K × K map M, which is how the layers apply it:
+//   q_t ↦ RoPE(θ_t) · M · q_t,   k_s ↦ RoPE(θ_s) · M · k_s,   θ_t = t · ω            (E1)
+// The M step is a (per key head) matrix product; the RoPE step is the attention kernel's fused
+// rotation (fused_rotation, default) or apply_rotary (the same function).
+//  string_cayley     Cayley-STRING (eq. 10): M = P = (I − S)(I + S)^(−1), S = A − Aᵀ, A
+//                    learnable (init 0, so P = I: RoPE exactly). (E1) gives exactly the vectors
+//                    of cayley_string(x, positions, omega, A).
+//  string_circulant  Circulant-STRING (§3.2): exp(t (C − Cᵀ)) = Q · RoPE(t μ) · Qᵀ with Q the
+//                    real Fourier basis and μ_m = −2 Σ_j c_j sin(2πjm/K) (c the circulant's
+//                    first column, learnable). The layers use M = Qᵀ (fixed; pair m of the layout
+//                    = (sine, cosine) of Fourier bin m, the last pair the fixed bins 0 and K/2)
+//                    and ω = μ(c); logits equal circulant_string's (Q cancels between q and k).
+//                    Init: c chosen so that μ is RoPE's first K/2 − 1 frequencies (RoPE in the
+//                    Fourier basis; the paper's generator family contains RoPE this way).
+//  grape             multi-subspace GRAPE-M (§3, Prop. 3.1): B · RoPE(θ) · Bᵀ with a learned
+//                    orthogonal basis B = (I − S)(I + S)^(−1), S = W − Wᵀ (init W = 0: B = I,
+//                    RoPE exactly). The layers use M = Bᵀ; logits equal grape_subspace's.
+// Why RoPE·M rather than the rotation itself: the attention logits (qᵀ R(t)ᵀ R(s) k) are the same,
+// and FoX and Gated DeltaNet are invariant under a common orthogonal map of q and k, so their
+// outputs are the same too; for GLA the per-key-channel decays then act in the rotation's own
+// planes, where tie_gate_pairs makes them commute with it (the Λ_t R_t transition), so the
+// relative law holds with the decays as well. Frequencies ω: the RoPE spectrum
+// rope_theta^(−2i/K) (a buffer), or a parameter with learnable_omega (GRAPE learns them).
+struct RotationEncodingOptions {
+  RotationEncodingOptions(std::int64_t num_heads = 0, std::int64_t head_dim = 0)
+      : num_heads_(num_heads), head_dim_(head_dim) {}
+  TORCH_ARG(std::int64_t, num_heads);       // H: heads rotated (FoX: key heads); set by the layers
+  TORCH_ARG(std::int64_t, head_dim);        // K, even; set by the layers
+  TORCH_ARG(double, rope_theta) = 10000.0;  // base of the initial spectrum (layers: rope_theta)
+  TORCH_ARG(RotaryLayout, rotary_layout) = RotaryLayout::half_split;  // layers: their layout
+  TORCH_ARG(bool, per_head) = true;          // parameters per head [H, …], else shared by heads
+  TORCH_ARG(bool, learnable_omega) = false;  // ω a parameter (string_cayley, grape)
+  // Standard deviation of a N(0, init_std²) perturbation of the generator (A, c or W) at init;
+  // 0 (default) starts exactly at RoPE (string_cayley, grape) or RoPE in the Fourier basis.
+  TORCH_ARG(double, init_std) = 0.0;
+};
+
+// A rotation's output for the layers: q, k after M (E1), and θ [B, T, H, K/2] of the RoPE step.
+struct RotatedQK {
+  at::Tensor q, k, theta;
+};
+
+// The three modules below share one interface. forward's q: [B, T, HQ, K] with HQ a multiple of
+// H (a query group shares its key head's rotation), k: [B, T, H, K]; token t has position
+// offset + t.
+class CayleyStringEncodingImpl : public torch::nn::Cloneable<CayleyStringEncodingImpl> {
+ public:
+  explicit CayleyStringEncodingImpl(RotationEncodingOptions options);
+  void reset() override;
+  // M: [H, K, K] (per_head) or [K, K].
+  at::Tensor map();
+  // ω: [H, 1, K/2] (per_head) or [1, K/2], the frequencies of the one position axis.
+  at::Tensor frequencies();
+  // θ = (offset + t) · ω: [B, T, H, K/2] in dtype.
+  at::Tensor angles(std::int64_t batch, std::int64_t seq_len, std::int64_t offset,
+                    at::ScalarType dtype);
+  // (E1) up to the RoPE step: (M q, M k, θ); see RotatedQK.
+  RotatedQK forward(const at::Tensor& q, const at::Tensor& k, std::int64_t offset);
+  RotationEncodingOptions options;
+  at::Tensor generator;  // A: [H, K, K] or [K, K], S = A − Aᵀ
+  at::Tensor omega;      // [H, 1, K/2] or [1, K/2] (parameter with learnable_omega, else buffer)
+};
+TORCH_MODULE(CayleyStringEncoding);
+
+class CirculantStringEncodingImpl : public torch::nn::Cloneable<CirculantStringEncodingImpl> {
+ public:
+  explicit CirculantStringEncodingImpl(RotationEncodingOptions options);
+  void reset() override;
+  // M: [H, K, K] (per_head) or [K, K].
+  at::Tensor map();
+  // ω: [H, 1, K/2] (per_head) or [1, K/2], the frequencies of the one position axis.
+  at::Tensor frequencies();
+  // θ = (offset + t) · ω: [B, T, H, K/2] in dtype.
+  at::Tensor angles(std::int64_t batch, std::int64_t seq_len, std::int64_t offset,
+                    at::ScalarType dtype);
+  // (E1) up to the RoPE step: (M q, M k, θ); see RotatedQK.
+  RotatedQK forward(const at::Tensor& q, const at::Tensor& k, std::int64_t offset);
+  RotationEncodingOptions options;
+  at::Tensor c;        // first columns: [H, 1, K] or [1, K] (circulant_string's c, C = 1)
+  at::Tensor fourier;  // Qᵀ [K, K] float64 constant in the pair layout (rows: sin/cos of bins)
+  at::Tensor sine;     // [K/2, K] float64 constant: μ = c · sineᵀ (last row 0: the fixed pair)
+};
+TORCH_MODULE(CirculantStringEncoding);
+
+class GrapeEncodingImpl : public torch::nn::Cloneable<GrapeEncodingImpl> {
+ public:
+  explicit GrapeEncodingImpl(RotationEncodingOptions options);
+  void reset() override;
+  // M: [H, K, K] (per_head) or [K, K].
+  at::Tensor map();
+  // ω: [H, 1, K/2] (per_head) or [1, K/2], the frequencies of the one position axis.
+  at::Tensor frequencies();
+  // θ = (offset + t) · ω: [B, T, H, K/2] in dtype.
+  at::Tensor angles(std::int64_t batch, std::int64_t seq_len, std::int64_t offset,
+                    at::ScalarType dtype);
+  // (E1) up to the RoPE step: (M q, M k, θ); see RotatedQK.
+  RotatedQK forward(const at::Tensor& q, const at::Tensor& k, std::int64_t offset);
+  // B = (I − S)(I + S)^(−1), S = W − Wᵀ: [H, K, K] or [K, K] (map() is its transpose).
+  at::Tensor basis();
+  RotationEncodingOptions options;
+  at::Tensor weight;  // W: [H, K, K] or [K, K]
+  at::Tensor omega;   // [H, 1, K/2] or [1, K/2]
+};
+TORCH_MODULE(GrapeEncoding);
+
+// The rotation encoding of an attention layer: the holder of its pos_encoding is set (registered
+// as the layer's submodule "string_cayley", "string_circulant" or "grape"), the others are empty.
+struct RotationEncodings {
+  CayleyStringEncoding string_cayley{nullptr};
+  CirculantStringEncoding string_circulant{nullptr};
+  GrapeEncoding grape{nullptr};
+  // Registers the module of `pe` (no-op for the other encodings) with `options`, its sizes,
+  // spectrum base and pair layout set to the layer's.
+  void build(torch::nn::Module& layer, PosEncoding pe, RotationEncodingOptions options,
+             std::int64_t heads, std::int64_t head_dim, double rope_theta, RotaryLayout layout);
+  bool defined() const;
+  // q, k ← M q, M k (E1) and returns θ [B, T, H, K/2] for the RoPE step.
+  at::Tensor rotate(at::Tensor& q, at::Tensor& k, std::int64_t offset);
+};
+bool is_rotation_encoding(PosEncoding pe);  // string_cayley, string_circulant or grape
+
 // ---- decode cache of the attention layers -------------------------------------------------------
 struct LayerCache {
   at::Tensor q_conv, k_conv, v_conv;  // short-conv states [B, D, W−1] (when the layer has them)
@@ -222,6 +358,9 @@ struct GatedLinearAttentionOptions {
   TORCH_ARG(bool, fused_rotation) = true;
   // Options of the SelectiveRoPE submodule; its sizes are set by the layer (D, H, K).
   TORCH_ARG(SelectiveRoPEOptions, selective_rope) = SelectiveRoPEOptions(0, 0, 0);
+  // Options of the rotation encodings (string_cayley, string_circulant, grape); the layer sets
+  // num_heads, head_dim, rope_theta and rotary_layout.
+  TORCH_ARG(RotationEncodingOptions, rotation) = RotationEncodingOptions();
 };
 
 class GatedLinearAttentionImpl : public torch::nn::Cloneable<GatedLinearAttentionImpl> {
@@ -239,6 +378,7 @@ class GatedLinearAttentionImpl : public torch::nn::Cloneable<GatedLinearAttentio
   ShortConvolution q_conv{nullptr}, k_conv{nullptr}, v_conv{nullptr};
   at::Tensor o_norm_weight;  // [V]
   SelectiveRoPE rope{nullptr};
+  RotationEncodings rotations;  // string_cayley, string_circulant, grape
 };
 TORCH_MODULE(GatedLinearAttention);
 
@@ -273,6 +413,8 @@ struct GatedDeltaNetOptions {
   TORCH_ARG(bool, fused_rotation) = true;  // as GatedLinearAttentionOptions::fused_rotation
   // SelectiveRoPE submodule options (sizes set by the layer: D, H, K).
   TORCH_ARG(SelectiveRoPEOptions, selective_rope) = SelectiveRoPEOptions(0, 0, 0);
+  // Rotation-encoding options (as GatedLinearAttentionOptions::rotation).
+  TORCH_ARG(RotationEncodingOptions, rotation) = RotationEncodingOptions();
 };
 
 class GatedDeltaNetImpl : public torch::nn::Cloneable<GatedDeltaNetImpl> {
@@ -289,6 +431,7 @@ class GatedDeltaNetImpl : public torch::nn::Cloneable<GatedDeltaNetImpl> {
   at::Tensor A_log, dt_bias;  // [HV]
   at::Tensor o_norm_weight;   // [V]
   SelectiveRoPE rope{nullptr};
+  RotationEncodings rotations;  // string_cayley, string_circulant, grape
 };
 TORCH_MODULE(GatedDeltaNet);
 
@@ -345,6 +488,8 @@ struct ForgettingAttentionOptions {
   TORCH_ARG(SelectiveRoPEOptions, selective_rope) = SelectiveRoPEOptions(0, 0, 0);
   // Additive logit bias (see above); composes with pos_encoding and with the forget gate.
   TORCH_ARG(AdditiveBias, additive_bias) = AdditiveBias::none;
+  // Rotation-encoding options (as GatedLinearAttentionOptions::rotation).
+  TORCH_ARG(RotationEncodingOptions, rotation) = RotationEncodingOptions();
 };
 
 class ForgettingAttentionImpl : public torch::nn::Cloneable<ForgettingAttentionImpl> {
@@ -365,6 +510,7 @@ class ForgettingAttentionImpl : public torch::nn::Cloneable<ForgettingAttentionI
   // The slopes (a [B, T, HQ], b [B, T, H]) given q [B, T, HQ, K] and k [B, T, H, K]; undefined
   // tensors where the bias has none.
   std::pair<at::Tensor, at::Tensor> bias_slopes(const at::Tensor& q, const at::Tensor& k);
+  RotationEncodings rotations;  // string_cayley, string_circulant, grape
 };
 TORCH_MODULE(ForgettingAttention);
 

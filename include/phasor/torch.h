@@ -251,5 +251,76 @@ at::Tensor favor_attention(const at::Tensor& q, const at::Tensor& k, const at::T
                            c10::optional<double> scale = c10::nullopt,
                            const c10::optional<at::Tensor>& cu_seqlens = c10::nullopt,
                            Impl impl = Impl::chunk, std::int64_t chunk_size = 64);
+// ---- Rotation position encodings: STRING, GRAPE-M, structured rotations (issue 5) ---------------
+// (phasor/string_rotation.h, phasor/grape.h, phasor/structured_rotation.h give the equations.)
+// Each returns x's dtype and is differentiable in every floating input marked below (first order,
+// the core's backward with Impl::chunk); parameters shared by the heads get the sum over heads.
+// Floating arguments keep their own dtype (float16/bfloat16 computed in float32); angles are
+// always formed in float64 inside the kernels.
+
+// N-d RoPE angles (STRING eq. 5): θ[b, t, (h,) i] = Σ_c positions[b, t, c] · omega[(h,) c, i].
+// positions: [B, T, C]; omega: [C, R] → θ [B, T, R] (shared by heads), or [H, C, R] →
+// θ [B, T, H, R]. θ has the promoted dtype of positions and omega and feeds apply_rotary or the
+// attention ops' theta. Differentiable in positions and omega (the per-axis frequencies).
+at::Tensor nd_rope_angles(const at::Tensor& positions, const at::Tensor& omega);
+
+// The axis-split frequencies (axial 2-D/3-D RoPE): omega [num_axes, head_dim/2], each axis owning
+// a contiguous slice of the pairs with the 1-D RoPE spectrum base^(−j/n) of its n pairs.
+at::Tensor nd_rope_axis_split_frequencies(std::int64_t num_axes, std::int64_t head_dim,
+                                          double base = 10000.0, at::ScalarType dtype = at::kFloat);
+
+// Cayley-STRING (STRING eq. 10): y = RoPE(θ) · P · x, P = (I − S)(I + S)^(−1), S = A − Aᵀ with
+// A = generator ([K, K] shared, or [H, K, K]); θ = nd_rope_angles(positions, omega) with
+// positions [B, T, C], omega [C, K/2] or [H, C, K/2]. x: [B, T, H, K], K even. A = 0 (or any
+// symmetric A) is N-d RoPE. Differentiable in x, positions, omega and generator.
+at::Tensor cayley_string(const at::Tensor& x, const at::Tensor& positions, const at::Tensor& omega,
+                         const at::Tensor& generator,
+                         RotaryLayout rotary_layout = RotaryLayout::half_split);
+
+// Circulant-STRING (STRING §3.2): y = exp(Σ_c r_c (C_c − C_cᵀ)) x by FFT, C_c circulant with first
+// column c[(h,) c, :]. x: [B, T, H, K] (any K ≥ 1); positions: [B, T, C]; c: [C, K] or [H, C, K].
+// Differentiable in x, positions and c.
+at::Tensor circulant_string(const at::Tensor& x, const at::Tensor& positions, const at::Tensor& c);
+
+// Single-plane GRAPE-M (GRAPE §2, Rodrigues): y = exp(η L) x, L = a bᵀ − b aᵀ, η = position · ω_h.
+// x: [B, T, H, K]; a, b: [H, K] or [K]; omega: [H]; positions: [B, T] or [B, T, H].
+// Differentiable in x, a, b, omega and positions.
+at::Tensor grape(const at::Tensor& x, const at::Tensor& a, const at::Tensor& b,
+                 const at::Tensor& omega, const at::Tensor& positions);
+
+// Multi-subspace GRAPE-M (GRAPE §3): y = B · RoPE(θ) · Bᵀ x with an orthogonal basis B
+// ([K, K] or [H, K, K]; max |BᵀB − I| ≤ orthogonality_tol is checked, +inf disables) and
+// θ [B, T, H, K/2] or [B, T, K/2] (shared by heads). Differentiable in x, basis and theta (chain
+// the basis' gradient through its parameterisation, e.g. a Cayley map built with torch ops).
+at::Tensor grape_subspace(const at::Tensor& x, const at::Tensor& basis, const at::Tensor& theta,
+                          RotaryLayout rotary_layout = RotaryLayout::half_split,
+                          double orthogonality_tol = 1e-4);
+
+// Equivariant structured rotations (structured_rotation.h). The joint block decomposition of a
+// commuting family of skew generators [C, K, K] (not differentiable: outputs are detached):
+// basis U [K, K], coefficients Λ [C, K/2] (zero beyond the num_active planes), the projectors
+// [K, K]. U's first 2·num_active columns and Λ's first num_active columns feed
+// structured_rotation.
+struct StructuredDecomposition {
+  at::Tensor basis, coefficients, active_projector, null_projector;
+  std::int64_t num_active = 0;
+};
+StructuredDecomposition structured_decomposition(const at::Tensor& generators,
+                                                 double tolerance = 1e-8,
+                                                 std::uint64_t seed = 0x5eedULL);
+
+// y = R(r) · P · x (eq. 11, 19): x [B, T, H, K]; positions [B, T, H, C] or [B, T, C] (shared by
+// heads); basis U_act [K, 2m] (must not require grad: it receives none); coefficients Λ [C, m];
+// post_rotation P [K, K] optional (e.g. structured_cayley). Differentiable in x, positions,
+// coefficients and post_rotation.
+at::Tensor structured_rotation(const at::Tensor& x, const at::Tensor& positions,
+                               const at::Tensor& basis, const at::Tensor& coefficients,
+                               const c10::optional<at::Tensor>& post_rotation = c10::nullopt);
+
+// The structured Cayley post-rotation (eq. 14): P = I − N Nᵀ + N (I − S)(I + S)^(−1) Nᵀ [K, K]
+// with null_basis N [K, n] (must not require grad), or (I − S)(I + S)^(−1) without it. s: [n, n].
+// Differentiable in s (every entry independent; for S = W − Wᵀ autograd chains to W).
+at::Tensor structured_cayley(const at::Tensor& s,
+                             const c10::optional<at::Tensor>& null_basis = c10::nullopt);
 
 }  // namespace phasor

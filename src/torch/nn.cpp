@@ -98,6 +98,10 @@ at::Tensor position_angles(PosEncoding pe, SelectiveRoPE& rope, double rope_thet
     }
     case PosEncoding::selective_rope:
       return rope->forward(x, cache ? &cache->rope : nullptr);
+    case PosEncoding::string_cayley:
+    case PosEncoding::string_circulant:
+    case PosEncoding::grape:
+      return {};  // the layer's RotationEncodings give θ (nn_rotations.cpp)
   }
   return {};
 }
@@ -108,7 +112,7 @@ void check_rotation(const char* layer, PosEncoding pe, std::int64_t head_dim, do
   check_option(head_dim % 2 == 0, layer, "pos_encoding",
                "an even rotated head dimension K (rotation acts on pairs)",
                "K = " + std::to_string(head_dim));
-  if (pe == PosEncoding::rope)
+  if (pe == PosEncoding::rope || is_rotation_encoding(pe))
     check_option(rope_theta > 1.0, layer, "rope_theta", "a base > 1", std::to_string(rope_theta));
 }
 
@@ -315,6 +319,8 @@ void GatedLinearAttentionImpl::reset() {
   o_norm_weight = register_parameter("o_norm_weight", ones_parameter(head_v));
   o_proj = register_module("o_proj", linear(value_dim, D, false));
   rope = make_rope(*this, o.pos_encoding(), o.selective_rope(), D, H, head_k);
+  rotations.build(*this, o.pos_encoding(), o.rotation(), H, head_k, o.rope_theta(),
+                  o.rotary_layout());
 }
 
 at::Tensor GatedLinearAttentionImpl::forget_gates(const at::Tensor& x) {
@@ -348,6 +354,8 @@ at::Tensor GatedLinearAttentionImpl::forward(const at::Tensor& x, LayerCache* ca
   v = v.reshape({B, T, H, head_v});
   const at::Tensor g = forget_gates(x);
   at::Tensor theta = position_angles(o.pos_encoding(), rope, o.rope_theta(), x, H, head_k, cache);
+  // Learnable rotations (E1 in nn.h): q, k ← M q, M k, then RoPE(θ) as below.
+  if (rotations.defined()) theta = rotations.rotate(q, k, cache ? cache->offset : 0);
   theta = unfused_rotation(o.fused_rotation(), theta, q, k, o.rotary_layout());
 
   c10::optional<at::Tensor> h0;
@@ -412,6 +420,7 @@ void GatedDeltaNetImpl::reset() {
   o_norm_weight = register_parameter("o_norm_weight", ones_parameter(head_v));
   o_proj = register_module("o_proj", linear(value_dim, D, false));
   rope = make_rope(*this, o.pos_encoding(), o.selective_rope(), D, H, K);
+  rotations.build(*this, o.pos_encoding(), o.rotation(), H, K, o.rope_theta(), o.rotary_layout());
 }
 
 at::Tensor GatedDeltaNetImpl::forward(const at::Tensor& x, LayerCache* cache) {
@@ -433,6 +442,8 @@ at::Tensor GatedDeltaNetImpl::forward(const at::Tensor& x, LayerCache* cache) {
   if (o.allow_neg_eigval()) beta = beta * 2.0;
   const at::Tensor g = -A_log.exp() * at::softplus(a_proj->forward(x) + dt_bias);
   at::Tensor theta = position_angles(o.pos_encoding(), rope, o.rope_theta(), x, H, K, cache);
+  // Learnable rotations (E1 in nn.h): q, k ← M q, M k, then RoPE(θ) as below.
+  if (rotations.defined()) theta = rotations.rotate(q, k, cache ? cache->offset : 0);
   // ℓ2 normalisation in the kernel commutes with the rotation (rotations preserve norms).
   theta = unfused_rotation(o.fused_rotation(), theta, q, k, o.rotary_layout());
 
@@ -518,6 +529,7 @@ void ForgettingAttentionImpl::reset() {
     grape_log_omega = register_parameter(
         "grape_log_omega", (alibi_slopes(H) / (2.0 * std::log(2.0))).log().to(at::kFloat));
   }
+  rotations.build(*this, o.pos_encoding(), o.rotation(), H, K, o.rope_theta(), o.rotary_layout());
 }
 
 std::pair<at::Tensor, at::Tensor> ForgettingAttentionImpl::bias_slopes(const at::Tensor& q,
@@ -563,6 +575,8 @@ at::Tensor ForgettingAttentionImpl::forward(const at::Tensor& x, LayerCache* cac
   // Additive bias slopes from the unrotated q, k (GRAPE-A reads their content).
   const auto [slope_q, slope_k] = bias_slopes(q, k);
   at::Tensor theta = position_angles(o.pos_encoding(), rope, o.rope_theta(), x, H, K, cache);
+  // Learnable rotations (E1 in nn.h): q, k ← M q, M k, then RoPE(θ) as below.
+  if (rotations.defined()) theta = rotations.rotate(q, k, cache ? cache->offset : 0);
   theta = unfused_rotation(o.fused_rotation(), theta, q, k, o.rotary_layout());
 
   at::Tensor out;

@@ -45,6 +45,12 @@ void PerformerAttentionImpl::reset() {
                std::to_string(o.chunk_size()));
   head_dim = D / H;
   const std::int64_t K = head_dim;
+  // The learnable rotation encodings (string_cayley, string_circulant, grape) live in the
+  // attention layers' RotationEncodings; this layer applies only RoPE and Selective RoPE.
+  check_option(o.pos_encoding() == PosEncoding::none || o.pos_encoding() == PosEncoding::rope ||
+                   o.pos_encoding() == PosEncoding::selective_rope,
+               "pos_encoding", "none, rope or selective_rope",
+               "another encoding (the learnable rotations are not supported by this layer)");
   if (o.pos_encoding() != PosEncoding::none)
     check_option(K % 2 == 0, "pos_encoding", "an even head dimension K (rotation acts on pairs)",
                  "K = " + std::to_string(K));

@@ -143,6 +143,24 @@ PositionEncoding additive_position(const ModelConfig& c, const std::string& name
   return p;
 }
 
+// ---- rotation encodings: string_cayley, string_circulant, grape (phasor/nn.h) ----
+
+PositionEncoding rotation_position(const ModelConfig& c, const std::string& name,
+                                   nn::PosEncoding kind) {
+  OptionReader r(c.pos_options, "pos_encoding '" + name + "'");
+  PositionEncoding p{name, kind, 10000.0, nn::SelectiveRoPEOptions(0, 0, 0)};
+  p.rope_theta = r.number("rope_theta", p.rope_theta);
+  auto& o = p.rotation;
+  o.per_head(r.boolean("per_head", o.per_head()));
+  // Circulant-STRING's frequencies are a function of its coefficients c: no separate ω.
+  if (kind != nn::PosEncoding::string_circulant)
+    o.learnable_omega(r.boolean("learnable_omega", o.learnable_omega()));
+  o.init_std(r.number("init_std", o.init_std()));
+  r.finish();
+  // Values (init_std ≥ 0, rope_theta > 1) are checked by the layer when the mixer is built.
+  return p;
+}
+
 // ---- built-in mixers ----------------------------------------------------------------------------
 
 template <class Layer>
@@ -173,6 +191,7 @@ Mixer gla_mixer(const ModelConfig& c, const PositionEncoding& pe) {
   r.finish();
   o.norm_eps(c.norm_eps).pos_encoding(pe.kind).rope_theta(pe.rope_theta);
   o.selective_rope(pe.selective_rope);
+  o.rotation(pe.rotation);
   return wrap(build_layer(op, [&] { return nn::GatedLinearAttention(o); }));
 }
 
@@ -198,6 +217,7 @@ Mixer gated_deltanet_mixer(const ModelConfig& c, const PositionEncoding& pe) {
   o.allow_neg_eigval(c.beta_range == 2);
   o.norm_eps(c.norm_eps).pos_encoding(pe.kind).rope_theta(pe.rope_theta);
   o.selective_rope(pe.selective_rope);
+  o.rotation(pe.rotation);
   return wrap(build_layer(op, [&] { return nn::GatedDeltaNet(o); }));
 }
 
@@ -219,6 +239,7 @@ Mixer attention_mixer(const ModelConfig& c, const PositionEncoding& pe, bool for
   o.norm_eps(c.norm_eps).pos_encoding(pe.kind).rope_theta(pe.rope_theta);
   o.selective_rope(pe.selective_rope);
   o.additive_bias(pe.additive_bias);
+  o.rotation(pe.rotation);
   return wrap(build_layer(op, [&] { return nn::ForgettingAttention(o); }));
 }
 
@@ -276,6 +297,15 @@ Registry& registry() {
     };
     reg->positions["grape_a"] = [](const ModelConfig& c) {
       return additive_position(c, "grape_a", nn::AdditiveBias::grape_a);
+    };
+    reg->positions["string_cayley"] = [](const ModelConfig& c) {
+      return rotation_position(c, "string_cayley", nn::PosEncoding::string_cayley);
+    };
+    reg->positions["string_circulant"] = [](const ModelConfig& c) {
+      return rotation_position(c, "string_circulant", nn::PosEncoding::string_circulant);
+    };
+    reg->positions["grape"] = [](const ModelConfig& c) {
+      return rotation_position(c, "grape", nn::PosEncoding::grape);
     };
     return reg;
   }();

@@ -20,6 +20,10 @@
 //                                         Only with the mixers "fox" and "attention" (softmax
 //                                         attention + ALiBi); any other mixer raises an error
 //                                         naming itself.
+//                       "string_cayley"     Cayley-STRING: RoPE · (I − S)(I + S)^(−1), S learnable
+//                       "string_circulant"  Circulant-STRING: exp(t (C − Cᵀ)), C circulant
+//                       "grape"             multi-subspace GRAPE-M: RoPE in a learned basis
+//                       (learnable rotations, RoPE or RoPE-equivalent at init; phasor/nn.h)
 //
 //   #include <phasor/tasks/model.h>      // CMake: target_link_libraries(app PRIVATE phasor_tasks)
 //   phasor::tasks::ModelConfig cfg;
@@ -84,6 +88,10 @@ struct ModelConfig {
   //                   gate ("none" | "per_head" | "per_channel"), spectrum ("rope" | "tan2"),
   //                   spectrum_base, learnable_omega
   //  alibi, grape_a:  rope (boolean, default false: also rotate q, k by RoPE), rope_theta
+  //  string_cayley, grape:  rope_theta (base of the initial spectrum), per_head (default true:
+  //                   generator per key head, else shared), learnable_omega (default false),
+  //                   init_std (default 0: start exactly at RoPE)
+  //  string_circulant:      rope_theta, per_head, init_std (its frequencies come from c)
   nlohmann::json pos_options = nlohmann::json::object();
 };
 
@@ -130,6 +138,9 @@ struct PositionEncoding {
   // Honoured by the mixers "fox" and "attention" (ForgettingAttentionOptions::additive_bias);
   // every other mixer must reject anything but AdditiveBias::none.
   nn::AdditiveBias additive_bias = nn::AdditiveBias::none;
+  // ---- rotation encodings "string_cayley", "string_circulant", "grape" (phasor::nn's
+  // RotationEncodingOptions; sizes, base and layout are set by the layer) ----
+  nn::RotationEncodingOptions rotation = nn::RotationEncodingOptions();
 };
 using PositionEncodingFactory = std::function<PositionEncoding(const ModelConfig&)>;
 
