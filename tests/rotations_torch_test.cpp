@@ -364,6 +364,52 @@ TEST(RotationOps, Float32AndHalfInputs) {
   EXPECT_EQ(a64.grad().scalar_type(), at::kDouble);
 }
 
+TEST(RotationOps, StridedInputsSingleTokensAndLargePositions) {
+  torch::manual_seed(14);
+  const std::int64_t B = 2, H = 3, K = 8;
+  for (const std::int64_t T : {1, 5}) {
+    // x as every other element of a wider buffer, positions transposed: non-contiguous views.
+    const at::Tensor wide = at::randn({B, T, H, 2 * K}, f64);
+    const at::Tensor x = wide.slice(-1, 0, 2 * K, 2);
+    const at::Tensor pos = (at::randn({1, T, B}, f64) * 500).permute({2, 1, 0});  // [B, T, 1]
+    ASSERT_FALSE(x.is_contiguous());
+    if (T > 1) {  // (T = 1: torch calls the permuted view contiguous)
+      ASSERT_FALSE(pos.is_contiguous());
+    }
+    const at::Tensor xc = x.contiguous(), pc = pos.contiguous();
+    const at::Tensor omega = at::rand({1, K / 2}, f64), a = at::randn({H, K, K}, f64) * 0.3;
+    EXPECT_CLOSE(cayley_string(x, pos, omega, a), cayley_string(xc, pc, omega, a), 1e-14,
+                 "strided cayley");
+    const at::Tensor c = at::randn({1, K}, f64);
+    EXPECT_CLOSE(circulant_string(x, pos, c), circulant_string(xc, pc, c), 1e-14,
+                 "strided circulant");
+    const at::Tensor va = at::randn({K}, f64), vb = at::randn({K}, f64), w = at::rand({H}, f64);
+    const at::Tensor p2 = pos.select(2, 0);
+    EXPECT_CLOSE(grape(x, va, vb, w, p2), grape(xc, va, vb, w, p2.contiguous()), 1e-14,
+                 "strided grape");
+    // Positions up to ~10³ in float32: the angles are formed in float64, so float32 results
+    // stay at float32 accuracy (RoPE's angle error would otherwise grow with the position).
+    const at::Tensor y32 = circulant_string(x.to(at::kFloat), pos.to(at::kFloat), c);
+    const at::Tensor y64 = circulant_string(x, pos.to(at::kFloat).to(at::kDouble), c);
+    EXPECT_CLOSE(y32, y64, 1e-5, "float32 at large positions");
+  }
+}
+
+TEST(RotationOps, GradientsOnlyWhereRequestedAndFirstOrderOnly) {
+  const at::Tensor x = leaf(at::randn({1, 3, 2, 6}, f64));
+  const at::Tensor pos = at::randn({1, 3, 1}, f64), omega = at::rand({1, 3}, f64);
+  const at::Tensor a = at::randn({6, 6}, f64);
+  cayley_string(x, pos, omega, a).sum().backward();
+  EXPECT_TRUE(x.grad().defined());
+  EXPECT_FALSE(a.grad().defined());
+  // Double backward would silently be wrong (the core's backward is not differentiable).
+  const at::Tensor c = leaf(at::randn({1, 6}, f64));
+  const at::Tensor y = circulant_string(x, pos, c).pow(2).sum();
+  expect_torch_error(
+      [&] { torch::autograd::grad({y}, {c}, {}, /*retain_graph=*/true, /*create_graph=*/true); },
+      {"circulant_string", "double backward"});
+}
+
 TEST(RotationOps, BadInputsNameTheOpAndArgument) {
   const at::Tensor x = at::randn({1, 2, 2, 6}, f64), pos = at::randn({1, 2, 1}, f64);
   expect_torch_error(
