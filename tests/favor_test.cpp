@@ -13,6 +13,7 @@
 #include <functional>
 #include <limits>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "test_util.h"
@@ -664,6 +665,159 @@ TEST(FavorAttention, DeterministicForAnyThreadCount) {
     EXPECT_TRUE(a.dk.bit_equal(b.dk));
     EXPECT_TRUE(a.dv.bit_equal(b.dv));
     EXPECT_TRUE(a.dw.bit_equal(b.dw));
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The causal key stabiliser in float32 (favor.h: a running max, c_t = max_{s ≤ t} u_s).
+//
+// Keys by kind, d = m = 64 at the default scale (k̂ = 64^{−1/4} k):
+//   'b' big: a random direction of norm 48, logits u_r = w_rᵀk̂ − |k̂|²/2 ≈ 2.4·17 − 144 ≈ −100;
+//   'o' outlier: k̂ = w_r* for the longest row r* of W, u_r* = |w_r*|²/2 ≈ +40 (the largest logit
+//       any key can reach is max_r |w_r|²/2);
+//   'n' normal: N(0, I), u ≈ +3.
+// A whole-sequence stabiliser set by an 'o' scales every earlier 'b' feature by
+// exp(−(u_o − u_b)) < 2^−149 (float32's smallest denormal): their features, and with them the
+// normaliser of every earlier output, would round to 0 and those outputs become 0/0.
+AttnCase make_keyed(std::mt19937_64& rng, const std::string& kinds, const Tensor& w) {
+  const std::int64_t T = static_cast<std::int64_t>(kinds.size()), d = 64, V = 4;
+  const double s = std::pow(64.0, -0.25);  // input_scale at the default softmax scale
+  AttnCase c;
+  c.q = testing::randn({1, T, 1, d}, rng, 1.0, DType::float32);
+  c.v = testing::randn({1, T, 1, V}, rng, 1.0, DType::float32);
+  c.k = testing::randn({1, T, 1, d}, rng, 1.0, DType::float32);
+  c.w = w;
+  c.causal = true;
+  c.chunk_size = 8;
+  std::int64_t longest = 0;
+  for (std::int64_t r = 1; r < 64; ++r) {
+    double a = 0, b = 0;
+    for (std::int64_t i = 0; i < d; ++i) {
+      a += w_at(w, r, i) * w_at(w, r, i);
+      b += w_at(w, longest, i) * w_at(w, longest, i);
+    }
+    if (a > b) longest = r;
+  }
+  for (std::int64_t t = 0; t < T; ++t) {
+    const char kind = kinds[static_cast<std::size_t>(t)];
+    double norm = 0;
+    for (std::int64_t i = 0; i < d; ++i) norm += c.k.at(t * d + i) * c.k.at(t * d + i);
+    norm = std::sqrt(norm);
+    for (std::int64_t i = 0; i < d; ++i) {
+      if (kind == 'b') c.k.set(t * d + i, c.k.at(t * d + i) * 48.0 / norm);
+      if (kind == 'o') c.k.set(t * d + i, w_at(w, longest, i) / s);
+    }
+  }
+  return c;
+}
+
+// max_r u_r(k̂_t) in float64, the per-token key logit the stabilisers are built from.
+double key_logit(const AttnCase& c, std::int64_t t) {
+  const std::int64_t d = 64;
+  const double s = std::pow(64.0, -0.25);
+  double sq = 0, best = -std::numeric_limits<double>::infinity();
+  for (std::int64_t i = 0; i < d; ++i) sq += s * c.k.at(t * d + i) * s * c.k.at(t * d + i);
+  for (std::int64_t r = 0; r < 64; ++r) {
+    double u = 0;
+    for (std::int64_t i = 0; i < d; ++i) u += w_at(c.w, r, i) * s * c.k.at(t * d + i);
+    best = std::max(best, u - 0.5 * sq);
+  }
+  return best;
+}
+
+// Tokens [begin, begin + L) of a one-row problem, as a problem of its own.
+AttnCase slice(const AttnCase& c, std::int64_t begin, std::int64_t L) {
+  AttnCase out = c;
+  out.cu = Tensor();
+  auto cut = [&](const Tensor& x) {
+    const std::int64_t D = x.shape()[3];
+    Tensor y({1, L, 1, D}, x.dtype());
+    for (std::int64_t i = 0; i < L * D; ++i) y.set(i, x.at(begin * D + i));
+    return y;
+  };
+  out.q = cut(c.q);
+  out.k = cut(c.k);
+  out.v = cut(c.v);
+  return out;
+}
+
+// Outputs at tokens [0, L) of a (one-row) result equal those of another: bit for bit (tol = 0),
+// or to within tol relative (a shorter problem has a shorter last chunk, so its dense products
+// may round differently).
+void expect_prefix_equal(const Tensor& a, std::int64_t a_begin, const Tensor& b, std::int64_t L,
+                         const std::string& what, double tol = 0) {
+  const std::int64_t V = a.shape()[3];
+  for (std::int64_t i = 0; i < L * V; ++i) {
+    const double x = a.at(a_begin * V + i), y = b.at(i);
+    if (tol == 0)
+      ASSERT_EQ(x, y) << what << ": token " << i / V;
+    else
+      ASSERT_NEAR(x, y, tol * (1 + std::fabs(y))) << what << ": token " << i / V;
+  }
+}
+
+// A late outlier key must not change (or break) earlier outputs: with the running stabiliser the
+// outputs before it are, bit for bit, those of the same problem with an ordinary key in its place,
+// and (to rounding) those of the problem cut before it; everything is finite and matches the
+// float64 reference.
+TEST(FavorAttention, LateOutlierKeyLeavesEarlierOutputsUnchanged) {
+  std::mt19937_64 rng(21);
+  const Tensor w = random_w(FavorMatrixKind::orthogonal_chi, 5, {64, 64}, DType::float32);
+  const std::int64_t t0 = 13;  // mid-chunk (chunk_size 8)
+  const AttnCase c = make_keyed(rng, "bbbbbbbbbbbbbonnnnnnnnnn", w);
+  AttnCase ordinary = c;  // the outlier replaced by a big key (the key of token 0)
+  for (std::int64_t i = 0; i < 64; ++i) ordinary.k.set(t0 * 64 + i, c.k.at(i));
+  double early = -std::numeric_limits<double>::infinity();
+  for (std::int64_t t = 0; t < t0; ++t) early = std::max(early, key_logit(c, t));
+  // The premise: a whole-sequence stabiliser would flush the early keys' features to 0.
+  ASSERT_GT(key_logit(c, t0) - early, 104.0);
+  const Tensor d_o = testing::randn(c.v.shape(), rng, 1.0, DType::float32);
+  const AttnResult ref = run_attn(c, Impl::reference, d_o, DType::float64);
+  for (Impl impl : {Impl::chunk, Impl::recurrent}) {
+    SCOPED_TRACE(to_string(impl));
+    const AttnResult fast = run_attn(c, impl, d_o, DType::float32);
+    PHASOR_EXPECT_CLOSE(fast.o, ref.o, 3e-5, "o");
+    PHASOR_EXPECT_CLOSE(fast.dq, ref.dq, 1e-4, "dq");
+    PHASOR_EXPECT_CLOSE(fast.dk, ref.dk, 1e-4, "dk");
+    PHASOR_EXPECT_CLOSE(fast.dv, ref.dv, 1e-4, "dv");
+    PHASOR_EXPECT_CLOSE(fast.dw, ref.dw, 1e-4, "dw");
+    const AttnCase cut = slice(c, 0, t0);
+    Tensor o_cut = output(cut.v.shape(), DType::float32),
+           o_ord = output(c.v.shape(), DType::float32);
+    favor_attention_forward(cut.params(), impl, o_cut.view());
+    favor_attention_forward(ordinary.params(), impl, o_ord.view());
+    expect_prefix_equal(fast.o, 0, o_cut, t0, "cut before the outlier", 1e-6);
+    expect_prefix_equal(fast.o, 0, o_ord, t0, "an ordinary key in its place");
+  }
+}
+
+// Packed sequences: the running stabiliser restarts at each sequence. The second sequence holds
+// only big keys; had it inherited the first one's running max (set by its outlier), its features
+// would all round to 0. Each sequence's outputs equal those of the sequence run alone.
+TEST(FavorAttention, RunningKeyStabiliserRestartsPerSequence) {
+  std::mt19937_64 rng(22);
+  const Tensor w = random_w(FavorMatrixKind::orthogonal_chi, 6, {64, 64}, DType::float32);
+  AttnCase c = make_keyed(rng, "bbbbbbbbbbbbbonnnnnnbbbbbbbbbbbb", w);
+  c.cu = testing::cu_seqlens({20, 12});
+  double second = -std::numeric_limits<double>::infinity();
+  for (std::int64_t t = 20; t < 32; ++t) second = std::max(second, key_logit(c, t));
+  ASSERT_GT(key_logit(c, 13) - second, 104.0);
+  const Tensor d_o = testing::randn(c.v.shape(), rng, 1.0, DType::float32);
+  const AttnResult ref = run_attn(c, Impl::reference, d_o, DType::float64);
+  for (Impl impl : {Impl::chunk, Impl::recurrent}) {
+    SCOPED_TRACE(to_string(impl));
+    const AttnResult fast = run_attn(c, impl, d_o, DType::float32);
+    PHASOR_EXPECT_CLOSE(fast.o, ref.o, 3e-5, "o");
+    PHASOR_EXPECT_CLOSE(fast.dq, ref.dq, 1e-4, "dq");
+    PHASOR_EXPECT_CLOSE(fast.dk, ref.dk, 1e-4, "dk");
+    PHASOR_EXPECT_CLOSE(fast.dv, ref.dv, 1e-4, "dv");
+    PHASOR_EXPECT_CLOSE(fast.dw, ref.dw, 1e-4, "dw");
+    for (auto [begin, L] : {std::pair<std::int64_t, std::int64_t>{0, 20}, {20, 12}}) {
+      const AttnCase alone = slice(c, begin, L);
+      Tensor o = output(alone.v.shape(), DType::float32);
+      favor_attention_forward(alone.params(), impl, o.view());
+      expect_prefix_equal(fast.o, begin, o, L, "sequence at " + std::to_string(begin) + " alone");
+    }
   }
 }
 

@@ -17,8 +17,9 @@
 //   reference            "<op>_reference"  plain float64 loops straight from the equations.
 //   recurrent or chunk   "<op>"            the optimized kernel (Eigen products; the causal
 //                                          attention runs phasor's chunked linear-attention
-//                                          kernel, GLA with all log gates 0; both Impl values
-//                                          select it, and pick GLA's chunk or recurrent kernel).
+//                                          kernel, GLA with the key stabiliser's log gates; both
+//                                          Impl values select it, and pick GLA's chunk or
+//                                          recurrent kernel).
 // <op> is "favor_features" or "favor_attention". Work is split over (sequence, head) pairs, each
 // computed by one thread in a fixed order: results are bit-identical for any thread count.
 // Dtypes: float32 or float64 for every floating argument (they may differ); the optimized kernels
@@ -74,8 +75,17 @@ void favor_random_matrix(FavorMatrixKind kind, std::uint64_t seed, const TensorV
 // The backward treats c as a constant (the gradient of exp(wᵀx − |x|²/2 − c)/√m at fixed c).
 // That is exact for the attention output, which does not depend on c at all; for the features on
 // their own it is the gradient of the features up to the factor exp(−c).
-// For the causal attention the key stabiliser is still the max over the whole sequence: it is a
-// constant, so causality of o is unaffected.
+// The causal attention (optimized kernels) does NOT use the whole-sequence key max: there a later
+// key with a large logit would scale every earlier key feature by exp(−(c − u_j)), which in
+// float32 underflows to 0 once the gap passes ~100 (e.g. keys of norm 48 at d = 64, u ≈ −100,
+// then a key along a row of W, u = |w_r|²/2 ≈ +40): the normalisers of earlier outputs become 0
+// and those outputs 0/0 — a future token would change past outputs. It uses the running max
+//   c_t = max_{s ≤ t} max_r (w_rᵀk̂_s − |k̂_s|²/2),
+// which restarts at each sequence, so token t's key features exp(u_t − c_t)/√m ≤ 1/√m depend on
+// keys s ≤ t only; the prefix sums carry the rescaling exp(c_{t−1} − c_t) ≤ 1 from token to token
+// (S_t = exp(c_{t−1} − c_t) S_{t−1} + φ_t v_tᵀ, likewise z_t), so S_t and z_t share the factor
+// exp(−c_t), which cancels in o_t (see favor_attention_* below). The float64 reference keeps the
+// whole-sequence max (ample range in float64 for gaps up to ~700).
 enum class FavorStabilizer : std::uint8_t { query, key, none };
 
 // Layouts:
@@ -101,10 +111,13 @@ void favor_features_backward(const FavorFeatureParams& params, Impl impl, const 
 // q and k each scaled by d^{−1/4}, so that φ(q̂)ᵀφ(k̂) estimates exp(qᵀk/√d)):
 //   o_i = φ(q̂_i)ᵀ S_i / φ(q̂_i)ᵀ z_i,   S_i = Σ_j φ(k̂_j) v_jᵀ,   z_i = Σ_j φ(k̂_j)
 // over all j of the sequence (non-causal) or j ≤ i (causal): softmax attention with its
-// normaliser, in O(T·m·(d + V)) instead of O(T²). Queries use the per-row stabiliser, keys one
-// per (sequence, head) (see above); both cancel exactly in o. The causal prefix sums run on
-// phasor's GLA kernel (phasor/gla.h) with zero log gates and v extended by a column of ones (the
-// normaliser z).
+// normaliser, in O(T·m·(d + V)) instead of O(T²). Queries use the per-row stabiliser; keys one
+// per (sequence, head) when non-causal, the running max c_t when causal (see above); all cancel
+// exactly in o. The causal prefix sums run on phasor's GLA kernel (phasor/gla.h) with v extended
+// by a column of ones (the normaliser z) and the log gate g_t = c_{t−1} − c_t ≤ 0 (one per token,
+// broadcast over the m feature channels): GLA's S_t = diag(exp(g_t)) S_{t−1} + k_t v_tᵀ is then
+// exactly the rescaled prefix sum exp(−c_t) Σ_{j ≤ t} φ(k̂_j) [v_j | 1]ᵀ. The backward holds c
+// constant (exact: o does not depend on it), so the gates' gradient is not needed.
 // Layouts: q, k [B, T, H, d]; v [B, T, H, V]; w [m, d] or [H, m, d]; cu_seqlens optional [N + 1]
 // (B = 1; sequences are independent, empty ones allowed). o: [B, T, H, V].
 struct FavorAttentionParams {

@@ -121,6 +121,31 @@ void compute_features(const Mat<S>& X, const Mat<S>& W, FavorStabilizer stabiliz
   phi = (phi.array().exp() * (S(1) / std::sqrt(static_cast<S>(W.rows())))).matrix();
 }
 
+// The causal path's key features with the running stabiliser of favor.h:
+//   u_t,r = w_rᵀk̂_t − |k̂_t|²/2,   c_t = max_{s ≤ t} max_r u_s,r,   Φ_t,r = exp(u_t,r − c_t)/√m,
+// and the log gates g_t = c_{t−1} − c_t ≤ 0 (g_0 = 0: it multiplies the empty state). Then
+//   Σ_{j ≤ t} exp(g_{j+1} + … + g_t) Φ_j = Σ_{j ≤ t} exp(c_j − c_t) Φ_j
+//                                        = exp(−c_t) Σ_{j ≤ t} φ(k̂_j)
+// (unstabilised φ): GLA with these gates computes the prefix sums S_t, z_t of favor.h scaled by
+// the common factor exp(−c_t), which cancels in o_t = φ(q̂_t)ᵀS_t / φ(q̂_t)ᵀz_t. Every exponent is
+// ≤ 0 and c_t depends on keys s ≤ t only: a later key cannot change (or flush to 0) an earlier
+// token's features, as one whole-sequence max would in float32.
+template <class S>
+void causal_key_features(const Mat<S>& X, const Mat<S>& W, Mat<S>& phi, Vec<S>& gates) {
+  phi.noalias() = X * W.transpose();
+  phi.colwise() -= Vec<S>(S(0.5) * X.rowwise().squaredNorm());
+  const std::int64_t L = phi.rows();
+  Vec<S> c(L);
+  gates.resize(L);
+  for (std::int64_t t = 0; t < L; ++t) {
+    const S u = phi.row(t).maxCoeff();
+    c(t) = t == 0 ? u : std::max(c(t - 1), u);
+    gates(t) = t == 0 ? S(0) : c(t - 1) - c(t);
+  }
+  phi.colwise() -= c;
+  phi = (phi.array().exp() * (S(1) / std::sqrt(static_cast<S>(W.rows())))).matrix();
+}
+
 // G = dΦ ⊙ Φ: dX = G W − diag(Σ_r G) X;  dW += Gᵀ X  (c held constant).
 template <class S>
 void features_grad(const Mat<S>& X, const Mat<S>& W, const Mat<S>& phi, const Mat<S>& d_phi,
@@ -229,20 +254,24 @@ struct Scratch {
         view(TensorView::of(data.data(), {B, T, H, n})) {}
 };
 
-// The causal path: φ(q̂), φ(k̂) and [v | 1] written to scratch tensors, then
-//   Ox_i = Σ_{j ≤ i} (φ(q̂_i)·φ(k̂_j)) [v_j | 1]
-// by GLA with all log gates 0 (S_t = S_{t−1} + φ(k̂_t)[v_t | 1]ᵀ, o_t = S_tᵀ φ(q̂_t); scale 1).
+// The causal path: φ(q̂), the running-stabilised key features Φ, their log gates g (one per
+// token, see causal_key_features) and [v | 1] written to scratch tensors, then
+//   Ox_i = Σ_{j ≤ i} exp(c_j − c_i) (φ(q̂_i)·Φ_j) [v_j | 1]
+// by GLA (S_t = exp(g_t) S_{t−1} + Φ_t [v_t | 1]ᵀ, o_t = S_tᵀ φ(q̂_t); scale 1), the gate
+// broadcast over the m feature channels. Both columns of Ox carry the factor exp(−c_i), which
+// cancels in o_i = num/den. The backward holds c (so Φ's stabiliser and g) constant, exact
+// because o does not depend on c: GLA's dg is not needed.
 template <class S>
 struct CausalState {
   std::int64_t B, T;
-  Scratch<S> phi_q, phi_k, v_ext, o_ext;
-  S zero = S(0);
+  Scratch<S> phi_q, phi_k, gates, v_ext, o_ext;
   GlaParams gla;
   CausalState(const AttentionProblem& p)
       : B(p.q.size(0)),
         T(p.q.size(1)),
         phi_q(B, T, p.shape.H, p.shape.m),
         phi_k(B, T, p.shape.H, p.shape.m),
+        gates(B, T, p.shape.H, 1),
         v_ext(B, T, p.shape.H, p.V + 1),
         o_ext(B, T, p.shape.H, p.V + 1) {
     const Shape& sh = p.shape;
@@ -254,15 +283,18 @@ struct CausalState {
       Mat<S> F;
       compute_features(load_scaled<S>(p, p.q, s, h), W, FavorStabilizer::query, F);
       store_rows(F, phi_q.view, s, h);
-      compute_features(load_scaled<S>(p, p.k, s, h), W, FavorStabilizer::key, F);
+      Vec<S> g;
+      causal_key_features(load_scaled<S>(p, p.k, s, h), W, F, g);
       store_rows(F, phi_k.view, s, h);
+      store_rows(Mat<S>(g), gates.view, s, h);  // restarts at each sequence's first token
       store_rows(load_v_ext<S>(p, s, h), v_ext.view, s, h);
     });
     gla.q = phi_q.view;
     gla.k = phi_k.view;
     gla.v = v_ext.view;
-    // All log gates 0: one zero broadcast with zero strides (never written).
-    gla.g = TensorView::strided(&zero, dtype_of<S>(), {B, T, sh.H, sh.m}, {0, 0, 0, 0});
+    // The token's gate for every feature channel: [B, T, H, 1] read with a zero stride over m.
+    gla.g = TensorView::strided(gates.data.data(), dtype_of<S>(), {B, T, sh.H, sh.m},
+                                {T * sh.H, sh.H, 1, 0});
     gla.cu_seqlens = p.cu_seqlens;
     gla.scale = 1.0;
     gla.chunk_size = p.chunk_size;

@@ -124,7 +124,9 @@ void reference_features_backward(const FeatureProblem& p, const TensorView& d_ph
 
 namespace {
 // One (sequence, head) of the attention in quadratic form: A_ij = φ(q̂_i)·φ(k̂_j) for j in the
-// window (all j, or j ≤ i), o_i = Σ_j A_ij v_j / Σ_j A_ij.
+// window (all j, or j ≤ i), o_i = Σ_j A_ij v_j / Σ_j A_ij. The keys use the whole-sequence
+// stabiliser even when causal: o does not depend on it, and float64's range covers key logit gaps
+// up to ~700 (the optimized float32 kernels need the running max of favor.h instead).
 struct Pair {
   Buffer Q, K, Vv, W, phi_q, phi_k, A, den, O;
 };

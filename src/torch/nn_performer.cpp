@@ -129,7 +129,8 @@ at::Tensor PerformerAttentionImpl::forward(const at::Tensor& x, LayerCache* cach
     // K^{−1/4}, as favor_attention), the state holds S = Σ_j exp(u(k_j) − c) v_jᵀ/√m and
     // z = Σ_j exp(u(k_j) − c)/√m for the running key stabiliser c = max_j,r u_r(k_j): a larger
     // key rescales S and z by exp(c_old − c_new). c cancels in o_t = φ(q_t)ᵀS / φ(q_t)ᵀz, as the
-    // whole-sequence stabiliser of the parallel forward does, so both give the same o.
+    // same running stabiliser does in the parallel causal forward (phasor/favor.h), so both give
+    // the same o.
     const double s = std::pow(static_cast<double>(K), -0.25), inv_sqrt_m = 1.0 / std::sqrt(m);
     const at::Tensor wd = w.to(at::kDouble);
     auto logits = [&](const at::Tensor& y) {  // y: [B, H, K] → u: [B, H, m]
