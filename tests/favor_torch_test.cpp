@@ -25,78 +25,12 @@
 #include "phasor/tasks/model.h"
 #include "phasor/tasks/train.h"
 #include "phasor/torch.h"
+#include "torch_test_util.h"
 
 namespace phasor {
 namespace {
 
-const at::TensorOptions f64 = at::TensorOptions().dtype(at::kDouble);
-const at::TensorOptions f32 = at::TensorOptions().dtype(at::kFloat);
-
-// A view of a contiguous tensor for calling the core directly (independent of the layer's own
-// conversion, so expected values do not go through the code under test).
-TensorView core_view(const at::Tensor& t) {
-  if (!t.defined()) return {};
-  EXPECT_TRUE(t.is_contiguous());
-  TensorView v;
-  v.data = t.data_ptr();
-  switch (t.scalar_type()) {
-    case at::kFloat:
-      v.dtype = DType::float32;
-      break;
-    case at::kDouble:
-      v.dtype = DType::float64;
-      break;
-    case at::kInt:
-      v.dtype = DType::int32;
-      break;
-    case at::kLong:
-      v.dtype = DType::int64;
-      break;
-    default:
-      ADD_FAILURE() << "unexpected dtype " << t.scalar_type();
-  }
-  v.rank = static_cast<int>(t.dim());
-  std::int64_t stride = 1;
-  for (int d = v.rank - 1; d >= 0; --d) {
-    v.sizes[static_cast<std::size_t>(d)] = t.size(d);
-    v.strides[static_cast<std::size_t>(d)] = stride;
-    stride *= t.size(d);
-  }
-  return v;
-}
-
-// sqrt(Σ(a − b)² / Σb²) in float64; b is trusted.
-double rel_rms(const at::Tensor& a, const at::Tensor& b) {
-  const at::Tensor x = a.detach().to(at::kDouble), y = b.detach().to(at::kDouble);
-  const double num = (x - y).pow(2).sum().item<double>(), den = y.pow(2).sum().item<double>();
-  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
-}
-
-#define EXPECT_CLOSE(actual, expected, tol, what)                                               \
-  do {                                                                                          \
-    ASSERT_TRUE((actual).defined()) << (what) << " is undefined";                               \
-    ASSERT_EQ((actual).sizes(), (expected).sizes()) << (what);                                  \
-    EXPECT_TRUE(at::isfinite((actual).detach()).all().item<bool>()) << (what) << " not finite"; \
-    EXPECT_LE(rel_rms((actual), (expected)), (tol)) << (what);                                  \
-  } while (0)
-
-template <class F>
-void expect_torch_error(F&& fn, std::initializer_list<const char*> fragments) {
-  try {
-    fn();
-    ADD_FAILURE() << "expected a c10::Error";
-  } catch (const c10::Error& e) {
-    const std::string what = e.what_without_backtrace();
-    for (const char* f : fragments)
-      EXPECT_NE(what.find(f), std::string::npos) << "message '" << what << "' lacks '" << f << "'";
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "expected a c10::Error, got another exception: " << e.what();
-  }
-}
-
-at::Tensor leaf(const at::Tensor& t) {
-  return t.detach().clone().set_requires_grad(true);
-}
+using namespace torch_test;
 
 // Central differences (h = 1e-6) of L = Σ R ⊙ f(inputs) against autograd, for every element of
 // every input (the sizes here are small), in float64.

@@ -22,44 +22,14 @@
 #include "phasor/tasks/train.h"
 #include "phasor/torch.h"
 #include "torch/layer_util.h"
+#include "torch_test_util.h"
 
 namespace phasor {
 namespace {
 
+using namespace torch_test;
+
 using torch_detail::view_of;
-
-const at::TensorOptions f64 = at::TensorOptions().dtype(at::kDouble);
-
-// sqrt(Σ(a − b)² / Σb²) in float64; b is trusted.
-double rel_rms(const at::Tensor& a, const at::Tensor& b) {
-  const at::Tensor x = a.detach().to(at::kDouble), y = b.detach().to(at::kDouble);
-  const double num = (x - y).pow(2).sum().item<double>(), den = y.pow(2).sum().item<double>();
-  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
-}
-
-#define EXPECT_CLOSE(actual, expected, tol, what)                                               \
-  do {                                                                                          \
-    ASSERT_TRUE((actual).defined()) << (what) << " is undefined";                               \
-    ASSERT_EQ((actual).sizes(), (expected).sizes()) << (what);                                  \
-    EXPECT_TRUE(at::isfinite((actual).detach()).all().item<bool>()) << (what) << " not finite"; \
-    EXPECT_LE(rel_rms((actual), (expected)), (tol)) << (what);                                  \
-  } while (0)
-
-at::Tensor leaf(const at::Tensor& values) {
-  return values.detach().clone().requires_grad_(true);
-}
-
-// Expects a c10::Error whose message holds every fragment.
-template <class F>
-void expect_torch_error(F&& fn, std::initializer_list<const char*> fragments) {
-  try {
-    fn();
-    ADD_FAILURE() << "expected a c10::Error mentioning " << *fragments.begin();
-  } catch (const c10::Error& e) {
-    const std::string msg = e.what_without_backtrace();
-    for (const char* f : fragments) EXPECT_NE(msg.find(f), std::string::npos) << msg;
-  }
-}
 
 using LossFn = std::function<at::Tensor(const std::vector<at::Tensor>&)>;
 

@@ -15,60 +15,12 @@
 #include "phasor/gated_delta_rule.h"
 #include "phasor/gla.h"
 #include "phasor/torch.h"
+#include "torch_test_util.h"
 
 namespace phasor {
 namespace {
 
-const at::TensorOptions f64 = at::TensorOptions().dtype(at::kDouble);
-const at::TensorOptions f32 = at::TensorOptions().dtype(at::kFloat);
-
-// A view of a contiguous tensor for calling the core directly. Deliberately independent of the
-// layer's own conversion (which handles any strides): the expected values go through this one.
-TensorView core_view(const at::Tensor& t) {
-  if (!t.defined()) return {};
-  EXPECT_TRUE(t.is_contiguous());
-  TensorView v;
-  v.data = t.data_ptr();
-  switch (t.scalar_type()) {
-    case at::kFloat:
-      v.dtype = DType::float32;
-      break;
-    case at::kDouble:
-      v.dtype = DType::float64;
-      break;
-    case at::kInt:
-      v.dtype = DType::int32;
-      break;
-    case at::kLong:
-      v.dtype = DType::int64;
-      break;
-    default:
-      ADD_FAILURE() << "unexpected dtype " << t.scalar_type();
-  }
-  v.rank = static_cast<int>(t.dim());
-  std::int64_t stride = 1;
-  for (int d = v.rank - 1; d >= 0; --d) {
-    v.sizes[static_cast<std::size_t>(d)] = t.size(d);
-    v.strides[static_cast<std::size_t>(d)] = stride;
-    stride *= t.size(d);
-  }
-  return v;
-}
-
-// sqrt(Σ(a − b)² / Σb²) in float64; b is trusted.
-double rel_rms(const at::Tensor& a, const at::Tensor& b) {
-  const at::Tensor x = a.detach().to(at::kDouble), y = b.detach().to(at::kDouble);
-  const double num = (x - y).pow(2).sum().item<double>(), den = y.pow(2).sum().item<double>();
-  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
-}
-
-#define EXPECT_CLOSE(actual, expected, tol, what)                                               \
-  do {                                                                                          \
-    ASSERT_TRUE((actual).defined()) << (what) << " is undefined";                               \
-    ASSERT_EQ((actual).sizes(), (expected).sizes()) << (what);                                  \
-    EXPECT_TRUE(at::isfinite((actual).detach()).all().item<bool>()) << (what) << " not finite"; \
-    EXPECT_LE(rel_rms((actual), (expected)), (tol)) << (what);                                  \
-  } while (0)
+using namespace torch_test;
 
 // log σ(x), x ~ N(mean, 1): realistic log forget gates.
 at::Tensor log_gates(at::IntArrayRef shape, double mean = 2.0) {
@@ -86,25 +38,6 @@ at::Tensor strided_leaf(const at::Tensor& values) {
   leaf.copy_(values);
   EXPECT_FALSE(leaf.is_contiguous());
   return leaf.detach().requires_grad_(true);
-}
-
-at::Tensor leaf(const at::Tensor& values) {
-  return values.detach().clone().requires_grad_(true);
-}
-
-// Expects a c10::Error (not some other exception) whose message holds every fragment.
-template <class F>
-void expect_torch_error(F&& fn, std::initializer_list<const char*> fragments) {
-  try {
-    fn();
-    ADD_FAILURE() << "expected a c10::Error";
-  } catch (const c10::Error& e) {
-    const std::string what = e.what_without_backtrace();
-    for (const char* f : fragments)
-      EXPECT_NE(what.find(f), std::string::npos) << "message '" << what << "' lacks '" << f << "'";
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "expected a c10::Error, got another exception: " << e.what();
-  }
 }
 
 const Impl kImpls[] = {Impl::reference, Impl::recurrent, Impl::chunk};

@@ -1,0 +1,93 @@
+// Helpers shared by the LibTorch-layer tests (torch_test, favor_torch_test, rotations_torch_test):
+// dtype shorthands, a view of a tensor for calling the core directly, a relative error, the
+// EXPECT_CLOSE check, autograd leaves and the expected-c10::Error check.
+#pragma once
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cmath>
+#include <cstdint>
+#include <initializer_list>
+#include <string>
+
+#include "phasor/common.h"
+
+namespace phasor::torch_test {
+
+inline const at::TensorOptions f64 = at::TensorOptions().dtype(at::kDouble);
+inline const at::TensorOptions f32 = at::TensorOptions().dtype(at::kFloat);
+
+// A view of a contiguous tensor for calling the core directly. Deliberately independent of the
+// layer's own conversion (which handles any strides): the expected values go through this one.
+inline TensorView core_view(const at::Tensor& t) {
+  if (!t.defined()) return {};
+  EXPECT_TRUE(t.is_contiguous());
+  TensorView v;
+  v.data = t.data_ptr();
+  switch (t.scalar_type()) {
+    case at::kFloat:
+      v.dtype = DType::float32;
+      break;
+    case at::kDouble:
+      v.dtype = DType::float64;
+      break;
+    case at::kInt:
+      v.dtype = DType::int32;
+      break;
+    case at::kLong:
+      v.dtype = DType::int64;
+      break;
+    default:
+      ADD_FAILURE() << "unexpected dtype " << t.scalar_type();
+  }
+  v.rank = static_cast<int>(t.dim());
+  std::int64_t stride = 1;
+  for (int d = v.rank - 1; d >= 0; --d) {
+    v.sizes[static_cast<std::size_t>(d)] = t.size(d);
+    v.strides[static_cast<std::size_t>(d)] = stride;
+    stride *= t.size(d);
+  }
+  return v;
+}
+
+// sqrt(Σ(a − b)² / Σb²) in float64; b is trusted.
+inline double rel_rms(const at::Tensor& a, const at::Tensor& b) {
+  const at::Tensor x = a.detach().to(at::kDouble), y = b.detach().to(at::kDouble);
+  const double num = (x - y).pow(2).sum().item<double>(), den = y.pow(2).sum().item<double>();
+  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+}
+
+// actual is defined, has expected's shape, is finite and within a relative RMS error tol of it.
+// Each argument is evaluated once (a call that updates state may be passed).
+#define EXPECT_CLOSE(actual, expected, tol, what)                                                \
+  do {                                                                                           \
+    const at::Tensor expect_close_a_ = (actual), expect_close_e_ = (expected);                   \
+    ASSERT_TRUE(expect_close_a_.defined()) << (what) << " is undefined";                         \
+    ASSERT_EQ(expect_close_a_.sizes(), expect_close_e_.sizes()) << (what);                       \
+    EXPECT_TRUE(at::isfinite(expect_close_a_.detach()).all().item<bool>())                       \
+        << (what) << " not finite";                                                              \
+    EXPECT_LE(::phasor::torch_test::rel_rms(expect_close_a_, expect_close_e_), (tol)) << (what); \
+  } while (0)
+
+// A fresh leaf with the given values that requires grad.
+inline at::Tensor leaf(const at::Tensor& values) {
+  return values.detach().clone().requires_grad_(true);
+}
+
+// Expects a c10::Error (not some other exception) whose message holds every fragment.
+template <class F>
+void expect_torch_error(F&& fn, std::initializer_list<const char*> fragments) {
+  try {
+    fn();
+    ADD_FAILURE() << "expected a c10::Error mentioning '" << *fragments.begin() << "'";
+  } catch (const c10::Error& e) {
+    const std::string what = e.what_without_backtrace();
+    for (const char* f : fragments)
+      EXPECT_NE(what.find(f), std::string::npos) << "message '" << what << "' lacks '" << f << "'";
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "expected a c10::Error, got another exception: " << e.what();
+  }
+}
+
+}  // namespace phasor::torch_test
