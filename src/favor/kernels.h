@@ -6,28 +6,10 @@
 #include <vector>
 
 #include "common/check.h"
+#include "common/element_access.h"
 #include "phasor/favor.h"
 
 namespace phasor::detail::favor {
-
-// Element access for the reference loops (any rank ≤ 4, any strides, float32 or float64).
-inline double get(const TensorView& x, std::int64_t offset) {
-  return x.dtype == DType::float32 ? static_cast<double>(static_cast<const float*>(x.data)[offset])
-                                   : static_cast<const double*>(x.data)[offset];
-}
-inline void put(const TensorView& x, std::int64_t offset, double v) {
-  if (x.dtype == DType::float32)
-    static_cast<float*>(x.data)[offset] = static_cast<float>(v);
-  else
-    static_cast<double*>(x.data)[offset] = v;
-}
-inline std::int64_t offset_of(const TensorView& x, std::int64_t i0, std::int64_t i1 = 0,
-                              std::int64_t i2 = 0, std::int64_t i3 = 0) {
-  const std::int64_t idx[4] = {i0, i1, i2, i3};
-  std::int64_t off = 0;
-  for (int d = 0; d < x.rank; ++d) off += idx[d] * x.stride(d);
-  return off;
-}
 
 // The shapes shared by both problems: x (or q, k) [B, T, H, d], w [m, d] or [H, m, d].
 struct Shape {

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "common/element_access.h"
 #include "phasor/grape.h"
 
 namespace phasor::detail::grape {
@@ -37,24 +38,6 @@ void reference_subspace_backward(const SubspaceProblem& p, const TensorView& dy,
 void subspace_forward(const SubspaceProblem& p, const TensorView& y);
 void subspace_backward(const SubspaceProblem& p, const TensorView& dy, const GrapeSubspaceGrads& g);
 
-// Element access of a float view as double (reference and scalar paths).
-inline double get(const TensorView& x, std::int64_t offset) {
-  return x.dtype == DType::float32 ? static_cast<double>(static_cast<const float*>(x.data)[offset])
-                                   : static_cast<const double*>(x.data)[offset];
-}
-inline void put(const TensorView& x, std::int64_t offset, double v) {
-  if (x.dtype == DType::float32)
-    static_cast<float*>(x.data)[offset] = static_cast<float>(v);
-  else
-    static_cast<double*>(x.data)[offset] = v;
-}
-inline std::int64_t offset_of(const TensorView& x, std::int64_t i0, std::int64_t i1 = 0,
-                              std::int64_t i2 = 0, std::int64_t i3 = 0) {
-  const std::int64_t idx[4] = {i0, i1, i2, i3};
-  std::int64_t off = 0;
-  for (int d = 0; d < x.rank; ++d) off += idx[d] * x.stride(d);
-  return off;
-}
 // a[h, k] / b[h, k] (or [k] when shared by the heads).
 inline std::int64_t head_vector_offset(const TensorView& x, bool per_head, std::int64_t h,
                                        std::int64_t k) {

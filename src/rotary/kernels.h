@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "common/check.h"
+#include "common/element_access.h"
 #include "phasor/rotary.h"
 
 namespace phasor::detail::rotary {
@@ -53,25 +54,6 @@ inline std::int64_t pair_a(RotaryLayout layout, std::int64_t i, std::int64_t /*R
 }
 inline std::int64_t pair_b(RotaryLayout layout, std::int64_t i, std::int64_t R) {
   return layout == RotaryLayout::half_split ? i + R : 2 * i + 1;
-}
-
-// Element access of a float view as double (reference and small scalar paths).
-inline double get(const TensorView& x, std::int64_t offset) {
-  return x.dtype == DType::float32 ? static_cast<double>(static_cast<const float*>(x.data)[offset])
-                                   : static_cast<const double*>(x.data)[offset];
-}
-inline void put(const TensorView& x, std::int64_t offset, double v) {
-  if (x.dtype == DType::float32)
-    static_cast<float*>(x.data)[offset] = static_cast<float>(v);
-  else
-    static_cast<double*>(x.data)[offset] = v;
-}
-inline std::int64_t offset_of(const TensorView& x, std::int64_t i0, std::int64_t i1 = 0,
-                              std::int64_t i2 = 0, std::int64_t i3 = 0) {
-  const std::int64_t idx[4] = {i0, i1, i2, i3};
-  std::int64_t off = 0;
-  for (int d = 0; d < x.rank; ++d) off += idx[d] * x.stride(d);
-  return off;
 }
 
 }  // namespace phasor::detail::rotary

@@ -29,9 +29,6 @@
 namespace phasor::detail::string_rotation {
 namespace {
 
-using rotary::get;
-using rotary::offset_of;
-using rotary::put;
 constexpr double kPi = 3.14159265358979323846;
 constexpr std::int64_t kTokenBlock = 256;  // tokens per angles work item
 

@@ -17,9 +17,6 @@
 namespace phasor::detail::string_rotation {
 namespace {
 
-using rotary::get;
-using rotary::offset_of;
-using rotary::put;
 using Cd = std::complex<double>;
 constexpr double kPi = 3.14159265358979323846;
 

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "common/check.h"
+#include "common/element_access.h"
 #include "phasor/structured_rotation.h"
 
 namespace phasor::detail::structured_rotation {
@@ -34,24 +35,5 @@ void cayley_forward(const std::string& op, const TensorView& s, const TensorView
                     const TensorView& p);
 void cayley_backward(const std::string& op, const TensorView& s, const TensorView& null_basis,
                      const TensorView& dp, const TensorView& ds);
-
-// Element access of a float view as double, by (up to 4) indices.
-inline std::int64_t offset_of(const TensorView& x, std::int64_t i0, std::int64_t i1 = 0,
-                              std::int64_t i2 = 0, std::int64_t i3 = 0) {
-  const std::int64_t idx[4] = {i0, i1, i2, i3};
-  std::int64_t off = 0;
-  for (int d = 0; d < x.rank; ++d) off += idx[d] * x.stride(d);
-  return off;
-}
-inline double get(const TensorView& x, std::int64_t offset) {
-  return x.dtype == DType::float32 ? static_cast<double>(static_cast<const float*>(x.data)[offset])
-                                   : static_cast<const double*>(x.data)[offset];
-}
-inline void put(const TensorView& x, std::int64_t offset, double v) {
-  if (x.dtype == DType::float32)
-    static_cast<float*>(x.data)[offset] = static_cast<float>(v);
-  else
-    static_cast<double*>(x.data)[offset] = v;
-}
 
 }  // namespace phasor::detail::structured_rotation
