@@ -1,7 +1,8 @@
 // Performer FAVOR+ benchmark: causal FAVOR+ attention against exact causal softmax attention in
 // the same run. B = 1, H = 4, d = V = 64, float32, T ∈ {1024, 4096}.
-//  - BM_FavorCausal/m:T          causal FAVOR+ (features + GLA chunk kernel with zero gates,
-//                                chunk 64), m ∈ {64, 128, 256} features shared by the heads.
+//  - BM_FavorCausal/m:T          causal FAVOR+ (features + GLA chunk kernel, chunk 64, whose log
+//                                gates carry the running key stabiliser), m ∈ {64, 128, 256}
+//                                features shared by the heads.
 //  - BM_SoftmaxCausal/T          exact causal softmax attention: phasor's FoX tiled kernel
 //                                (forgetting_attn, Impl::chunk, block 64) with all gates g = 0.
 // Each in two modes: forward only, and forward + backward (mode 0 / 1 in the name).
