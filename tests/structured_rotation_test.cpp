@@ -727,12 +727,14 @@ TEST(StructuredRotation, Errors) {
   // Shapes: generators not square, wrong outputs, tolerance.
   testing::expect_error(
       [&] {
-        structured_decomposition({Tensor::zeros({2, 3, 4}).view(), 1e-8, 1}, {U.view(), lam.view(), {}, {}});
+        structured_decomposition({Tensor::zeros({2, 3, 4}).view(), 1e-8, 1},
+                                 {U.view(), lam.view(), {}, {}});
       },
       {"generators", "[C, K, K]"});
   testing::expect_error(
       [&] {
-        structured_decomposition({stack(f.L).view(), 1e-8, 1}, {U.view(), output({3, 3}).view(), {}, {}});
+        structured_decomposition({stack(f.L).view(), 1e-8, 1},
+                                 {U.view(), output({3, 3}).view(), {}, {}});
       },
       {"coefficients", "K/2=4"});
   testing::expect_error(
