@@ -32,33 +32,16 @@ namespace {
 
 using namespace torch_test;
 
-// Central differences (h = 1e-6) of L = Σ R ⊙ f(inputs) against autograd, for every element of
-// every input (the sizes here are small), in float64.
+// Central differences (h = 1e-6) of L = Σ R ⊙ f(inputs), R random, against autograd, for every
+// element of every input (the sizes here are small), in float64 (the shared check).
 void expect_fd_gradients(const std::function<at::Tensor(const std::vector<at::Tensor>&)>& f,
-                         std::vector<at::Tensor> inputs, const std::vector<std::string>& names,
-                         double tol, const std::string& what) {
-  for (auto& x : inputs) x = leaf(x);
-  const at::Tensor out = f(inputs);
-  const at::Tensor R = at::randn(out.sizes(), f64);
-  (out * R).sum().backward();
-  torch::NoGradGuard no_grad;
-  for (std::size_t n = 0; n < inputs.size(); ++n) {
-    ASSERT_TRUE(inputs[n].grad().defined()) << what << ": no gradient for " << names[n];
-    const at::Tensor g = inputs[n].grad().reshape({-1});
-    at::Tensor flat = inputs[n].detach().reshape({-1});  // a view: perturbs the input in place
-    at::Tensor fd = at::empty_like(g);
-    const double h = 1e-6;
-    for (std::int64_t i = 0; i < flat.numel(); ++i) {
-      const double x0 = flat[i].item<double>();
-      flat[i] = x0 + h;
-      const double lp = (f(inputs) * R).sum().item<double>();
-      flat[i] = x0 - h;
-      const double lm = (f(inputs) * R).sum().item<double>();
-      flat[i] = x0;
-      fd[i] = (lp - lm) / (2 * h);
-    }
-    EXPECT_LE(rel_rms(g, fd), tol) << what << ": d" << names[n];
-  }
+                         const std::vector<at::Tensor>& inputs,
+                         const std::vector<std::string>& names, double tol,
+                         const std::string& what) {
+  SCOPED_TRACE(what);
+  const at::Tensor R = at::randn(f(inputs).sizes(), f64);
+  check_finite_differences([&](const std::vector<at::Tensor>& in) { return (f(in) * R).sum(); },
+                           inputs, names, tol);
 }
 
 // Dense float64 softmax attention with the FoX gate sums and the additive slopes, straight from

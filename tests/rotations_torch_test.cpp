@@ -33,28 +33,10 @@ using torch_detail::view_of;
 
 using LossFn = std::function<at::Tensor(const std::vector<at::Tensor>&)>;
 
-// Autograd's gradient of every input against (loss(x + εe_i) − loss(x − εe_i)) / 2ε (float64).
-void check_finite_differences(const LossFn& loss, const std::vector<at::Tensor>& values,
-                              const std::vector<std::string>& names, double tol = 1e-6) {
-  std::vector<at::Tensor> leaves;
-  for (const auto& x : values) leaves.push_back(leaf(x));
-  loss(leaves).backward();
-  const double eps = 1e-6;
-  at::NoGradGuard no_grad;
-  for (std::size_t i = 0; i < values.size(); ++i) {
-    ASSERT_TRUE(leaves[i].grad().defined()) << "no gradient for " << names[i];
-    const at::Tensor analytic = leaves[i].grad().reshape(-1);
-    at::Tensor numeric = at::empty_like(analytic);
-    for (std::int64_t e = 0; e < analytic.numel(); ++e) {
-      std::vector<at::Tensor> plus = values, minus = values;
-      plus[i] = values[i].clone(), minus[i] = values[i].clone();
-      plus[i].view(-1)[e] += eps;
-      minus[i].view(-1)[e] -= eps;
-      numeric[e] = (loss(plus).item<double>() - loss(minus).item<double>()) / (2 * eps);
-    }
-    EXPECT_GT(numeric.abs().max().item<double>(), 1e-8) << names[i] << ": a vacuous check";
-    EXPECT_LE(rel_rms(analytic, numeric), tol) << "gradient of " << names[i];
-  }
+// The shared check (torch_test_util.h), asking for a non-vacuous numerical gradient.
+void check_fd(const LossFn& loss, const std::vector<at::Tensor>& values,
+              const std::vector<std::string>& names, double tol = 1e-6) {
+  check_finite_differences(loss, values, names, tol, /*expect_nonzero=*/true);
 }
 
 // Σ y ⊙ w with fixed random weights: a loss whose gradient dy = w is generic.
@@ -82,7 +64,7 @@ TEST(NdRopeAngles, MatchesTheSumAndFiniteDifferences) {
                                          : at::einsum("btc,ci->bti", {pos, omega});
     EXPECT_CLOSE(theta, expected, 1e-14, "theta");
     const at::Tensor w = at::randn(theta.sizes(), f64);
-    check_finite_differences(
+    check_fd(
         [&](const std::vector<at::Tensor>& v) { return weighted(nd_rope_angles(v[0], v[1]), w); },
         {pos, omega}, {"positions", "omega"});
   }
@@ -122,7 +104,7 @@ TEST(CayleyString, MatchesTheCoreReferenceAndFiniteDifferences) {
       EXPECT_CLOSE(in[1].grad(), dpos, 1e-12, "d_positions");
       EXPECT_CLOSE(in[2].grad(), domega, 1e-12, "d_omega");
       EXPECT_CLOSE(in[3].grad(), da, 1e-12, "d_generator");
-      check_finite_differences(
+      check_fd(
           [&](const std::vector<at::Tensor>& v) {
             return weighted(cayley_string(v[0], v[1], v[2], v[3], layout), w);
           },
@@ -154,7 +136,7 @@ TEST(CirculantString, MatchesTheCoreReferenceAndFiniteDifferences) {
       EXPECT_CLOSE(in[0].grad(), dx, 1e-12, "dx");
       EXPECT_CLOSE(in[1].grad(), dpos, 1e-12, "d_positions");
       EXPECT_CLOSE(in[2].grad(), dc, 1e-12, "dc");
-      check_finite_differences(
+      check_fd(
           [&](const std::vector<at::Tensor>& v) {
             return weighted(circulant_string(v[0], v[1], v[2]), w);
           },
@@ -191,7 +173,7 @@ TEST(Grape, MatchesTheCoreReferenceAndFiniteDifferences) {
       EXPECT_CLOSE(in[2].grad(), db, 1e-12, "db");
       EXPECT_CLOSE(in[3].grad(), domega, 1e-12, "d_omega");
       EXPECT_CLOSE(in[4].grad(), dpos, 1e-12, "d_positions");
-      check_finite_differences(
+      check_fd(
           [&](const std::vector<at::Tensor>& v) {
             return weighted(grape(v[0], v[1], v[2], v[3], v[4]), w);
           },
@@ -231,7 +213,7 @@ TEST(GrapeSubspace, MatchesTheCoreReferenceAndFiniteDifferencesThroughACayleyBas
       EXPECT_CLOSE(in[2].grad(), shared_theta ? dtheta.sum(2) : dtheta, 1e-12, "d_theta");
       // Finite differences with B = Cayley(W − Wᵀ): the basis stays orthogonal under the
       // perturbations and autograd chains d_basis into W.
-      check_finite_differences(
+      check_fd(
           [&](const std::vector<at::Tensor>& v) {
             return weighted(grape_subspace(v[0], cayley_of(v[1]), v[2], layout), w);
           },
@@ -298,7 +280,7 @@ TEST(StructuredRotation, MatchesTheCoreReferenceAndFiniteDifferences) {
     EXPECT_CLOSE(in[1].grad(), head_positions ? dpos : dpos.sum(2), 1e-12, "d_positions");
     EXPECT_CLOSE(in[2].grad(), dlam, 1e-12, "d_coefficients");
     EXPECT_CLOSE(in[3].grad(), dpost, 1e-12, "d_post_rotation");
-    check_finite_differences(
+    check_fd(
         [&](const std::vector<at::Tensor>& v) {
           const at::Tensor pr = structured_cayley(v[3] - v[3].t(), null_basis);
           return weighted(structured_rotation(v[0], v[1], u_act, v[2], pr), w);

@@ -206,31 +206,6 @@ TEST_P(TorchImpl, ForgettingAttnAutogradMatchesCoreBackward) {
 
 // ---- central finite differences through the torch API (float64) ---------------------------------
 
-// loss(inputs) is a scalar tensor. Checks autograd's gradient of every input against
-// (loss(x + εe_i) − loss(x − εe_i)) / 2ε, element by element.
-void check_finite_differences(const std::function<at::Tensor(const std::vector<at::Tensor>&)>& loss,
-                              const std::vector<at::Tensor>& values,
-                              const std::vector<std::string>& names, double tol = 1e-6) {
-  std::vector<at::Tensor> leaves;
-  for (const auto& x : values) leaves.push_back(leaf(x));
-  loss(leaves).backward();
-  const double eps = 1e-6;
-  at::NoGradGuard no_grad;
-  for (std::size_t i = 0; i < values.size(); ++i) {
-    ASSERT_TRUE(leaves[i].grad().defined()) << "no gradient for " << names[i];
-    const at::Tensor analytic = leaves[i].grad().reshape(-1);
-    at::Tensor numeric = at::empty_like(analytic);
-    for (std::int64_t e = 0; e < analytic.numel(); ++e) {
-      std::vector<at::Tensor> plus = values, minus = values;
-      plus[i] = values[i].clone(), minus[i] = values[i].clone();
-      plus[i].view(-1)[e] += eps;
-      minus[i].view(-1)[e] -= eps;
-      numeric[e] = (loss(plus).item<double>() - loss(minus).item<double>()) / (2 * eps);
-    }
-    EXPECT_LE(rel_rms(analytic, numeric), tol) << "gradient of " << names[i];
-  }
-}
-
 TEST_P(TorchImpl, GlaFiniteDifferences) {
   const Impl impl = GetParam();
   torch::manual_seed(5);

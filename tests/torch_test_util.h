@@ -8,8 +8,10 @@
 
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <initializer_list>
 #include <string>
+#include <vector>
 
 #include "phasor/common.h"
 
@@ -87,6 +89,37 @@ void expect_torch_error(F&& fn, std::initializer_list<const char*> fragments) {
       EXPECT_NE(what.find(f), std::string::npos) << "message '" << what << "' lacks '" << f << "'";
   } catch (const std::exception& e) {
     ADD_FAILURE() << "expected a c10::Error, got another exception: " << e.what();
+  }
+}
+
+// Central finite differences through the torch API (float64): loss(inputs) is a scalar tensor;
+// autograd's gradient of every input is checked against (loss(x + εe_i) − loss(x − εe_i)) / 2ε,
+// element by element. With expect_nonzero, a numerical gradient that is ~0 everywhere fails (the
+// check would be vacuous).
+inline void check_finite_differences(
+    const std::function<at::Tensor(const std::vector<at::Tensor>&)>& loss,
+    const std::vector<at::Tensor>& values, const std::vector<std::string>& names, double tol = 1e-6,
+    bool expect_nonzero = false) {
+  std::vector<at::Tensor> leaves;
+  for (const auto& x : values) leaves.push_back(leaf(x));
+  loss(leaves).backward();
+  const double eps = 1e-6;
+  at::NoGradGuard no_grad;
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    ASSERT_TRUE(leaves[i].grad().defined()) << "no gradient for " << names[i];
+    const at::Tensor analytic = leaves[i].grad().reshape(-1);
+    at::Tensor numeric = at::empty_like(analytic);
+    for (std::int64_t e = 0; e < analytic.numel(); ++e) {
+      std::vector<at::Tensor> plus = values, minus = values;
+      plus[i] = values[i].clone(), minus[i] = values[i].clone();
+      plus[i].view(-1)[e] += eps;
+      minus[i].view(-1)[e] -= eps;
+      numeric[e] = (loss(plus).item<double>() - loss(minus).item<double>()) / (2 * eps);
+    }
+    if (expect_nonzero) {
+      EXPECT_GT(numeric.abs().max().item<double>(), 1e-8) << names[i] << ": a vacuous check";
+    }
+    EXPECT_LE(rel_rms(analytic, numeric), tol) << "gradient of " << names[i];
   }
 }
 
