@@ -158,4 +158,14 @@ void check_log_gates(const std::string& op, const std::string& name, const Tenso
   fail(op, name, "natural-log forget gates <= 0 (-inf allowed)", where.str());
 }
 
+void check_owned_output(const std::string& op, const std::string& name, const TensorView& x,
+                        std::initializer_list<Dim> dims) {
+  check_output(op, name, x, dims);
+  if (x.numel() == 0) return;  // nothing to overlap (contiguous empty views have zero strides)
+  for (int d = 0; d < x.rank; ++d)
+    if (x.size(d) > 1 && x.stride(d) == 0)
+      fail(op, name, "an output view without zero (broadcast) strides",
+           "stride 0 in dimension " + std::to_string(d) + " of " + x.shape_string());
+}
+
 }  // namespace phasor::detail

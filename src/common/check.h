@@ -28,6 +28,14 @@ inline void check_output(const std::string& op, const std::string& name, const T
                          std::initializer_list<Dim> dims) {
   check_float_tensor(op, name, x, dims);
 }
+// An output that must also own each of its elements: a zero stride over a dimension of size > 1
+// would make several results land on the same memory (check_output alone allows broadcast views).
+void check_owned_output(const std::string& op, const std::string& name, const TensorView& x,
+                        std::initializer_list<Dim> dims);
+// "<op>_reference" for Impl::reference, "<op>" for the optimized kernels: the op named in errors.
+inline std::string op_name(const char* op, Impl impl) {
+  return impl == Impl::reference ? std::string(op) + "_reference" : std::string(op);
+}
 // `x` must be defined, CPU, floating, of this rank; returns nothing but fails with a clear message.
 void check_float_rank(const std::string& op, const std::string& name, const TensorView& x, int rank,
                       const char* layout);

@@ -24,27 +24,12 @@ const char* to_string(FavorMatrixKind kind) {
 
 namespace {
 
+using detail::check_owned_output;
+using detail::op_name;
+
 using detail::favor::AttentionProblem;
 using detail::favor::FeatureProblem;
 using detail::favor::Shape;
-
-std::string op_name(const char* op, Impl impl) {
-  return impl == Impl::reference ? std::string(op) + "_reference" : std::string(op);
-}
-
-// An output must own each of its elements (no zero strides over a dimension of size > 1).
-void check_owns_elements(const std::string& op, const std::string& name, const TensorView& x) {
-  if (x.numel() == 0) return;
-  for (int d = 0; d < x.rank; ++d)
-    if (x.size(d) > 1 && x.stride(d) == 0)
-      detail::fail(op, name, "an output view without zero (broadcast) strides",
-                   "stride 0 in dimension " + std::to_string(d) + " of " + x.shape_string());
-}
-void check_output(const std::string& op, const std::string& name, const TensorView& x,
-                  std::initializer_list<detail::Dim> dims) {
-  detail::check_output(op, name, x, dims);
-  check_owns_elements(op, name, x);
-}
 
 // w: [m, d] or [H, m, d] with m ≥ 1; d must equal `d` (from x or q).
 void check_w(const std::string& op, const std::string& name, const TensorView& w, std::int64_t H,
@@ -58,12 +43,12 @@ void check_w(const std::string& op, const std::string& name, const TensorView& w
   if (m < 1) detail::fail(op, name, "at least one feature (m ≥ 1)", w.shape_string());
   if (w.rank == 2) {
     if (output)
-      check_output(op, name, w, {{m, "m"}, {d, "d"}});
+      check_owned_output(op, name, w, {{m, "m"}, {d, "d"}});
     else
       detail::check_float_tensor(op, name, w, {{m, "m"}, {d, "d"}});
   } else {
     if (output)
-      check_output(op, name, w, {{H, "H"}, {m, "m"}, {d, "d"}});
+      check_owned_output(op, name, w, {{H, "H"}, {m, "m"}, {d, "d"}});
     else
       detail::check_float_tensor(op, name, w, {{H, "H"}, {m, "m"}, {d, "d"}});
   }
@@ -73,9 +58,9 @@ void check_w(const std::string& op, const std::string& name, const TensorView& w
 void check_w_grad(const std::string& op, const std::string& name, const TensorView& dw,
                   const Shape& sh) {
   if (sh.w_per_head)
-    check_output(op, name, dw, {{sh.H, "H (as w)"}, {sh.m, "m (as w)"}, {sh.d, "d (as w)"}});
+    check_owned_output(op, name, dw, {{sh.H, "H (as w)"}, {sh.m, "m (as w)"}, {sh.d, "d (as w)"}});
   else
-    check_output(op, name, dw, {{sh.m, "m (as w)"}, {sh.d, "d (as w)"}});
+    check_owned_output(op, name, dw, {{sh.m, "m (as w)"}, {sh.d, "d (as w)"}});
 }
 
 Shape make_shape(const std::string& op, const char* x_name, const TensorView& x,
@@ -148,7 +133,8 @@ void favor_features_forward(const FavorFeatureParams& params, Impl impl, const T
   const std::string op = op_name("favor_features", impl);
   const FeatureProblem p = validate_features(op, params);
   const std::int64_t B = params.x.size(0), T = params.x.size(1);
-  check_output(op, "phi", phi, {{B, "B"}, {T, "T"}, {p.shape.H, "H"}, {p.shape.m, "m (as w)"}});
+  check_owned_output(op, "phi", phi,
+                     {{B, "B"}, {T, "T"}, {p.shape.H, "H"}, {p.shape.m, "m (as w)"}});
   if (impl == Impl::reference)
     detail::favor::reference_features_forward(p, phi);
   else
@@ -162,7 +148,8 @@ void favor_features_backward(const FavorFeatureParams& params, Impl impl, const 
   const std::int64_t B = params.x.size(0), T = params.x.size(1), H = p.shape.H;
   detail::check_float_tensor(op, "d_phi", d_phi,
                              {{B, "B"}, {T, "T"}, {H, "H"}, {p.shape.m, "m (as w)"}});
-  if (dx.defined()) check_output(op, "dx", dx, {{B, "B"}, {T, "T"}, {H, "H"}, {p.shape.d, "d"}});
+  if (dx.defined())
+    check_owned_output(op, "dx", dx, {{B, "B"}, {T, "T"}, {H, "H"}, {p.shape.d, "d"}});
   if (dw.defined()) check_w_grad(op, "dw", dw, p.shape);
   if (impl == Impl::reference)
     detail::favor::reference_features_backward(p, d_phi, dx, dw);
@@ -173,8 +160,8 @@ void favor_features_backward(const FavorFeatureParams& params, Impl impl, const 
 void favor_attention_forward(const FavorAttentionParams& params, Impl impl, const TensorView& o) {
   const std::string op = op_name("favor_attention", impl);
   const AttentionProblem p = validate_attention(op, params, impl);
-  check_output(op, "o", o,
-               {{params.q.size(0), "B"}, {params.q.size(1), "T"}, {p.shape.H, "H"}, {p.V, "V"}});
+  check_owned_output(
+      op, "o", o, {{params.q.size(0), "B"}, {params.q.size(1), "T"}, {p.shape.H, "H"}, {p.V, "V"}});
   if (impl == Impl::reference)
     detail::favor::reference_attention_forward(p, o);
   else
@@ -188,11 +175,11 @@ void favor_attention_backward(const FavorAttentionParams& params, Impl impl, con
   const std::int64_t B = params.q.size(0), T = params.q.size(1), H = p.shape.H, d = p.shape.d;
   detail::check_float_tensor(op, "d_o", d_o, {{B, "B"}, {T, "T"}, {H, "H"}, {p.V, "V"}});
   if (grads.dq.defined())
-    check_output(op, "dq", grads.dq, {{B, "B"}, {T, "T"}, {H, "H"}, {d, "d"}});
+    check_owned_output(op, "dq", grads.dq, {{B, "B"}, {T, "T"}, {H, "H"}, {d, "d"}});
   if (grads.dk.defined())
-    check_output(op, "dk", grads.dk, {{B, "B"}, {T, "T"}, {H, "H"}, {d, "d"}});
+    check_owned_output(op, "dk", grads.dk, {{B, "B"}, {T, "T"}, {H, "H"}, {d, "d"}});
   if (grads.dv.defined())
-    check_output(op, "dv", grads.dv, {{B, "B"}, {T, "T"}, {H, "H"}, {p.V, "V"}});
+    check_owned_output(op, "dv", grads.dv, {{B, "B"}, {T, "T"}, {H, "H"}, {p.V, "V"}});
   if (grads.dw.defined()) check_w_grad(op, "dw", grads.dw, p.shape);
   if (impl == Impl::reference)
     detail::favor::reference_attention_backward(p, d_o, grads);

@@ -16,30 +16,11 @@
 namespace phasor {
 namespace {
 
+using detail::check_owned_output;
+using detail::op_name;
+
 using detail::grape::PlaneProblem;
 using detail::grape::SubspaceProblem;
-
-std::string op_name(const char* op, Impl impl) {
-  return impl == Impl::reference ? std::string(op) + "_reference" : std::string(op);
-}
-
-// Element (as double) of a float view at a flat element offset.
-double value_at(const TensorView& x, std::int64_t offset) {
-  return x.dtype == DType::float32 ? static_cast<double>(static_cast<const float*>(x.data)[offset])
-                                   : static_cast<const double*>(x.data)[offset];
-}
-
-// An output must own each of its elements (parameter gradients are reduced and written once, but
-// a zero stride would still make several results land on one element).
-void check_output(const std::string& op, const std::string& name, const TensorView& x,
-                  std::initializer_list<detail::Dim> dims) {
-  detail::check_output(op, name, x, dims);
-  if (x.numel() == 0) return;
-  for (int d = 0; d < x.rank; ++d)
-    if (x.size(d) > 1 && x.stride(d) == 0)
-      detail::fail(op, name, "an output view without zero (broadcast) strides",
-                   "stride 0 in dimension " + std::to_string(d) + " of " + x.shape_string());
-}
 
 // z [B, T, H, K] and the shapes of everything else relative to it.
 PlaneProblem validate_plane(const std::string& op, const GrapeParams& params) {
@@ -94,7 +75,7 @@ void check_orthogonal(const std::string& op, const SubspaceProblem& p, double to
     const std::int64_t rs = p.basis.stride(r - 2), cs = p.basis.stride(r - 1);
     Eigen::MatrixXd Bm(K, K);
     for (std::int64_t i = 0; i < K; ++i)
-      for (std::int64_t j = 0; j < K; ++j) Bm(i, j) = value_at(p.basis, base + i * rs + j * cs);
+      for (std::int64_t j = 0; j < K; ++j) Bm(i, j) = detail::get(p.basis, base + i * rs + j * cs);
     const Eigen::MatrixXd E = Bm.transpose() * Bm - Eigen::MatrixXd::Identity(K, K);
     double worst = 0;
     std::int64_t wi = 0, wj = 0;
@@ -158,7 +139,7 @@ SubspaceProblem validate_subspace(const std::string& op, const GrapeSubspacePara
 void grape_forward(const GrapeParams& params, Impl impl, const TensorView& y) {
   const std::string op = op_name("grape", impl);
   const PlaneProblem p = validate_plane(op, params);
-  check_output(op, "y", y, {{p.B, "B"}, {p.T, "T"}, {p.H, "H"}, {p.K, "K"}});
+  check_owned_output(op, "y", y, {{p.B, "B"}, {p.T, "T"}, {p.H, "H"}, {p.K, "K"}});
   if (impl == Impl::reference)
     detail::grape::reference_plane_forward(p, y);
   else
@@ -171,20 +152,22 @@ void grape_backward(const GrapeParams& params, Impl impl, const TensorView& dy,
   const PlaneProblem p = validate_plane(op, params);
   detail::check_float_tensor(op, "dy", dy, {{p.B, "B"}, {p.T, "T"}, {p.H, "H"}, {p.K, "K"}});
   if (grads.dz.defined())
-    check_output(op, "dz", grads.dz, {{p.B, "B"}, {p.T, "T"}, {p.H, "H"}, {p.K, "K"}});
+    check_owned_output(op, "dz", grads.dz, {{p.B, "B"}, {p.T, "T"}, {p.H, "H"}, {p.K, "K"}});
   for (const auto& [view, name] : {std::pair{grads.da, "da"}, std::pair{grads.db, "db"}}) {
     if (!view.defined()) continue;
     if (p.ab_per_head)
-      check_output(op, name, view, {{p.H, "H (as a)"}, {p.K, "K (as a)"}});
+      check_owned_output(op, name, view, {{p.H, "H (as a)"}, {p.K, "K (as a)"}});
     else
-      check_output(op, name, view, {{p.K, "K (as a)"}});
+      check_owned_output(op, name, view, {{p.K, "K (as a)"}});
   }
-  if (grads.d_omega.defined()) check_output(op, "d_omega", grads.d_omega, {{p.H, "H (as omega)"}});
+  if (grads.d_omega.defined())
+    check_owned_output(op, "d_omega", grads.d_omega, {{p.H, "H (as omega)"}});
   if (grads.d_positions.defined()) {
     if (p.positions_per_head)
-      check_output(op, "d_positions", grads.d_positions, {{p.B, "B"}, {p.T, "T"}, {p.H, "H"}});
+      check_owned_output(op, "d_positions", grads.d_positions,
+                         {{p.B, "B"}, {p.T, "T"}, {p.H, "H"}});
     else
-      check_output(op, "d_positions", grads.d_positions, {{p.B, "B"}, {p.T, "T"}});
+      check_owned_output(op, "d_positions", grads.d_positions, {{p.B, "B"}, {p.T, "T"}});
   }
   if (impl == Impl::reference)
     detail::grape::reference_plane_backward(p, dy, grads);
@@ -195,7 +178,7 @@ void grape_backward(const GrapeParams& params, Impl impl, const TensorView& dy,
 void grape_subspace_forward(const GrapeSubspaceParams& params, Impl impl, const TensorView& y) {
   const std::string op = op_name("grape_subspace", impl);
   const SubspaceProblem p = validate_subspace(op, params);
-  check_output(op, "y", y, {{p.B, "B"}, {p.T, "T"}, {p.H, "H"}, {p.K, "K"}});
+  check_owned_output(op, "y", y, {{p.B, "B"}, {p.T, "T"}, {p.H, "H"}, {p.K, "K"}});
   if (impl == Impl::reference)
     detail::grape::reference_subspace_forward(p, y);
   else
@@ -208,17 +191,18 @@ void grape_subspace_backward(const GrapeSubspaceParams& params, Impl impl, const
   const SubspaceProblem p = validate_subspace(op, params);
   detail::check_float_tensor(op, "dy", dy, {{p.B, "B"}, {p.T, "T"}, {p.H, "H"}, {p.K, "K"}});
   if (grads.dz.defined())
-    check_output(op, "dz", grads.dz, {{p.B, "B"}, {p.T, "T"}, {p.H, "H"}, {p.K, "K"}});
+    check_owned_output(op, "dz", grads.dz, {{p.B, "B"}, {p.T, "T"}, {p.H, "H"}, {p.K, "K"}});
   if (grads.d_basis.defined()) {
     if (p.basis_per_head)
-      check_output(op, "d_basis", grads.d_basis,
-                   {{p.H, "H (as basis)"}, {p.K, "K (as basis)"}, {p.K, "K (as basis)"}});
+      check_owned_output(op, "d_basis", grads.d_basis,
+                         {{p.H, "H (as basis)"}, {p.K, "K (as basis)"}, {p.K, "K (as basis)"}});
     else
-      check_output(op, "d_basis", grads.d_basis, {{p.K, "K (as basis)"}, {p.K, "K (as basis)"}});
+      check_owned_output(op, "d_basis", grads.d_basis,
+                         {{p.K, "K (as basis)"}, {p.K, "K (as basis)"}});
   }
   if (grads.d_theta.defined())
-    check_output(op, "d_theta", grads.d_theta,
-                 {{p.B, "B"}, {p.T, "T"}, {p.H, "H"}, {p.K / 2, "K/2"}});
+    check_owned_output(op, "d_theta", grads.d_theta,
+                       {{p.B, "B"}, {p.T, "T"}, {p.H, "H"}, {p.K / 2, "K/2"}});
   if (impl == Impl::reference)
     detail::grape::reference_subspace_backward(p, dy, grads);
   else

@@ -38,8 +38,7 @@ struct Item {
 std::int64_t item_count(std::int64_t B, std::int64_t T, std::int64_t H) {
   return B * H * ((T + kBlock - 1) / kBlock);
 }
-Item item_at(std::int64_t B, std::int64_t T, std::int64_t H, std::int64_t item) {
-  (void)B;
+Item item_at(std::int64_t T, std::int64_t H, std::int64_t item) {
   const std::int64_t blocks = (T + kBlock - 1) / kBlock;
   const std::int64_t block = item % blocks, h = (item / blocks) % H, b = item / (blocks * H);
   const std::int64_t start = block * kBlock;
@@ -93,7 +92,7 @@ void plane_forward(const PlaneProblem& p, const TensorView& y) {
       bs.push_back(pl.b_perp.cast<S>());
     }
     parallel_for(item_count(p.B, p.T, p.H), [&](std::int64_t item) {
-      const Item it = item_at(p.B, p.T, p.H, item);
+      const Item it = item_at(p.T, p.H, item);
       const Plane& pl = planes[static_cast<std::size_t>(it.h)];
       const auto& a = as[static_cast<std::size_t>(it.h)];
       const auto& bp = bs[static_cast<std::size_t>(it.h)];
@@ -142,7 +141,7 @@ void plane_backward(const PlaneProblem& p, const TensorView& dy, const GrapeGrad
       bs.push_back(pl.b_perp.cast<S>());
     }
     parallel_for(items, [&](std::int64_t item) {
-      const Item it = item_at(p.B, p.T, p.H, item);
+      const Item it = item_at(p.T, p.H, item);
       const Plane& pl = planes[static_cast<std::size_t>(it.h)];
       const auto& a = as[static_cast<std::size_t>(it.h)];
       const auto& bp = bs[static_cast<std::size_t>(it.h)];
@@ -196,7 +195,7 @@ void plane_backward(const PlaneProblem& p, const TensorView& dy, const GrapeGrad
     const std::int64_t rows = p.ab_per_head ? p.H : 1;
     std::vector<VecD> da(static_cast<std::size_t>(rows), VecD::Zero(p.K)), db = da;
     for (std::int64_t item = 0; item < items; ++item) {
-      const std::int64_t h = item_at(p.B, p.T, p.H, item).h;
+      const std::int64_t h = item_at(p.T, p.H, item).h;
       const Plane& pl = planes[static_cast<std::size_t>(h)];
       const VecD& wa = wa_parts[static_cast<std::size_t>(item)];
       const VecD& wb = wb_parts[static_cast<std::size_t>(item)];
@@ -279,7 +278,7 @@ void subspace_forward(const SubspaceProblem& p, const TensorView& y) {
     for (std::int64_t h = 0; h < (p.basis_per_head ? p.H : 1); ++h)
       basis.push_back(load_basis<S>(p, h));
     parallel_for(item_count(p.B, p.T, p.H), [&](std::int64_t item) {
-      const Item it = item_at(p.B, p.T, p.H, item);
+      const Item it = item_at(p.T, p.H, item);
       const Mat<S>& Bm = basis[static_cast<std::size_t>(p.basis_per_head ? it.h : 0)];
       Mat<S> z;
       load_rows(p.z, it.rows, it.h, z);

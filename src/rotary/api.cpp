@@ -11,28 +11,11 @@
 namespace phasor {
 namespace {
 
+using detail::check_owned_output;
+using detail::op_name;
+
 using detail::rotary::AnglesProblem;
 using detail::rotary::PhaseProblem;
-
-// "<op>_reference" for the reference, "<op>" for the optimized kernel.
-std::string op_name(const char* op, Impl impl) {
-  return impl == Impl::reference ? std::string(op) + "_reference" : std::string(op);
-}
-
-// An output must own each of its elements: a zero stride over a dimension of size > 1 would make
-// several results land on the same memory.
-void check_owns_elements(const std::string& op, const std::string& name, const TensorView& x) {
-  if (x.numel() == 0) return;  // nothing to overlap (contiguous empty views have zero strides)
-  for (int d = 0; d < x.rank; ++d)
-    if (x.size(d) > 1 && x.stride(d) == 0)
-      detail::fail(op, name, "an output view without zero (broadcast) strides",
-                   "stride 0 in dimension " + std::to_string(d) + " of " + x.shape_string());
-}
-void check_output(const std::string& op, const std::string& name, const TensorView& x,
-                  std::initializer_list<detail::Dim> dims) {
-  detail::check_output(op, name, x, dims);
-  check_owns_elements(op, name, x);
-}
 
 PhaseProblem validate_phases(const std::string& op, const RotaryPhaseParams& params) {
   detail::check_float_rank(op, "phi", params.phi, 4, "[B, T, H, R]");
@@ -68,10 +51,10 @@ void selective_rope_phases_forward(const RotaryPhaseParams& params, Impl impl,
   const std::string op = op_name("selective_rope_phases", impl);
   const PhaseProblem p = validate_phases(op, params);
   const std::int64_t B = params.phi.size(0), T = params.phi.size(1);
-  check_output(op, "theta", theta, {{B, "B"}, {T, "T"}, {p.H, "H"}, {p.R, "R"}});
+  check_owned_output(op, "theta", theta, {{B, "B"}, {T, "T"}, {p.H, "H"}, {p.R, "R"}});
   if (final_phase.defined())
-    check_output(op, "final_phase", final_phase,
-                 {{p.num_sequences(), "N"}, {p.H, "H"}, {p.R, "R"}});
+    check_owned_output(op, "final_phase", final_phase,
+                       {{p.num_sequences(), "N"}, {p.H, "H"}, {p.R, "R"}});
   if (impl == Impl::reference)
     detail::rotary::reference_phases_forward(p, theta, final_phase);
   else
@@ -89,19 +72,21 @@ void selective_rope_phases_backward(const RotaryPhaseParams& params, Impl impl,
     detail::check_float_tensor(op, "d_final_phase", d_final_phase,
                                {{N, "N"}, {p.H, "H"}, {p.R, "R"}});
   if (grads.d_phi.defined())
-    check_output(op, "d_phi", grads.d_phi, {{B, "B"}, {T, "T"}, {p.H, "H"}, {p.R, "R"}});
+    check_owned_output(op, "d_phi", grads.d_phi, {{B, "B"}, {T, "T"}, {p.H, "H"}, {p.R, "R"}});
   if (grads.d_omega.defined()) {
     if (p.omega_per_head)
-      check_output(op, "d_omega", grads.d_omega, {{p.H, "H (as omega)"}, {p.R, "R (as omega)"}});
+      check_owned_output(op, "d_omega", grads.d_omega,
+                         {{p.H, "H (as omega)"}, {p.R, "R (as omega)"}});
     else
-      check_output(op, "d_omega", grads.d_omega, {{p.R, "R (as omega)"}});
+      check_owned_output(op, "d_omega", grads.d_omega, {{p.R, "R (as omega)"}});
   }
   if (grads.d_initial_phase.defined()) {
     if (!params.initial_phase.defined())
       detail::fail(op, "d_initial_phase",
                    "initial_phase to be given (d_initial_phase is its gradient)",
                    "d_initial_phase requested without initial_phase");
-    check_output(op, "d_initial_phase", grads.d_initial_phase, {{N, "N"}, {p.H, "H"}, {p.R, "R"}});
+    check_owned_output(op, "d_initial_phase", grads.d_initial_phase,
+                       {{N, "N"}, {p.H, "H"}, {p.R, "R"}});
   }
   if (impl == Impl::reference)
     detail::rotary::reference_phases_backward(p, d_theta, d_final_phase, grads);
@@ -126,7 +111,8 @@ void rope_angles(const RopeAnglesParams& params, Impl impl, const TensorView& th
   p.R = params.head_dim / 2;
   p.base = params.base;
   p.offset = params.offset;
-  check_output(op, "theta", theta, {{params.B, "B"}, {params.T, "T"}, {p.R, "R = head_dim / 2"}});
+  check_owned_output(op, "theta", theta,
+                     {{params.B, "B"}, {params.T, "T"}, {p.R, "R = head_dim / 2"}});
   if (impl == Impl::reference)
     detail::rotary::reference_angles(p, theta);
   else
@@ -150,8 +136,8 @@ void apply_rotary_forward(const TensorView& x, const TensorView& theta, RotaryLa
                           Impl impl, const TensorView& y) {
   const std::string op = op_name("apply_rotary", impl);
   validate_apply(op, x, theta);
-  check_output(op, "y", y,
-               {{x.size(0), "B"}, {x.size(1), "T"}, {x.size(2), "H"}, {x.size(3), "K"}});
+  check_owned_output(op, "y", y,
+                     {{x.size(0), "B"}, {x.size(1), "T"}, {x.size(2), "H"}, {x.size(3), "K"}});
   if (impl == Impl::reference)
     detail::rotary::reference_apply_forward(x, theta, layout, y);
   else
@@ -165,9 +151,9 @@ void apply_rotary_backward(const TensorView& x, const TensorView& theta, RotaryL
   validate_apply(op, x, theta);
   const std::int64_t B = x.size(0), T = x.size(1), H = x.size(2), K = x.size(3);
   detail::check_float_tensor(op, "dy", dy, {{B, "B"}, {T, "T"}, {H, "H"}, {K, "K"}});
-  if (dx.defined()) check_output(op, "dx", dx, {{B, "B"}, {T, "T"}, {H, "H"}, {K, "K"}});
+  if (dx.defined()) check_owned_output(op, "dx", dx, {{B, "B"}, {T, "T"}, {H, "H"}, {K, "K"}});
   if (d_theta.defined())
-    check_output(op, "d_theta", d_theta, {{B, "B"}, {T, "T"}, {H, "H"}, {K / 2, "K/2"}});
+    check_owned_output(op, "d_theta", d_theta, {{B, "B"}, {T, "T"}, {H, "H"}, {K / 2, "K/2"}});
   if (impl == Impl::reference)
     detail::rotary::reference_apply_backward(x, theta, layout, dy, dx, d_theta);
   else

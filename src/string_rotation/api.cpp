@@ -5,31 +5,21 @@
 #include <string>
 
 #include "common/check.h"
+#include "common/element_access.h"
 #include "phasor/string_rotation.h"
 #include "string_rotation/kernels.h"
 
 namespace phasor {
 namespace {
 
+using detail::check_owned_output;
+using detail::op_name;
+
 namespace sr = detail::string_rotation;
 using detail::Dim;
 
-std::string op_name(const char* op, Impl impl) {
-  return impl == Impl::reference ? std::string(op) + "_reference" : std::string(op);
-}
 std::string str(std::int64_t v) {
   return std::to_string(v);
-}
-
-// An output must own each of its elements (no zero strides over a dimension of size > 1).
-void check_out(const std::string& op, const std::string& name, const TensorView& x,
-               std::initializer_list<Dim> dims) {
-  detail::check_output(op, name, x, dims);
-  if (x.numel() == 0) return;
-  for (int d = 0; d < x.rank; ++d)
-    if (x.size(d) > 1 && x.stride(d) == 0)
-      detail::fail(op, name, "an output view without zero (broadcast) strides",
-                   "stride 0 in dimension " + str(d) + " of " + x.shape_string());
 }
 
 // positions: [B, T, C].
@@ -64,14 +54,14 @@ TensorView check_head_param_grad(const std::string& op, const char* name, const 
                                  const TensorView& param) {
   if (!g.defined()) return {};
   if (param.rank == 2) {
-    check_out(op, name, g,
-              {{param.size(0), "as the parameter"}, {param.size(1), "as the parameter"}});
+    check_owned_output(op, name, g,
+                       {{param.size(0), "as the parameter"}, {param.size(1), "as the parameter"}});
     return sr::with_leading_one(g);
   }
-  check_out(op, name, g,
-            {{param.size(0), "as the parameter"},
-             {param.size(1), "as the parameter"},
-             {param.size(2), "as the parameter"}});
+  check_owned_output(op, name, g,
+                     {{param.size(0), "as the parameter"},
+                      {param.size(1), "as the parameter"},
+                      {param.size(2), "as the parameter"}});
   return g;
 }
 
@@ -89,7 +79,7 @@ void check_like_z(const std::string& op, const char* name, const TensorView& x, 
   const std::initializer_list<Dim> dims = {
       {z.size(0), "B"}, {z.size(1), "T"}, {z.size(2), "H"}, {z.size(3), "K"}};
   if (output)
-    check_out(op, name, x, dims);
+    check_owned_output(op, name, x, dims);
   else
     detail::check_float_tensor(op, name, x, dims);
 }
@@ -130,7 +120,7 @@ TensorView check_theta_like(const std::string& op, const char* name, const Tenso
   if (a.H == 0) {
     const std::initializer_list<Dim> dims = {{a.B, "B"}, {a.T, "T"}, {a.R, "R (as omega)"}};
     if (output)
-      check_out(op, name, x, dims);
+      check_owned_output(op, name, x, dims);
     else
       detail::check_float_tensor(op, name, x, dims);
     return sr::insert_head_dim(x);
@@ -138,7 +128,7 @@ TensorView check_theta_like(const std::string& op, const char* name, const Tenso
   const std::initializer_list<Dim> dims = {
       {a.B, "B"}, {a.T, "T"}, {a.H, "H (as omega)"}, {a.R, "R (as omega)"}};
   if (output)
-    check_out(op, name, x, dims);
+    check_owned_output(op, name, x, dims);
   else
     detail::check_float_tensor(op, name, x, dims);
   return x;
@@ -164,7 +154,7 @@ void nd_rope_angles_backward(const TensorView& positions, const TensorView& omeg
   const AnglesArgs a = validate_angles(op, positions, omega);
   const TensorView dtheta4 = check_theta_like(op, "d_theta", d_theta, a, false);
   if (d_positions.defined())
-    check_out(op, "d_positions", d_positions, {{a.B, "B"}, {a.T, "T"}, {a.C, "C"}});
+    check_owned_output(op, "d_positions", d_positions, {{a.B, "B"}, {a.T, "T"}, {a.C, "C"}});
   const TensorView d_omega3 = check_head_param_grad(op, "d_omega", d_omega, omega);
   if (impl == Impl::reference)
     sr::reference_angles_backward(positions, a.omega3, dtheta4, d_positions, d_omega3);
@@ -181,7 +171,7 @@ void nd_rope_axis_split_frequencies(std::int64_t num_axes, std::int64_t head_dim
   if (!std::isfinite(base) || base <= 0)
     detail::fail(op, "base", "a finite positive base", std::to_string(base));
   const std::int64_t R = head_dim / 2;
-  check_out(op, "omega", omega, {{num_axes, "C = num_axes"}, {R, "R = head_dim / 2"}});
+  check_owned_output(op, "omega", omega, {{num_axes, "C = num_axes"}, {R, "R = head_dim / 2"}});
   const std::int64_t per_axis = R / num_axes, extra = R % num_axes;
   std::int64_t start = 0;
   for (std::int64_t c = 0; c < num_axes; ++c) {
@@ -191,11 +181,7 @@ void nd_rope_axis_split_frequencies(std::int64_t num_axes, std::int64_t head_dim
       const double w = (j >= 0 && j < n)
                            ? std::pow(base, -static_cast<double>(j) / static_cast<double>(n))
                            : 0.0;
-      const std::int64_t off = c * omega.stride(0) + i * omega.stride(1);
-      if (omega.dtype == DType::float32)
-        static_cast<float*>(omega.data)[off] = static_cast<float>(w);
-      else
-        static_cast<double*>(omega.data)[off] = w;
+      detail::put(omega, detail::offset_of(omega, c, i), w);
     }
     start += n;
   }
@@ -252,8 +238,9 @@ void cayley_string_backward(const CayleyStringParams& params, Impl impl, const T
     g.dz = grads.dz;
   }
   if (grads.d_positions.defined()) {
-    check_out(op, "d_positions", grads.d_positions,
-              {{params.z.size(0), "B"}, {params.z.size(1), "T"}, {params.positions.size(2), "C"}});
+    check_owned_output(
+        op, "d_positions", grads.d_positions,
+        {{params.z.size(0), "B"}, {params.z.size(1), "T"}, {params.positions.size(2), "C"}});
     g.d_positions = grads.d_positions;
   }
   g.d_omega = check_head_param_grad(op, "d_omega", grads.d_omega, params.omega);
@@ -285,8 +272,9 @@ void circulant_string_backward(const CirculantStringParams& params, Impl impl, c
     g.dz = grads.dz;
   }
   if (grads.d_positions.defined()) {
-    check_out(op, "d_positions", grads.d_positions,
-              {{params.z.size(0), "B"}, {params.z.size(1), "T"}, {params.positions.size(2), "C"}});
+    check_owned_output(
+        op, "d_positions", grads.d_positions,
+        {{params.z.size(0), "B"}, {params.z.size(1), "T"}, {params.positions.size(2), "C"}});
     g.d_positions = grads.d_positions;
   }
   g.dc = check_head_param_grad(op, "dc", grads.dc, params.c);

@@ -202,14 +202,13 @@ ColMat<S> solve_tokens(const CayleyHead<S>& head, const TensorView& z, std::int6
 
 template <class S>
 std::vector<CayleyHead<S>> cayley_heads(const CayleyProblem& p) {
-  const std::int64_t H = p.z.size(2), K = p.z.size(3);
+  const std::int64_t K = p.z.size(3);
   std::vector<CayleyHead<S>> heads(static_cast<std::size_t>(p.generator.size(0)));
   parallel_for(p.generator.size(0), [&](std::int64_t h) {
     auto& hd = heads[static_cast<std::size_t>(h)];
     hd.S_ = skew_matrix<S>(p.generator, h);
     hd.lu.compute(ColMat<S>::Identity(K, K) + hd.S_);
   });
-  (void)H;
   return heads;
 }
 

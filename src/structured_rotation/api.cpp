@@ -11,22 +11,10 @@
 namespace phasor {
 namespace {
 
+using detail::check_owned_output;
+using detail::op_name;
+
 using detail::structured_rotation::ApplyProblem;
-
-std::string op_name(const char* op, Impl impl) {
-  return impl == Impl::reference ? std::string(op) + "_reference" : std::string(op);
-}
-
-// An output must own each of its elements (no zero stride over a dimension of size > 1).
-void check_output(const std::string& op, const std::string& name, const TensorView& x,
-                  std::initializer_list<detail::Dim> dims) {
-  detail::check_output(op, name, x, dims);
-  if (x.numel() == 0) return;
-  for (int d = 0; d < x.rank; ++d)
-    if (x.size(d) > 1 && x.stride(d) == 0)
-      detail::fail(op, name, "an output view without zero (broadcast) strides",
-                   "stride 0 in dimension " + std::to_string(d) + " of " + x.shape_string());
-}
 
 // U_act must have orthonormal columns: y = z + U_act (R2 u − u) is R(r) z only then. Loose
 // tolerance (float32 bases are accepted); catches a wrong argument, not rounding.
@@ -89,12 +77,12 @@ std::int64_t structured_decomposition(const StructuredDecompositionParams& param
     detail::fail(op, "generators", "square generators [C, K, K] with K ≥ 1",
                  "shape " + params.generators.shape_string());
   check_tolerance(op, params.tolerance);
-  check_output(op, "basis", outputs.basis, {{K, "K"}, {K, "K"}});
-  check_output(op, "coefficients", outputs.coefficients, {{C, "C"}, {K / 2, "K/2"}});
+  check_owned_output(op, "basis", outputs.basis, {{K, "K"}, {K, "K"}});
+  check_owned_output(op, "coefficients", outputs.coefficients, {{C, "C"}, {K / 2, "K/2"}});
   if (outputs.active_projector.defined())
-    check_output(op, "active_projector", outputs.active_projector, {{K, "K"}, {K, "K"}});
+    check_owned_output(op, "active_projector", outputs.active_projector, {{K, "K"}, {K, "K"}});
   if (outputs.null_projector.defined())
-    check_output(op, "null_projector", outputs.null_projector, {{K, "K"}, {K, "K"}});
+    check_owned_output(op, "null_projector", outputs.null_projector, {{K, "K"}, {K, "K"}});
   return detail::structured_rotation::decompose(op, params, outputs);
 }
 
@@ -102,7 +90,7 @@ void structured_rotation_forward(const StructuredRotationParams& params, Impl im
                                  const TensorView& y) {
   const std::string op = op_name("structured_rotation", impl);
   const ApplyProblem p = validate_apply(op, params);
-  check_output(op, "y", y, {{p.B, "B"}, {p.T, "T"}, {p.H, "H"}, {p.K, "K"}});
+  check_owned_output(op, "y", y, {{p.B, "B"}, {p.T, "T"}, {p.H, "H"}, {p.K, "K"}});
   if (impl == Impl::reference)
     detail::structured_rotation::reference_forward(p, y);
   else
@@ -115,18 +103,18 @@ void structured_rotation_backward(const StructuredRotationParams& params, Impl i
   const ApplyProblem p = validate_apply(op, params);
   detail::check_float_tensor(op, "dy", dy, {{p.B, "B"}, {p.T, "T"}, {p.H, "H"}, {p.K, "K"}});
   if (grads.dx.defined())
-    check_output(op, "dx", grads.dx, {{p.B, "B"}, {p.T, "T"}, {p.H, "H"}, {p.K, "K"}});
+    check_owned_output(op, "dx", grads.dx, {{p.B, "B"}, {p.T, "T"}, {p.H, "H"}, {p.K, "K"}});
   if (grads.d_positions.defined())
-    check_output(op, "d_positions", grads.d_positions,
-                 {{p.B, "B"}, {p.T, "T"}, {p.H, "H"}, {p.C, "C"}});
+    check_owned_output(op, "d_positions", grads.d_positions,
+                       {{p.B, "B"}, {p.T, "T"}, {p.H, "H"}, {p.C, "C"}});
   if (grads.d_coefficients.defined())
-    check_output(op, "d_coefficients", grads.d_coefficients, {{p.C, "C"}, {p.m, "m"}});
+    check_owned_output(op, "d_coefficients", grads.d_coefficients, {{p.C, "C"}, {p.m, "m"}});
   if (grads.d_post_rotation.defined()) {
     if (!p.post_rotation.defined())
       detail::fail(op, "d_post_rotation",
                    "post_rotation to be given (d_post_rotation is its gradient)",
                    "d_post_rotation requested without post_rotation");
-    check_output(op, "d_post_rotation", grads.d_post_rotation, {{p.K, "K"}, {p.K, "K"}});
+    check_owned_output(op, "d_post_rotation", grads.d_post_rotation, {{p.K, "K"}, {p.K, "K"}});
   }
   if (impl == Impl::reference)
     detail::structured_rotation::reference_backward(p, dy, grads);
@@ -157,7 +145,7 @@ void structured_cayley_forward(const TensorView& s, const TensorView& null_basis
                                const TensorView& p) {
   const std::string op = "structured_cayley";
   const std::int64_t K = validate_cayley(op, s, null_basis);
-  check_output(op, "p", p, {{K, "K"}, {K, "K"}});
+  check_owned_output(op, "p", p, {{K, "K"}, {K, "K"}});
   detail::structured_rotation::cayley_forward(op, s, null_basis, p);
 }
 
@@ -167,7 +155,7 @@ void structured_cayley_backward(const TensorView& s, const TensorView& null_basi
   const std::int64_t K = validate_cayley(op, s, null_basis);
   const std::int64_t n = s.size(0);
   detail::check_float_tensor(op, "dp", dp, {{K, "K"}, {K, "K"}});
-  check_output(op, "ds", ds, {{n, "n"}, {n, "n"}});
+  check_owned_output(op, "ds", ds, {{n, "n"}, {n, "n"}});
   detail::structured_rotation::cayley_backward(op, s, null_basis, dp, ds);
 }
 
