@@ -146,14 +146,14 @@ void causal_key_features(const Mat<S>& X, const Mat<S>& W, Mat<S>& phi, Vec<S>& 
   phi = (phi.array().exp() * (S(1) / std::sqrt(static_cast<S>(W.rows())))).matrix();
 }
 
-// G = dΦ ⊙ Φ: dX = G W − diag(Σ_r G) X;  dW += Gᵀ X  (c held constant).
+// G = dΦ ⊙ Φ: dX = G W − diag(Σ_r G) X;  dW += Gᵀ X when dW is wanted (c held constant).
 template <class S>
 void features_grad(const Mat<S>& X, const Mat<S>& W, const Mat<S>& phi, const Mat<S>& d_phi,
-                   Mat<S>& dX, Mat<S>& dW) {
+                   Mat<S>& dX, Mat<S>* dW) {
   const Mat<S> G = d_phi.cwiseProduct(phi);
   dX.noalias() = G * W;
   dX -= G.rowwise().sum().asDiagonal() * X;
-  dW.noalias() += G.transpose() * X;
+  if (dW) dW->noalias() += G.transpose() * X;  // m·L·d: skipped for fixed features
 }
 
 // Sums the per-item gradients of w (item = n·H + h) in item order, so dw is bit-identical for any
@@ -194,14 +194,14 @@ void features_backward_impl(const FeatureProblem& p, const TensorView& d_phi, co
   parallel_for(items, [&](std::int64_t item) {
     const Sequence& s = sh.sequences[static_cast<std::size_t>(item / sh.H)];
     const std::int64_t h = item % sh.H;
-    Mat<S> dWi = Mat<S>::Zero(sh.m, sh.d);
+    Mat<S> dWi = dw.defined() ? Mat<S>(Mat<S>::Zero(sh.m, sh.d)) : Mat<S>();
     if (s.length > 0) {
       Mat<S> X, F, dF, dX;
       load_rows(p.x, s, h, X);
       const Mat<S> W = load_w<S>(sh, p.w, h);
       compute_features(X, W, p.stabilizer, F);
       load_rows(d_phi, s, h, dF);
-      features_grad(X, W, F, dF, dX, dWi);
+      features_grad(X, W, F, dF, dX, dw.defined() ? &dWi : nullptr);
       if (dx.defined()) store_rows(dX, dx, s, h);
     }
     if (dw.defined()) dW[static_cast<std::size_t>(item)] = std::move(dWi);
@@ -337,7 +337,7 @@ void attention_forward_impl(const AttentionProblem& p, const TensorView& o) {
 template <class S>
 void qk_grads(const AttentionProblem& p, const FavorAttentionGrads& grads, const Sequence& s,
               std::int64_t h, const Mat<S>& W, const Mat<S>& Fq, const Mat<S>& dFq,
-              const Mat<S>& Fk, const Mat<S>& dFk, Mat<S>& dW) {
+              const Mat<S>& Fk, const Mat<S>& dFk, Mat<S>* dW) {
   Mat<S> dX;
   features_grad(load_scaled<S>(p, p.q, s, h), W, Fq, dFq, dX, dW);
   if (grads.dq.defined()) store_rows(Mat<S>(dX * static_cast<S>(p.input_scale)), grads.dq, s, h);
@@ -373,14 +373,15 @@ void attention_backward_impl(const AttentionProblem& p, const TensorView& d_o,
     parallel_for(items, [&](std::int64_t item) {
       const Sequence& s = sh.sequences[static_cast<std::size_t>(item / sh.H)];
       const std::int64_t h = item % sh.H;
-      Mat<S> dWi = Mat<S>::Zero(sh.m, sh.d);
+      Mat<S> dWi = grads.dw.defined() ? Mat<S>(Mat<S>::Zero(sh.m, sh.d)) : Mat<S>();
       if (s.length > 0) {
         Mat<S> Fq, Fk, dFq, dFk, dVx;
         load_rows(st.phi_q.view, s, h, Fq);
         load_rows(st.phi_k.view, s, h, Fk);
         load_rows(d_phi_q.view, s, h, dFq);
         load_rows(d_phi_k.view, s, h, dFk);
-        qk_grads(p, grads, s, h, load_w<S>(sh, p.w, h), Fq, dFq, Fk, dFk, dWi);
+        qk_grads(p, grads, s, h, load_w<S>(sh, p.w, h), Fq, dFq, Fk, dFk,
+                 grads.dw.defined() ? &dWi : nullptr);
         if (grads.dv.defined()) {
           load_rows(d_v_ext.view, s, h, dVx);
           store_rows(Mat<S>(dVx.leftCols(p.V)), grads.dv, s, h);
@@ -392,7 +393,7 @@ void attention_backward_impl(const AttentionProblem& p, const TensorView& d_o,
     parallel_for(items, [&](std::int64_t item) {
       const Sequence& s = sh.sequences[static_cast<std::size_t>(item / sh.H)];
       const std::int64_t h = item % sh.H;
-      Mat<S> dWi = Mat<S>::Zero(sh.m, sh.d);
+      Mat<S> dWi = grads.dw.defined() ? Mat<S>(Mat<S>::Zero(sh.m, sh.d)) : Mat<S>();
       if (s.length > 0) {
         const Mat<S> W = load_w<S>(sh, p.w, h);
         Mat<S> Fq, Fk, dO;
@@ -405,7 +406,7 @@ void attention_backward_impl(const AttentionProblem& p, const TensorView& d_o,
         const Mat<S> dFq = dOx * Sx.transpose();
         const Mat<S> dSx = Fq.transpose() * dOx;
         const Mat<S> dFk = Vx * dSx.transpose();
-        qk_grads(p, grads, s, h, W, Fq, dFq, Fk, dFk, dWi);
+        qk_grads(p, grads, s, h, W, Fq, dFq, Fk, dFk, grads.dw.defined() ? &dWi : nullptr);
         if (grads.dv.defined()) store_rows(Mat<S>((Fk * dSx).leftCols(p.V)), grads.dv, s, h);
       }
       if (grads.dw.defined()) dW[static_cast<std::size_t>(item)] = std::move(dWi);
