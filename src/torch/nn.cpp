@@ -1,6 +1,8 @@
 // phasor::nn layers (phasor/nn.h): torch::nn modules composing the differentiable ops of
 // phasor/torch.h with plain ATen operations. The equations are in nn.h.
 #include "phasor/nn.h"
+#include "layer_util.h"
+#include "nn_util.h"
 
 #include <torch/torch.h>
 
@@ -12,25 +14,12 @@
 namespace phasor::nn {
 namespace {
 
-constexpr double kPi = 3.14159265358979323846;
+using detail::check_option;
+using detail::check_positive;
+using detail::kPi;
+using torch_detail::shape_of;
 
 // ---- checks -------------------------------------------------------------------------------------
-
-// "<layer>: option '<name>': expected <expected>, got <got>".
-void check_option(bool ok, const char* layer, const char* name, const std::string& expected,
-                  const std::string& got) {
-  TORCH_CHECK(ok, layer, ": option '", name, "': expected ", expected, ", got ", got);
-}
-
-void check_positive(const char* layer, const char* name, std::int64_t value) {
-  check_option(value > 0, layer, name, "a positive number", std::to_string(value));
-}
-
-std::string shape_of(const at::Tensor& t) {
-  std::ostringstream s;
-  s << t.sizes();
-  return s.str();
-}
 
 // x: a defined CPU float32/float64 tensor [B, T, hidden] with T ≥ 1.
 void check_input(const char* layer, const at::Tensor& x, std::int64_t hidden) {

@@ -7,21 +7,19 @@
 #include <string>
 #include <vector>
 
+#include "layer_util.h"
+#include "nn_util.h"
 #include "phasor/nn.h"
 
 namespace phasor::nn {
 namespace {
 
+using torch_detail::shape_of;
+
 constexpr const char* kLayer = "PerformerAttention";
 
 void check_option(bool ok, const char* name, const std::string& expected, const std::string& got) {
-  TORCH_CHECK(ok, kLayer, ": option '", name, "': expected ", expected, ", got ", got);
-}
-
-std::string shape_of(const at::Tensor& t) {
-  std::ostringstream s;
-  s << t.sizes();
-  return s.str();
+  detail::check_option(ok, kLayer, name, expected, got);
 }
 
 }  // namespace

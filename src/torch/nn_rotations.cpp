@@ -9,24 +9,16 @@
 #include <string>
 #include <vector>
 
+#include "layer_util.h"
+#include "nn_util.h"
 #include "phasor/nn.h"
 
 namespace phasor::nn {
 namespace {
 
-constexpr double kPi = 3.14159265358979323846;
-
-// "<layer>: option '<name>': expected <expected>, got <got>" (the format of nn.cpp).
-void check_option(bool ok, const char* layer, const char* name, const std::string& expected,
-                  const std::string& got) {
-  TORCH_CHECK(ok, layer, ": option '", name, "': expected ", expected, ", got ", got);
-}
-
-std::string shape_of(const at::Tensor& t) {
-  std::ostringstream s;
-  s << t.sizes();
-  return s.str();
-}
+using detail::check_option;
+using detail::kPi;
+using torch_detail::shape_of;
 
 void check_options(const char* layer, const RotationEncodingOptions& o) {
   check_option(o.num_heads() > 0, layer, "num_heads", "a positive number",
