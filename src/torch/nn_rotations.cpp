@@ -78,25 +78,25 @@ at::Tensor cayley(const at::Tensor& w) {
 // head's map) or [K, K] (shared).
 at::Tensor apply_map(const at::Tensor& m, const at::Tensor& x) {
   if (m.dim() == 2) return at::matmul(x, m.t());
-  const std::int64_t group = x.size(2) / m.size(0);
-  const at::Tensor mx = group == 1 ? m : m.repeat_interleave(group, 0);
-  return at::einsum("bthk,hjk->bthj", {x, mx});
+  // Query head hq uses key head hq / group: view the heads as [H, group] rather than copying the
+  // map group times.
+  const auto s = x.sizes();
+  const at::Tensor xg = x.reshape({s[0], s[1], m.size(0), -1, s[3]});
+  return at::einsum("bthgk,hjk->bthgj", {xg, m}).reshape(s);
 }
 
-// θ [B, T, H, R] = (offset + t) · ω through nd_rope_angles (positions [B, T, 1], one axis).
+// θ [B, T, H, R] = (offset + t) · ω through nd_rope_angles (positions [1, T, 1], one axis).
 at::Tensor token_angles(const at::Tensor& omega, std::int64_t heads, std::int64_t B, std::int64_t T,
                         std::int64_t offset, at::ScalarType dtype) {
   // Positions are formed in float64 (exact), then stored in dtype: float32 holds every integer
   // position below 2^24 exactly; the kernel multiplies in float64.
-  const at::Tensor pos = (torch::arange(T, torch::kDouble) + static_cast<double>(offset))
-                             .to(dtype)
-                             .reshape({1, T, 1})
-                             .expand({B, T, 1})
-                             .contiguous();
+  const at::Tensor pos =
+      (torch::arange(T, torch::kDouble) + static_cast<double>(offset)).to(dtype).reshape({1, T, 1});
+  // Every batch row has the same positions: compute one row, then broadcast it.
   at::Tensor theta = phasor::nd_rope_angles(pos, omega.to(dtype));
   const std::int64_t R = theta.size(-1);
-  if (theta.dim() == 3) theta = theta.unsqueeze(2).expand({B, T, heads, R});
-  return theta.contiguous();
+  if (theta.dim() == 3) theta = theta.unsqueeze(2);
+  return theta.expand({B, T, heads, R}).contiguous();
 }
 
 // q [B, T, HQ, K] and k [B, T, H, K] as the module expects, in the dtype of its parameters.
