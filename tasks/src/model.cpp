@@ -147,8 +147,10 @@ PositionEncoding additive_position(const ModelConfig& c, const std::string& name
 
 PositionEncoding rotation_position(const ModelConfig& c, const std::string& name,
                                    nn::PosEncoding kind) {
-  OptionReader r(c.pos_options, "pos_encoding '" + name + "'");
-  PositionEncoding p{name, kind, 10000.0, nn::SelectiveRoPEOptions(0, 0, 0)};
+  OptionReader r(c.pos_options, "pos_encoding " + quoted(name));
+  PositionEncoding p;
+  p.name = name;
+  p.kind = kind;
   p.rope_theta = r.number("rope_theta", p.rope_theta);
   auto& o = p.rotation;
   o.per_head(r.boolean("per_head", o.per_head()));
