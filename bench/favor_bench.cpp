@@ -23,7 +23,7 @@ namespace {
 using phasor::Impl;
 using phasor::TensorView;
 
-constexpr std::int64_t kB = 1, kH = 4, kD = 64, kV = 64;
+constexpr std::int64_t kB = 1, kH = 4, kD = 64;  // value width V = d
 
 struct Problem {
   std::int64_t T, m;

@@ -134,6 +134,17 @@ TensorView check_theta_like(const std::string& op, const char* name, const Tenso
   return x;
 }
 
+// dy, and dz / d_positions when requested: the gradients every STRING rotation shares.
+void check_rotation_grads(const std::string& op, const TensorView& z, const TensorView& positions,
+                          const TensorView& dy, const TensorView& dz,
+                          const TensorView& d_positions) {
+  check_like_z(op, "dy", dy, z, false);
+  if (dz.defined()) check_like_z(op, "dz", dz, z, true);
+  if (d_positions.defined())
+    check_owned_output(op, "d_positions", d_positions,
+                       {{z.size(0), "B"}, {z.size(1), "T"}, {positions.size(2), "C"}});
+}
+
 }  // namespace
 
 void nd_rope_angles_forward(const TensorView& positions, const TensorView& omega, Impl impl,
@@ -231,18 +242,9 @@ void cayley_string_backward(const CayleyStringParams& params, Impl impl, const T
                             const CayleyStringGrads& grads) {
   const std::string op = op_name("cayley_string", impl);
   const sr::CayleyProblem p = validate_cayley(op, params);
-  check_like_z(op, "dy", dy, params.z, false);
-  CayleyStringGrads g;
-  if (grads.dz.defined()) {
-    check_like_z(op, "dz", grads.dz, params.z, true);
-    g.dz = grads.dz;
-  }
-  if (grads.d_positions.defined()) {
-    check_owned_output(
-        op, "d_positions", grads.d_positions,
-        {{params.z.size(0), "B"}, {params.z.size(1), "T"}, {params.positions.size(2), "C"}});
-    g.d_positions = grads.d_positions;
-  }
+  check_rotation_grads(op, params.z, params.positions, dy, grads.dz, grads.d_positions);
+  CayleyStringGrads g =
+      grads;  // dz, d_positions as given; the head parameters' views normalised below
   g.d_omega = check_head_param_grad(op, "d_omega", grads.d_omega, params.omega);
   g.d_generator = check_head_param_grad(op, "d_generator", grads.d_generator, params.generator);
   if (impl == Impl::reference)
@@ -265,18 +267,9 @@ void circulant_string_backward(const CirculantStringParams& params, Impl impl, c
                                const CirculantStringGrads& grads) {
   const std::string op = op_name("circulant_string", impl);
   const sr::CirculantProblem p = validate_circulant(op, params);
-  check_like_z(op, "dy", dy, params.z, false);
-  CirculantStringGrads g;
-  if (grads.dz.defined()) {
-    check_like_z(op, "dz", grads.dz, params.z, true);
-    g.dz = grads.dz;
-  }
-  if (grads.d_positions.defined()) {
-    check_owned_output(
-        op, "d_positions", grads.d_positions,
-        {{params.z.size(0), "B"}, {params.z.size(1), "T"}, {params.positions.size(2), "C"}});
-    g.d_positions = grads.d_positions;
-  }
+  check_rotation_grads(op, params.z, params.positions, dy, grads.dz, grads.d_positions);
+  CirculantStringGrads g =
+      grads;  // dz, d_positions as given; the head parameters' views normalised below
   g.dc = check_head_param_grad(op, "dc", grads.dc, params.c);
   if (impl == Impl::reference)
     sr::reference_circulant_backward(p, dy, g);
