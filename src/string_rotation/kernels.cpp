@@ -334,12 +334,16 @@ void copy_tokens(const TensorView& src, const TensorView& dst) {
     }
 }
 
-// e^{iθ} of the bins of tokens [0, T) of (b, h), rows = tokens.
+// cos/sin of the phases of every (row, coefficient head), computed once: with c shared by the
+// heads (Hc = 1) every head reuses them.
 template <class S>
-PairAngles<S> phases(const TensorView& theta, std::int64_t b, std::int64_t h) {
-  PairAngles<S> a;
-  a.load(theta, Sequence{b, 0, theta.size(1)}, theta.size(2) == 1 ? 0 : h);
-  return a;
+std::vector<PairAngles<S>> phase_table(const TensorView& theta) {
+  const std::int64_t B = theta.size(0), T = theta.size(1), Hc = theta.size(2);
+  std::vector<PairAngles<S>> table(static_cast<std::size_t>(B * Hc));
+  parallel_for(B * Hc, [&](std::int64_t i) {
+    table[static_cast<std::size_t>(i)].load(theta, Sequence{i / Hc, 0, T}, i % Hc);
+  });
+  return table;
 }
 
 template <class S>
@@ -353,9 +357,10 @@ void circulant_forward_t(const CirculantProblem& p, const TensorView& y) {
   const std::vector<double> mu = spectrum(p.c, sin_table(K));
   Scratch<double> theta(B, T, Hc, M);
   angles_forward_dense(p.positions, mu, Hc, M, theta.view);
+  const std::vector<PairAngles<S>> table = phase_table<S>(theta.view);
   parallel_for(B * H, [&](std::int64_t item) {
     const std::int64_t b = item / H, h = item % H;
-    const PairAngles<S> e = phases<S>(theta.view, b, h);
+    const PairAngles<S>& e = table[static_cast<std::size_t>(b * Hc + (Hc == 1 ? 0 : h))];
     Mat<S> Z, Y(T, K);
     load_rows(p.z, Sequence{b, 0, T}, h, Z);
     Eigen::FFT<S> fft;
@@ -390,10 +395,11 @@ void circulant_backward_t(const CirculantProblem& p, const TensorView& dy,
   const std::vector<double> mu = spectrum(p.c, sn);
   Scratch<double> theta(B, T, Hc, M), dtheta(B, T, H, M);
   angles_forward_dense(p.positions, mu, Hc, M, theta.view);
+  const std::vector<PairAngles<S>> table = phase_table<S>(theta.view);
   const S scale = S(-2.0 / static_cast<double>(K));
   parallel_for(B * H, [&](std::int64_t item) {
     const std::int64_t b = item / H, h = item % H;
-    const PairAngles<S> e = phases<S>(theta.view, b, h);
+    const PairAngles<S>& e = table[static_cast<std::size_t>(b * Hc + (Hc == 1 ? 0 : h))];
     Mat<S> Z, DY, DZ(T, K);
     Mat<double> DT(T, M);
     load_rows(p.z, Sequence{b, 0, T}, h, Z);
