@@ -1,5 +1,10 @@
 // Tests of the shared machinery: views, argument checks, cu_seqlens, threads.
+#include <algorithm>
 #include <atomic>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
 #include <vector>
 
 #include "common/check.h"
@@ -27,6 +32,79 @@ TEST(TensorView, ContiguousStridesAndShapeString) {
   EXPECT_EQ(TensorView{}.shape_string(), "undefined");
   TensorView t = TensorView::strided(data, DType::float32, {3, 2}, {1, 3});
   EXPECT_FALSE(t.is_contiguous());
+}
+
+// The nearest 16-bit value to x among `finite` (every finite value of the format, ascending, as
+// double, with its bits), ties to the even bit pattern; beyond the largest finite value by half
+// an ulp or more: inf. The slow, obviously-correct rounding the conversions are checked against.
+std::uint16_t nearest_bits(double x, const std::vector<std::pair<double, std::uint16_t>>& finite,
+                           double overflow_threshold, std::uint16_t inf_bits) {
+  if (std::fabs(x) >= overflow_threshold)
+    return static_cast<std::uint16_t>(inf_bits | (x < 0 ? 0x8000u : 0u));
+  auto hi = std::lower_bound(finite.begin(), finite.end(), std::make_pair(x, std::uint16_t{0}));
+  auto lo = hi == finite.begin() ? hi : hi - 1;
+  if (hi == finite.end()) hi = lo;
+  const double dlo = std::fabs(x - lo->first), dhi = std::fabs(hi->first - x);
+  std::uint16_t bits;
+  if (dlo < dhi)
+    bits = lo->second;
+  else if (dhi < dlo)
+    bits = hi->second;
+  else
+    bits = (lo->second & 1u) == 0 ? lo->second : hi->second;
+  // ±0: the sign follows x.
+  if ((bits & 0x7fffu) == 0) bits = static_cast<std::uint16_t>(std::signbit(x) ? 0x8000u : 0u);
+  return bits;
+}
+
+template <class Half>
+void check_half_conversions(double overflow_threshold, std::uint16_t inf_bits) {
+  std::vector<std::pair<double, std::uint16_t>> finite;
+  for (std::uint32_t b = 0; b < 0x10000u; ++b) {
+    const auto h = Half::from_bits(static_cast<std::uint16_t>(b));
+    const float f = h.to_float();
+    if (std::isnan(f)) {
+      EXPECT_TRUE(std::isnan(Half::from_float(f).to_float())) << b;
+      continue;
+    }
+    // Every 16-bit value converts to float exactly and back to the same bits.
+    EXPECT_EQ(Half::from_float(f).bits, b) << "bits " << b;
+    if (std::isfinite(f) && b != 0x8000u) finite.push_back({static_cast<double>(f), b});
+  }
+  std::sort(finite.begin(), finite.end());
+  std::vector<float> probes;
+  // Midpoints between neighbours (ties), and the floats just beside them.
+  for (std::size_t i = 0; i + 1 < finite.size(); i += 7) {
+    const float mid = static_cast<float>((finite[i].first + finite[i + 1].first) / 2);
+    probes.push_back(mid);
+    probes.push_back(std::nextafter(mid, 0.0f));
+    probes.push_back(std::nextafter(mid, std::numeric_limits<float>::infinity()));
+  }
+  std::mt19937_64 rng(11);
+  std::uniform_int_distribution<std::uint32_t> any_bits;
+  for (int i = 0; i < 200000; ++i) {
+    const std::uint32_t u = any_bits(rng);
+    float f;
+    std::memcpy(&f, &u, sizeof f);
+    if (!std::isnan(f)) probes.push_back(f);
+  }
+  for (float f : {0.0f, -0.0f, 1e-30f, -1e-30f, 65504.0f, 65519.99f, 65520.0f, 3.0e38f,
+                  std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+                  std::numeric_limits<float>::denorm_min()})
+    probes.push_back(f);
+  for (float f : probes) {
+    const std::uint16_t expected = nearest_bits(f, finite, overflow_threshold, inf_bits);
+    EXPECT_EQ(Half::from_float(f).bits, expected) << "float " << f;
+  }
+}
+
+TEST(HalfTypes, Float16RoundsToNearestEvenWithSubnormalsAndOverflow) {
+  check_half_conversions<float16>(65520.0, 0x7c00u);
+}
+
+TEST(HalfTypes, BFloat16RoundsToNearestEven) {
+  // Past the largest bfloat16 (0x7f7f = (2 − 2^-7)·2^127) by half an ulp: inf.
+  check_half_conversions<bfloat16>((2.0 - std::ldexp(1.0, -8)) * std::ldexp(1.0, 127), 0x7f80u);
 }
 
 TEST(Check, ShapeMismatchNamesArgumentExpectedAndGiven) {

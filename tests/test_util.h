@@ -49,6 +49,10 @@ class Tensor {
         return reinterpret_cast<const std::int32_t*>(p)[i];
       case DType::int64:
         return static_cast<double>(reinterpret_cast<const std::int64_t*>(p)[i]);
+      case DType::bfloat16:
+        return reinterpret_cast<const bfloat16*>(p)[i].to_float();
+      case DType::float16:
+        return reinterpret_cast<const float16*>(p)[i].to_float();
     }
     return 0;
   }
@@ -66,6 +70,12 @@ class Tensor {
         break;
       case DType::int64:
         reinterpret_cast<std::int64_t*>(p)[i] = static_cast<std::int64_t>(v);
+        break;
+      case DType::bfloat16:  // double → float → bfloat16: two roundings, as torch's .to() does
+        reinterpret_cast<bfloat16*>(p)[i] = bfloat16::from_float(static_cast<float>(v));
+        break;
+      case DType::float16:
+        reinterpret_cast<float16*>(p)[i] = float16::from_float(static_cast<float>(v));
         break;
     }
   }

@@ -12,6 +12,8 @@
 #include <string>
 #include <type_traits>
 
+#include "phasor/half.h"  // bfloat16, float16 and PHASOR_HOST_DEVICE
+
 namespace phasor {
 
 // Every error phasor raises for bad input: the message names the op and the argument, what was
@@ -21,28 +23,49 @@ class Error : public std::runtime_error {
   explicit Error(const std::string& what) : std::runtime_error(what) {}
 };
 
-enum class DType : std::uint8_t { float32, float64, int32, int64 };
-enum class Device : std::uint8_t { cpu, cuda };
+// Storage types. bfloat16 and float16 (phasor/half.h) are storage only: every kernel converts
+// them to float32 on load and computes in float32; outputs take the dtype of the view they are
+// written to.
+enum class DType : std::uint8_t { float32, float64, int32, int64, bfloat16, float16 };
+
+// Where a view's memory lives and which backend computes on it:
+//   cpu       host memory; the CPU kernels (src/).
+//   cuda      memory of the current CUDA device; the CUDA kernels (cuda/), on the current stream
+//             (phasor/device.h). A phasor::Error naming the device if this build has no CUDA
+//             backend or the machine no GPU.
+//   emulated  host memory; the same CUDA kernels compiled for the host and executed thread by
+//             thread by the emulated GPU (cuda/simt/), with its checks. For testing the CUDA
+//             kernels without a GPU: always available, slow.
+enum class Device : std::uint8_t { cpu, cuda, emulated };
 
 const char* to_string(DType dtype);
 const char* to_string(Device device);
 std::size_t element_size(DType dtype);
+// float32, float64, bfloat16 or float16.
+constexpr bool is_floating(DType dtype) {
+  return dtype == DType::float32 || dtype == DType::float64 || dtype == DType::bfloat16 ||
+         dtype == DType::float16;
+}
 
 template <class T>
 constexpr DType dtype_of() {
   static_assert(std::is_same_v<T, float> || std::is_same_v<T, double> ||
-                    std::is_same_v<T, std::int32_t> || std::is_same_v<T, std::int64_t>,
-                "phasor tensors hold float, double, int32 or int64");
+                    std::is_same_v<T, std::int32_t> || std::is_same_v<T, std::int64_t> ||
+                    std::is_same_v<T, bfloat16> || std::is_same_v<T, float16>,
+                "phasor tensors hold float, double, int32, int64, bfloat16 or float16");
   if constexpr (std::is_same_v<T, float>) return DType::float32;
   if constexpr (std::is_same_v<T, double>) return DType::float64;
   if constexpr (std::is_same_v<T, std::int32_t>) return DType::int32;
+  if constexpr (std::is_same_v<T, bfloat16>) return DType::bfloat16;
+  if constexpr (std::is_same_v<T, float16>) return DType::float16;
   return DType::int64;
 }
 
 // A non-owning, strided view of a tensor of rank ≤ 4. Strides are in elements (not bytes), as in
 // PyTorch. A default-constructed view is "undefined" and stands for an absent optional argument.
-// Views carry the device: the CPU kernels accept Device::cpu only; a CUDA backend slots in behind
-// the same calls for Device::cuda.
+// Views carry the device; every view of one call must be on the same device, which selects the
+// backend (see Device). A view is plain data (trivially copyable): it is passed to CUDA kernels
+// by value, inside each op's problem description.
 struct TensorView {
   static constexpr int kMaxRank = 4;
 
@@ -53,9 +76,13 @@ struct TensorView {
   std::array<std::int64_t, kMaxRank> sizes{};
   std::array<std::int64_t, kMaxRank> strides{};
 
-  bool defined() const { return rank >= 0; }
-  std::int64_t size(int dim) const { return sizes[static_cast<std::size_t>(dim)]; }
-  std::int64_t stride(int dim) const { return strides[static_cast<std::size_t>(dim)]; }
+  PHASOR_HOST_DEVICE bool defined() const { return rank >= 0; }
+  PHASOR_HOST_DEVICE std::int64_t size(int dim) const {
+    return sizes[static_cast<std::size_t>(dim)];
+  }
+  PHASOR_HOST_DEVICE std::int64_t stride(int dim) const {
+    return strides[static_cast<std::size_t>(dim)];
+  }
   std::int64_t numel() const;
   bool is_contiguous() const;
   std::string shape_string() const;  // "[2, 16, 4, 32]", or "undefined"

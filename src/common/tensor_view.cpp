@@ -15,12 +15,24 @@ const char* to_string(DType dtype) {
       return "int32";
     case DType::int64:
       return "int64";
+    case DType::bfloat16:
+      return "bfloat16";
+    case DType::float16:
+      return "float16";
   }
   return "unknown";
 }
 
 const char* to_string(Device device) {
-  return device == Device::cpu ? "cpu" : "cuda";
+  switch (device) {
+    case Device::cpu:
+      return "cpu";
+    case Device::cuda:
+      return "cuda";
+    case Device::emulated:
+      return "emulated";
+  }
+  return "unknown";
 }
 
 std::size_t element_size(DType dtype) {
@@ -31,6 +43,9 @@ std::size_t element_size(DType dtype) {
     case DType::float64:
     case DType::int64:
       return 8;
+    case DType::bfloat16:
+    case DType::float16:
+      return 2;
   }
   return 0;
 }
