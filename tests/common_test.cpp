@@ -10,6 +10,7 @@
 #include "common/check.h"
 #include "common/parallel.h"
 #include "common/slices.h"
+#include "phasor/ops.h"
 #include "test_util.h"
 
 namespace phasor {
@@ -120,40 +121,114 @@ TEST(Check, ShapeMismatchNamesArgumentExpectedAndGiven) {
 TEST(Check, RejectsIntegerDtypeAndMissingTensor) {
   Tensor q({1, 2, 1, 4}, DType::int32);
   testing::expect_error([&] { detail::check_float_rank("op", "q", q.view(), 4, "[B, T, H, K]"); },
-                        {"'q'", "float32 or float64", "int32"});
+                        {"'q'", "float32, float64, bfloat16 or float16", "int32"});
   testing::expect_error(
       [&] { detail::check_float_rank("op", "q", TensorView{}, 4, "[B, T, H, K]"); },
       {"'q'", "none"});
 }
 
+TEST(Check, ViewsMustShareTheCallsDevice) {
+  Tensor q({1, 2, 1, 4}, DType::float32);
+  TensorView on_emulated = q.view();
+  on_emulated.device = Device::emulated;
+  testing::expect_error(
+      [&] { detail::check_float_rank("op", "k", on_emulated, 4, "[B, T, H, K]", Device::cpu); },
+      {"'k'", "a tensor on cpu (the device of the call)", "a tensor on emulated"});
+  // Ops without CUDA kernels accept the cpu only, and say so.
+  testing::expect_error([&] { detail::call_device("grape", "z", on_emulated, false); },
+                        {"grape: argument 'z'", "has no CUDA kernel", "a tensor on emulated"});
+  EXPECT_EQ(detail::call_device("gla", "q", on_emulated, true), Device::emulated);
+}
+
+// cu_seqlens: metadata (detail::sequences) and values (the host value checks), as a CPU call
+// runs them.
+detail::Sequences checked_sequences(const Tensor& cu, std::int64_t B, std::int64_t T) {
+  const detail::Sequences s = detail::sequences("op", cu.view(), B, T);
+  detail::ValueChecks checks;
+  checks.sequences = s;
+  detail::check_values_on_host("op", checks);
+  return s;
+}
+
 TEST(Check, CuSeqlensValidation) {
   Tensor ok = testing::cu_seqlens({3, 0, 1, 4});
-  auto seqs = detail::sequences("op", ok.view(), 1, 8);
-  ASSERT_EQ(seqs.size(), 4u);
+  auto seqs = checked_sequences(ok, 1, 8);
+  ASSERT_EQ(seqs.size(), 4);
   EXPECT_EQ(seqs[1].length, 0);
   EXPECT_EQ(seqs[3].start, 4);
-  testing::expect_error([&] { detail::sequences("op", ok.view(), 2, 8); },
-                        {"'cu_seqlens'", "B = 2"});
-  testing::expect_error([&] { detail::sequences("op", ok.view(), 1, 9); },
-                        {"'cu_seqlens'", "T = 9"});
+  std::int64_t total = 0;
+  for (const detail::Sequence& s : seqs) total += s.length;
+  EXPECT_EQ(total, 8);
+  testing::expect_error([&] { checked_sequences(ok, 2, 8); }, {"'cu_seqlens'", "B = 2"});
+  testing::expect_error([&] { checked_sequences(ok, 1, 9); }, {"'cu_seqlens'", "T = 9"});
   Tensor bad = Tensor::from({3}, {0, 5, 3}, DType::int64);
-  testing::expect_error([&] { detail::sequences("op", bad.view(), 1, 3); },
-                        {"non-decreasing", "cu_seqlens[2] = 3"});
+  testing::expect_error([&] { checked_sequences(bad, 1, 3); },
+                        {"non-decreasing", "cu_seqlens[2] = 3 < cu_seqlens[1] = 5"});
+  // A decrease at the last offset is reported before its mismatch with T.
+  testing::expect_error([&] { checked_sequences(bad, 1, 4); }, {"non-decreasing"});
   Tensor start = Tensor::from({2}, {1, 3}, DType::int64);
-  testing::expect_error([&] { detail::sequences("op", start.view(), 1, 3); },
-                        {"cu_seqlens[0] = 0"});
+  testing::expect_error([&] { checked_sequences(start, 1, 3); }, {"cu_seqlens[0] = 0"});
   Tensor fl = Tensor::from({2}, {0, 3}, DType::float32);
-  testing::expect_error([&] { detail::sequences("op", fl.view(), 1, 3); }, {"int32 or int64"});
+  testing::expect_error([&] { checked_sequences(fl, 1, 3); }, {"int32 or int64"});
+  // Without cu_seqlens the B rows are the sequences.
+  const detail::Sequences rows = detail::sequences("op", TensorView{}, 3, 5);
+  EXPECT_FALSE(rows.packed());
+  EXPECT_EQ(rows[2].batch, 2);
+  EXPECT_EQ(rows[2].length, 5);
+}
+
+void check_gates(const TensorView& g) {
+  detail::ValueChecks checks;
+  checks.add("g", g, detail::ValueRule::log_gate);
+  detail::check_values_on_host("op", checks);
 }
 
 TEST(Check, LogGatesMustBeNonPositive) {
-  Tensor g = Tensor::from({1, 2, 2}, {-1, 0, -INFINITY, 0.25});
-  testing::expect_error([&] { detail::check_log_gates("op", "g", g.view()); },
-                        {"'g'", "g[0, 1, 1] = 0.25"});
-  Tensor nan = Tensor::from({2}, {-1, NAN});
-  testing::expect_error([&] { detail::check_log_gates("op", "g", nan.view()); }, {"g[1]"});
-  Tensor fine = Tensor::from({3}, {-1, 0, -INFINITY});
-  EXPECT_NO_THROW(detail::check_log_gates("op", "g", fine.view()));
+  for (DType dtype : {DType::float64, DType::float32, DType::bfloat16, DType::float16}) {
+    Tensor g = Tensor::from({1, 2, 2}, {-1, 0, -INFINITY, 0.25}, dtype);
+    testing::expect_error([&] { check_gates(g.view()); }, {"'g'", "g[0, 1, 1] = 0.25"});
+    Tensor nan = Tensor::from({2}, {-1, NAN}, dtype);
+    testing::expect_error([&] { check_gates(nan.view()); }, {"g[1]"});
+    Tensor fine = Tensor::from({3}, {-1, 0, -INFINITY}, dtype);
+    EXPECT_NO_THROW(check_gates(fine.view()));
+  }
+  // Strided: the reported index is the element's (row-major order), not its memory offset:
+  // [1, 0] is mem[1], the second element in memory.
+  std::vector<double> mem = {-1, 5, -2, -3, -4, 0.5};
+  const TensorView transposed = TensorView::strided(mem.data(), DType::float64, {3, 2}, {1, 3});
+  testing::expect_error([&] { check_gates(transposed); }, {"g[1, 0] = 5"});
+}
+
+TEST(Check, FiniteValues) {
+  Tensor slopes = Tensor::from({1, 3, 1}, {0.5, -2, INFINITY});
+  detail::ValueChecks checks;
+  checks.add("bias_q_slope", slopes.view(), detail::ValueRule::finite);
+  testing::expect_error([&] { detail::check_values_on_host("op", checks); },
+                        {"'bias_q_slope'", "finite values", "bias_q_slope[0, 2, 0] = inf"});
+}
+
+TEST(Ops, OneTableOfNames) {
+  EXPECT_STREQ(op_name(Op::gla, Impl::chunk), "chunk_gla");
+  EXPECT_STREQ(op_name(Op::gated_delta_rule, Impl::recurrent), "fused_recurrent_gated_delta_rule");
+  EXPECT_STREQ(op_name(Op::forgetting_attn, Impl::reference), "forgetting_attn_reference");
+  EXPECT_STREQ(op_name(Op::short_conv, Impl::chunk), "causal_conv1d");
+  auto found = find_op("chunk_gated_delta_rule");
+  ASSERT_TRUE(found);
+  EXPECT_EQ(found->op, Op::gated_delta_rule);
+  EXPECT_EQ(found->impl, Impl::chunk);
+  found = find_op("gla");
+  ASSERT_TRUE(found);
+  EXPECT_FALSE(found->impl);
+  // One optimized kernel under one name implies no implementation.
+  found = find_op("selective_rope_phases");
+  ASSERT_TRUE(found);
+  EXPECT_EQ(found->op, Op::selective_rope_phases);
+  EXPECT_FALSE(found->impl);
+  EXPECT_FALSE(find_op("chunk_glaa"));
+  for (const OpInfo& info : all_ops()) {
+    EXPECT_EQ(&op_info(info.op), &info);
+    EXPECT_FALSE(info.on_gpu[static_cast<std::size_t>(Impl::reference)]) << info.name;
+  }
 }
 
 TEST(Slices, LoadAndStoreStridedRows) {

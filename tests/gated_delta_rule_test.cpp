@@ -1091,7 +1091,8 @@ TEST(GatedDeltaRuleErrors, BadInputsNameTheArgument) {
   };
   expect([&](auto& p) { p.q = wrong_rank.view(); },
          {"chunk_gated_delta_rule", "argument 'q'", "4-D"});
-  expect([&](auto& p) { p.q = ints.view(); }, {"argument 'q'", "float32 or float64", "int32"});
+  expect([&](auto& p) { p.q = ints.view(); },
+         {"argument 'q'", "float32, float64, bfloat16 or float16", "int32"});
   expect([&](auto& p) { p.k = wrong_k.view(); }, {"argument 'k'", "K=3", "[1, 6, 2, 4]"});
   expect([&](auto& p) { p.k = {}; }, {"argument 'k'", "none"});
   expect([&](auto& p) { p.v = wrong_rank.view(); }, {"argument 'v'", "4-D"});

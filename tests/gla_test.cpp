@@ -1174,7 +1174,7 @@ TEST(GlaValidation, ShapesRanksAndDtypes) {
   p = b.params();
   p.q = q_int.view();
   expect_error([&] { gla_forward(p, Impl::chunk, b.o.view()); },
-               {"'q'", "float32 or float64", "int32"});
+               {"'q'", "float32, float64, bfloat16 or float16", "int32"});
   Tensor h0_bad({2, 2, 4, 3}, DType::float32);
   p = b.params();
   p.initial_state = h0_bad.view();

@@ -820,7 +820,8 @@ TEST(GrapeErrors, BadArguments) {
     const Tensor ints({1, 4, 2, 6}, DType::int32);
     GrapeParams p = c.params();
     p.z = ints.view();
-    expect_error([&] { grape_forward(p, kFast, y.view()); }, {"'z'", "float32 or float64"});
+    expect_error([&] { grape_forward(p, kFast, y.view()); },
+                 {"'z'", "float32, float64, bfloat16 or float16"});
   }
   {
     Tensor small = output({1, 4, 2, 5});

@@ -428,7 +428,7 @@ TEST(ShortConvApi, RejectsBadInputs) {
         p.x = xi.view();
         short_conv_forward(p, Impl::chunk, y.view());
       },
-      {"'x'", "float32 or float64", "int32"});
+      {"'x'", "float32, float64, bfloat16 or float16", "int32"});
   Tensor y_bad({2, 4, 3}, DType::float64);
   expect_error([&] { short_conv_forward(base(), Impl::chunk, y_bad.view()); }, {"'y'", "T=5"});
   Tensor fc_bad({1, 3, 3}, DType::float64);

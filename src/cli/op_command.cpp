@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "phasor/ops.h"
 #include "phasor/torch.h"
 
 namespace phasor::cli {
@@ -27,33 +28,20 @@ struct InputError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-enum class Op { gla, gated_delta_rule, forgetting_attn };
-
-struct OpChoice {
-  Op op;
-  std::optional<Impl> implied_impl;  // fla names fix the implementation
-};
-
-// The accepted names: the op's own name, or an fla function name (which implies the impl).
-const std::map<std::string, OpChoice>& op_names() {
-  static const std::map<std::string, OpChoice> names = {
-      {"gla", {Op::gla, std::nullopt}},
-      {"chunk_gla", {Op::gla, Impl::chunk}},
-      {"fused_recurrent_gla", {Op::gla, Impl::recurrent}},
-      {"gated_delta_rule", {Op::gated_delta_rule, std::nullopt}},
-      {"chunk_gated_delta_rule", {Op::gated_delta_rule, Impl::chunk}},
-      {"fused_recurrent_gated_delta_rule", {Op::gated_delta_rule, Impl::recurrent}},
-      {"forgetting_attn", {Op::forgetting_attn, std::nullopt}},
-      {"parallel_forgetting_attn", {Op::forgetting_attn, Impl::chunk}},
-  };
-  return names;
+// The ops `phasor op` runs. Names come from the core's table (phasor/ops.h): an op's own name, or
+// the name of one of its implementations (fla's, e.g. chunk_gla), which implies the impl.
+bool runs(Op op) {
+  return op == Op::gla || op == Op::gated_delta_rule || op == Op::forgetting_attn;
 }
 
-// The names in op_names(): all of them, or only the fla names (those that imply the impl).
-std::string joined_op_names(bool fla_names_only = false) {
+// The accepted names: all of them, or only those that imply the implementation.
+std::string joined_op_names(bool implementation_names_only = false) {
   std::string s;
-  for (const auto& [name, choice] : op_names())
-    if (!fla_names_only || choice.implied_impl) s += (s.empty() ? "" : ", ") + name;
+  for (const OpInfo& info : all_ops()) {
+    if (!runs(info.op)) continue;
+    if (!implementation_names_only) s += (s.empty() ? "" : ", ") + std::string(info.name);
+    for (const char* name : info.impl_names) s += (s.empty() ? "" : ", ") + std::string(name);
+  }
   return s;
 }
 
@@ -66,8 +54,9 @@ std::set<std::string> allowed_keys(Op op) {
       return {"q", "k", "v", "g", "beta", "initial_state", "cu_seqlens", "theta", "do", "dht"};
     case Op::forgetting_attn:
       return {"q", "k", "v", "g", "cu_seqlens", "theta", "do"};
+    default:  // not run by `phasor op` (runs() is false)
+      return {};
   }
-  return {};
 }
 
 std::vector<char> read_file(const std::string& path) {
@@ -149,11 +138,11 @@ struct Options {
 };
 
 int run(const Options& opt) {
-  const auto found = op_names().find(opt.name);
-  if (found == op_names().end())
+  const std::optional<OpLookup> found = find_op(opt.name);
+  if (!found || !runs(found->op))
     throw InputError("argument 'NAME': expected one of " + joined_op_names() + ", got '" +
                      opt.name + "'");
-  const Op op = found->second.op;
+  const Op op = found->op;
   Impl impl = Impl::chunk;
   if (!opt.impl_name.empty()) {
     if (opt.impl_name != "reference" && opt.impl_name != "recurrent" && opt.impl_name != "chunk")
@@ -161,7 +150,7 @@ int run(const Options& opt) {
                        opt.impl_name + "'");
     impl = impl_from_string(opt.impl_name);
   }
-  if (const auto implied = found->second.implied_impl) {
+  if (const auto implied = found->impl) {
     if (!opt.impl_name.empty() && impl != *implied)
       throw InputError("argument '--impl': expected " + std::string(to_string(*implied)) +
                        " (implied by " + opt.name + ") or nothing, got " + opt.impl_name);
@@ -254,6 +243,8 @@ int run(const Options& opt) {
                                   optional("cu_seqlens"), chunk_size, optional("theta"), layout);
       break;
     }
+    default:  // runs() admitted only the ops above
+      throw InputError("argument 'NAME': '" + opt.name + "' is not run by phasor op");
   }
 
   std::vector<std::pair<std::string, at::Tensor>> outputs = {{"o", o}};
@@ -305,7 +296,7 @@ int run_op(int argc, char** argv) {
   app.add_option("NAME", opt.name,
                  "gla, gated_delta_rule, forgetting_attn, or an fla name, which implies the "
                  "implementation: " +
-                     joined_op_names(/*fla_names_only=*/true))
+                     joined_op_names(/*implementation_names_only=*/true))
       ->required();
   app.add_option("--in", opt.in_path, "input .pt file (dict of tensors, from torch.save)")
       ->required();

@@ -1,7 +1,10 @@
 #include "common/check.h"
 
+#include <array>
 #include <cmath>
 #include <sstream>
+
+#include "common/element_access.h"
 
 namespace phasor::detail {
 
@@ -24,29 +27,43 @@ std::string dims_string(std::initializer_list<Dim> dims) {
   return s.str();
 }
 
-void check_defined_cpu_float(const std::string& op, const std::string& name, const TensorView& x) {
+void check_defined_float(const std::string& op, const std::string& name, const TensorView& x,
+                         Device device) {
   if (!x.defined()) fail(op, name, "a tensor", "none");
-  if (x.device != Device::cpu)
-    fail(op, name, "a tensor on the cpu (this build has no CUDA backend for it)",
+  if (x.device != device)
+    fail(op, name, std::string("a tensor on ") + to_string(device) + " (the device of the call)",
          std::string("a tensor on ") + to_string(x.device));
-  if (x.dtype != DType::float32 && x.dtype != DType::float64)
-    fail(op, name, "dtype float32 or float64", std::string("dtype ") + to_string(x.dtype));
+  if (!is_floating(x.dtype))
+    fail(op, name, "dtype float32, float64, bfloat16 or float16",
+         std::string("dtype ") + to_string(x.dtype));
   if (x.numel() > 0 && x.data == nullptr) fail(op, name, "a non-null data pointer", "nullptr");
 }
 
 }  // namespace
 
+Device call_device(const std::string& op, const std::string& name, const TensorView& x,
+                   bool gpu_capable) {
+  if (!x.defined()) fail(op, name, "a tensor", "none");
+  if (!gpu_capable && x.device != Device::cpu)
+    fail(op, name, "a tensor on the cpu (" + op + " has no CUDA kernel)",
+         std::string("a tensor on ") + to_string(x.device));
+  if (x.device == Device::cuda)
+    fail(op, name, "a tensor on the cpu or the emulated device (this build has no CUDA backend)",
+         "a tensor on cuda");
+  return x.device;
+}
+
 void check_float_rank(const std::string& op, const std::string& name, const TensorView& x, int rank,
-                      const char* layout) {
-  check_defined_cpu_float(op, name, x);
+                      const char* layout, Device device) {
+  check_defined_float(op, name, x, device);
   if (x.rank != rank)
     fail(op, name, std::to_string(rank) + "-D tensor " + layout,
          std::to_string(x.rank) + "-D tensor of shape " + x.shape_string());
 }
 
 void check_float_tensor(const std::string& op, const std::string& name, const TensorView& x,
-                        std::initializer_list<Dim> dims) {
-  check_defined_cpu_float(op, name, x);
+                        std::initializer_list<Dim> dims, Device device) {
+  check_defined_float(op, name, x, device);
   bool ok = x.rank == static_cast<int>(dims.size());
   int d = 0;
   for (const Dim& dim : dims) {
@@ -56,44 +73,42 @@ void check_float_tensor(const std::string& op, const std::string& name, const Te
   if (!ok) fail(op, name, "shape " + dims_string(dims), "shape " + x.shape_string());
 }
 
-std::vector<Sequence> sequences(const std::string& op, const TensorView& cu, std::int64_t B,
-                                std::int64_t T) {
-  std::vector<Sequence> out;
+void check_owned_output(const std::string& op, const std::string& name, const TensorView& x,
+                        std::initializer_list<Dim> dims, Device device) {
+  check_output(op, name, x, dims, device);
+  if (x.numel() == 0) return;  // nothing to overlap (contiguous empty views have zero strides)
+  for (int d = 0; d < x.rank; ++d)
+    if (x.size(d) > 1 && x.stride(d) == 0)
+      fail(op, name, "an output view without zero (broadcast) strides",
+           "stride 0 in dimension " + std::to_string(d) + " of " + x.shape_string());
+}
+
+Sequences sequences(const std::string& op, const TensorView& cu, std::int64_t B, std::int64_t T,
+                    Device device) {
+  Sequences s;
+  s.T = T;
   if (!cu.defined()) {
-    for (std::int64_t b = 0; b < B; ++b) out.push_back({b, 0, T});
-    return out;
+    s.count = B;
+    return s;
   }
-  if (cu.device != Device::cpu)
-    fail(op, "cu_seqlens", "a tensor on the cpu",
+  if (cu.device != device)
+    fail(op, "cu_seqlens",
+         std::string("a tensor on ") + to_string(device) + " (the device of the call)",
          std::string("a tensor on ") + to_string(cu.device));
   if (cu.dtype != DType::int32 && cu.dtype != DType::int64)
     fail(op, "cu_seqlens", "dtype int32 or int64", std::string("dtype ") + to_string(cu.dtype));
   if (cu.rank != 1 || cu.size(0) < 2)
     fail(op, "cu_seqlens", "a 1-D tensor [N + 1] with N >= 1", "shape " + cu.shape_string());
+  if (cu.data == nullptr) fail(op, "cu_seqlens", "a non-null data pointer", "nullptr");
   if (B != 1)
     fail(op, "cu_seqlens",
          "batch size B = 1 when cu_seqlens is given (sequences are packed along T)",
          "B = " + std::to_string(B));
-  const std::int64_t n = cu.size(0);
-  auto at = [&](std::int64_t i) -> std::int64_t {
-    const std::int64_t off = i * cu.stride(0);
-    return cu.dtype == DType::int32 ? static_cast<const std::int32_t*>(cu.data)[off]
-                                    : static_cast<const std::int64_t*>(cu.data)[off];
-  };
-  if (at(0) != 0)
-    fail(op, "cu_seqlens", "cu_seqlens[0] = 0", "cu_seqlens[0] = " + std::to_string(at(0)));
-  for (std::int64_t i = 1; i < n; ++i) {
-    const std::int64_t a = at(i - 1), b = at(i);
-    if (b < a)
-      fail(op, "cu_seqlens", "non-decreasing offsets",
-           "cu_seqlens[" + std::to_string(i) + "] = " + std::to_string(b) + " < cu_seqlens[" +
-               std::to_string(i - 1) + "] = " + std::to_string(a));
-    out.push_back({0, a, b - a});
-  }
-  if (at(n - 1) != T)
-    fail(op, "cu_seqlens", "last offset equal to T = " + std::to_string(T),
-         "cu_seqlens[" + std::to_string(n - 1) + "] = " + std::to_string(at(n - 1)));
-  return out;
+  s.cu_seqlens = cu.data;
+  s.cu_int32 = cu.dtype == DType::int32;
+  s.cu_stride = cu.stride(0);
+  s.count = cu.size(0) - 1;
+  return s;
 }
 
 double resolve_scale(const std::string& op, std::optional<double> scale, std::int64_t K) {
@@ -106,66 +121,106 @@ void check_positive(const std::string& op, const std::string& name, std::int64_t
   if (value <= 0) fail(op, name, "a positive integer", std::to_string(value));
 }
 
-}  // namespace phasor::detail
+// ---- Values
+// --------------------------------------------------------------------------------------
 
-namespace phasor::detail {
+void ValueChecks::add(const char* name, const TensorView& view, ValueRule rule) {
+  if (!view.defined()) return;
+  if (count == kMaxItems) throw Error("ValueChecks: more than 4 checked tensors in one call");
+  items[count++] = Item{name, view, rule};
+}
 
 namespace {
-// Calls f(offset, index) for every element of a rank ≤ 4 view, innermost dimension fastest,
-// stopping when f returns false. Plain nested loops: no per-element index arithmetic.
-template <class F>
-void for_each_offset(const TensorView& x, F&& f) {
-  std::array<std::int64_t, TensorView::kMaxRank> size{1, 1, 1, 1}, stride{0, 0, 0, 0};
+
+// Row-major scan of a view of rank ≤ 4 with plain nested loops over its strides, stopping at the
+// first element that fails `rule`. T is the storage type.
+template <class T>
+bool scan(const TensorView& x, ValueRule rule, ValueVerdict& verdict, int item) {
+  std::array<std::int64_t, 4> size{1, 1, 1, 1}, stride{0, 0, 0, 0};
   const int pad = TensorView::kMaxRank - x.rank;
   for (int d = 0; d < x.rank; ++d) {
     size[static_cast<std::size_t>(d + pad)] = x.size(d);
     stride[static_cast<std::size_t>(d + pad)] = x.stride(d);
   }
+  const T* data = static_cast<const T*>(x.data);
+  std::int64_t linear = 0;
   for (std::int64_t a = 0; a < size[0]; ++a)
     for (std::int64_t b = 0; b < size[1]; ++b)
       for (std::int64_t c = 0; c < size[2]; ++c) {
-        const std::int64_t base = a * stride[0] + b * stride[1] + c * stride[2];
-        for (std::int64_t e = 0; e < size[3]; ++e)
-          if (!f(base + e * stride[3], std::array<std::int64_t, 4>{a, b, c, e})) return;
+        const T* row = data + a * stride[0] + b * stride[1] + c * stride[2];
+        for (std::int64_t e = 0; e < size[3]; ++e, ++linear) {
+          const double v = to_double(row[e * stride[3]]);
+          if (value_ok(rule, v)) continue;
+          verdict.item = item;
+          verdict.element = linear;
+          verdict.value = v;
+          return false;
+        }
       }
+  return true;
 }
+
 }  // namespace
 
-void check_log_gates(const std::string& op, const std::string& name, const TensorView& g) {
-  bool ok = true;
-  double bad_value = 0;
-  std::array<std::int64_t, 4> bad_index{};
-  auto visit = [&](auto* p) {
-    for_each_offset(g, [&](std::int64_t off, const std::array<std::int64_t, 4>& idx) {
-      if (p[off] <= 0) return true;  // also false for NaN
-      ok = false;
-      bad_value = static_cast<double>(p[off]);
-      bad_index = idx;
-      return false;
+void check_values_on_host(const std::string& op, const ValueChecks& checks) {
+  ValueVerdict verdict;
+  const Sequences& s = checks.sequences;
+  if (s.packed())
+    for (std::int64_t i = 0; i <= s.count; ++i) {
+      const OffsetFailure failure = offset_failure(s, i);
+      if (failure == OffsetFailure::none) continue;
+      verdict.offset = failure;
+      verdict.offset_index = i;
+      verdict.offset_value = s.offset(i);
+      verdict.previous_offset = i > 0 ? s.offset(i - 1) : 0;
+      raise_value_failure(op, checks, verdict);
+    }
+  for (int i = 0; i < checks.count; ++i) {
+    const ValueChecks::Item& item = checks.items[i];
+    const bool ok = visit_float_dtype(item.view.dtype, [&](auto tag) {
+      return scan<decltype(tag)>(item.view, item.rule, verdict, i);
     });
-  };
-  if (g.dtype == DType::float32)
-    visit(static_cast<const float*>(g.data));
-  else
-    visit(static_cast<const double*>(g.data));
-  if (ok) return;
-  std::ostringstream where;
-  where << name << '[';
-  const int pad = TensorView::kMaxRank - g.rank;
-  for (int d = 0; d < g.rank; ++d)
-    where << (d ? ", " : "") << bad_index[static_cast<std::size_t>(d + pad)];
-  where << "] = " << bad_value;
-  fail(op, name, "natural-log forget gates <= 0 (-inf allowed)", where.str());
+    if (!ok) raise_value_failure(op, checks, verdict);
+  }
 }
 
-void check_owned_output(const std::string& op, const std::string& name, const TensorView& x,
-                        std::initializer_list<Dim> dims) {
-  check_output(op, name, x, dims);
-  if (x.numel() == 0) return;  // nothing to overlap (contiguous empty views have zero strides)
-  for (int d = 0; d < x.rank; ++d)
-    if (x.size(d) > 1 && x.stride(d) == 0)
-      fail(op, name, "an output view without zero (broadcast) strides",
-           "stride 0 in dimension " + std::to_string(d) + " of " + x.shape_string());
+void raise_value_failure(const std::string& op, const ValueChecks& checks,
+                         const ValueVerdict& verdict) {
+  const auto cu = [](std::int64_t i, std::int64_t v) {
+    return "cu_seqlens[" + std::to_string(i) + "] = " + std::to_string(v);
+  };
+  switch (verdict.offset) {
+    case OffsetFailure::none:
+      break;
+    case OffsetFailure::first_not_zero:
+      fail(op, "cu_seqlens", "cu_seqlens[0] = 0", cu(0, verdict.offset_value));
+    case OffsetFailure::decreasing:
+      fail(op, "cu_seqlens", "non-decreasing offsets",
+           cu(verdict.offset_index, verdict.offset_value) + " < " +
+               cu(verdict.offset_index - 1, verdict.previous_offset));
+    case OffsetFailure::last_not_T:
+      fail(op, "cu_seqlens", "last offset equal to T = " + std::to_string(checks.sequences.T),
+           cu(verdict.offset_index, verdict.offset_value));
+  }
+  if (verdict.item < 0 || verdict.item >= checks.count)
+    throw Error(op + ": raise_value_failure called without a failure");
+  const ValueChecks::Item& item = checks.items[verdict.item];
+  // The multi-index of the failing element, from its row-major linear index.
+  std::array<std::int64_t, 4> index{};
+  std::int64_t rest = verdict.element;
+  for (int d = item.view.rank - 1; d >= 0; --d) {
+    index[static_cast<std::size_t>(d)] = rest % item.view.size(d);
+    rest /= item.view.size(d);
+  }
+  std::ostringstream where;
+  where << item.name << '[';
+  for (int d = 0; d < item.view.rank; ++d)
+    where << (d ? ", " : "") << index[static_cast<std::size_t>(d)];
+  where << "] = " << verdict.value;
+  fail(op, item.name,
+       item.rule == ValueRule::log_gate ? "natural-log forget gates <= 0 (-inf allowed)"
+                                        : "finite values",
+       where.str());
 }
 
 }  // namespace phasor::detail

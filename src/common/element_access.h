@@ -1,6 +1,8 @@
-// Element access of a float32/float64 TensorView as double, by up to four indices and the view's
-// strides: what the plain reference loops (and a few small scalar paths) of the ops read and write
-// through, so a reference needs no knowledge of the storage type.
+// Element access of floating TensorViews (float32, float64, bfloat16, float16) as double, by up to
+// four indices and the view's strides: what the plain reference loops (and a few small scalar
+// paths) of the ops read and write through, so a reference needs no knowledge of the storage
+// type. Also the storage-type dispatch (visit_float_dtype) and the conversions to double that the
+// other readers share.
 #pragma once
 
 #include <cstdint>
@@ -8,6 +10,43 @@
 #include "phasor/common.h"
 
 namespace phasor::detail {
+
+inline double to_double(float v) {
+  return static_cast<double>(v);
+}
+inline double to_double(double v) {
+  return v;
+}
+inline double to_double(bfloat16 v) {
+  return static_cast<double>(v.to_float());
+}
+inline double to_double(float16 v) {
+  return static_cast<double>(v.to_float());
+}
+
+// Rounds a double to the storage type T (bfloat16 / float16 through float, as torch does).
+template <class T>
+T from_double(double v) {
+  if constexpr (std::is_same_v<T, bfloat16> || std::is_same_v<T, float16>)
+    return T::from_float(static_cast<float>(v));
+  else
+    return static_cast<T>(v);
+}
+
+// Calls f(T{}) with T the storage type of a floating dtype, and returns its result.
+template <class F>
+decltype(auto) visit_float_dtype(DType dtype, F&& f) {
+  switch (dtype) {
+    case DType::float64:
+      return f(double{});
+    case DType::bfloat16:
+      return f(bfloat16{});
+    case DType::float16:
+      return f(float16{});
+    default:
+      return f(float{});
+  }
+}
 
 // The element offset of x[i0, i1, i2, i3] (indices past x's rank are ignored).
 inline std::int64_t offset_of(const TensorView& x, std::int64_t i0, std::int64_t i1 = 0,
@@ -19,15 +58,32 @@ inline std::int64_t offset_of(const TensorView& x, std::int64_t i0, std::int64_t
 }
 
 inline double get(const TensorView& x, std::int64_t offset) {
-  return x.dtype == DType::float32 ? static_cast<double>(static_cast<const float*>(x.data)[offset])
-                                   : static_cast<const double*>(x.data)[offset];
+  switch (x.dtype) {
+    case DType::float64:
+      return static_cast<const double*>(x.data)[offset];
+    case DType::bfloat16:
+      return to_double(static_cast<const bfloat16*>(x.data)[offset]);
+    case DType::float16:
+      return to_double(static_cast<const float16*>(x.data)[offset]);
+    default:
+      return static_cast<double>(static_cast<const float*>(x.data)[offset]);
+  }
 }
 
 inline void put(const TensorView& x, std::int64_t offset, double v) {
-  if (x.dtype == DType::float32)
-    static_cast<float*>(x.data)[offset] = static_cast<float>(v);
-  else
-    static_cast<double*>(x.data)[offset] = v;
+  switch (x.dtype) {
+    case DType::float64:
+      static_cast<double*>(x.data)[offset] = v;
+      return;
+    case DType::bfloat16:
+      static_cast<bfloat16*>(x.data)[offset] = from_double<bfloat16>(v);
+      return;
+    case DType::float16:
+      static_cast<float16*>(x.data)[offset] = from_double<float16>(v);
+      return;
+    default:
+      static_cast<float*>(x.data)[offset] = static_cast<float>(v);
+  }
 }
 
 }  // namespace phasor::detail

@@ -27,23 +27,26 @@ namespace phasor::detail {
 // θ, if given, must be [B, T, H, K/2] with K even. `heads` labels H in the message (e.g.
 // "H (q/k heads)").
 inline void check_theta(const std::string& op, const TensorView& theta, std::int64_t B,
-                        std::int64_t T, std::int64_t H, std::int64_t K, const char* heads = "H") {
+                        std::int64_t T, std::int64_t H, std::int64_t K, const char* heads = "H",
+                        Device device = Device::cpu) {
   if (!theta.defined()) return;
   if (K % 2 != 0)
     fail(op, "theta", "an even head dimension K (rotation pairs) when theta is given",
          "K = " + std::to_string(K));
-  check_float_tensor(op, "theta", theta, {{B, "B"}, {T, "T"}, {H, heads}, {K / 2, "K/2"}});
+  check_float_tensor(op, "theta", theta, {{B, "B"}, {T, "T"}, {H, heads}, {K / 2, "K/2"}}, device);
 }
 
 // dtheta, if requested, needs theta, must have its shape and must own each of its elements.
-inline void check_dtheta(const std::string& op, const TensorView& dtheta, const TensorView& theta) {
+inline void check_dtheta(const std::string& op, const TensorView& dtheta, const TensorView& theta,
+                         Device device = Device::cpu) {
   if (!dtheta.defined()) return;
   if (!theta.defined())
     fail(op, "dtheta", "theta to be given (dtheta is its gradient)",
          "dtheta requested without theta");
   check_output(
       op, "dtheta", dtheta,
-      {{theta.size(0), "B"}, {theta.size(1), "T"}, {theta.size(2), "H"}, {theta.size(3), "K/2"}});
+      {{theta.size(0), "B"}, {theta.size(1), "T"}, {theta.size(2), "H"}, {theta.size(3), "K/2"}},
+      device);
   // Work items write disjoint (sequence, head) blocks of dθ; a zero stride (e.g. angles broadcast
   // over heads, passed back as the gradient view) would make them race on one element. An empty
   // view has no element to race on (and contiguous empty views do carry zero strides).
@@ -62,10 +65,11 @@ struct PairAngles {
   // theta [B, T, H, R]: tokens s of head h.
   void load(const TensorView& theta, const Sequence& s, std::int64_t h) {
     if constexpr (std::is_same_v<S, float>) {
-      if (theta.dtype == DType::float32) {
+      if (theta.dtype != DType::float64) {
         // Eigen's vectorised float sin/cos: within ~1 ulp of the float64 value of cos(θ) for
         // every float θ (it falls back to a full range reduction for huge arguments), and several
         // times faster than scalar float64 calls, which would cost as much as a GLA forward.
+        // 16-bit angles are converted to float (exactly) and take the same path.
         Mat<float> angles;
         load_rows(theta, s, h, angles);
         cos = angles.array().cos().matrix();

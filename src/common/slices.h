@@ -11,6 +11,7 @@
 #include <type_traits>
 
 #include "common/check.h"
+#include "common/element_access.h"
 #include "phasor/common.h"
 
 namespace phasor::detail {
@@ -39,12 +40,17 @@ inline void load_2d(const TensorView& x, std::int64_t base, std::int64_t rows, s
       std::memcpy(out.data() + r * cols, p + r * rs, static_cast<std::size_t>(cols) * sizeof(S));
     return;
   }
-  if (x.dtype == DType::float32)
-    for_rows<const float>(x, base, rows, rs, cols, cs,
-                          [&](std::int64_t r, std::int64_t c, float v) { out(r, c) = S(v); });
-  else
-    for_rows<const double>(x, base, rows, rs, cols, cs,
-                           [&](std::int64_t r, std::int64_t c, double v) { out(r, c) = S(v); });
+  // Any other storage type (bfloat16 / float16 included) is converted element by element; a
+  // 16-bit value converts to float exactly.
+  visit_float_dtype(x.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    for_rows<const T>(x, base, rows, rs, cols, cs, [&](std::int64_t r, std::int64_t c, T v) {
+      if constexpr (std::is_same_v<T, bfloat16> || std::is_same_v<T, float16>)
+        out(r, c) = S(v.to_float());
+      else
+        out(r, c) = S(v);
+    });
+  });
 }
 template <class M>
 inline void store_2d(const M& in, const TensorView& x, std::int64_t base, std::int64_t rs,
@@ -61,17 +67,18 @@ inline void store_2d(const M& in, const TensorView& x, std::int64_t base, std::i
       return;
     }
   }
-  if (x.dtype == DType::float32) {
-    auto* p = static_cast<float*>(x.data);
+  // bfloat16 / float16 outputs round once, from the compute type's value (through float).
+  visit_float_dtype(x.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    auto* p = static_cast<T*>(x.data);
     for (std::int64_t r = 0; r < rows; ++r)
-      for (std::int64_t c = 0; c < cols; ++c)
-        p[base + r * rs + c * cs] = static_cast<float>(in(r, c));
-  } else {
-    auto* p = static_cast<double*>(x.data);
-    for (std::int64_t r = 0; r < rows; ++r)
-      for (std::int64_t c = 0; c < cols; ++c)
-        p[base + r * rs + c * cs] = static_cast<double>(in(r, c));
-  }
+      for (std::int64_t c = 0; c < cols; ++c) {
+        if constexpr (std::is_same_v<T, bfloat16> || std::is_same_v<T, float16>)
+          p[base + r * rs + c * cs] = T::from_float(static_cast<float>(in(r, c)));
+        else
+          p[base + r * rs + c * cs] = static_cast<T>(in(r, c));
+      }
+  });
 }
 }  // namespace slices_impl
 
@@ -114,8 +121,13 @@ void store_state(const M& in, const TensorView& x, std::int64_t n, std::int64_t 
   slices_impl::store_2d(in, x, base, x.stride(2), x.stride(3));
 }
 
-// Runs f.template operator()<S>() with S = float or double, the compute type chosen by `x`
-// (float32 inputs compute and accumulate in float32, float64 inputs in float64).
+// The compute type of a floating storage dtype: float64 for float64, float32 for the others.
+inline DType compute_dtype(DType storage) {
+  return storage == DType::float64 ? DType::float64 : DType::float32;
+}
+
+// Runs f(S{}) with S = float or double, the compute type chosen by `x`: float64 inputs compute
+// and accumulate in float64, float32, bfloat16 and float16 inputs in float32.
 template <class F>
 decltype(auto) dispatch_float(const TensorView& x, F&& f) {
   if (x.dtype == DType::float64) return f(double{});

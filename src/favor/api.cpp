@@ -7,6 +7,7 @@
 #include "common/check.h"
 #include "favor/kernels.h"
 #include "phasor/favor.h"
+#include "phasor/ops.h"
 
 namespace phasor {
 
@@ -25,7 +26,6 @@ const char* to_string(FavorMatrixKind kind) {
 namespace {
 
 using detail::check_owned_output;
-using detail::op_name;
 
 using detail::favor::AttentionProblem;
 using detail::favor::FeatureProblem;
@@ -74,6 +74,9 @@ Shape make_shape(const std::string& op, const char* x_name, const TensorView& x,
   sh.w_per_head = w.rank == 3;
   sh.m = w.size(w.rank - 2);
   sh.sequences = detail::sequences(op, cu_seqlens, x.size(0), x.size(1));
+  detail::ValueChecks offsets;  // FAVOR+ runs on the cpu only: its value checks are host scans
+  offsets.sequences = sh.sequences;
+  detail::check_values_on_host(op, offsets);
   return sh;
 }
 
@@ -130,7 +133,7 @@ void favor_random_matrix(FavorMatrixKind kind, std::uint64_t seed, const TensorV
 }
 
 void favor_features_forward(const FavorFeatureParams& params, Impl impl, const TensorView& phi) {
-  const std::string op = op_name("favor_features", impl);
+  const std::string op = op_name(Op::favor_features, impl);
   const FeatureProblem p = validate_features(op, params);
   const std::int64_t B = params.x.size(0), T = params.x.size(1);
   check_owned_output(op, "phi", phi,
@@ -143,7 +146,7 @@ void favor_features_forward(const FavorFeatureParams& params, Impl impl, const T
 
 void favor_features_backward(const FavorFeatureParams& params, Impl impl, const TensorView& d_phi,
                              const TensorView& dx, const TensorView& dw) {
-  const std::string op = op_name("favor_features", impl);
+  const std::string op = op_name(Op::favor_features, impl);
   const FeatureProblem p = validate_features(op, params);
   const std::int64_t B = params.x.size(0), T = params.x.size(1), H = p.shape.H;
   detail::check_float_tensor(op, "d_phi", d_phi,
@@ -158,7 +161,7 @@ void favor_features_backward(const FavorFeatureParams& params, Impl impl, const 
 }
 
 void favor_attention_forward(const FavorAttentionParams& params, Impl impl, const TensorView& o) {
-  const std::string op = op_name("favor_attention", impl);
+  const std::string op = op_name(Op::favor_attention, impl);
   const AttentionProblem p = validate_attention(op, params, impl);
   check_owned_output(
       op, "o", o, {{params.q.size(0), "B"}, {params.q.size(1), "T"}, {p.shape.H, "H"}, {p.V, "V"}});
@@ -170,7 +173,7 @@ void favor_attention_forward(const FavorAttentionParams& params, Impl impl, cons
 
 void favor_attention_backward(const FavorAttentionParams& params, Impl impl, const TensorView& d_o,
                               const FavorAttentionGrads& grads) {
-  const std::string op = op_name("favor_attention", impl);
+  const std::string op = op_name(Op::favor_attention, impl);
   const AttentionProblem p = validate_attention(op, params, impl);
   const std::int64_t B = params.q.size(0), T = params.q.size(1), H = p.shape.H, d = p.shape.d;
   detail::check_float_tensor(op, "d_o", d_o, {{B, "B"}, {T, "T"}, {H, "H"}, {p.V, "V"}});

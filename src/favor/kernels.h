@@ -13,10 +13,10 @@ namespace phasor::detail::favor {
 
 // The shapes shared by both problems: x (or q, k) [B, T, H, d], w [m, d] or [H, m, d].
 struct Shape {
-  std::vector<Sequence> sequences;
+  Sequences sequences;
   std::int64_t H = 0, d = 0, m = 0;
   bool w_per_head = false;
-  std::int64_t num_sequences() const { return static_cast<std::int64_t>(sequences.size()); }
+  std::int64_t num_sequences() const { return sequences.size(); }
   // Offset of w[h, r, i] (h ignored when w is shared).
   std::int64_t w_offset(const TensorView& w, std::int64_t h, std::int64_t r, std::int64_t i) const {
     return w_per_head ? offset_of(w, h, r, i) : offset_of(w, r, i);

@@ -1,82 +1,58 @@
-// Forgetting attention: argument validation and dispatch to the reference, recurrent and chunk
-// kernels.
+// Forgetting attention: metadata checks, the problem description, and the dispatch to the
+// implementation on the call's device (common/dispatch.h).
 //
 // Every check happens here, before any kernel runs, so a bad call never writes to an output.
-#include <cmath>
 #include <string>
 
 #include "common/check.h"
+#include "common/dispatch.h"
 #include "common/rotation.h"
-#include "common/slices.h"
 #include "forgetting_attn/kernels.h"
 #include "phasor/forgetting_attn.h"
+#include "phasor/ops.h"
 
 namespace phasor {
 namespace {
 
 using detail::fox::Problem;
 
-// The fla name of each implementation, used in every error message.
-std::string op_name(Impl impl) {
-  switch (impl) {
-    case Impl::reference:
-      return "forgetting_attn_reference";
-    case Impl::recurrent:
-      return "forgetting_attn_recurrent";
-    case Impl::chunk:
-      return "parallel_forgetting_attn";
-  }
-  return "forgetting_attn";
-}
-
 // A slope gradient, if requested, needs its slope, must have its shape and must own each element
 // (work items write disjoint (sequence, head) columns; a zero stride would make them share one).
 void check_slope_grad(const std::string& op, const char* name, const TensorView& grad,
-                      const char* slope_name, const TensorView& slope) {
+                      const char* slope_name, const TensorView& slope, Device device) {
   if (!grad.defined()) return;
   if (!slope.defined())
     detail::fail(op, name, std::string(slope_name) + " to be given (" + name + " is its gradient)",
                  std::string(name) + " requested without " + slope_name);
-  detail::check_output(op, name, grad,
-                       {{slope.size(0), "B"}, {slope.size(1), "T"}, {slope.size(2), "heads"}});
-  if (grad.numel() == 0) return;
-  for (int d = 0; d < 3; ++d)
-    if (grad.size(d) > 1 && grad.stride(d) == 0)
-      detail::fail(
-          op, name, "a tensor that owns each element (no zero strides)",
-          "stride 0 in dimension " + std::to_string(d) + " of shape " + grad.shape_string());
+  detail::check_owned_output(op, name, grad,
+                             {{slope.size(0), "B"}, {slope.size(1), "T"}, {slope.size(2), "heads"}},
+                             device);
 }
 
-// Checks every input of `params` against q's dimensions and resolves sequences and options.
-Problem validate_inputs(const std::string& op, const ForgettingAttnParams& params, Impl impl) {
-  detail::check_float_rank(op, "q", params.q, 4, "[B, T, HQ, K]");
-  const std::int64_t B = params.q.size(0), T = params.q.size(1), HQ = params.q.size(2),
-                     K = params.q.size(3);
-  detail::check_float_rank(op, "k", params.k, 4, "[B, T, H, K]");
-  const std::int64_t H = params.k.size(2);
-  if (H < 1 || HQ % H != 0)
+// Checks the metadata of every input of `params` against q's and builds the problem.
+Problem make_problem(const std::string& op, const ForgettingAttnParams& params, Impl impl) {
+  Problem p;
+  p.device = detail::call_device(op, "q", params.q, /*gpu_capable=*/true);
+  detail::check_float_rank(op, "q", params.q, 4, "[B, T, HQ, K]", p.device);
+  p.B = params.q.size(0), p.T = params.q.size(1), p.HQ = params.q.size(2), p.K = params.q.size(3);
+  detail::check_float_rank(op, "k", params.k, 4, "[B, T, H, K]", p.device);
+  p.H = params.k.size(2);
+  if (p.H < 1 || p.HQ % p.H != 0)
     detail::fail(op, "k",
                  "a number of key/value heads H >= 1 that divides the number of query heads HQ = " +
-                     std::to_string(HQ),
-                 "H = " + std::to_string(H) + " (shape " + params.k.shape_string() + ")");
-  detail::check_float_tensor(op, "k", params.k, {{B, "B"}, {T, "T"}, {H, "H"}, {K, "K (as q)"}});
-  detail::check_float_rank(op, "v", params.v, 4, "[B, T, H, V]");
-  const std::int64_t V = params.v.size(3);
-  detail::check_float_tensor(op, "v", params.v, {{B, "B"}, {T, "T"}, {H, "H (as k)"}, {V, "V"}});
-  detail::check_float_tensor(op, "g", params.g, {{B, "B"}, {T, "T"}, {HQ, "HQ (as q)"}});
-
-  Problem p;
-  p.op = op;
-  p.q = params.q;
-  p.k = params.k;
-  p.v = params.v;
-  p.g = params.g;
-  p.sequences = detail::sequences(op, params.cu_seqlens, B, T);
-  p.HQ = HQ;
-  p.H = H;
-  p.K = K;
-  p.V = V;
-  p.scale = detail::resolve_scale(op, params.scale, K);
+                     std::to_string(p.HQ),
+                 "H = " + std::to_string(p.H) + " (shape " + params.k.shape_string() + ")");
+  detail::check_float_tensor(op, "k", params.k,
+                             {{p.B, "B"}, {p.T, "T"}, {p.H, "H"}, {p.K, "K (as q)"}}, p.device);
+  detail::check_float_rank(op, "v", params.v, 4, "[B, T, H, V]", p.device);
+  p.V = params.v.size(3);
+  detail::check_float_tensor(op, "v", params.v,
+                             {{p.B, "B"}, {p.T, "T"}, {p.H, "H (as k)"}, {p.V, "V"}}, p.device);
+  detail::check_float_tensor(op, "g", params.g, {{p.B, "B"}, {p.T, "T"}, {p.HQ, "HQ (as q)"}},
+                             p.device);
+  p.q = params.q, p.k = params.k, p.v = params.v, p.g = params.g;
+  p.sequences = detail::sequences(op, params.cu_seqlens, p.B, p.T, p.device);
+  p.scale = detail::resolve_scale(op, params.scale, p.K);
   if (params.window_size) {
     if (*params.window_size < 1)
       detail::fail(op, "window_size", "none (full causal attention) or an integer >= 1",
@@ -86,101 +62,95 @@ Problem validate_inputs(const std::string& op, const ForgettingAttnParams& param
   // Only the tiled kernel uses block_size.
   if (impl == Impl::chunk) detail::check_positive(op, "block_size", params.block_size);
   p.block_size = params.block_size;
-  detail::check_log_gates(op, "g", params.g);
   // θ is per key head: query head hq is rotated by the angles of its key head hq / (HQ / H).
-  detail::check_theta(op, params.theta, B, T, H, K, "H (key heads)");
+  detail::check_theta(op, params.theta, p.B, p.T, p.H, p.K, "H (key heads)", p.device);
   p.theta = params.theta;
   p.rotary_layout = params.rotary_layout;
   // Additive GRAPE slopes: a per query head, b per key/value head (shared by the group).
-  if (params.bias_q_slope.defined()) {
+  if (params.bias_q_slope.defined())
     detail::check_float_tensor(op, "bias_q_slope", params.bias_q_slope,
-                               {{B, "B"}, {T, "T"}, {HQ, "HQ (as q)"}});
-    detail::fox::check_finite_slopes(op, "bias_q_slope", params.bias_q_slope);
-  }
-  if (params.bias_k_slope.defined()) {
+                               {{p.B, "B"}, {p.T, "T"}, {p.HQ, "HQ (as q)"}}, p.device);
+  if (params.bias_k_slope.defined())
     detail::check_float_tensor(op, "bias_k_slope", params.bias_k_slope,
-                               {{B, "B"}, {T, "T"}, {H, "H (as k)"}});
-    detail::fox::check_finite_slopes(op, "bias_k_slope", params.bias_k_slope);
-  }
+                               {{p.B, "B"}, {p.T, "T"}, {p.H, "H (as k)"}}, p.device);
   p.slope_q = params.bias_q_slope;
   p.slope_k = params.bias_k_slope;
   return p;
+}
+
+// What the call's device must check in the data before any kernel reads it. An infinite slope
+// would make (i − j)·slope NaN at i = j (0·inf), and the NaN would spread through the softmax row.
+detail::ValueChecks value_checks(const Problem& p) {
+  detail::ValueChecks checks;
+  checks.sequences = p.sequences;
+  checks.add("g", p.g, detail::ValueRule::log_gate);
+  checks.add("bias_q_slope", p.slope_q, detail::ValueRule::finite);
+  checks.add("bias_k_slope", p.slope_k, detail::ValueRule::finite);
+  return checks;
 }
 
 }  // namespace
 
 void forgetting_attn_forward(const ForgettingAttnParams& params, Impl impl, const TensorView& o,
                              const TensorView& lse) {
-  const std::string op = op_name(impl);
-  const Problem p = validate_inputs(op, params, impl);
-  const std::int64_t B = params.q.size(0), T = params.q.size(1);
-  detail::check_output(op, "o", o, {{B, "B"}, {T, "T"}, {p.HQ, "HQ"}, {p.V, "V"}});
-  if (lse.defined()) detail::check_output(op, "lse", lse, {{B, "B"}, {T, "T"}, {p.HQ, "HQ"}});
-  switch (impl) {
-    case Impl::reference:
-      detail::fox::reference_forward(p, o, lse);
-      return;
-    case Impl::recurrent:
-      detail::fox::recurrent_forward(p, o, lse);
-      return;
-    case Impl::chunk:
-      detail::fox::chunk_forward(p, o, lse);
-      return;
-  }
+  const std::string op = op_name(Op::forgetting_attn, impl);
+  const Problem p = make_problem(op, params, impl);
+  detail::check_output(op, "o", o, {{p.B, "B"}, {p.T, "T"}, {p.HQ, "HQ"}, {p.V, "V"}}, p.device);
+  if (lse.defined())
+    detail::check_output(op, "lse", lse, {{p.B, "B"}, {p.T, "T"}, {p.HQ, "HQ"}}, p.device);
+  detail::run_on_device(
+      op, Op::forgetting_attn, impl, p.device, value_checks(p),
+      [&] {
+        switch (impl) {
+          case Impl::reference:
+            return detail::fox::reference_forward(p, o, lse);
+          case Impl::recurrent:
+            return detail::fox::recurrent_forward(p, o, lse);
+          case Impl::chunk:
+            return detail::fox::chunk_forward(p, o, lse);
+        }
+      },
+      [&] {});
 }
 
 void forgetting_attn_backward(const ForgettingAttnParams& params, Impl impl, const TensorView& d_o,
                               const TensorView& o, const TensorView& lse,
                               const ForgettingAttnGrads& grads) {
-  const std::string op = op_name(impl);
-  const Problem p = validate_inputs(op, params, impl);
-  const std::int64_t B = params.q.size(0), T = params.q.size(1);
-  detail::check_float_tensor(op, "d_o", d_o, {{B, "B"}, {T, "T"}, {p.HQ, "HQ"}, {p.V, "V"}});
-  if (o.defined())
-    detail::check_float_tensor(op, "o", o, {{B, "B"}, {T, "T"}, {p.HQ, "HQ"}, {p.V, "V"}});
-  if (lse.defined()) detail::check_float_tensor(op, "lse", lse, {{B, "B"}, {T, "T"}, {p.HQ, "HQ"}});
+  const std::string op = op_name(Op::forgetting_attn, impl);
+  const Problem p = make_problem(op, params, impl);
+  const std::initializer_list<detail::Dim> out = {{p.B, "B"}, {p.T, "T"}, {p.HQ, "HQ"}, {p.V, "V"}},
+                                           rows = {{p.B, "B"}, {p.T, "T"}, {p.HQ, "HQ"}};
+  detail::check_float_tensor(op, "d_o", d_o, out, p.device);
+  if (o.defined()) detail::check_float_tensor(op, "o", o, out, p.device);
+  if (lse.defined()) detail::check_float_tensor(op, "lse", lse, rows, p.device);
   if (grads.dq.defined())
-    detail::check_output(op, "dq", grads.dq, {{B, "B"}, {T, "T"}, {p.HQ, "HQ"}, {p.K, "K"}});
+    detail::check_output(op, "dq", grads.dq, {{p.B, "B"}, {p.T, "T"}, {p.HQ, "HQ"}, {p.K, "K"}},
+                         p.device);
   if (grads.dk.defined())
-    detail::check_output(op, "dk", grads.dk, {{B, "B"}, {T, "T"}, {p.H, "H"}, {p.K, "K"}});
+    detail::check_output(op, "dk", grads.dk, {{p.B, "B"}, {p.T, "T"}, {p.H, "H"}, {p.K, "K"}},
+                         p.device);
   if (grads.dv.defined())
-    detail::check_output(op, "dv", grads.dv, {{B, "B"}, {T, "T"}, {p.H, "H"}, {p.V, "V"}});
-  if (grads.dg.defined())
-    detail::check_output(op, "dg", grads.dg, {{B, "B"}, {T, "T"}, {p.HQ, "HQ"}});
-  detail::check_dtheta(op, grads.dtheta, params.theta);
-  check_slope_grad(op, "dbias_q_slope", grads.dbias_q_slope, "bias_q_slope", params.bias_q_slope);
-  check_slope_grad(op, "dbias_k_slope", grads.dbias_k_slope, "bias_k_slope", params.bias_k_slope);
-  switch (impl) {
-    case Impl::reference:
-      detail::fox::reference_backward(p, d_o, grads);
-      return;
-    case Impl::recurrent:
-      detail::fox::recurrent_backward(p, d_o, o, lse, grads);
-      return;
-    case Impl::chunk:
-      detail::fox::chunk_backward(p, d_o, o, lse, grads);
-      return;
-  }
-}
-
-namespace detail::fox {
-
-void check_finite_slopes(const std::string& op, const char* name, const TensorView& x) {
-  detail::dispatch_float(x, [&](auto tag) {
-    using S = decltype(tag);
-    const S* data = static_cast<const S*>(x.data);
-    for (std::int64_t b = 0; b < x.size(0); ++b)
-      for (std::int64_t t = 0; t < x.size(1); ++t)
-        for (std::int64_t h = 0; h < x.size(2); ++h) {
-          const S value = data[b * x.stride(0) + t * x.stride(1) + h * x.stride(2)];
-          if (!std::isfinite(value))
-            detail::fail(op, name, "finite slopes",
-                         std::string(name) + "[" + std::to_string(b) + ", " + std::to_string(t) +
-                             ", " + std::to_string(h) + "] = " + std::to_string(value));
+    detail::check_output(op, "dv", grads.dv, {{p.B, "B"}, {p.T, "T"}, {p.H, "H"}, {p.V, "V"}},
+                         p.device);
+  if (grads.dg.defined()) detail::check_output(op, "dg", grads.dg, rows, p.device);
+  detail::check_dtheta(op, grads.dtheta, params.theta, p.device);
+  check_slope_grad(op, "dbias_q_slope", grads.dbias_q_slope, "bias_q_slope", params.bias_q_slope,
+                   p.device);
+  check_slope_grad(op, "dbias_k_slope", grads.dbias_k_slope, "bias_k_slope", params.bias_k_slope,
+                   p.device);
+  detail::run_on_device(
+      op, Op::forgetting_attn, impl, p.device, value_checks(p),
+      [&] {
+        switch (impl) {
+          case Impl::reference:
+            return detail::fox::reference_backward(p, d_o, grads);
+          case Impl::recurrent:
+            return detail::fox::recurrent_backward(p, d_o, o, lse, grads);
+          case Impl::chunk:
+            return detail::fox::chunk_backward(p, d_o, o, lse, grads);
         }
-  });
+      },
+      [&] {});
 }
-
-}  // namespace detail::fox
 
 }  // namespace phasor

@@ -440,23 +440,24 @@ void ForgettingAttnCache::step(const TensorView& q, const TensorView& k, const T
       op, "o", o,
       {{s.batch, "batch"}, {1, "1 (one token)"}, {s.HQ, "num_q_heads"}, {s.V, "value_dim"}});
   const double resolved_scale = detail::resolve_scale(op, scale, s.K);
-  if (s.started && q.dtype != s.compute)
+  if (s.started && detail::compute_dtype(q.dtype) != s.compute)
     detail::fail(op, "q",
-                 std::string("dtype ") + to_string(s.compute) +
+                 std::string("a dtype computed in ") + to_string(s.compute) +
                      " (the cache's compute type, set by the first step since construction or "
                      "reset())",
                  std::string("dtype ") + to_string(q.dtype));
-  detail::check_log_gates(op, "g", g);
-  if (bias_q_slope.defined()) {
+  if (bias_q_slope.defined())
     detail::check_float_tensor(op, "bias_q_slope", bias_q_slope,
                                {{s.batch, "batch"}, {1, "1 (one token)"}, {s.HQ, "num_q_heads"}});
-    detail::fox::check_finite_slopes(op, "bias_q_slope", bias_q_slope);
-  }
-  if (bias_k_slope.defined()) {
+  if (bias_k_slope.defined())
     detail::check_float_tensor(op, "bias_k_slope", bias_k_slope,
                                {{s.batch, "batch"}, {1, "1 (one token)"}, {s.H, "num_kv_heads"}});
-    detail::fox::check_finite_slopes(op, "bias_k_slope", bias_k_slope);
-  }
+  // Values: gates ≤ 0, finite slopes (an infinite one would give 0·inf = NaN at the own token).
+  detail::ValueChecks checks;
+  checks.add("g", g, detail::ValueRule::log_gate);
+  checks.add("bias_q_slope", bias_q_slope, detail::ValueRule::finite);
+  checks.add("bias_k_slope", bias_k_slope, detail::ValueRule::finite);
+  detail::check_values_on_host(op, checks);
   const bool slopes = bias_q_slope.defined() || bias_k_slope.defined();
   detail::check_theta(op, theta, s.batch, 1, s.H, s.K, "num_kv_heads");
   if (s.started && theta.defined() != s.rotated)
@@ -479,7 +480,7 @@ void ForgettingAttnCache::step(const TensorView& q, const TensorView& k, const T
     if (!s.started) {
       caches.clear();
       for (std::int64_t i = 0; i < s.batch * s.H; ++i) caches.emplace_back(s.K, s.V, G, s.window);
-      s.compute = q.dtype;
+      s.compute = detail::compute_dtype(q.dtype);
       s.rotated = theta.defined();
       s.layout = rotary_layout;
       s.started = true;

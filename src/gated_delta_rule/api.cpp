@@ -1,4 +1,7 @@
-// Gated DeltaNet: argument validation and dispatch to the reference, recurrent and chunk kernels.
+// Gated DeltaNet: metadata checks, the problem description, and the dispatch to the
+// implementation on the call's device (common/dispatch.h).
+//
+// Every check happens here, before any kernel runs, so a bad call never writes to an output.
 
 // GCC 12 reports false -Wmaybe-uninitialized warnings inside Eigen's AVX-512 kernels
 // (-march=native); silence them for this file before any header pulls in the intrinsics.
@@ -6,9 +9,11 @@
 #include <string>
 
 #include "common/check.h"
+#include "common/dispatch.h"
 #include "common/rotation.h"
 #include "gated_delta_rule/kernels.h"
 #include "phasor/gated_delta_rule.h"
+#include "phasor/ops.h"
 
 namespace phasor {
 namespace {
@@ -16,37 +21,23 @@ namespace {
 using detail::Dim;
 using detail::gdn::Problem;
 
-// The fla name of each implementation, used in every error message.
-std::string op_name(Impl impl) {
-  switch (impl) {
-    case Impl::reference:
-      return "gated_delta_rule_reference";
-    case Impl::recurrent:
-      return "fused_recurrent_gated_delta_rule";
-    case Impl::chunk:
-      return "chunk_gated_delta_rule";
-  }
-  return "gated_delta_rule";
-}
-
-// Checks every input of `params` and resolves the shapes, sequences and options.
-// `uses_chunk_size`: the chunk size matters for this call (chunk kernel, or recurrent backward
-// checkpoint interval) and must be positive.
-Problem validate_inputs(const std::string& op, const GatedDeltaRuleParams& params,
-                        bool uses_chunk_size) {
+// Checks the metadata of every input of `params` and builds the problem. `uses_chunk_size`: the
+// chunk size matters for this call (chunk kernel, or recurrent backward checkpoint interval) and
+// must be positive.
+Problem make_problem(const std::string& op, const GatedDeltaRuleParams& params,
+                     bool uses_chunk_size) {
   Problem p;
-  p.params = &params;
-  detail::check_float_rank(op, "q", params.q, 4, "[B, T, H, K]");
-  p.B = params.q.size(0);
-  p.T = params.q.size(1);
-  p.H = params.q.size(2);
-  p.K = params.q.size(3);
+  p.device = detail::call_device(op, "q", params.q, /*gpu_capable=*/true);
+  detail::check_float_rank(op, "q", params.q, 4, "[B, T, H, K]", p.device);
+  p.B = params.q.size(0), p.T = params.q.size(1), p.H = params.q.size(2), p.K = params.q.size(3);
   if (p.H < 1) detail::fail(op, "q", "at least one head (H >= 1)", "H = " + std::to_string(p.H));
-  detail::check_float_tensor(op, "k", params.k, {{p.B, "B"}, {p.T, "T"}, {p.H, "H"}, {p.K, "K"}});
-  detail::check_float_rank(op, "v", params.v, 4, "[B, T, HV, V]");
+  detail::check_float_tensor(op, "k", params.k, {{p.B, "B"}, {p.T, "T"}, {p.H, "H"}, {p.K, "K"}},
+                             p.device);
+  detail::check_float_rank(op, "v", params.v, 4, "[B, T, HV, V]", p.device);
   p.HV = params.v.size(2);
   p.V = params.v.size(3);
-  detail::check_float_tensor(op, "v", params.v, {{p.B, "B"}, {p.T, "T"}, {p.HV, "HV"}, {p.V, "V"}});
+  detail::check_float_tensor(op, "v", params.v, {{p.B, "B"}, {p.T, "T"}, {p.HV, "HV"}, {p.V, "V"}},
+                             p.device);
   if (p.HV < 1 || p.HV % p.H != 0)
     detail::fail(op, "v",
                  "a number of value heads HV (dim 2) that is a positive multiple of the number "
@@ -54,86 +45,101 @@ Problem validate_inputs(const std::string& op, const GatedDeltaRuleParams& param
                      std::to_string(p.H),
                  "HV = " + std::to_string(p.HV));
   p.group = p.HV / p.H;
-  detail::check_float_tensor(op, "g", params.g, {{p.B, "B"}, {p.T, "T"}, {p.HV, "HV"}});
-  detail::check_float_tensor(op, "beta", params.beta, {{p.B, "B"}, {p.T, "T"}, {p.HV, "HV"}});
-  p.sequences = detail::sequences(op, params.cu_seqlens, p.B, p.T);
-  const auto N = static_cast<std::int64_t>(p.sequences.size());
+  detail::check_float_tensor(op, "g", params.g, {{p.B, "B"}, {p.T, "T"}, {p.HV, "HV"}}, p.device);
+  detail::check_float_tensor(op, "beta", params.beta, {{p.B, "B"}, {p.T, "T"}, {p.HV, "HV"}},
+                             p.device);
+  p.q = params.q, p.k = params.k, p.v = params.v, p.g = params.g, p.beta = params.beta;
+  p.sequences = detail::sequences(op, params.cu_seqlens, p.B, p.T, p.device);
   if (params.initial_state.defined())
     detail::check_float_tensor(op, "initial_state", params.initial_state,
-                               {{N, "N"}, {p.HV, "HV"}, {p.K, "K"}, {p.V, "V"}});
+                               {{p.num_sequences(), "N"}, {p.HV, "HV"}, {p.K, "K"}, {p.V, "V"}},
+                               p.device);
+  p.initial_state = params.initial_state;
   p.scale = detail::resolve_scale(op, params.scale, p.K);
   if (uses_chunk_size) detail::check_positive(op, "chunk_size", params.chunk_size);
   p.chunk_size = params.chunk_size;
   p.l2norm = params.use_qk_l2norm_in_kernel;
   // θ is per q/k head (value heads of a group share their q/k head's rotation).
-  detail::check_theta(op, params.theta, p.B, p.T, p.H, p.K, "H (q/k heads)");
-  detail::check_log_gates(op, "g", params.g);
+  detail::check_theta(op, params.theta, p.B, p.T, p.H, p.K, "H (q/k heads)", p.device);
+  p.theta = params.theta;
+  p.rotary_layout = params.rotary_layout;
   return p;
+}
+
+// What the call's device must check in the data before any kernel reads it.
+detail::ValueChecks value_checks(const Problem& p) {
+  detail::ValueChecks checks;
+  checks.sequences = p.sequences;
+  checks.add("g", p.g, detail::ValueRule::log_gate);
+  return checks;
 }
 
 void check_state_shaped(const std::string& op, const char* name, const TensorView& x,
                         const Problem& p) {
-  const auto N = static_cast<std::int64_t>(p.sequences.size());
-  detail::check_output(op, name, x, {{N, "N"}, {p.HV, "HV"}, {p.K, "K"}, {p.V, "V"}});
+  detail::check_output(op, name, x,
+                       {{p.num_sequences(), "N"}, {p.HV, "HV"}, {p.K, "K"}, {p.V, "V"}}, p.device);
 }
 
 }  // namespace
 
 void gated_delta_rule_forward(const GatedDeltaRuleParams& params, Impl impl, const TensorView& o,
                               const TensorView& final_state) {
-  const std::string op = op_name(impl);
-  const Problem p = validate_inputs(op, params, impl == Impl::chunk);
-  detail::check_output(op, "o", o, {{p.B, "B"}, {p.T, "T"}, {p.HV, "HV"}, {p.V, "V"}});
+  const std::string op = op_name(Op::gated_delta_rule, impl);
+  const Problem p = make_problem(op, params, impl == Impl::chunk);
+  detail::check_output(op, "o", o, {{p.B, "B"}, {p.T, "T"}, {p.HV, "HV"}, {p.V, "V"}}, p.device);
   if (final_state.defined()) check_state_shaped(op, "final_state", final_state, p);
-  switch (impl) {
-    case Impl::reference:
-      detail::gdn::reference_forward(p, o, final_state);
-      return;
-    case Impl::recurrent:
-      detail::gdn::recurrent_forward(p, o, final_state);
-      return;
-    case Impl::chunk:
-      detail::gdn::chunk_forward(p, o, final_state);
-      return;
-  }
-  detail::fail(op, "impl", "reference, recurrent or chunk", "an unknown value");
+  detail::run_on_device(
+      op, Op::gated_delta_rule, impl, p.device, value_checks(p),
+      [&] {
+        switch (impl) {
+          case Impl::reference:
+            return detail::gdn::reference_forward(p, o, final_state);
+          case Impl::recurrent:
+            return detail::gdn::recurrent_forward(p, o, final_state);
+          case Impl::chunk:
+            return detail::gdn::chunk_forward(p, o, final_state);
+        }
+      },
+      [&] {});
 }
 
 void gated_delta_rule_backward(const GatedDeltaRuleParams& params, Impl impl, const TensorView& d_o,
                                const TensorView& d_final_state, const GatedDeltaRuleGrads& grads) {
-  const std::string op = op_name(impl);
+  const std::string op = op_name(Op::gated_delta_rule, impl);
   // The recurrent backward recomputes states from checkpoints every chunk_size tokens.
-  const Problem p = validate_inputs(op, params, impl != Impl::reference);
-  detail::check_float_tensor(op, "d_o", d_o, {{p.B, "B"}, {p.T, "T"}, {p.HV, "HV"}, {p.V, "V"}});
+  const Problem p = make_problem(op, params, impl != Impl::reference);
+  detail::check_float_tensor(op, "d_o", d_o, {{p.B, "B"}, {p.T, "T"}, {p.HV, "HV"}, {p.V, "V"}},
+                             p.device);
   if (d_final_state.defined()) check_state_shaped(op, "d_final_state", d_final_state, p);
-  const std::initializer_list<Dim> qk_dims = {{p.B, "B"}, {p.T, "T"}, {p.H, "H"}, {p.K, "K"}};
-  if (grads.dq.defined()) detail::check_output(op, "dq", grads.dq, qk_dims);
-  if (grads.dk.defined()) detail::check_output(op, "dk", grads.dk, qk_dims);
+  const std::initializer_list<Dim> qk_dims = {{p.B, "B"}, {p.T, "T"}, {p.H, "H"}, {p.K, "K"}},
+                                   gate_dims = {{p.B, "B"}, {p.T, "T"}, {p.HV, "HV"}};
+  if (grads.dq.defined()) detail::check_output(op, "dq", grads.dq, qk_dims, p.device);
+  if (grads.dk.defined()) detail::check_output(op, "dk", grads.dk, qk_dims, p.device);
   if (grads.dv.defined())
-    detail::check_output(op, "dv", grads.dv, {{p.B, "B"}, {p.T, "T"}, {p.HV, "HV"}, {p.V, "V"}});
-  if (grads.dg.defined())
-    detail::check_output(op, "dg", grads.dg, {{p.B, "B"}, {p.T, "T"}, {p.HV, "HV"}});
-  if (grads.dbeta.defined())
-    detail::check_output(op, "dbeta", grads.dbeta, {{p.B, "B"}, {p.T, "T"}, {p.HV, "HV"}});
+    detail::check_output(op, "dv", grads.dv, {{p.B, "B"}, {p.T, "T"}, {p.HV, "HV"}, {p.V, "V"}},
+                         p.device);
+  if (grads.dg.defined()) detail::check_output(op, "dg", grads.dg, gate_dims, p.device);
+  if (grads.dbeta.defined()) detail::check_output(op, "dbeta", grads.dbeta, gate_dims, p.device);
   if (grads.dh0.defined()) {
     if (!params.initial_state.defined())
       detail::fail(op, "dh0", "initial_state to be given (dh0 is the gradient with respect to it)",
                    "dh0 requested without initial_state");
     check_state_shaped(op, "dh0", grads.dh0, p);
   }
-  detail::check_dtheta(op, grads.dtheta, params.theta);
-  switch (impl) {
-    case Impl::reference:
-      detail::gdn::reference_backward(p, d_o, d_final_state, grads);
-      return;
-    case Impl::recurrent:
-      detail::gdn::recurrent_backward(p, d_o, d_final_state, grads);
-      return;
-    case Impl::chunk:
-      detail::gdn::chunk_backward(p, d_o, d_final_state, grads);
-      return;
-  }
-  detail::fail(op, "impl", "reference, recurrent or chunk", "an unknown value");
+  detail::check_dtheta(op, grads.dtheta, params.theta, p.device);
+  detail::run_on_device(
+      op, Op::gated_delta_rule, impl, p.device, value_checks(p),
+      [&] {
+        switch (impl) {
+          case Impl::reference:
+            return detail::gdn::reference_backward(p, d_o, d_final_state, grads);
+          case Impl::recurrent:
+            return detail::gdn::recurrent_backward(p, d_o, d_final_state, grads);
+          case Impl::chunk:
+            return detail::gdn::chunk_backward(p, d_o, d_final_state, grads);
+        }
+      },
+      [&] {});
 }
 
 }  // namespace phasor

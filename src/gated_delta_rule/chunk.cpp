@@ -376,7 +376,7 @@ void backward_item(const Problem& p, std::int64_t item, const TensorView& d_o,
 }  // namespace
 
 void chunk_forward(const Problem& p, const TensorView& o, const TensorView& final_state) {
-  dispatch_float(p.params->q, [&](auto zero) {
+  dispatch_float(p.q, [&](auto zero) {
     using S = decltype(zero);
     parallel_for(p.num_items(),
                  [&](std::int64_t item) { forward_item<S>(p, item, o, final_state); });
@@ -385,7 +385,7 @@ void chunk_forward(const Problem& p, const TensorView& o, const TensorView& fina
 
 void chunk_backward(const Problem& p, const TensorView& d_o, const TensorView& d_final_state,
                     const GatedDeltaRuleGrads& grads) {
-  dispatch_float(p.params->q, [&](auto zero) {
+  dispatch_float(p.q, [&](auto zero) {
     using S = decltype(zero);
     parallel_for(p.num_items(),
                  [&](std::int64_t item) { backward_item<S>(p, item, d_o, d_final_state, grads); });

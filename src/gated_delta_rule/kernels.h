@@ -22,30 +22,14 @@
 #include <Eigen/Core>
 #include <cmath>
 #include <cstdint>
-#include <vector>
 
 #include "common/check.h"
 #include "common/rotation.h"
 #include "common/slices.h"
+#include "gated_delta_rule/problem.h"
 #include "phasor/gated_delta_rule.h"
 
 namespace phasor::detail::gdn {
-
-// A validated call: the views, the shape, the sequences and the resolved options.
-struct Problem {
-  const GatedDeltaRuleParams* params = nullptr;
-  std::vector<Sequence> sequences;
-  std::int64_t B = 0, T = 0, H = 0, HV = 0, K = 0, V = 0;
-  std::int64_t group = 1;  // G = HV / H value heads per q/k head
-  double scale = 1.0;
-  bool l2norm = false;
-  std::int64_t chunk_size = 64;
-
-  std::int64_t num_items() const { return static_cast<std::int64_t>(sequences.size()) * H; }
-  // Work item i: sequence i / H (its index n in the state tensors) and q/k head i % H.
-  std::int64_t item_sequence(std::int64_t i) const { return i / H; }
-  std::int64_t item_head(std::int64_t i) const { return i % H; }
-};
 
 // Forward and backward entry points; arguments already validated by api.cpp.
 void reference_forward(const Problem& p, const TensorView& o, const TensorView& final_state);
@@ -133,10 +117,10 @@ inline void prefetch_block(const TensorView& x, const Sequence& b, std::int64_t 
 // (d_o in the backward, or nothing) of its value heads.
 inline void prefetch_inputs(const Problem& p, const Sequence& b, std::int64_t h,
                             const TensorView& extra = {}) {
-  prefetch_block(p.params->q, b, h);
-  prefetch_block(p.params->k, b, h);
+  prefetch_block(p.q, b, h);
+  prefetch_block(p.k, b, h);
   for (std::int64_t hv = h * p.group; hv < (h + 1) * p.group; ++hv) {
-    prefetch_block(p.params->v, b, hv);
+    prefetch_block(p.v, b, hv);
     prefetch_block(extra, b, hv);
   }
 }
@@ -161,17 +145,17 @@ struct QKInputs {
 template <class S>
 void load_qk(const Problem& p, const Sequence& block, std::int64_t h, QKInputs<S>& in,
              bool rotate = true) {
-  load_block(p.params->q, block, h, in.q_hat);
-  load_block(p.params->k, block, h, in.k);
+  load_block(p.q, block, h, in.q_hat);
+  load_block(p.k, block, h, in.k);
   if (p.l2norm) {
     l2_normalize_rows(in.q_hat, in.q_inv_norm);
     l2_normalize_rows(in.k, in.k_inv_norm);
   }
-  in.rotated = rotate && p.params->theta.defined();
+  in.rotated = rotate && p.theta.defined();
   if (in.rotated) {
-    in.angles.load(p.params->theta, block, h);
-    rotate_rows(in.q_hat, in.angles, p.params->rotary_layout);
-    rotate_rows(in.k, in.angles, p.params->rotary_layout);
+    in.angles.load(p.theta, block, h);
+    rotate_rows(in.q_hat, in.angles, p.rotary_layout);
+    rotate_rows(in.k, in.angles, p.rotary_layout);
   }
   in.q = S(p.scale) * in.q_hat;
 }
@@ -186,16 +170,16 @@ struct ValueInputs {
 
 template <class S>
 void load_values(const Problem& p, const Sequence& block, std::int64_t hv, ValueInputs<S>& in) {
-  load_block(p.params->v, block, hv, in.v);
-  load_column(p.params->g, block, hv, in.g);
-  load_column(p.params->beta, block, hv, in.beta);
+  load_block(p.v, block, hv, in.v);
+  load_column(p.g, block, hv, in.g);
+  load_column(p.beta, block, hv, in.beta);
 }
 
 // initial_state[n, hv] in the compute type, or zeros.
 template <class S>
 void load_initial_state(const Problem& p, std::int64_t n, std::int64_t hv, Mat<S>& state) {
-  if (p.params->initial_state.defined())
-    load_state(p.params->initial_state, n, hv, state);
+  if (p.initial_state.defined())
+    load_state(p.initial_state, n, hv, state);
   else
     state = Mat<S>::Zero(p.K, p.V);
 }
@@ -226,9 +210,9 @@ void qk_row_grads(const Problem& p, const QKInputs<S>& in, const Mat<S>& x_hat,
   if (!in.rotated) return;
   if (p.l2norm) {
     const Mat<S> y = (x_hat.array().colwise() / inv_norm.array()).matrix();
-    unrotate_gradient_rows(dx_hat, y, in.angles, p.params->rotary_layout, dtheta);
+    unrotate_gradient_rows(dx_hat, y, in.angles, p.rotary_layout, dtheta);
   } else {
-    unrotate_gradient_rows(dx_hat, x_hat, in.angles, p.params->rotary_layout, dtheta);
+    unrotate_gradient_rows(dx_hat, x_hat, in.angles, p.rotary_layout, dtheta);
   }
 }
 

@@ -25,7 +25,7 @@ namespace {
 // θ of sequence s, q/k head h, as float64 (length × K/2).
 Matd load_angles(const Problem& p, const Sequence& s, std::int64_t h) {
   Matd theta;
-  load_rows(p.params->theta, s, h, theta);
+  load_rows(p.theta, s, h, theta);
   return theta;
 }
 
@@ -40,11 +40,11 @@ struct ReferenceQK {
 ReferenceQK load_reference_qk(const Problem& p, const Sequence& s, std::int64_t h) {
   ReferenceQK r;
   load_qk(p, s, h, r.in, /*rotate=*/false);
-  if (p.params->theta.defined()) {
+  if (p.theta.defined()) {
     r.theta = load_angles(p, s, h);
     r.q = r.in.q, r.k = r.in.k;
-    reference_rotate_rows(r.q, r.theta, p.params->rotary_layout);
-    reference_rotate_rows(r.k, r.theta, p.params->rotary_layout);
+    reference_rotate_rows(r.q, r.theta, p.rotary_layout);
+    reference_rotate_rows(r.k, r.theta, p.rotary_layout);
   } else {
     r.q = r.in.q;
     r.k = r.in.k;
@@ -130,10 +130,10 @@ void reference_backward(const Problem& p, const TensorView& d_o, const TensorVie
       if (grads.dh0.defined()) store_state(dS, grads.dh0, n, hv);
     }
     // dq, dk are with respect to q̃ and k̂ as the recurrence saw them (rotated, with θ).
-    if (p.params->theta.defined()) {
+    if (p.theta.defined()) {
       Matd dtheta = Matd::Zero(s.length, p.K / 2);
-      reference_unrotate_gradient_rows(dq, qk.q, qk.theta, p.params->rotary_layout, dtheta);
-      reference_unrotate_gradient_rows(dk, qk.k, qk.theta, p.params->rotary_layout, dtheta);
+      reference_unrotate_gradient_rows(dq, qk.q, qk.theta, p.rotary_layout, dtheta);
+      reference_unrotate_gradient_rows(dk, qk.k, qk.theta, p.rotary_layout, dtheta);
       if (grads.dtheta.defined()) store_block(dtheta, grads.dtheta, s, h);
     }
     store_qk_grads(p, s, h, qk.in, dq, dk, grads);

@@ -1,148 +1,125 @@
-// GLA: argument validation and dispatch to the reference, recurrent and chunk kernels.
+// GLA: metadata checks, the problem description, and the dispatch to the implementation on the
+// call's device (common/dispatch.h).
 //
 // Every check happens here, before any kernel runs, so a bad call never writes to an output.
 #include <algorithm>
 #include <string>
 
 #include "common/check.h"
+#include "common/dispatch.h"
 #include "common/rotation.h"
 #include "gla/kernels.h"
 #include "phasor/gla.h"
+#include "phasor/ops.h"
 
 namespace phasor {
 namespace {
 
 using detail::gla::Problem;
 
-// The fla name of each implementation, used in every error message.
-std::string op_name(Impl impl) {
-  switch (impl) {
-    case Impl::reference:
-      return "gla_reference";
-    case Impl::recurrent:
-      return "fused_recurrent_gla";
-    case Impl::chunk:
-      return "chunk_gla";
-  }
-  return "gla";
-}
-
-// True when every element of g is ≤ 0 (−inf included; NaN and positive values fail). A plain
-// strided scan: detail::check_log_gates decodes a multi-index per element, which costs as much as
-// the chunk kernel itself on large inputs, so it only runs to name the offending element.
-template <class T>
-bool all_log_gates(const TensorView& g) {
-  const T* data = static_cast<const T*>(g.data);
-  bool ok = true;
-  for (std::int64_t b = 0; b < g.size(0); ++b)
-    for (std::int64_t t = 0; t < g.size(1); ++t)
-      for (std::int64_t h = 0; h < g.size(2); ++h) {
-        const T* row = data + b * g.stride(0) + t * g.stride(1) + h * g.stride(2);
-        for (std::int64_t k = 0; k < g.size(3); ++k) ok &= row[k * g.stride(3)] <= T(0);
-      }
-  return ok;
-}
-
-// Checks every input of `params` against q's dimensions and resolves sequences and options.
-Problem validate_inputs(const std::string& op, const GlaParams& params, Impl impl) {
-  detail::check_float_rank(op, "q", params.q, 4, "[B, T, H, K]");
-  const std::int64_t B = params.q.size(0), T = params.q.size(1), H = params.q.size(2),
-                     K = params.q.size(3);
-  detail::check_float_tensor(op, "k", params.k, {{B, "B"}, {T, "T"}, {H, "H"}, {K, "K"}});
-  detail::check_float_rank(op, "v", params.v, 4, "[B, T, H, V]");
-  const std::int64_t V = params.v.size(3);
-  detail::check_float_tensor(op, "v", params.v, {{B, "B"}, {T, "T"}, {H, "H"}, {V, "V"}});
-  detail::check_float_tensor(op, "g", params.g, {{B, "B"}, {T, "T"}, {H, "H"}, {K, "K"}});
-
+// Checks the metadata of every input of `params` against q's and builds the problem.
+Problem make_problem(const std::string& op, const GlaParams& params, Impl impl) {
   Problem p;
-  p.q = params.q;
-  p.k = params.k;
-  p.v = params.v;
-  p.g = params.g;
-  p.sequences = detail::sequences(op, params.cu_seqlens, B, T);
-  p.H = H;
-  p.K = K;
-  p.V = V;
-  const std::int64_t N = p.num_sequences();
+  p.device = detail::call_device(op, "q", params.q, /*gpu_capable=*/true);
+  detail::check_float_rank(op, "q", params.q, 4, "[B, T, H, K]", p.device);
+  p.B = params.q.size(0), p.T = params.q.size(1), p.H = params.q.size(2), p.K = params.q.size(3);
+  detail::check_float_tensor(op, "k", params.k, {{p.B, "B"}, {p.T, "T"}, {p.H, "H"}, {p.K, "K"}},
+                             p.device);
+  detail::check_float_rank(op, "v", params.v, 4, "[B, T, H, V]", p.device);
+  p.V = params.v.size(3);
+  detail::check_float_tensor(op, "v", params.v, {{p.B, "B"}, {p.T, "T"}, {p.H, "H"}, {p.V, "V"}},
+                             p.device);
+  detail::check_float_tensor(op, "g", params.g, {{p.B, "B"}, {p.T, "T"}, {p.H, "H"}, {p.K, "K"}},
+                             p.device);
+  p.q = params.q, p.k = params.k, p.v = params.v, p.g = params.g;
+  p.sequences = detail::sequences(op, params.cu_seqlens, p.B, p.T, p.device);
   if (params.initial_state.defined())
     detail::check_float_tensor(op, "initial_state", params.initial_state,
-                               {{N, "N"}, {H, "H"}, {K, "K"}, {V, "V"}});
+                               {{p.num_sequences(), "N"}, {p.H, "H"}, {p.K, "K"}, {p.V, "V"}},
+                               p.device);
   p.initial_state = params.initial_state;
-  detail::check_theta(op, params.theta, B, T, H, K);
+  detail::check_theta(op, params.theta, p.B, p.T, p.H, p.K, "H", p.device);
   p.theta = params.theta;
   p.rotary_layout = params.rotary_layout;
-  p.scale = detail::resolve_scale(op, params.scale, K);
+  p.scale = detail::resolve_scale(op, params.scale, p.K);
   // The recurrent kernel uses chunk_size as its backward checkpoint interval; only the
   // reference ignores it.
   if (impl != Impl::reference) detail::check_positive(op, "chunk_size", params.chunk_size);
   // A chunk longer than the batch is the whole sequence; clamping keeps the kernels' offset
   // arithmetic (offset + chunk_size) far from overflow for huge values.
-  p.chunk_size = std::max<std::int64_t>(1, std::min<std::int64_t>(params.chunk_size, T));
-  const bool gates_ok = params.g.dtype == DType::float32 ? all_log_gates<float>(params.g)
-                                                         : all_log_gates<double>(params.g);
-  if (!gates_ok) detail::check_log_gates(op, "g", params.g);
+  p.chunk_size = std::max<std::int64_t>(1, std::min<std::int64_t>(params.chunk_size, p.T));
   return p;
+}
+
+// What the call's device must check in the data before any kernel reads it.
+detail::ValueChecks value_checks(const Problem& p) {
+  detail::ValueChecks checks;
+  checks.sequences = p.sequences;
+  checks.add("g", p.g, detail::ValueRule::log_gate);
+  return checks;
+}
+
+// State-shaped views: [N, H, K, V].
+void check_state(const std::string& op, const char* name, const TensorView& x, const Problem& p) {
+  detail::check_output(op, name, x, {{p.num_sequences(), "N"}, {p.H, "H"}, {p.K, "K"}, {p.V, "V"}},
+                       p.device);
 }
 
 }  // namespace
 
 void gla_forward(const GlaParams& params, Impl impl, const TensorView& o,
                  const TensorView& final_state) {
-  const std::string op = op_name(impl);
-  const Problem p = validate_inputs(op, params, impl);
-  const std::int64_t B = params.q.size(0), T = params.q.size(1);
-  detail::check_output(op, "o", o, {{B, "B"}, {T, "T"}, {p.H, "H"}, {p.V, "V"}});
-  if (final_state.defined())
-    detail::check_output(op, "final_state", final_state,
-                         {{p.num_sequences(), "N"}, {p.H, "H"}, {p.K, "K"}, {p.V, "V"}});
-  switch (impl) {
-    case Impl::reference:
-      detail::gla::reference_forward(p, o, final_state);
-      return;
-    case Impl::recurrent:
-      detail::gla::recurrent_forward(p, o, final_state);
-      return;
-    case Impl::chunk:
-      detail::gla::chunk_forward(p, o, final_state);
-      return;
-  }
+  const std::string op = op_name(Op::gla, impl);
+  const Problem p = make_problem(op, params, impl);
+  detail::check_output(op, "o", o, {{p.B, "B"}, {p.T, "T"}, {p.H, "H"}, {p.V, "V"}}, p.device);
+  if (final_state.defined()) check_state(op, "final_state", final_state, p);
+  detail::run_on_device(
+      op, Op::gla, impl, p.device, value_checks(p),
+      [&] {
+        switch (impl) {
+          case Impl::reference:
+            return detail::gla::reference_forward(p, o, final_state);
+          case Impl::recurrent:
+            return detail::gla::recurrent_forward(p, o, final_state);
+          case Impl::chunk:
+            return detail::gla::chunk_forward(p, o, final_state);
+        }
+      },
+      [&] {});
 }
 
 void gla_backward(const GlaParams& params, Impl impl, const TensorView& d_o,
                   const TensorView& d_final_state, const GlaGrads& grads) {
-  const std::string op = op_name(impl);
-  const Problem p = validate_inputs(op, params, impl);
-  const std::int64_t B = params.q.size(0), T = params.q.size(1), N = p.num_sequences();
-  detail::check_float_tensor(op, "d_o", d_o, {{B, "B"}, {T, "T"}, {p.H, "H"}, {p.V, "V"}});
-  if (d_final_state.defined())
-    detail::check_float_tensor(op, "d_final_state", d_final_state,
-                               {{N, "N"}, {p.H, "H"}, {p.K, "K"}, {p.V, "V"}});
-  if (grads.dq.defined())
-    detail::check_output(op, "dq", grads.dq, {{B, "B"}, {T, "T"}, {p.H, "H"}, {p.K, "K"}});
-  if (grads.dk.defined())
-    detail::check_output(op, "dk", grads.dk, {{B, "B"}, {T, "T"}, {p.H, "H"}, {p.K, "K"}});
-  if (grads.dv.defined())
-    detail::check_output(op, "dv", grads.dv, {{B, "B"}, {T, "T"}, {p.H, "H"}, {p.V, "V"}});
-  if (grads.dg.defined())
-    detail::check_output(op, "dg", grads.dg, {{B, "B"}, {T, "T"}, {p.H, "H"}, {p.K, "K"}});
+  const std::string op = op_name(Op::gla, impl);
+  const Problem p = make_problem(op, params, impl);
+  const std::initializer_list<detail::Dim> qk = {{p.B, "B"}, {p.T, "T"}, {p.H, "H"}, {p.K, "K"}},
+                                           vo = {{p.B, "B"}, {p.T, "T"}, {p.H, "H"}, {p.V, "V"}};
+  detail::check_float_tensor(op, "d_o", d_o, vo, p.device);
+  if (d_final_state.defined()) check_state(op, "d_final_state", d_final_state, p);
+  if (grads.dq.defined()) detail::check_output(op, "dq", grads.dq, qk, p.device);
+  if (grads.dk.defined()) detail::check_output(op, "dk", grads.dk, qk, p.device);
+  if (grads.dv.defined()) detail::check_output(op, "dv", grads.dv, vo, p.device);
+  if (grads.dg.defined()) detail::check_output(op, "dg", grads.dg, qk, p.device);
   if (grads.dh0.defined()) {
     if (!params.initial_state.defined())
       detail::fail(op, "dh0", "initial_state to be given (dh0 is its gradient)",
                    "dh0 requested without initial_state");
-    detail::check_output(op, "dh0", grads.dh0, {{N, "N"}, {p.H, "H"}, {p.K, "K"}, {p.V, "V"}});
+    check_state(op, "dh0", grads.dh0, p);
   }
-  detail::check_dtheta(op, grads.dtheta, params.theta);
-  switch (impl) {
-    case Impl::reference:
-      detail::gla::reference_backward(p, d_o, d_final_state, grads);
-      return;
-    case Impl::recurrent:
-      detail::gla::recurrent_backward(p, d_o, d_final_state, grads);
-      return;
-    case Impl::chunk:
-      detail::gla::chunk_backward(p, d_o, d_final_state, grads);
-      return;
-  }
+  detail::check_dtheta(op, grads.dtheta, params.theta, p.device);
+  detail::run_on_device(
+      op, Op::gla, impl, p.device, value_checks(p),
+      [&] {
+        switch (impl) {
+          case Impl::reference:
+            return detail::gla::reference_backward(p, d_o, d_final_state, grads);
+          case Impl::recurrent:
+            return detail::gla::recurrent_backward(p, d_o, d_final_state, grads);
+          case Impl::chunk:
+            return detail::gla::chunk_backward(p, d_o, d_final_state, grads);
+        }
+      },
+      [&] {});
 }
 
 }  // namespace phasor

@@ -1,8 +1,8 @@
 // Internal: the GLA kernels behind gla_forward / gla_backward (include/phasor/gla.h).
 //
-// api.cpp validates every argument and builds a Problem; the kernels then trust it. Each kernel
-// splits the work over (sequence, head) pairs with parallel_for; one pair is computed start to
-// finish by one thread, in a fixed order, so results are bit-identical for any thread count.
+// api.cpp validates every argument and builds a Problem (gla/problem.h); the kernels trust it. Each
+// kernel splits the work over (sequence, head) pairs with parallel_for; one pair is computed start
+// to finish by one thread, in a fixed order, so results are bit-identical for any thread count.
 //
 // Fused rotation (theta defined): the recurrent and chunk kernels rotate q_t and k_t by θ_t
 // (R1 of common/rotation.h) right after loading a segment's / chunk's rows, and run unchanged on
@@ -14,31 +14,15 @@
 
 #include <Eigen/Core>
 #include <cstdint>
-#include <vector>
 
 #include "common/check.h"
 #include "common/rotation.h"
 #include "common/slices.h"
+#include "gla/problem.h"
 #include "phasor/common.h"
 #include "phasor/gla.h"
 
 namespace phasor::detail::gla {
-
-// A validated GLA call: the input views, the packed sequences and the resolved options.
-struct Problem {
-  TensorView q, k, v, g;
-  TensorView initial_state;  // undefined: S_0 = 0
-  std::vector<Sequence> sequences;
-  std::int64_t H = 0, K = 0, V = 0;
-  double scale = 1.0;
-  // chunk: tokens per chunk; recurrent backward: tokens between two state checkpoints.
-  std::int64_t chunk_size = 64;
-  TensorView theta;  // undefined: no rotation; else [B, T, H, K/2]
-  RotaryLayout rotary_layout = RotaryLayout::half_split;
-
-  std::int64_t num_sequences() const { return static_cast<std::int64_t>(sequences.size()); }
-  std::int64_t num_work_items() const { return num_sequences() * H; }
-};
 
 // Forward: o [B, T, H, V] is fully written; final_state [N, H, K, V] if defined (may alias
 // problem.initial_state).

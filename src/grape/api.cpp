@@ -12,12 +12,12 @@
 #include "common/check.h"
 #include "grape/kernels.h"
 #include "phasor/grape.h"
+#include "phasor/ops.h"
 
 namespace phasor {
 namespace {
 
 using detail::check_owned_output;
-using detail::op_name;
 
 using detail::grape::PlaneProblem;
 using detail::grape::SubspaceProblem;
@@ -137,7 +137,7 @@ SubspaceProblem validate_subspace(const std::string& op, const GrapeSubspacePara
 }  // namespace
 
 void grape_forward(const GrapeParams& params, Impl impl, const TensorView& y) {
-  const std::string op = op_name("grape", impl);
+  const std::string op = op_name(Op::grape, impl);
   const PlaneProblem p = validate_plane(op, params);
   check_owned_output(op, "y", y, {{p.B, "B"}, {p.T, "T"}, {p.H, "H"}, {p.K, "K"}});
   if (impl == Impl::reference)
@@ -148,7 +148,7 @@ void grape_forward(const GrapeParams& params, Impl impl, const TensorView& y) {
 
 void grape_backward(const GrapeParams& params, Impl impl, const TensorView& dy,
                     const GrapeGrads& grads) {
-  const std::string op = op_name("grape", impl);
+  const std::string op = op_name(Op::grape, impl);
   const PlaneProblem p = validate_plane(op, params);
   detail::check_float_tensor(op, "dy", dy, {{p.B, "B"}, {p.T, "T"}, {p.H, "H"}, {p.K, "K"}});
   if (grads.dz.defined())
@@ -176,7 +176,7 @@ void grape_backward(const GrapeParams& params, Impl impl, const TensorView& dy,
 }
 
 void grape_subspace_forward(const GrapeSubspaceParams& params, Impl impl, const TensorView& y) {
-  const std::string op = op_name("grape_subspace", impl);
+  const std::string op = op_name(Op::grape_subspace, impl);
   const SubspaceProblem p = validate_subspace(op, params);
   check_owned_output(op, "y", y, {{p.B, "B"}, {p.T, "T"}, {p.H, "H"}, {p.K, "K"}});
   if (impl == Impl::reference)
@@ -187,7 +187,7 @@ void grape_subspace_forward(const GrapeSubspaceParams& params, Impl impl, const 
 
 void grape_subspace_backward(const GrapeSubspaceParams& params, Impl impl, const TensorView& dy,
                              const GrapeSubspaceGrads& grads) {
-  const std::string op = op_name("grape_subspace", impl);
+  const std::string op = op_name(Op::grape_subspace, impl);
   const SubspaceProblem p = validate_subspace(op, params);
   detail::check_float_tensor(op, "dy", dy, {{p.B, "B"}, {p.T, "T"}, {p.H, "H"}, {p.K, "K"}});
   if (grads.dz.defined())

@@ -197,8 +197,9 @@ void angles(const AnglesProblem& p, const TensorView& theta) {
 
 // y_a = x_a cos θ − x_b sin θ, y_b = x_a sin θ + x_b cos θ on (row, head, token block) items,
 // rotating the loaded rows in place (one pass, no pair matrices).
-void apply_forward(const TensorView& x, const TensorView& theta, RotaryLayout layout,
-                   const TensorView& y) {
+void apply_forward(const ApplyProblem& p, const TensorView& y) {
+  const TensorView &x = p.x, &theta = p.theta;
+  const RotaryLayout layout = p.layout;
   dispatch_float(x, [&](auto zero) {
     using S = decltype(zero);
     parallel_for(apply_items(x), [&](std::int64_t item) {
@@ -225,8 +226,10 @@ void apply_forward(const TensorView& x, const TensorView& theta, RotaryLayout la
 }
 
 // dx = rotation of dy by −θ; dθ = dy_b (x_a cos θ − x_b sin θ) − dy_a (x_a sin θ + x_b cos θ).
-void apply_backward(const TensorView& x, const TensorView& theta, RotaryLayout layout,
-                    const TensorView& dy, const TensorView& dx, const TensorView& d_theta) {
+void apply_backward(const ApplyProblem& p, const TensorView& dy, const TensorView& dx,
+                    const TensorView& d_theta) {
+  const TensorView &x = p.x, &theta = p.theta;
+  const RotaryLayout layout = p.layout;
   dispatch_float(x, [&](auto zero) {
     using S = decltype(zero);
     parallel_for(apply_items(x), [&](std::int64_t item) {

@@ -89,8 +89,9 @@ void reference_angles(const AnglesProblem& p, const TensorView& theta) {
 }
 
 // y_a = x_a cos θ − x_b sin θ,  y_b = x_a sin θ + x_b cos θ.
-void reference_apply_forward(const TensorView& x, const TensorView& theta, RotaryLayout layout,
-                             const TensorView& y) {
+void reference_apply_forward(const ApplyProblem& p, const TensorView& y) {
+  const TensorView &x = p.x, &theta = p.theta;
+  const RotaryLayout layout = p.layout;
   const std::int64_t R = theta.size(3);
   for (std::int64_t b = 0; b < x.size(0); ++b)
     for (std::int64_t t = 0; t < x.size(1); ++t)
@@ -106,9 +107,10 @@ void reference_apply_forward(const TensorView& x, const TensorView& theta, Rotar
 
 // dx_a = dy_a cos θ + dy_b sin θ,  dx_b = −dy_a sin θ + dy_b cos θ  (rotation by −θ);
 // dθ = dy_a ∂y_a/∂θ + dy_b ∂y_b/∂θ = dy_a (−x_a sin θ − x_b cos θ) + dy_b (x_a cos θ − x_b sin θ).
-void reference_apply_backward(const TensorView& x, const TensorView& theta, RotaryLayout layout,
-                              const TensorView& dy, const TensorView& dx,
+void reference_apply_backward(const ApplyProblem& p, const TensorView& dy, const TensorView& dx,
                               const TensorView& d_theta) {
+  const TensorView &x = p.x, &theta = p.theta;
+  const RotaryLayout layout = p.layout;
   const std::int64_t R = theta.size(3);
   for (std::int64_t b = 0; b < x.size(0); ++b)
     for (std::int64_t t = 0; t < x.size(1); ++t)

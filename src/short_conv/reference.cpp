@@ -6,21 +6,11 @@
 #include <cstdint>
 #include <vector>
 
+#include "common/element_access.h"
 #include "short_conv/kernels.h"
 
 namespace phasor::detail::short_conv {
 namespace {
-
-double get(const TensorView& v, std::int64_t offset) {
-  if (v.dtype == DType::float32) return static_cast<const float*>(v.data)[offset];
-  return static_cast<const double*>(v.data)[offset];
-}
-void put(const TensorView& v, std::int64_t offset, double value) {
-  if (v.dtype == DType::float32)
-    static_cast<float*>(v.data)[offset] = static_cast<float>(value);
-  else
-    static_cast<double*>(v.data)[offset] = value;
-}
 
 double sigmoid(double z) {
   return 1.0 / (1.0 + std::exp(-z));

@@ -6,6 +6,7 @@
 
 #include "common/check.h"
 #include "common/element_access.h"
+#include "phasor/ops.h"
 #include "phasor/string_rotation.h"
 #include "string_rotation/kernels.h"
 
@@ -13,7 +14,6 @@ namespace phasor {
 namespace {
 
 using detail::check_owned_output;
-using detail::op_name;
 
 namespace sr = detail::string_rotation;
 using detail::Dim;
@@ -149,7 +149,7 @@ void check_rotation_grads(const std::string& op, const TensorView& z, const Tens
 
 void nd_rope_angles_forward(const TensorView& positions, const TensorView& omega, Impl impl,
                             const TensorView& theta) {
-  const std::string op = op_name("nd_rope_angles", impl);
+  const std::string op = op_name(Op::nd_rope_angles, impl);
   const AnglesArgs a = validate_angles(op, positions, omega);
   const TensorView theta4 = check_theta_like(op, "theta", theta, a, true);
   if (impl == Impl::reference)
@@ -161,7 +161,7 @@ void nd_rope_angles_forward(const TensorView& positions, const TensorView& omega
 void nd_rope_angles_backward(const TensorView& positions, const TensorView& omega, Impl impl,
                              const TensorView& d_theta, const TensorView& d_positions,
                              const TensorView& d_omega) {
-  const std::string op = op_name("nd_rope_angles", impl);
+  const std::string op = op_name(Op::nd_rope_angles, impl);
   const AnglesArgs a = validate_angles(op, positions, omega);
   const TensorView dtheta4 = check_theta_like(op, "d_theta", d_theta, a, false);
   if (d_positions.defined())
@@ -229,7 +229,7 @@ sr::CirculantProblem validate_circulant(const std::string& op,
 }  // namespace
 
 void cayley_string_forward(const CayleyStringParams& params, Impl impl, const TensorView& y) {
-  const std::string op = op_name("cayley_string", impl);
+  const std::string op = op_name(Op::cayley_string, impl);
   const sr::CayleyProblem p = validate_cayley(op, params);
   check_like_z(op, "y", y, params.z, true);
   if (impl == Impl::reference)
@@ -240,7 +240,7 @@ void cayley_string_forward(const CayleyStringParams& params, Impl impl, const Te
 
 void cayley_string_backward(const CayleyStringParams& params, Impl impl, const TensorView& dy,
                             const CayleyStringGrads& grads) {
-  const std::string op = op_name("cayley_string", impl);
+  const std::string op = op_name(Op::cayley_string, impl);
   const sr::CayleyProblem p = validate_cayley(op, params);
   check_rotation_grads(op, params.z, params.positions, dy, grads.dz, grads.d_positions);
   CayleyStringGrads g =
@@ -254,7 +254,7 @@ void cayley_string_backward(const CayleyStringParams& params, Impl impl, const T
 }
 
 void circulant_string_forward(const CirculantStringParams& params, Impl impl, const TensorView& y) {
-  const std::string op = op_name("circulant_string", impl);
+  const std::string op = op_name(Op::circulant_string, impl);
   const sr::CirculantProblem p = validate_circulant(op, params);
   check_like_z(op, "y", y, params.z, true);
   if (impl == Impl::reference)
@@ -265,7 +265,7 @@ void circulant_string_forward(const CirculantStringParams& params, Impl impl, co
 
 void circulant_string_backward(const CirculantStringParams& params, Impl impl, const TensorView& dy,
                                const CirculantStringGrads& grads) {
-  const std::string op = op_name("circulant_string", impl);
+  const std::string op = op_name(Op::circulant_string, impl);
   const sr::CirculantProblem p = validate_circulant(op, params);
   check_rotation_grads(op, params.z, params.positions, dy, grads.dz, grads.d_positions);
   CirculantStringGrads g =

@@ -124,7 +124,8 @@ void reference_cayley_forward(const CayleyProblem& p, const TensorView& y) {
   Buffer w(B, T, H, K), u(B, T, H, K), theta(B, T, p.omega.size(0), K / 2);
   cayley_solve(p, w, u);
   reference_angles_forward(p.positions, p.omega, theta.view);
-  rotary::reference_apply_forward(u.view, theta_for_heads(theta, H), p.layout, y);
+  rotary::reference_apply_forward(
+      rotary::ApplyProblem::of(u.view, theta_for_heads(theta, H), p.layout), y);
 }
 
 void reference_cayley_backward(const CayleyProblem& p, const TensorView& dy,
@@ -135,8 +136,9 @@ void reference_cayley_backward(const CayleyProblem& p, const TensorView& dy,
   reference_angles_forward(p.positions, p.omega, theta.view);
   // du = RoPE(θ)ᵀ dy and dθ (per head).
   Buffer du(B, T, H, K), dtheta(B, T, H, K / 2);
-  rotary::reference_apply_backward(u.view, theta_for_heads(theta, H), p.layout, dy, du.view,
-                                   dtheta.view);
+  rotary::reference_apply_backward(
+      rotary::ApplyProblem::of(u.view, theta_for_heads(theta, H), p.layout), dy, du.view,
+      dtheta.view);
   reference_angles_backward(p.positions, p.omega, dtheta.view, grads.d_positions, grads.d_omega);
   // dw = (I − S)ᵀ du, dz = (I + S)⁻ᵀ dw, G = ∂L/∂S = −Σ (du + dz) wᵀ, dA = G − Gᵀ.
   const std::int64_t Ha = p.generator.size(0);

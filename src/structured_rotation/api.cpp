@@ -5,6 +5,7 @@
 
 #include "common/check.h"
 #include "common/slices.h"
+#include "phasor/ops.h"
 #include "phasor/structured_rotation.h"
 #include "structured_rotation/kernels.h"
 
@@ -12,7 +13,6 @@ namespace phasor {
 namespace {
 
 using detail::check_owned_output;
-using detail::op_name;
 
 using detail::structured_rotation::ApplyProblem;
 
@@ -88,7 +88,7 @@ std::int64_t structured_decomposition(const StructuredDecompositionParams& param
 
 void structured_rotation_forward(const StructuredRotationParams& params, Impl impl,
                                  const TensorView& y) {
-  const std::string op = op_name("structured_rotation", impl);
+  const std::string op = op_name(Op::structured_rotation, impl);
   const ApplyProblem p = validate_apply(op, params);
   check_owned_output(op, "y", y, {{p.B, "B"}, {p.T, "T"}, {p.H, "H"}, {p.K, "K"}});
   if (impl == Impl::reference)
@@ -99,7 +99,7 @@ void structured_rotation_forward(const StructuredRotationParams& params, Impl im
 
 void structured_rotation_backward(const StructuredRotationParams& params, Impl impl,
                                   const TensorView& dy, const StructuredRotationGrads& grads) {
-  const std::string op = op_name("structured_rotation", impl);
+  const std::string op = op_name(Op::structured_rotation, impl);
   const ApplyProblem p = validate_apply(op, params);
   detail::check_float_tensor(op, "dy", dy, {{p.B, "B"}, {p.T, "T"}, {p.H, "H"}, {p.K, "K"}});
   if (grads.dx.defined())

@@ -12,6 +12,7 @@
 #include <string>
 
 #include "phasor/common.h"
+#include "phasor/ops.h"
 
 namespace phasor::torch_detail {
 
@@ -20,39 +21,15 @@ using torch::autograd::variable_list;
 
 // ---- names --------------------------------------------------------------------------------------
 
-// The op name used in messages: fla's name for the implementation (as the core uses).
+// The op name used in messages: the core's (phasor/ops.h), fla's name for the implementation.
 inline std::string gla_op_name(Impl impl) {
-  switch (impl) {
-    case Impl::chunk:
-      return "chunk_gla";
-    case Impl::recurrent:
-      return "fused_recurrent_gla";
-    case Impl::reference:
-      break;
-  }
-  return "gla_reference";
+  return op_name(Op::gla, impl);
 }
 inline std::string gated_delta_rule_op_name(Impl impl) {
-  switch (impl) {
-    case Impl::chunk:
-      return "chunk_gated_delta_rule";
-    case Impl::recurrent:
-      return "fused_recurrent_gated_delta_rule";
-    case Impl::reference:
-      break;
-  }
-  return "gated_delta_rule_reference";
+  return op_name(Op::gated_delta_rule, impl);
 }
 inline std::string forgetting_attn_op_name(Impl impl) {
-  switch (impl) {
-    case Impl::chunk:
-      return "parallel_forgetting_attn";
-    case Impl::recurrent:
-      return "forgetting_attn_recurrent";
-    case Impl::reference:
-      break;
-  }
-  return "forgetting_attn_reference";
+  return op_name(Op::forgetting_attn, impl);
 }
 
 inline std::string shape_of(const at::Tensor& t) {
@@ -118,8 +95,8 @@ inline void check_cu_seqlens(const std::string& op, const c10::optional<at::Tens
 // ---- conversion ---------------------------------------------------------------------------------
 
 // The one place an at::Tensor becomes a TensorView: same memory, sizes, strides (in elements, as
-// in torch), dtype and device. Callers have checked device, layout, rank and dtype; half and
-// bfloat16 never get here (they are converted to float32 first).
+// in torch), dtype and device. Callers have checked device, layout, rank and dtype. float16 and
+// bfloat16 tensors go to the core as they are (it converts them on load and computes in float32).
 inline TensorView view_of(const at::Tensor& t) {
   TensorView v;
   if (!t.defined()) return v;  // absent optional
@@ -136,6 +113,12 @@ inline TensorView view_of(const at::Tensor& t) {
       break;
     case at::kLong:
       v.dtype = DType::int64;
+      break;
+    case at::kBFloat16:
+      v.dtype = DType::bfloat16;
+      break;
+    case at::kHalf:
+      v.dtype = DType::float16;
       break;
     default:
       TORCH_INTERNAL_ASSERT(false, "unsupported dtype ", t.scalar_type());

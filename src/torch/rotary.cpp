@@ -102,14 +102,19 @@ struct ApplyRotaryFunction : torch::autograd::Function<ApplyRotaryFunction> {
     if (!dy.defined()) return {at::Tensor(), at::Tensor(), at::Tensor()};
     const at::Tensor theta4 = per_head(theta, x.size(2));
     at::Tensor dx = grad_buffer(x, need[0]);
-    // The core writes one angle gradient per head; shared angles get the sum over heads.
-    at::Tensor d_theta4 = need[1] ? at::empty(theta4.sizes(), theta.options()) : at::Tensor();
+    // The core writes one angle gradient per head; shared angles get the sum over heads, taken
+    // in float32 (or float64) before one rounding to a 16-bit theta's dtype.
+    const bool shared = theta.dim() == 3;
+    at::Tensor d_theta4 =
+        need[1] ? at::empty(theta4.sizes(),
+                            shared ? theta.options().dtype(state_dtype(theta)) : theta.options())
+                : at::Tensor();
     rethrow_as_torch([&] {
       apply_rotary_backward(view_of(x), view_of(theta4), saved_layout(ctx), Impl::chunk,
                             view_of(dy), view_of(dx), view_of(d_theta4));
     });
     at::Tensor d_theta = d_theta4;
-    if (d_theta4.defined() && theta.dim() == 3) d_theta = d_theta4.sum(2);
+    if (d_theta4.defined() && shared) d_theta = d_theta4.sum(2).to(theta.scalar_type());
     return {dx, d_theta, at::Tensor()};
   }
 };
@@ -189,11 +194,10 @@ std::tuple<at::Tensor, c10::optional<at::Tensor>> selective_rope_phases(
   check_optional_float(op, "initial_phase", initial_phase, 3, "[N, H, R]");
   check_cu_seqlens(op, cu_seqlens);
   const variable_list out =
-      SelectiveRopePhasesFunction::apply(to_compute(phi), to_compute(omega),
-                                         to_compute(initial_phase), cu_seqlens, output_final_phase);
+      SelectiveRopePhasesFunction::apply(phi, omega, initial_phase, cu_seqlens, output_final_phase);
   c10::optional<at::Tensor> final_phase;
   if (output_final_phase) final_phase = out[1];
-  return {in_dtype_of(out[0], phi), final_phase};
+  return {out[0], final_phase};
 }
 
 at::Tensor rope_angles(std::int64_t batch, std::int64_t seq_len, std::int64_t head_dim, double base,
@@ -221,9 +225,7 @@ at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& theta, RotaryLayo
   const std::string op = "apply_rotary";
   check_float(op, "x", x, 4, "[B, T, H, K]");
   check_float_either_rank(op, "theta", theta, 4, 3, "[B, T, H, K/2] or [B, T, K/2]");
-  const variable_list out =
-      ApplyRotaryFunction::apply(to_compute(x), to_compute(theta), rotary_layout);
-  return in_dtype_of(out[0], x);
+  return ApplyRotaryFunction::apply(x, theta, rotary_layout)[0];
 }
 
 std::tuple<at::Tensor, c10::optional<at::Tensor>> causal_conv1d(
@@ -238,12 +240,11 @@ std::tuple<at::Tensor, c10::optional<at::Tensor>> causal_conv1d(
   check_cu_seqlens(op, cu_seqlens);
   if (weight.size(1) < 1)
     fail(op, "weight", "a kernel width W ≥ 1", "weight of shape " + shape_of(weight));
-  const variable_list out = CausalConv1dFunction::apply(to_compute(x), to_compute(weight),
-                                                        to_compute(bias), to_compute(initial_state),
-                                                        cu_seqlens, activation, output_final_state);
+  const variable_list out = CausalConv1dFunction::apply(x, weight, bias, initial_state, cu_seqlens,
+                                                        activation, output_final_state);
   c10::optional<at::Tensor> final_state;
   if (output_final_state) final_state = out[1];
-  return {in_dtype_of(out[0], x), final_state};
+  return {out[0], final_state};
 }
 
 }  // namespace phasor

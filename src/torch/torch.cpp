@@ -226,7 +226,11 @@ struct ForgettingAttnFunction : torch::autograd::Function<ForgettingAttnFunction
     const ForgettingAttnParams p =
         forgetting_attn_params(q, k, v, g, cu, theta, opt.scale, opt.window_size, opt.block_size,
                                opt.rotary_layout, sq, sk);
-    at::Tensor o = at::empty({q.size(0), q.size(1), q.size(2), v.size(3)}, q.options());
+    // The backward reads o (in D_i = do_i·o_i): a 16-bit o would add its rounding error there. So
+    // o is computed in the compute type (float32 for float16/bfloat16 q), kept for the backward,
+    // and returned in q's dtype.
+    at::Tensor o =
+        at::empty({q.size(0), q.size(1), q.size(2), v.size(3)}, q.options().dtype(state_dtype(q)));
     // The per-row log-sum-exp, kept so the backward pass need not recompute the forward.
     at::Tensor lse =
         at::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(state_dtype(q)));
@@ -243,7 +247,7 @@ struct ForgettingAttnFunction : torch::autograd::Function<ForgettingAttnFunction
         c10::List<bool>({requires_grad(q), requires_grad(k), requires_grad(v), requires_grad(g),
                          requires_grad(theta), requires_grad(sq), requires_grad(sk)});
     ctx->set_materialize_grads(false);
-    return {o};
+    return {o.scalar_type() == q.scalar_type() ? o : o.to(q.scalar_type())};
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -294,12 +298,11 @@ OutputAndState gla(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v
   check_cu_seqlens(op, cu_seqlens);
   check_optional_float(op, "theta", theta, 4, "[B, T, H, K/2]");
   const variable_list out =
-      GlaFunction::apply(to_compute(q), to_compute(k), to_compute(v), to_compute(g),
-                         to_compute(initial_state), cu_seqlens, to_compute(theta),
+      GlaFunction::apply(q, k, v, g, initial_state, cu_seqlens, theta,
                          GlaOptions{impl, scale, output_final_state, chunk_size, rotary_layout});
   c10::optional<at::Tensor> final_state;
   if (output_final_state) final_state = out[1];
-  return {in_dtype_of(out[0], q), final_state};
+  return {out[0], final_state};
 }
 
 OutputAndState chunk_gla(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -338,13 +341,12 @@ OutputAndState gated_delta_rule(
   check_cu_seqlens(op, cu_seqlens);
   check_optional_float(op, "theta", theta, 4, "[B, T, H, K/2]");
   const variable_list out = GatedDeltaRuleFunction::apply(
-      to_compute(q), to_compute(k), to_compute(v), to_compute(g), to_compute(beta),
-      to_compute(initial_state), cu_seqlens, to_compute(theta),
+      q, k, v, g, beta, initial_state, cu_seqlens, theta,
       GatedDeltaRuleOptions{impl, scale, output_final_state, use_qk_l2norm_in_kernel, chunk_size,
                             rotary_layout});
   c10::optional<at::Tensor> final_state;
   if (output_final_state) final_state = out[1];
-  return {in_dtype_of(out[0], q), final_state};
+  return {out[0], final_state};
 }
 
 OutputAndState chunk_gated_delta_rule(
@@ -385,10 +387,9 @@ at::Tensor forgetting_attn(const at::Tensor& q, const at::Tensor& k, const at::T
   check_optional_float(op, "bias_q_slope", bias_q_slope, 3, "[B, T, HQ]");
   check_optional_float(op, "bias_k_slope", bias_k_slope, 3, "[B, T, H]");
   const variable_list out = ForgettingAttnFunction::apply(
-      to_compute(q), to_compute(k), to_compute(v), to_compute(g), cu_seqlens, to_compute(theta),
-      to_compute(bias_q_slope), to_compute(bias_k_slope),
+      q, k, v, g, cu_seqlens, theta, bias_q_slope, bias_k_slope,
       ForgettingAttnOptions{impl, scale, window_size, block_size, rotary_layout});
-  return in_dtype_of(out[0], q);
+  return out[0];
 }
 
 at::Tensor parallel_forgetting_attn(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -444,18 +445,16 @@ at::Tensor ForgettingAttnDecoder::step(const at::Tensor& q, const at::Tensor& k,
   check_optional_float(op, "bias_q_slope", bias_q_slope, 3, "[B, 1, HQ]");
   check_optional_float(op, "bias_k_slope", bias_k_slope, 3, "[B, 1, H]");
   at::NoGradGuard no_grad;
-  const at::Tensor qc = to_compute(q), kc = to_compute(k), vc = to_compute(v), gc = to_compute(g),
-                   thetac = value_or_undefined(to_compute(theta)),
-                   sqc = value_or_undefined(to_compute(bias_q_slope)),
-                   skc = value_or_undefined(to_compute(bias_k_slope));
-  at::Tensor o = at::empty({q.size(0), q.size(1), num_q_heads_, value_dim_}, qc.options());
+  at::Tensor o = at::empty({q.size(0), q.size(1), num_q_heads_, value_dim_}, q.options());
   std::optional<double> scale;
   if (scale_) scale = *scale_;
   rethrow_as_torch([&] {
-    cache_.step(view_of(qc), view_of(kc), view_of(vc), view_of(gc), view_of(o), scale,
-                view_of(thetac), rotary_layout, view_of(sqc), view_of(skc));
+    cache_.step(view_of(q), view_of(k), view_of(v), view_of(g), view_of(o), scale,
+                view_of(value_or_undefined(theta)), rotary_layout,
+                view_of(value_or_undefined(bias_q_slope)),
+                view_of(value_or_undefined(bias_k_slope)));
   });
-  return in_dtype_of(o, q);
+  return o;
 }
 
 std::int64_t ForgettingAttnDecoder::length() const {

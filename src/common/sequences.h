@@ -1,0 +1,60 @@
+// Internal: the packed sequences of a call, as plain data shared by the CPU kernels and the CUDA
+// kernels (host and device code).
+//
+// A batch is either B rows of [B, T, ...] tensors, each one sequence, or — with cu_seqlens (B must
+// be 1) — the N sequences [cu[n], cu[n+1]) packed along T. Each op's problem description holds a
+// Sequences: the cu_seqlens pointer, its integer type and stride, N and T. Sequence n is looked
+// up from cu_seqlens when it is needed, by the same function on either side, so no list of
+// sequences is ever built (nor copied to a GPU). The pointer is read only on the device that
+// holds it, and only after the offsets have been validated (check.h: value checks).
+#pragma once
+
+#include <cstdint>
+
+#include "phasor/common.h"
+
+namespace phasor::detail {
+
+// One sequence: the batch row it lives in, its first token in the T dimension, its length.
+struct Sequence {
+  std::int64_t batch;
+  std::int64_t start;
+  std::int64_t length;
+};
+
+struct Sequences {
+  const void* cu_seqlens = nullptr;  // null: the B batch rows are the sequences
+  bool cu_int32 = false;             // int32 offsets (else int64)
+  std::int64_t cu_stride = 1;        // in elements
+  std::int64_t count = 0;            // N
+  std::int64_t T = 0;                // tokens per batch row
+
+  PHASOR_HOST_DEVICE bool packed() const { return cu_seqlens != nullptr; }
+  PHASOR_HOST_DEVICE std::int64_t size() const { return count; }
+  // cu_seqlens[i], 0 ≤ i ≤ N (packed batches only).
+  PHASOR_HOST_DEVICE std::int64_t offset(std::int64_t i) const {
+    return cu_int32 ? static_cast<const std::int32_t*>(cu_seqlens)[i * cu_stride]
+                    : static_cast<const std::int64_t*>(cu_seqlens)[i * cu_stride];
+  }
+  PHASOR_HOST_DEVICE Sequence operator[](std::int64_t n) const {
+    if (!packed()) return {n, 0, T};
+    const std::int64_t start = offset(n);
+    return {0, start, offset(n + 1) - start};
+  }
+
+  // Host-side iteration: `for (const Sequence& s : sequences)`.
+  struct Iterator {
+    const Sequences* table;
+    std::int64_t n;
+    Sequence operator*() const { return (*table)[n]; }
+    Iterator& operator++() {
+      ++n;
+      return *this;
+    }
+    bool operator!=(const Iterator& other) const { return n != other.n; }
+  };
+  Iterator begin() const { return {this, 0}; }
+  Iterator end() const { return {this, count}; }
+};
+
+}  // namespace phasor::detail
