@@ -4,6 +4,7 @@ set -euo pipefail
 packages=(
   cmake g++ make git
   libeigen3-dev          # CPU dense math
+  libboost-context-dev   # fibers of the emulated GPU (cuda/simt)
   libtorch-dev           # LibTorch layer, the phasor command, the task harness
   # LibTorch's matrix products go through libblas.so.3, which is Debian's reference (netlib)
   # BLAS unless an optimised one is installed: OpenBLAS (OpenMP build, like LibTorch's own

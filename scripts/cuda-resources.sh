@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# GPU resources of every kernel, from ptxas (-Xptxas -v), per architecture: registers, static
+# shared memory, stack frame (local memory), spill stores and loads. Exits 1 when a shipped
+# kernel spills (or a file does not compile), so it can gate CI.
+#   usage: bash scripts/cuda-resources.sh [-a "80 90"] [file.cu ...]
+# Files default to the shipped kernels, cuda/<op>/*.cu (not cuda/simt/, the platform layer), and
+# the emulator's test kernels tests/simt_kernels.cu, which are reported but not held to zero
+# spills. The flags are the build's (C++17, -O3, --expt-relaxed-constexpr); each file is compiled
+# once for all the architectures (a small CUB kernel file takes ~12 s for sm_80 + sm_90 here).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+archs=${PHASOR_CUDA_ARCHS:-"80 90"}
+if [[ ${1:-} == "-a" ]]; then
+  archs=$2
+  shift 2
+fi
+nvcc=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
+if [[ ! -x $nvcc ]]; then
+  echo "cuda-resources: no nvcc (looked on PATH and at /usr/local/cuda/bin/nvcc; set NVCC)" >&2
+  exit 2
+fi
+
+if (($# > 0)); then
+  files=("$@")
+else
+  files=()
+  for f in cuda/*/*.cu; do
+    [[ -e $f && $f != cuda/simt/* ]] && files+=("$f")
+  done
+  files+=(tests/simt_kernels.cu)
+fi
+
+gencode=()
+for a in $archs; do gencode+=("--generate-code=arch=compute_$a,code=sm_$a"); done
+
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+status=0
+printf '%-52s %-6s %5s %9s %9s %12s  %s\n' kernel arch regs "smem(B)" "stack(B)" "spill st/ld" file
+for f in "${files[@]}"; do
+  shipped=1
+  [[ $f == cuda/* ]] || shipped=0
+  start=$(date +%s.%N)
+  if ! "$nvcc" -std=c++17 -O3 -DNDEBUG --expt-relaxed-constexpr -DPHASOR_HAS_CUDA=1 \
+    -Iinclude -Icuda -Itests "${gencode[@]}" -Xptxas -v -c "$f" -o /dev/null 2>"$log"; then
+    cat "$log" >&2
+    echo "cuda-resources: $f does not compile" >&2
+    status=1
+    continue
+  fi
+  seconds=$(echo "$(date +%s.%N) - $start" | bc)
+  # ptxas prints, per entry function and architecture:
+  #   Compiling entry function '<mangled>' for 'sm_80'
+  #   <n> bytes stack frame, <n> bytes spill stores, <n> bytes spill loads
+  #   Used <n> registers, used <n> barriers[, <n> bytes lmem][, <n> bytes smem], ...
+  rows=$(awk '
+    /Compiling entry function/ {
+      match($0, /function .[^ ]+. for/); name = substr($0, RSTART + 10, RLENGTH - 15)
+      match($0, /for .sm_[0-9a-z]+./); arch = substr($0, RSTART + 5, RLENGTH - 6)
+      stack = 0; stores = 0; loads = 0; next
+    }
+    /bytes stack frame/ { stack = $1; stores = $5; loads = $9; next }
+    /Used [0-9]+ registers/ {
+      regs = 0; smem = 0; lmem = 0
+      for (i = 1; i <= NF; i++) {
+        if ($(i + 1) ~ /^registers/) regs = $i
+        if ($(i + 1) == "bytes" && $(i + 2) ~ /^smem/) smem = $i
+        if ($(i + 1) == "bytes" && $(i + 2) ~ /^lmem/) lmem = $i
+      }
+      if (lmem > stack) stack = lmem
+      print name, arch, regs, smem, stack, stores, loads
+    }' "$log")
+  while read -r mangled arch regs smem stack stores loads; do
+    [[ -z $mangled ]] && continue
+    # Demangled, without the namespaces every kernel shares and without the parameter list.
+    name=$(echo "$mangled" | c++filt | sed -e 's/(anonymous namespace):://g' -e 's/^void //' \
+      -e 's/^phasor::cuda:://' -e 's/(.*)$//')
+    printf '%-52s %-6s %5s %9s %9s %12s  %s\n' "$name" "$arch" "$regs" "$smem" "$stack" \
+      "$stores/$loads" "$f"
+    if ((shipped && (stores > 0 || loads > 0))); then
+      echo "cuda-resources: $name spills on $arch ($stores bytes stored, $loads loaded)" >&2
+      status=1
+    fi
+  done <<<"$rows"
+  printf '  (%s: %.1f s for %s)\n' "$f" "$seconds" "$archs"
+done
+if ((${#files[@]} == 0)); then echo "cuda-resources: no kernel sources"; fi
+exit $status
