@@ -83,7 +83,12 @@ struct TensorView {
   PHASOR_HOST_DEVICE std::int64_t stride(int dim) const {
     return strides[static_cast<std::size_t>(dim)];
   }
-  std::int64_t numel() const;
+  PHASOR_HOST_DEVICE std::int64_t numel() const {
+    if (!defined()) return 0;
+    std::int64_t n = 1;
+    for (int d = 0; d < rank; ++d) n *= size(d);
+    return n;
+  }
   bool is_contiguous() const;
   std::string shape_string() const;  // "[2, 16, 4, 32]", or "undefined"
 

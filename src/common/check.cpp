@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "common/element_access.h"
+#include "phasor/device.h"
 
 namespace phasor::detail {
 
@@ -47,9 +48,7 @@ Device call_device(const std::string& op, const std::string& name, const TensorV
   if (!gpu_capable && x.device != Device::cpu)
     fail(op, name, "a tensor on the cpu (" + op + " has no CUDA kernel)",
          std::string("a tensor on ") + to_string(x.device));
-  if (x.device == Device::cuda)
-    fail(op, name, "a tensor on the cpu or the emulated device (this build has no CUDA backend)",
-         "a tensor on cuda");
+  if (x.device == Device::cuda) require_device(Device::cuda, op);
   return x.device;
 }
 

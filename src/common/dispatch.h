@@ -2,14 +2,27 @@
 // chosen. Each op's api.cpp checks the metadata (common/check.h), builds its problem description
 // and calls run_on_device with the call's value checks and its CPU and GPU paths:
 //   cpu              the value checks on the host, then the CPU implementation selected by Impl;
-//   cuda, emulated   the implementation must have CUDA kernels (phasor/ops.h: OpInfo::on_gpu);
-//                    then the GPU path, which runs the value checks on its device and the kernels.
+//   cuda, emulated   the implementation must have CUDA kernels (phasor/ops.h: OpInfo::on_gpu); the
+//                    value checks run on the device (cuda/common/validate.h: a validation kernel
+//                    and one host sync to read its verdict), then the GPU path, which calls the
+//                    backend's entry points through PHASOR_ON_GPU.
 #pragma once
 
 #include <string>
 
 #include "common/check.h"
+#include "common/validate.h"
 #include "phasor/ops.h"
+
+// PHASOR_ON_GPU(device, call): `phasor::cuda::call` on Device::cuda, `phasor::emulated::call` on
+// Device::emulated — the same kernel source compiled by nvcc and by the host compiler. Without
+// the CUDA backend in this build, Device::cuda never gets here (call_device refuses it).
+#if PHASOR_HAS_CUDA
+#define PHASOR_ON_GPU(device, call) \
+  ((device) == ::phasor::Device::cuda ? ::phasor::cuda::call : ::phasor::emulated::call)
+#else
+#define PHASOR_ON_GPU(device, call) (::phasor::emulated::call)
+#endif
 
 namespace phasor::detail {
 
@@ -30,6 +43,13 @@ inline void require_gpu_impl(const std::string& op, Op which, Impl impl, Device 
        to_string(impl));
 }
 
+// The value checks on a GPU device; raises the CPU's message for the first failure.
+inline void check_values_on_gpu(const std::string& op, Device device, const ValueChecks& checks) {
+  if (!checks.sequences.packed() && checks.count == 0) return;  // nothing to read: no sync
+  const ValueVerdict verdict = PHASOR_ON_GPU(device, find_value_failure(checks));
+  if (verdict.failed()) raise_value_failure(op, checks, verdict);
+}
+
 template <class Cpu, class Gpu>
 void run_on_device(const std::string& op, Op which, Impl impl, Device device,
                    const ValueChecks& checks, Cpu&& cpu, Gpu&& gpu) {
@@ -39,6 +59,7 @@ void run_on_device(const std::string& op, Op which, Impl impl, Device device,
     return;
   }
   require_gpu_impl(op, which, impl, device);
+  check_values_on_gpu(op, device, checks);
   gpu();
 }
 

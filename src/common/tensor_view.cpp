@@ -73,13 +73,6 @@ Impl impl_from_string(const std::string& name) {
   throw Error("argument 'impl': expected one of reference, recurrent, chunk; got '" + name + "'");
 }
 
-std::int64_t TensorView::numel() const {
-  if (!defined()) return 0;
-  std::int64_t n = 1;
-  for (int d = 0; d < rank; ++d) n *= size(d);
-  return n;
-}
-
 bool TensorView::is_contiguous() const {
   std::int64_t expected = 1;
   for (int d = rank - 1; d >= 0; --d) {
