@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "phasor/device.h"
 #include "phasor/forgetting_attn.h"
 #include "phasor/gated_delta_rule.h"
 #include "phasor/gla.h"
@@ -356,6 +357,32 @@ TEST(Torch, OutputDtypes) {
 
 // Half and bfloat16 inputs are computed in float32 and o cast back: the results are exactly the
 // float32 results on the upcast inputs, rounded, and so are the gradients.
+// The compute device for CPU tensors (phasor/torch.h): per thread, restored by the guard; cuda on a
+// machine without a GPU is a c10::Error naming the op and the device, before anything runs.
+TEST(Torch, ComputeDeviceGuardAndCudaWithoutAGpu) {
+  EXPECT_EQ(compute_device(), Device::cpu);
+  const at::Tensor q = at::randn({1, 4, 1, 8}), g = -at::rand({1, 4, 1, 8});
+  {
+    ComputeDeviceGuard guard(Device::emulated);
+    EXPECT_EQ(compute_device(), Device::emulated);
+    {
+      ComputeDeviceGuard inner(Device::cuda);
+      EXPECT_EQ(compute_device(), Device::cuda);
+      if (cuda_device_count() == 0) {
+        try {
+          fused_recurrent_gla(q, q, q, g);
+          ADD_FAILURE() << "no error without a GPU";
+        } catch (const c10::Error& e) {
+          const std::string what = e.what_without_backtrace();
+          EXPECT_NE(what.find("fused_recurrent_gla: device cuda:"), std::string::npos) << what;
+        }
+      }
+    }
+    EXPECT_EQ(compute_device(), Device::emulated);
+  }
+  EXPECT_EQ(compute_device(), Device::cpu);
+}
+
 TEST(Torch, HalfAndBFloat16ComputeInFloat32) {
   torch::manual_seed(12);
   const std::int64_t B = 1, T = 6, H = 2, HV = 2, K = 4, V = 3;

@@ -107,11 +107,18 @@ struct TensorView {
                             Device device = Device::cpu);
 };
 
-// Which implementation of an op runs.
-//  - reference: plain loops in float64, obviously correct, slow; what the tests trust.
-//  - recurrent: token-by-token (streaming) kernel; also the single-step decode path.
-//  - chunk:     chunk-parallel kernel built on dense matrix products (Eigen); for training and
-//               prefill. For forgetting attention, the tiled flash-style kernel.
+// Which implementation of an op runs. The same meaning for every op (phasor/ops.h names each op's
+// implementations, fla's names where fla has them; each op's header says what they do for it):
+//  - reference: plain loops in float64 straight from the op's equations; obviously correct, slow;
+//               what the tests trust. CPU only.
+//  - recurrent: token by token (streaming): the decode path ("fused_recurrent_*"; FoX: the
+//               key/value cache); its backward replays the recurrence from state checkpoints.
+//  - chunk:     the parallel form for training and prefill ("chunk_*": chunks with dense products;
+//               FoX: flash-style tiles).
+// Ops with no recurrence (the rotary ops, the short convolution, the STRING / GRAPE / structured
+// rotations, FAVOR+) have one optimized kernel, which recurrent and chunk both select. On
+// Device::cuda and Device::emulated only the implementations with CUDA kernels run
+// (OpInfo::on_gpu in phasor/ops.h); the others raise a phasor::Error naming 'impl'.
 enum class Impl : std::uint8_t { reference, recurrent, chunk };
 const char* to_string(Impl impl);
 Impl impl_from_string(const std::string& name);  // "reference" | "recurrent" | "chunk"

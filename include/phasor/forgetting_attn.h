@@ -37,7 +37,9 @@
 // Its App. C writes the FoX potential as U_u = Σ_{ℓ<u} a_ℓ; U_t − U_j then sums [j, t), not
 // (j, t]: the potential must be the inclusive Σ_{ℓ≤u}, as c above — shown by a test.)
 //
-// Layouts (any strides; float32 or float64 for every floating argument, and they may differ):
+// Layouts (any strides; float32, float64, bfloat16 or float16 for every floating argument, and they
+// may differ; 16-bit values are converted to float32 on load; all views on one device, see
+// phasor/common.h: Device and phasor/ops.h for the implementations with CUDA kernels):
 //   q:          [B, T, HQ, K]
 //   k:          [B, T, H, K]
 //   v:          [B, T, H, V]

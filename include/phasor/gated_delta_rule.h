@@ -15,7 +15,8 @@
 // generalised Householder transitions; it only ever exponentiates non-positive sums of gates
 // taken within one chunk.
 //
-// Layouts (any strides; float32 or float64 for every floating argument, and they may differ):
+// Layouts (any strides; float32, float64, bfloat16 or float16 for every floating argument, and they
+// may differ; 16-bit values are converted to float32 on load):
 //   q, k:          [B, T, H, K]
 //   v:             [B, T, HV, V]
 //   g, beta:       [B, T, HV]
@@ -24,7 +25,8 @@
 //                  sequences [cu[n], cu[n+1]) are independent (empty ones are allowed). Without
 //                  it N = B.
 // The compute type is q's dtype (float32 accumulates in float32, float64 in float64), except for
-// Impl::reference, which always computes in float64. All views must be on the CPU.
+// Impl::reference, which always computes in float64 (16-bit inputs compute in float32). All views
+// on one device (phasor/common.h: Device); phasor/ops.h lists the implementations with CUDA kernels.
 // Errors (phasor::Error) name the fla op — "chunk_gated_delta_rule",
 // "fused_recurrent_gated_delta_rule" or "gated_delta_rule_reference" — and the argument.
 #pragma once

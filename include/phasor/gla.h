@@ -21,7 +21,8 @@
 // Every implementation computes each (sequence, head) pair on one thread in a fixed order, so
 // results are bit-identical for any thread count.
 //
-// Layouts (any strides; float32 or float64 for every floating argument, and they may differ):
+// Layouts (any strides; float32, float64, bfloat16 or float16 for every floating argument, and they
+// may differ; 16-bit values are converted to float32 on load):
 //   q, k:          [B, T, H, K]
 //   v:             [B, T, H, V]
 //   g:             [B, T, H, K]
@@ -30,7 +31,8 @@
 //                  sequences [cu[n], cu[n+1]) are independent (empty ones are allowed). Without
 //                  it N = B.
 // The compute type is q's dtype (float32 accumulates in float32, float64 in float64), except for
-// Impl::reference, which always computes in float64. All views must be on the CPU.
+// Impl::reference, which always computes in float64 (16-bit inputs compute in float32). All views
+// on one device (phasor/common.h: Device); phasor/ops.h lists the implementations with CUDA kernels.
 #pragma once
 
 #include <cstdint>

@@ -40,7 +40,7 @@
 //    chains d_basis through them. For the exact relative law θ must be linear in the position
 //    (θ = n · ω); contextual phases give the same per-token separability without it.
 //
-// Layouts (floating arguments: float32 or float64, may differ; CPU):
+// Layouts (floating arguments: float32, float64, bfloat16 or float16, may differ; CPU):
 //   z:          [B, T, H, K]  vectors to rotate (queries or keys), any strides
 //   a, b:       [H, K] (per head) or [K] (shared by the heads); both of the same rank
 //   omega:      [H]           per-head frequency ω

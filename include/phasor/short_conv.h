@@ -19,7 +19,8 @@
 // Each work item runs on one thread in a fixed order; dweight and dbias are reduced from
 // per-item partials in a fixed order, so every result is bit-identical for any thread count.
 //
-// Layouts (any strides; float32 or float64 for every floating argument, and they may differ):
+// Layouts (any strides; float32, float64, bfloat16 or float16 for every floating argument, and they
+// may differ; 16-bit values are converted to float32 on load):
 //   x:             [B, T, D]  (channels last)
 //   weight:        [D, W]     W ≥ 1
 //   bias:          [D]        optional
@@ -27,7 +28,8 @@
 //   cu_seqlens:    [N + 1] int32/int64, optional; packed variable-length batch (B must be 1);
 //                  the causal window restarts at each sequence start. Without it N = B.
 // The compute type is x's dtype (float32 accumulates in float32, float64 in float64), except for
-// Impl::reference, which always computes in float64. All views must be on the CPU.
+// Impl::reference, which always computes in float64 (16-bit inputs compute in float32). All views
+// on one device (phasor/common.h: Device); phasor/ops.h lists the implementations with CUDA kernels.
 #pragma once
 
 #include <string>

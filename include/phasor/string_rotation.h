@@ -7,7 +7,7 @@
 // the same parameters the logit q_iᵀ R(r_i)ᵀ R(r_j) k_j depends on r_j − r_i only (the relative
 // law; paper eq. 4 and Definition 3.1). Each token is encoded on its own (separability).
 //
-// Layouts (all views may be strided; float32 or float64; CPU):
+// Layouts (all views may be strided; float32, float64, bfloat16 or float16; CPU):
 //   z, y, dz, dy:   [B, T, H, K]  vectors to encode (queries or keys) and their encodings
 //   positions:      [B, T, C]     r, one C-dimensional position per token (shared by heads)
 //

@@ -8,13 +8,15 @@
 // (phasor/gla.h, phasor/gated_delta_rule.h, phasor/forgetting_attn.h), which give the equations.
 //
 // Tensors, for every function below:
-//  - device: CPU only.
+//  - device: CPU (and CUDA tensors when this LibTorch is built with CUDA and phasor with its CUDA
+//    backend — Debian's LibTorch is not). CPU tensors of the ops with CUDA kernels (GLA, Gated
+//    DeltaNet, forgetting attention and its decoder, the rotary ops, causal_conv1d) can be
+//    computed on another device: see set_compute_device below.
 //  - floating arguments (q, k, v, g, beta, initial_state) may be float32, float64, float16 or
-//    bfloat16, with any strides (they go to the kernels without a copy when float32/float64).
-//    float16/bfloat16 arguments are first converted to float32 (differentiably) and computed in
-//    float32; o is then cast back to q's dtype.
-//  - the compute type is q's dtype after that conversion: float32 computes and accumulates in
-//    float32, float64 in float64 (Impl::reference always computes in float64).
+//    bfloat16, with any strides; they go to the kernels without a copy, which convert 16-bit
+//    values to float32 on load.
+//  - the compute type: float64 for float64 q, else float32 (Impl::reference always computes in
+//    float64).
 //  - o has q's dtype. final_state is float64 when q is float64, else float32.
 //  - cu_seqlens: int32 or int64 [N + 1], packed variable-length sequences (B must be 1); N is the
 //    number of sequences. Without it, N = B.
@@ -43,6 +45,33 @@
 #include "phasor/forgetting_attn.h"
 
 namespace phasor {
+
+// The device the ops with CUDA kernels compute on for CPU tensors, per host thread:
+//   Device::cpu (default)  the CPU kernels;
+//   Device::emulated       the CUDA kernels on the emulated GPU, on the tensors' own memory (for
+//                          checking the CUDA kernels on a machine without a GPU; slow);
+//   Device::cuda           the CUDA kernels on the GPU: each call copies its CPU tensors to the
+//                          GPU and its results back (for running the GPU kernels from a LibTorch
+//                          without CUDA, such as Debian's; the copies cost more than the kernels).
+//                          Each call then fails with a c10::Error naming the device when this
+//                          build of phasor or the machine has no GPU.
+// Implementations without CUDA kernels fail with a c10::Error naming 'impl' on those devices
+// (phasor/ops.h lists which run where). CUDA tensors always run on their own GPU.
+void set_compute_device(Device device);
+Device compute_device();
+// Sets the compute device for a scope and restores the previous one.
+class ComputeDeviceGuard {
+ public:
+  explicit ComputeDeviceGuard(Device device) : previous_(compute_device()) {
+    set_compute_device(device);
+  }
+  ~ComputeDeviceGuard() { set_compute_device(previous_); }
+  ComputeDeviceGuard(const ComputeDeviceGuard&) = delete;
+  ComputeDeviceGuard& operator=(const ComputeDeviceGuard&) = delete;
+
+ private:
+  Device previous_;
+};
 
 // (o, final_state): final_state is present iff output_final_state was set.
 using OutputAndState = std::tuple<at::Tensor, c10::optional<at::Tensor>>;

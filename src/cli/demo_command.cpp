@@ -13,6 +13,8 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "phasor/device.h"
+#include "phasor/ops.h"
 #include "phasor/phasor.h"
 
 namespace phasor::cli {
@@ -111,6 +113,47 @@ double seconds(const std::function<void()>& fn, int repeats) {
   return best;
 }
 
+// Views of host buffers for a call on `device`: the buffers themselves on the cpu; otherwise
+// copies in the device's memory (inputs copied there by in(), outputs copied back by finish()).
+class Staging {
+ public:
+  explicit Staging(Device device) : device_(device) {}
+  Staging(const Staging&) = delete;
+  Staging& operator=(const Staging&) = delete;
+  ~Staging() {
+    for (const Copy& c : copies_) device_free(device_, c.device_data);
+  }
+  TensorView in(const TensorView& host) { return stage(host, false); }
+  TensorView out(const TensorView& host) { return stage(host, true); }
+  // Copies every output back to its host buffer (and waits for the device: a GPU's work is
+  // asynchronous, so timings include this wait).
+  void finish() {
+    for (const Copy& c : copies_)
+      if (c.output) copy_bytes(c.host_data, Device::cpu, c.device_data, device_, c.bytes);
+  }
+
+ private:
+  struct Copy {
+    void* device_data;
+    void* host_data;
+    std::size_t bytes;
+    bool output;
+  };
+  TensorView stage(const TensorView& host, bool output) {
+    if (device_ == Device::cpu || !host.defined()) return host;
+    const std::size_t bytes =
+        std::max<std::size_t>(1, static_cast<std::size_t>(host.numel()) * element_size(host.dtype));
+    TensorView view = host;  // contiguous host buffers: the same strides on the device
+    view.device = device_;
+    view.data = device_allocate(device_, bytes);
+    copies_.push_back({view.data, host.data, bytes, output});
+    if (!output && host.numel() > 0) copy_bytes(view.data, device_, host.data, Device::cpu, bytes);
+    return view;
+  }
+  Device device_;
+  std::vector<Copy> copies_;
+};
+
 struct Row {
   std::string op, impl;
   double fwd_ms, fwd_bwd_ms, err_out, err_grad;
@@ -140,20 +183,36 @@ int run_demo(int argc, char** argv) {
   app.add_option("--repeats", repeats, "timing repeats (best is shown)")
       ->check(CLI::PositiveNumber);
   app.add_option("--seed", seed, "random seed");
+  std::string device_name = "cpu";
+  app.add_option("--device", device_name,
+                 "where the recurrent and chunk implementations run: cpu (default), cuda, or "
+                 "emulated (the CUDA kernels on the emulated GPU: slow, use small sizes, e.g. "
+                 "--seq-len 64 --heads 2 --key-dim 32 --value-dim 32). Implementations without "
+                 "CUDA kernels are skipped on cuda and emulated. The reference runs on the cpu.")
+      ->check(CLI::IsMember({"cpu", "cuda", "emulated"}));
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 2;
   }
   set_num_threads(threads);
+  const Device device = device_name == "cuda"       ? Device::cuda
+                        : device_name == "emulated" ? Device::emulated
+                                                    : Device::cpu;
+  try {
+    require_device(device, "phasor demo: argument '--device'");
+  } catch (const Error& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    return 2;
+  }
 
   std::mt19937_64 rng(seed);
   const std::int64_t tokens = B * T;
   std::printf(
-      "phasor demo: B=%lld T=%lld H=%lld K=%lld V=%lld, float32 kernels vs float64 "
-      "reference, %d thread(s)\n",
+      "phasor demo: B=%lld T=%lld H=%lld K=%lld V=%lld, float32 kernels on %s vs float64 "
+      "reference on cpu, %d thread(s)\n",
       static_cast<long long>(B), static_cast<long long>(T), static_cast<long long>(H),
-      static_cast<long long>(K), static_cast<long long>(V), num_threads());
+      static_cast<long long>(K), static_cast<long long>(V), to_string(device), num_threads());
   std::printf("%-24s %-10s %10s %12s %12s %12s %12s\n", "op", "impl", "fwd ms", "fwd+bwd ms",
               "tokens/s", "err(o)", "err(grads)");
   int failures = 0;
@@ -163,15 +222,20 @@ int run_demo(int argc, char** argv) {
     if (!(r.err_out <= tolerance && r.err_grad <= tolerance)) ++failures;
   };
 
-  // Runs `run` (which returns o, then every gradient) for the reference in float64 and the
-  // recurrent and chunk kernels in float32, and reports each against the reference.
-  auto compare = [&](const std::string& op, auto&& run) {
+  // Runs `run` (which returns o, then every gradient) for the reference in float64 on the cpu
+  // and the recurrent and chunk kernels in float32 on the device, and reports each against the
+  // reference.
+  auto compare = [&](Op which, const std::string& op, auto&& run) {
     Row ref_row{op, "reference", 0, 0, 0, 0};
-    auto ref = run(Impl::reference, double{}, 1, ref_row);
+    auto ref = run(Impl::reference, double{}, 1, ref_row, Device::cpu);
     report(ref_row);
     for (Impl impl : {Impl::recurrent, Impl::chunk}) {
+      if (device != Device::cpu && !op_info(which).on_gpu[static_cast<std::size_t>(impl)]) {
+        std::printf("%-24s %-10s (no CUDA kernel)\n", op.c_str(), to_string(impl));
+        continue;
+      }
       Row row{op, to_string(impl), 0, 0, 0, 0};
-      auto out = run(impl, float{}, repeats, row);
+      auto out = run(impl, float{}, repeats, row, device);
       row.err_out = rel_rms(out[0], ref[0]);
       for (std::size_t i = 1; i < out.size(); ++i)
         row.err_grad = std::max(row.err_grad, rel_rms(out[i], ref[i]));
@@ -194,25 +258,37 @@ int run_demo(int argc, char** argv) {
     GlaParams p;
     p.q = q.view(), p.k = k.view(), p.v = v.view(), p.g = g.view(), p.initial_state = h0.view();
     if (rotate) p.theta = theta.view();
-    auto run = [&](Impl impl, auto scalar, int reps, Row& row) {
+    auto run = [&](Impl impl, auto scalar, int reps, Row& row, Device on) {
       using S = decltype(scalar);
       Buffer<S> o({B, T, H, V}), ht({B, H, K, V});
       Buffer<S> dq({B, T, H, K}), dk({B, T, H, K}), dv({B, T, H, V}), dg({B, T, H, K}),
           dh0({B, H, K, V}), dtheta({B, T, H, rotate ? R : 0});
+      Staging at(on);
+      GlaParams pd = p;
+      pd.q = at.in(p.q), pd.k = at.in(p.k), pd.v = at.in(p.v), pd.g = at.in(p.g);
+      pd.initial_state = at.in(p.initial_state), pd.theta = at.in(p.theta);
+      const TensorView o_d = at.out(o.view()), ht_d = at.out(ht.view()), do_d = at.in(d_o.view()),
+                       dht_d = at.in(dht.view());
       GlaGrads grads;
-      grads.dq = dq.view(), grads.dk = dk.view(), grads.dv = dv.view(), grads.dg = dg.view();
-      grads.dh0 = dh0.view();
-      if (rotate) grads.dtheta = dtheta.view();
-      row.fwd_ms = 1e3 * seconds([&] { gla_forward(p, impl, o.view(), ht.view()); }, reps);
+      grads.dq = at.out(dq.view()), grads.dk = at.out(dk.view()), grads.dv = at.out(dv.view());
+      grads.dg = at.out(dg.view()), grads.dh0 = at.out(dh0.view());
+      if (rotate) grads.dtheta = at.out(dtheta.view());
+      row.fwd_ms = 1e3 * seconds(
+                             [&] {
+                               gla_forward(pd, impl, o_d, ht_d);
+                               at.finish();
+                             },
+                             reps);
       row.fwd_bwd_ms = 1e3 * seconds(
                                  [&] {
-                                   gla_forward(p, impl, o.view(), ht.view());
-                                   gla_backward(p, impl, d_o.view(), dht.view(), grads);
+                                   gla_forward(pd, impl, o_d, ht_d);
+                                   gla_backward(pd, impl, do_d, dht_d, grads);
+                                   at.finish();
                                  },
                                  reps);
       return std::vector<Buffer<S>>{o, ht, dq, dk, dv, dg, dh0, dtheta};
     };
-    compare(rotate ? "gla+theta" : "gla", run);
+    compare(Op::gla, rotate ? "gla+theta" : "gla", run);
   }
 
   // ---- Gated DeltaNet ------------------------------------------------------------------------
@@ -226,27 +302,39 @@ int run_demo(int argc, char** argv) {
     p.initial_state = h0.view();
     p.use_qk_l2norm_in_kernel = true;
     if (rotate) p.theta = theta.view();
-    auto run = [&](Impl impl, auto scalar, int reps, Row& row) {
+    auto run = [&](Impl impl, auto scalar, int reps, Row& row, Device on) {
       using S = decltype(scalar);
       Buffer<S> o({B, T, H, V}), ht({B, H, K, V});
       Buffer<S> dq({B, T, H, K}), dk({B, T, H, K}), dv({B, T, H, V}), dg({B, T, H}), db({B, T, H}),
           dh0({B, H, K, V}), dtheta({B, T, H, rotate ? R : 0});
+      Staging at(on);
+      GatedDeltaRuleParams pd = p;
+      pd.q = at.in(p.q), pd.k = at.in(p.k), pd.v = at.in(p.v), pd.g = at.in(p.g);
+      pd.beta = at.in(p.beta), pd.initial_state = at.in(p.initial_state);
+      pd.theta = at.in(p.theta);
+      const TensorView o_d = at.out(o.view()), ht_d = at.out(ht.view()), do_d = at.in(d_o.view()),
+                       dht_d = at.in(dht.view());
       GatedDeltaRuleGrads grads;
-      grads.dq = dq.view(), grads.dk = dk.view(), grads.dv = dv.view(), grads.dg = dg.view();
-      grads.dbeta = db.view(), grads.dh0 = dh0.view();
-      if (rotate) grads.dtheta = dtheta.view();
-      row.fwd_ms =
-          1e3 * seconds([&] { gated_delta_rule_forward(p, impl, o.view(), ht.view()); }, reps);
-      row.fwd_bwd_ms =
-          1e3 * seconds(
-                    [&] {
-                      gated_delta_rule_forward(p, impl, o.view(), ht.view());
-                      gated_delta_rule_backward(p, impl, d_o.view(), dht.view(), grads);
-                    },
-                    reps);
+      grads.dq = at.out(dq.view()), grads.dk = at.out(dk.view()), grads.dv = at.out(dv.view());
+      grads.dg = at.out(dg.view()), grads.dbeta = at.out(db.view());
+      grads.dh0 = at.out(dh0.view());
+      if (rotate) grads.dtheta = at.out(dtheta.view());
+      row.fwd_ms = 1e3 * seconds(
+                             [&] {
+                               gated_delta_rule_forward(pd, impl, o_d, ht_d);
+                               at.finish();
+                             },
+                             reps);
+      row.fwd_bwd_ms = 1e3 * seconds(
+                                 [&] {
+                                   gated_delta_rule_forward(pd, impl, o_d, ht_d);
+                                   gated_delta_rule_backward(pd, impl, do_d, dht_d, grads);
+                                   at.finish();
+                                 },
+                                 reps);
       return std::vector<Buffer<S>>{o, ht, dq, dk, dv, dg, db, dh0, dtheta};
     };
-    compare(rotate ? "gated_delta_rule+theta" : "gated_delta_rule", run);
+    compare(Op::gated_delta_rule, rotate ? "gated_delta_rule+theta" : "gated_delta_rule", run);
   }
 
   // ---- FoX (forgetting attention) -------------------------------------------------------------
@@ -256,26 +344,36 @@ int run_demo(int argc, char** argv) {
     ForgettingAttnParams p;
     p.q = q.view(), p.k = k.view(), p.v = v.view(), p.g = g.view();
     if (rotate) p.theta = theta.view();
-    auto run = [&](Impl impl, auto scalar, int reps, Row& row) {
+    auto run = [&](Impl impl, auto scalar, int reps, Row& row, Device on) {
       using S = decltype(scalar);
       Buffer<S> o({B, T, H, V}), lse({B, T, H});
       Buffer<S> dq({B, T, H, K}), dk({B, T, H, K}), dv({B, T, H, V}), dg({B, T, H}),
           dtheta({B, T, H, rotate ? R : 0});
+      Staging at(on);
+      ForgettingAttnParams pd = p;
+      pd.q = at.in(p.q), pd.k = at.in(p.k), pd.v = at.in(p.v), pd.g = at.in(p.g);
+      pd.theta = at.in(p.theta);
+      const TensorView o_d = at.out(o.view()), lse_d = at.out(lse.view()), do_d = at.in(d_o.view());
       ForgettingAttnGrads grads;
-      grads.dq = dq.view(), grads.dk = dk.view(), grads.dv = dv.view(), grads.dg = dg.view();
-      if (rotate) grads.dtheta = dtheta.view();
-      row.fwd_ms =
-          1e3 * seconds([&] { forgetting_attn_forward(p, impl, o.view(), lse.view()); }, reps);
-      row.fwd_bwd_ms =
-          1e3 * seconds(
-                    [&] {
-                      forgetting_attn_forward(p, impl, o.view(), lse.view());
-                      forgetting_attn_backward(p, impl, d_o.view(), o.view(), lse.view(), grads);
-                    },
-                    reps);
+      grads.dq = at.out(dq.view()), grads.dk = at.out(dk.view()), grads.dv = at.out(dv.view());
+      grads.dg = at.out(dg.view());
+      if (rotate) grads.dtheta = at.out(dtheta.view());
+      row.fwd_ms = 1e3 * seconds(
+                             [&] {
+                               forgetting_attn_forward(pd, impl, o_d, lse_d);
+                               at.finish();
+                             },
+                             reps);
+      row.fwd_bwd_ms = 1e3 * seconds(
+                                 [&] {
+                                   forgetting_attn_forward(pd, impl, o_d, lse_d);
+                                   forgetting_attn_backward(pd, impl, do_d, o_d, lse_d, grads);
+                                   at.finish();
+                                 },
+                                 reps);
       return std::vector<Buffer<S>>{o, dq, dk, dv, dg, dtheta};
     };
-    compare(rotate ? "forgetting_attn+theta" : "forgetting_attn", run);
+    compare(Op::forgetting_attn, rotate ? "forgetting_attn+theta" : "forgetting_attn", run);
   }
 
   std::printf(

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "phasor/device.h"
 #include "phasor/ops.h"
 #include "phasor/torch.h"
 
@@ -135,6 +136,7 @@ struct Options {
   std::optional<std::int64_t> chunk_size, window_size;
   bool output_final_state = false, use_qk_l2norm = false, rotary_interleaved = false;
   int threads = 0;
+  std::string device = "cpu";
 };
 
 int run(const Options& opt) {
@@ -172,6 +174,18 @@ int run(const Options& opt) {
     throw InputError("argument '--threads': expected a count ≥ 0, got " +
                      std::to_string(opt.threads));
   set_num_threads(opt.threads);
+  // The device the op computes on; the .pt tensors stay on the cpu (phasor/torch.h:
+  // set_compute_device copies them to a GPU and back, or runs the emulated GPU on them).
+  Device device = Device::cpu;
+  if (opt.device == "cuda")
+    device = Device::cuda;
+  else if (opt.device == "emulated")
+    device = Device::emulated;
+  else if (opt.device != "cpu")
+    throw InputError("argument '--device': expected cpu, cuda or emulated, got '" + opt.device +
+                     "'");
+  require_device(device, "argument '--device'");
+  const ComputeDeviceGuard on_device(device);
 
   std::map<std::string, at::Tensor> in = read_inputs(opt.in_path, op);
   auto required = [&](const std::string& key) -> at::Tensor& {
@@ -318,6 +332,11 @@ int run_op(int argc, char** argv) {
                "theta rotates the pairs (2i, 2i+1) (GPT-J) instead of (i, i+K/2) (GPT-NeoX, "
                "default)");
   app.add_option("--threads", opt.threads, "threads (default 0: PHASOR_NUM_THREADS or all cores)");
+  app.add_option(
+      "--device", opt.device,
+      "cpu (default), cuda (the CUDA kernels on the GPU: inputs copied there and results "
+      "back) or emulated (the CUDA kernels on the emulated GPU); see `phasor op --help` "
+      "and README 'CUDA backend' for which implementations run where");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -12,7 +12,9 @@
 #include <string>
 
 #include "phasor/common.h"
+#include "phasor/device.h"
 #include "phasor/ops.h"
+#include "phasor/torch.h"
 
 namespace phasor::torch_detail {
 
@@ -55,8 +57,16 @@ inline bool is_float_dtype(at::ScalarType t) {
 inline void check_tensor(const std::string& op, const std::string& name, const at::Tensor& t,
                          int rank, const char* layout) {
   if (!t.defined()) fail(op, name, std::string("a tensor ") + layout, "an undefined tensor");
+#if PHASOR_TORCH_CUDA
+  if (!t.device().is_cpu() && !t.device().is_cuda())
+    fail(op, name, "a tensor on the cpu or a CUDA device", "a tensor on " + t.device().str());
+#else
   if (!t.device().is_cpu())
-    fail(op, name, "a tensor on the cpu", "a tensor on " + t.device().str());
+    fail(op, name,
+         "a tensor on the cpu (this LibTorch has no CUDA; for the GPU kernels see "
+         "phasor::set_compute_device)",
+         "a tensor on " + t.device().str());
+#endif
   if (t.layout() != at::kStrided) fail(op, name, "a dense (strided) tensor", "a sparse tensor");
   if (t.dim() != rank)
     fail(op, name, std::to_string(rank) + "-D tensor " + layout,
@@ -149,14 +159,47 @@ inline c10::optional<at::Tensor> to_compute(const c10::optional<at::Tensor>& t) 
   return to_compute(*t);
 }
 
-// Runs a core call; a phasor::Error becomes a c10::Error with the same message.
+// ---- the compute device (phasor/torch.h: set_compute_device)
+// --------------------------------------
+
+// The views of the ops with CUDA kernels: a CPU tensor is viewed on this thread's compute device —
+// its own memory labelled Device::emulated, or for Device::cuda a copy on the GPU (staged: an
+// input is copied there now; an output is copied back by rethrow_as_torch when the core call
+// succeeds, and every staged copy is freed then). Other tensors: view_of.
+TensorView compute_view(const at::Tensor& t, bool output);
+inline TensorView compute_view_of(const at::Tensor& t) {
+  return compute_view(t, false);
+}
+inline TensorView compute_out_view_of(const at::Tensor& t) {
+  return compute_view(t, true);
+}
+// Copies the staged outputs back (when asked) and frees every staged copy of this thread.
+void settle_staged(bool copy_outputs_back);
+// A c10::Error naming `op` and the device when the compute device is cuda and unusable.
+void check_compute_device(const std::string& op);
+#if PHASOR_TORCH_CUDA
+// LibTorch's current CUDA stream (phasor's CUDA work of a call runs on it), and its caching
+// allocator set as phasor's workspace allocator on first use.
+cuda::Stream current_torch_stream();
+#endif
+
+// Runs a core call; a phasor::Error becomes a c10::Error with the same message. Settles the
+// staged copies of the compute device: outputs back on success, all freed either way.
 template <class F>
 inline void rethrow_as_torch(F&& f) {
   try {
+#if PHASOR_TORCH_CUDA
+    cuda::StreamGuard stream(current_torch_stream());
+#endif
     f();
   } catch (const Error& e) {
+    settle_staged(/*copy_outputs_back=*/false);
     TORCH_CHECK(false, e.what());
+  } catch (...) {
+    settle_staged(/*copy_outputs_back=*/false);
+    throw;
   }
+  settle_staged(/*copy_outputs_back=*/true);
 }
 
 // Number of sequences: N + 1 entries of cu_seqlens, or the batch size. A malformed cu_seqlens is

@@ -19,10 +19,10 @@ using namespace torch_detail;  // NOLINT(google-build-using-namespace): the laye
 RotaryPhaseParams phase_params(const at::Tensor& phi, const at::Tensor& omega,
                                const at::Tensor& initial_phase, const at::Tensor& cu) {
   RotaryPhaseParams p;
-  p.phi = view_of(phi);
-  p.omega = view_of(omega);
-  p.initial_phase = view_of(initial_phase);
-  p.cu_seqlens = view_of(cu);
+  p.phi = compute_view_of(phi);
+  p.omega = compute_view_of(omega);
+  p.initial_phase = compute_view_of(initial_phase);
+  p.cu_seqlens = compute_view_of(cu);
   return p;
 }
 
@@ -33,14 +33,14 @@ struct SelectiveRopePhasesFunction : torch::autograd::Function<SelectiveRopePhas
                                bool output_final_phase) {
     const at::Tensor initial_phase = value_or_undefined(initial_phase_in),
                      cu = value_or_undefined(cu_seqlens);
-    const RotaryPhaseParams p = phase_params(phi, omega, initial_phase, cu);
     at::Tensor theta = at::empty(phi.sizes(), phi.options());
     at::Tensor final_phase;
     if (output_final_phase)
       final_phase = at::empty({num_sequences(phi, cu), phi.size(2), phi.size(3)},
                               phi.options().dtype(state_dtype(phi)));
     rethrow_as_torch([&] {
-      selective_rope_phases_forward(p, Impl::chunk, view_of(theta), view_of(final_phase));
+      selective_rope_phases_forward(phase_params(phi, omega, initial_phase, cu), Impl::chunk,
+                                    compute_out_view_of(theta), compute_out_view_of(final_phase));
     });
     ctx->save_for_backward({phi, omega, initial_phase, cu});
     ctx->saved_data["need"] =
@@ -59,12 +59,12 @@ struct SelectiveRopePhasesFunction : torch::autograd::Function<SelectiveRopePhas
     if (!d_theta.defined()) d_theta = at::zeros_like(phi);
     at::Tensor d_phi = grad_buffer(phi, need[0]), d_omega = grad_buffer(omega, need[1]),
                d_initial = grad_buffer(initial_phase, need[2]);
-    RotaryPhaseGrads out;
-    out.d_phi = view_of(d_phi), out.d_omega = view_of(d_omega),
-    out.d_initial_phase = view_of(d_initial);
     rethrow_as_torch([&] {
+      RotaryPhaseGrads out;
+      out.d_phi = compute_out_view_of(d_phi), out.d_omega = compute_out_view_of(d_omega);
+      out.d_initial_phase = compute_out_view_of(d_initial);
       selective_rope_phases_backward(phase_params(phi, omega, initial_phase, cu), Impl::chunk,
-                                     view_of(d_theta), view_of(d_final), out);
+                                     compute_view_of(d_theta), compute_view_of(d_final), out);
     });
     return {d_phi, d_omega, d_initial, at::Tensor(), at::Tensor()};
   }
@@ -83,8 +83,8 @@ struct ApplyRotaryFunction : torch::autograd::Function<ApplyRotaryFunction> {
                                RotaryLayout layout) {
     at::Tensor y = at::empty(x.sizes(), x.options());
     rethrow_as_torch([&] {
-      apply_rotary_forward(view_of(x), view_of(per_head(theta, x.size(2))), layout, Impl::chunk,
-                           view_of(y));
+      apply_rotary_forward(compute_view_of(x), compute_view_of(per_head(theta, x.size(2))), layout,
+                           Impl::chunk, compute_out_view_of(y));
     });
     ctx->save_for_backward({x, theta});
     ctx->saved_data["rotary_layout"] = static_cast<std::int64_t>(layout);
@@ -110,8 +110,9 @@ struct ApplyRotaryFunction : torch::autograd::Function<ApplyRotaryFunction> {
                             shared ? theta.options().dtype(state_dtype(theta)) : theta.options())
                 : at::Tensor();
     rethrow_as_torch([&] {
-      apply_rotary_backward(view_of(x), view_of(theta4), saved_layout(ctx), Impl::chunk,
-                            view_of(dy), view_of(dx), view_of(d_theta4));
+      apply_rotary_backward(compute_view_of(x), compute_view_of(theta4), saved_layout(ctx),
+                            Impl::chunk, compute_view_of(dy), compute_out_view_of(dx),
+                            compute_out_view_of(d_theta4));
     });
     at::Tensor d_theta = d_theta4;
     if (d_theta4.defined() && shared) d_theta = d_theta4.sum(2).to(theta.scalar_type());
@@ -125,11 +126,11 @@ ShortConvParams conv_params(const at::Tensor& x, const at::Tensor& weight, const
                             const at::Tensor& initial_state, const at::Tensor& cu,
                             const std::string& activation) {
   ShortConvParams p;
-  p.x = view_of(x);
-  p.weight = view_of(weight);
-  p.bias = view_of(bias);
-  p.initial_cache = view_of(initial_state);
-  p.cu_seqlens = view_of(cu);
+  p.x = compute_view_of(x);
+  p.weight = compute_view_of(weight);
+  p.bias = compute_view_of(bias);
+  p.initial_cache = compute_view_of(initial_state);
+  p.cu_seqlens = compute_view_of(cu);
   p.activation = activation;
   return p;
 }
@@ -150,7 +151,7 @@ struct CausalConv1dFunction : torch::autograd::Function<CausalConv1dFunction> {
                               x.options().dtype(state_dtype(x)));
     rethrow_as_torch([&] {
       short_conv_forward(conv_params(x, weight, bias, initial_state, cu, activation), Impl::chunk,
-                         view_of(y), view_of(final_state));
+                         compute_out_view_of(y), compute_out_view_of(final_state));
     });
     ctx->save_for_backward({x, weight, bias, initial_state, cu});
     ctx->saved_data["activation"] = activation;
@@ -171,13 +172,13 @@ struct CausalConv1dFunction : torch::autograd::Function<CausalConv1dFunction> {
     if (!dy.defined()) dy = at::zeros_like(x);
     at::Tensor dx = grad_buffer(x, need[0]), dweight = grad_buffer(weight, need[1]),
                dbias = grad_buffer(bias, need[2]), dinitial = grad_buffer(initial_state, need[3]);
-    ShortConvGrads out;
-    out.dx = view_of(dx), out.dweight = view_of(dweight), out.dbias = view_of(dbias);
-    out.dinitial_cache = view_of(dinitial);
     rethrow_as_torch([&] {
+      ShortConvGrads out;
+      out.dx = compute_out_view_of(dx), out.dweight = compute_out_view_of(dweight);
+      out.dbias = compute_out_view_of(dbias), out.dinitial_cache = compute_out_view_of(dinitial);
       short_conv_backward(conv_params(x, weight, bias, initial_state, cu,
                                       ctx->saved_data["activation"].toStringRef()),
-                          Impl::chunk, view_of(dy), view_of(d_final), out);
+                          Impl::chunk, compute_view_of(dy), compute_view_of(d_final), out);
     });
     return {dx, dweight, dbias, dinitial, at::Tensor(), at::Tensor(), at::Tensor()};
   }
@@ -193,6 +194,7 @@ std::tuple<at::Tensor, c10::optional<at::Tensor>> selective_rope_phases(
   check_float_either_rank(op, "omega", omega, 2, 1, "[H, R] or [R]");
   check_optional_float(op, "initial_phase", initial_phase, 3, "[N, H, R]");
   check_cu_seqlens(op, cu_seqlens);
+  check_compute_device(op);
   const variable_list out =
       SelectiveRopePhasesFunction::apply(phi, omega, initial_phase, cu_seqlens, output_final_phase);
   c10::optional<at::Tensor> final_phase;
@@ -207,9 +209,10 @@ at::Tensor rope_angles(std::int64_t batch, std::int64_t seq_len, std::int64_t he
   if (dtype != at::kFloat && dtype != at::kDouble)
     fail(op, "dtype", "float32 or float64", c10::toString(dtype));
   check_cu_seqlens(op, cu_seqlens);
+  check_compute_device(op);
   RopeAnglesParams p;
   p.B = batch, p.T = seq_len, p.head_dim = head_dim, p.base = base, p.offset = offset;
-  p.cu_seqlens = view_of(value_or_undefined(cu_seqlens));
+  const at::Tensor cu = value_or_undefined(cu_seqlens);
   if (batch < 0 || seq_len < 0)
     fail(op, batch < 0 ? "batch" : "seq_len", "a size ≥ 0",
          std::to_string(batch < 0 ? batch : seq_len));
@@ -217,7 +220,10 @@ at::Tensor rope_angles(std::int64_t batch, std::int64_t seq_len, std::int64_t he
     fail(op, "head_dim", "a positive even head dimension K", std::to_string(head_dim));
   at::Tensor theta = at::empty({batch, seq_len, head_dim / 2}, at::TensorOptions().dtype(dtype));
   // The core writes [B, T, R]: angles depend on the position only and are shared by all heads.
-  rethrow_as_torch([&] { phasor::rope_angles(p, Impl::chunk, view_of(theta)); });
+  rethrow_as_torch([&] {
+    p.cu_seqlens = compute_view_of(cu);
+    phasor::rope_angles(p, Impl::chunk, compute_out_view_of(theta));
+  });
   return theta;
 }
 
@@ -225,6 +231,7 @@ at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& theta, RotaryLayo
   const std::string op = "apply_rotary";
   check_float(op, "x", x, 4, "[B, T, H, K]");
   check_float_either_rank(op, "theta", theta, 4, 3, "[B, T, H, K/2] or [B, T, K/2]");
+  check_compute_device(op);
   return ApplyRotaryFunction::apply(x, theta, rotary_layout)[0];
 }
 
@@ -238,6 +245,7 @@ std::tuple<at::Tensor, c10::optional<at::Tensor>> causal_conv1d(
   check_optional_float(op, "bias", bias, 1, "[D]");
   check_optional_float(op, "initial_state", initial_state, 3, "[N, D, W-1]");
   check_cu_seqlens(op, cu_seqlens);
+  check_compute_device(op);
   if (weight.size(1) < 1)
     fail(op, "weight", "a kernel width W ≥ 1", "weight of shape " + shape_of(weight));
   const variable_list out = CausalConv1dFunction::apply(x, weight, bias, initial_state, cu_seqlens,

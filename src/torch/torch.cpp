@@ -30,12 +30,13 @@ GlaParams gla_params(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
                      const at::Tensor& theta, c10::optional<double> scale, std::int64_t chunk_size,
                      RotaryLayout rotary_layout) {
   GlaParams p;
-  p.q = view_of(q), p.k = view_of(k), p.v = view_of(v), p.g = view_of(g);
-  p.initial_state = view_of(h0);
-  p.cu_seqlens = view_of(cu);
+  p.q = compute_view_of(q), p.k = compute_view_of(k), p.v = compute_view_of(v);
+  p.g = compute_view_of(g);
+  p.initial_state = compute_view_of(h0);
+  p.cu_seqlens = compute_view_of(cu);
   if (scale) p.scale = *scale;
   p.chunk_size = chunk_size;
-  p.theta = view_of(theta);
+  p.theta = compute_view_of(theta);
   p.rotary_layout = rotary_layout;
   return p;
 }
@@ -48,14 +49,16 @@ struct GlaFunction : torch::autograd::Function<GlaFunction> {
                                const c10::optional<at::Tensor>& theta_in, const GlaOptions& opt) {
     const at::Tensor h0 = value_or_undefined(initial_state), cu = value_or_undefined(cu_seqlens),
                      theta = value_or_undefined(theta_in);
-    const GlaParams p =
-        gla_params(q, k, v, g, h0, cu, theta, opt.scale, opt.chunk_size, opt.rotary_layout);
     at::Tensor o = at::empty({q.size(0), q.size(1), q.size(2), v.size(3)}, q.options());
     at::Tensor ht;
     if (opt.output_final_state)
       ht = at::empty({num_sequences(q, cu), q.size(2), q.size(3), v.size(3)},
                      q.options().dtype(state_dtype(q)));
-    rethrow_as_torch([&] { gla_forward(p, opt.impl, view_of(o), view_of(ht)); });
+    rethrow_as_torch([&] {
+      const GlaParams p =
+          gla_params(q, k, v, g, h0, cu, theta, opt.scale, opt.chunk_size, opt.rotary_layout);
+      gla_forward(p, opt.impl, compute_out_view_of(o), compute_out_view_of(ht));
+    });
 
     ctx->save_for_backward({q, k, v, g, h0, cu, theta});
     ctx->saved_data["impl"] = static_cast<std::int64_t>(opt.impl);
@@ -76,9 +79,6 @@ struct GlaFunction : torch::autograd::Function<GlaFunction> {
     const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &g = saved[3], &h0 = saved[4],
                      &cu = saved[5], &theta = saved[6];
     const auto impl = static_cast<Impl>(ctx->saved_data["impl"].toInt());
-    const GlaParams p =
-        gla_params(q, k, v, g, h0, cu, theta, to_optional_double(ctx->saved_data["scale"]),
-                   ctx->saved_data["chunk_size"].toInt(), saved_layout(ctx));
     const auto need = ctx->saved_data["need"].toBoolList();
 
     at::Tensor d_o = incoming_grad(grads, 0), dht = incoming_grad(grads, 1);
@@ -86,10 +86,16 @@ struct GlaFunction : torch::autograd::Function<GlaFunction> {
     at::Tensor dq = grad_buffer(q, need[0]), dk = grad_buffer(k, need[1]),
                dv = grad_buffer(v, need[2]), dg = grad_buffer(g, need[3]),
                dh0 = grad_buffer(h0, need[4]), dtheta = grad_buffer(theta, need[5]);
-    GlaGrads out;
-    out.dq = view_of(dq), out.dk = view_of(dk), out.dv = view_of(dv), out.dg = view_of(dg);
-    out.dh0 = view_of(dh0), out.dtheta = view_of(dtheta);
-    rethrow_as_torch([&] { gla_backward(p, impl, view_of(d_o), view_of(dht), out); });
+    rethrow_as_torch([&] {
+      const GlaParams p =
+          gla_params(q, k, v, g, h0, cu, theta, to_optional_double(ctx->saved_data["scale"]),
+                     ctx->saved_data["chunk_size"].toInt(), saved_layout(ctx));
+      GlaGrads out;
+      out.dq = compute_out_view_of(dq), out.dk = compute_out_view_of(dk);
+      out.dv = compute_out_view_of(dv), out.dg = compute_out_view_of(dg);
+      out.dh0 = compute_out_view_of(dh0), out.dtheta = compute_out_view_of(dtheta);
+      gla_backward(p, impl, compute_view_of(d_o), compute_view_of(dht), out);
+    });
     return {dq, dk, dv, dg, dh0, at::Tensor(), dtheta, at::Tensor()};
   }
 };
@@ -113,13 +119,14 @@ GatedDeltaRuleParams gated_delta_rule_params(const at::Tensor& q, const at::Tens
                                              bool use_qk_l2norm_in_kernel, std::int64_t chunk_size,
                                              RotaryLayout rotary_layout) {
   GatedDeltaRuleParams p;
-  p.q = view_of(q), p.k = view_of(k), p.v = view_of(v), p.g = view_of(g), p.beta = view_of(beta);
-  p.initial_state = view_of(h0);
-  p.cu_seqlens = view_of(cu);
+  p.q = compute_view_of(q), p.k = compute_view_of(k), p.v = compute_view_of(v);
+  p.g = compute_view_of(g), p.beta = compute_view_of(beta);
+  p.initial_state = compute_view_of(h0);
+  p.cu_seqlens = compute_view_of(cu);
   if (scale) p.scale = *scale;
   p.use_qk_l2norm_in_kernel = use_qk_l2norm_in_kernel;
   p.chunk_size = chunk_size;
-  p.theta = view_of(theta);
+  p.theta = compute_view_of(theta);
   p.rotary_layout = rotary_layout;
   return p;
 }
@@ -133,16 +140,18 @@ struct GatedDeltaRuleFunction : torch::autograd::Function<GatedDeltaRuleFunction
                                const GatedDeltaRuleOptions& opt) {
     const at::Tensor h0 = value_or_undefined(initial_state), cu = value_or_undefined(cu_seqlens),
                      theta = value_or_undefined(theta_in);
-    const GatedDeltaRuleParams p =
-        gated_delta_rule_params(q, k, v, g, beta, h0, cu, theta, opt.scale,
-                                opt.use_qk_l2norm_in_kernel, opt.chunk_size, opt.rotary_layout);
     // Value heads HV and V come from v: o is [B, T, HV, V], states [N, HV, K, V].
     at::Tensor o = at::empty({q.size(0), q.size(1), v.size(2), v.size(3)}, q.options());
     at::Tensor ht;
     if (opt.output_final_state)
       ht = at::empty({num_sequences(q, cu), v.size(2), q.size(3), v.size(3)},
                      q.options().dtype(state_dtype(q)));
-    rethrow_as_torch([&] { gated_delta_rule_forward(p, opt.impl, view_of(o), view_of(ht)); });
+    rethrow_as_torch([&] {
+      const GatedDeltaRuleParams p =
+          gated_delta_rule_params(q, k, v, g, beta, h0, cu, theta, opt.scale,
+                                  opt.use_qk_l2norm_in_kernel, opt.chunk_size, opt.rotary_layout);
+      gated_delta_rule_forward(p, opt.impl, compute_out_view_of(o), compute_out_view_of(ht));
+    });
 
     ctx->save_for_backward({q, k, v, g, beta, h0, cu, theta});
     ctx->saved_data["impl"] = static_cast<std::int64_t>(opt.impl);
@@ -164,10 +173,6 @@ struct GatedDeltaRuleFunction : torch::autograd::Function<GatedDeltaRuleFunction
     const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &g = saved[3], &beta = saved[4],
                      &h0 = saved[5], &cu = saved[6], &theta = saved[7];
     const auto impl = static_cast<Impl>(ctx->saved_data["impl"].toInt());
-    const GatedDeltaRuleParams p = gated_delta_rule_params(
-        q, k, v, g, beta, h0, cu, theta, to_optional_double(ctx->saved_data["scale"]),
-        ctx->saved_data["l2norm"].toBool(), ctx->saved_data["chunk_size"].toInt(),
-        saved_layout(ctx));
     const auto need = ctx->saved_data["need"].toBoolList();
 
     at::Tensor d_o = incoming_grad(grads, 0), dht = incoming_grad(grads, 1);
@@ -176,10 +181,18 @@ struct GatedDeltaRuleFunction : torch::autograd::Function<GatedDeltaRuleFunction
                dv = grad_buffer(v, need[2]), dg = grad_buffer(g, need[3]),
                dbeta = grad_buffer(beta, need[4]), dh0 = grad_buffer(h0, need[5]),
                dtheta = grad_buffer(theta, need[6]);
-    GatedDeltaRuleGrads out;
-    out.dq = view_of(dq), out.dk = view_of(dk), out.dv = view_of(dv), out.dg = view_of(dg);
-    out.dbeta = view_of(dbeta), out.dh0 = view_of(dh0), out.dtheta = view_of(dtheta);
-    rethrow_as_torch([&] { gated_delta_rule_backward(p, impl, view_of(d_o), view_of(dht), out); });
+    rethrow_as_torch([&] {
+      const GatedDeltaRuleParams p = gated_delta_rule_params(
+          q, k, v, g, beta, h0, cu, theta, to_optional_double(ctx->saved_data["scale"]),
+          ctx->saved_data["l2norm"].toBool(), ctx->saved_data["chunk_size"].toInt(),
+          saved_layout(ctx));
+      GatedDeltaRuleGrads out;
+      out.dq = compute_out_view_of(dq), out.dk = compute_out_view_of(dk);
+      out.dv = compute_out_view_of(dv), out.dg = compute_out_view_of(dg);
+      out.dbeta = compute_out_view_of(dbeta), out.dh0 = compute_out_view_of(dh0);
+      out.dtheta = compute_out_view_of(dtheta);
+      gated_delta_rule_backward(p, impl, compute_view_of(d_o), compute_view_of(dht), out);
+    });
     return {dq, dk, dv, dg, dbeta, dh0, at::Tensor(), dtheta, at::Tensor()};
   }
 };
@@ -200,15 +213,16 @@ ForgettingAttnParams forgetting_attn_params(
     c10::optional<std::int64_t> window_size, std::int64_t block_size, RotaryLayout rotary_layout,
     const at::Tensor& bias_q_slope, const at::Tensor& bias_k_slope) {
   ForgettingAttnParams p;
-  p.q = view_of(q), p.k = view_of(k), p.v = view_of(v), p.g = view_of(g);
-  p.cu_seqlens = view_of(cu);
+  p.q = compute_view_of(q), p.k = compute_view_of(k), p.v = compute_view_of(v);
+  p.g = compute_view_of(g);
+  p.cu_seqlens = compute_view_of(cu);
   if (scale) p.scale = *scale;
   if (window_size) p.window_size = *window_size;
   p.block_size = block_size;
-  p.theta = view_of(theta);
+  p.theta = compute_view_of(theta);
   p.rotary_layout = rotary_layout;
-  p.bias_q_slope = view_of(bias_q_slope);
-  p.bias_k_slope = view_of(bias_k_slope);
+  p.bias_q_slope = compute_view_of(bias_q_slope);
+  p.bias_k_slope = compute_view_of(bias_k_slope);
   return p;
 }
 
@@ -223,9 +237,6 @@ struct ForgettingAttnFunction : torch::autograd::Function<ForgettingAttnFunction
     const at::Tensor cu = value_or_undefined(cu_seqlens), theta = value_or_undefined(theta_in),
                      sq = value_or_undefined(bias_q_slope_in),
                      sk = value_or_undefined(bias_k_slope_in);
-    const ForgettingAttnParams p =
-        forgetting_attn_params(q, k, v, g, cu, theta, opt.scale, opt.window_size, opt.block_size,
-                               opt.rotary_layout, sq, sk);
     // The backward reads o (in D_i = do_i·o_i): a 16-bit o would add its rounding error there. So
     // o is computed in the compute type (float32 for float16/bfloat16 q), kept for the backward,
     // and returned in q's dtype.
@@ -234,7 +245,12 @@ struct ForgettingAttnFunction : torch::autograd::Function<ForgettingAttnFunction
     // The per-row log-sum-exp, kept so the backward pass need not recompute the forward.
     at::Tensor lse =
         at::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(state_dtype(q)));
-    rethrow_as_torch([&] { forgetting_attn_forward(p, opt.impl, view_of(o), view_of(lse)); });
+    rethrow_as_torch([&] {
+      const ForgettingAttnParams p =
+          forgetting_attn_params(q, k, v, g, cu, theta, opt.scale, opt.window_size, opt.block_size,
+                                 opt.rotary_layout, sq, sk);
+      forgetting_attn_forward(p, opt.impl, compute_out_view_of(o), compute_out_view_of(lse));
+    });
 
     ctx->save_for_backward({q, k, v, g, cu, o, lse, theta, sq, sk});
     ctx->saved_data["rotary_layout"] = static_cast<std::int64_t>(opt.rotary_layout);
@@ -257,10 +273,6 @@ struct ForgettingAttnFunction : torch::autograd::Function<ForgettingAttnFunction
                      &o = saved[5], &lse = saved[6], &theta = saved[7], &sq = saved[8],
                      &sk = saved[9];
     const auto& window = ctx->saved_data["window_size"];
-    const ForgettingAttnParams p = forgetting_attn_params(
-        q, k, v, g, cu, theta, to_optional_double(ctx->saved_data["scale"]),
-        window.isNone() ? c10::nullopt : c10::optional<std::int64_t>(window.toInt()),
-        ctx->saved_data["block_size"].toInt(), saved_layout(ctx), sq, sk);
     const auto impl = static_cast<Impl>(ctx->saved_data["impl"].toInt());
     const auto need = ctx->saved_data["need"].toBoolList();
 
@@ -270,12 +282,19 @@ struct ForgettingAttnFunction : torch::autograd::Function<ForgettingAttnFunction
                dv = grad_buffer(v, need[2]), dg = grad_buffer(g, need[3]),
                dtheta = grad_buffer(theta, need[4]), dsq = grad_buffer(sq, need[5]),
                dsk = grad_buffer(sk, need[6]);
-    ForgettingAttnGrads out;
-    out.dq = view_of(dq), out.dk = view_of(dk), out.dv = view_of(dv), out.dg = view_of(dg);
-    out.dtheta = view_of(dtheta);
-    out.dbias_q_slope = view_of(dsq), out.dbias_k_slope = view_of(dsk);
-    rethrow_as_torch(
-        [&] { forgetting_attn_backward(p, impl, view_of(d_o), view_of(o), view_of(lse), out); });
+    rethrow_as_torch([&] {
+      const ForgettingAttnParams p = forgetting_attn_params(
+          q, k, v, g, cu, theta, to_optional_double(ctx->saved_data["scale"]),
+          window.isNone() ? c10::nullopt : c10::optional<std::int64_t>(window.toInt()),
+          ctx->saved_data["block_size"].toInt(), saved_layout(ctx), sq, sk);
+      ForgettingAttnGrads out;
+      out.dq = compute_out_view_of(dq), out.dk = compute_out_view_of(dk);
+      out.dv = compute_out_view_of(dv), out.dg = compute_out_view_of(dg);
+      out.dtheta = compute_out_view_of(dtheta);
+      out.dbias_q_slope = compute_out_view_of(dsq), out.dbias_k_slope = compute_out_view_of(dsk);
+      forgetting_attn_backward(p, impl, compute_view_of(d_o), compute_view_of(o),
+                               compute_view_of(lse), out);
+    });
     return {dq, dk, dv, dg, at::Tensor(), dtheta, dsq, dsk, at::Tensor()};
   }
 };
@@ -297,6 +316,7 @@ OutputAndState gla(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v
   check_optional_float(op, "initial_state", initial_state, 4, "[N, H, K, V]");
   check_cu_seqlens(op, cu_seqlens);
   check_optional_float(op, "theta", theta, 4, "[B, T, H, K/2]");
+  check_compute_device(op);
   const variable_list out =
       GlaFunction::apply(q, k, v, g, initial_state, cu_seqlens, theta,
                          GlaOptions{impl, scale, output_final_state, chunk_size, rotary_layout});
@@ -340,6 +360,7 @@ OutputAndState gated_delta_rule(
   check_optional_float(op, "initial_state", initial_state, 4, "[N, HV, K, V]");
   check_cu_seqlens(op, cu_seqlens);
   check_optional_float(op, "theta", theta, 4, "[B, T, H, K/2]");
+  check_compute_device(op);
   const variable_list out = GatedDeltaRuleFunction::apply(
       q, k, v, g, beta, initial_state, cu_seqlens, theta,
       GatedDeltaRuleOptions{impl, scale, output_final_state, use_qk_l2norm_in_kernel, chunk_size,
@@ -386,6 +407,7 @@ at::Tensor forgetting_attn(const at::Tensor& q, const at::Tensor& k, const at::T
   check_optional_float(op, "theta", theta, 4, "[B, T, H, K/2]");
   check_optional_float(op, "bias_q_slope", bias_q_slope, 3, "[B, T, HQ]");
   check_optional_float(op, "bias_k_slope", bias_k_slope, 3, "[B, T, H]");
+  check_compute_device(op);
   const variable_list out = ForgettingAttnFunction::apply(
       q, k, v, g, cu_seqlens, theta, bias_q_slope, bias_k_slope,
       ForgettingAttnOptions{impl, scale, window_size, block_size, rotary_layout});
@@ -444,15 +466,16 @@ at::Tensor ForgettingAttnDecoder::step(const at::Tensor& q, const at::Tensor& k,
   check_optional_float(op, "theta", theta, 4, "[B, 1, H, K/2]");
   check_optional_float(op, "bias_q_slope", bias_q_slope, 3, "[B, 1, HQ]");
   check_optional_float(op, "bias_k_slope", bias_k_slope, 3, "[B, 1, H]");
+  check_compute_device(op);
   at::NoGradGuard no_grad;
   at::Tensor o = at::empty({q.size(0), q.size(1), num_q_heads_, value_dim_}, q.options());
   std::optional<double> scale;
   if (scale_) scale = *scale_;
   rethrow_as_torch([&] {
-    cache_.step(view_of(q), view_of(k), view_of(v), view_of(g), view_of(o), scale,
-                view_of(value_or_undefined(theta)), rotary_layout,
-                view_of(value_or_undefined(bias_q_slope)),
-                view_of(value_or_undefined(bias_k_slope)));
+    cache_.step(compute_view_of(q), compute_view_of(k), compute_view_of(v), compute_view_of(g),
+                compute_out_view_of(o), scale, compute_view_of(value_or_undefined(theta)),
+                rotary_layout, compute_view_of(value_or_undefined(bias_q_slope)),
+                compute_view_of(value_or_undefined(bias_k_slope)));
   });
   return o;
 }
