@@ -341,7 +341,20 @@ struct Thread : ThreadContext {
   ctx::fiber fiber;      // this thread, while it is suspended
   ctx::fiber scheduler;  // the scheduler, while this thread runs
   State state = State::runnable;
-  WarpCall* warp_call = nullptr;    // at_warp
+  WarpCall* warp_call = nullptr;  // at_warp
+  // What identifies its rendezvous, copied from *warp_call so that the checks of each arrival
+  // compare the warp's Thread records rather than chase pointers into 32 fiber stacks.
+  struct Signature {
+    unsigned mask = 0;
+    WarpOp op = WarpOp::syncwarp;
+    int width = 0;
+    std::size_t size = 0;
+    CollectiveFn compute = nullptr;
+    bool operator==(const Signature& o) const {
+      return mask == o.mask && op == o.op && width == o.width && size == o.size &&
+             compute == o.compute;
+    }
+  } signature;
   BlockCall* block_call = nullptr;  // at_block
   // Vector clock over the lanes of the warp, advanced by warp rendezvous: vc[lane] is this
   // thread's own clock; vc[u] the latest clock of lane u that a rendezvous made it see.
@@ -386,10 +399,17 @@ struct Allocation {
 namespace {
 
 struct Block {
+  // The lanes of one warp by state (a lane in none of them is runnable), for the rendezvous
+  // checks of each arrival.
+  struct WarpLanes {
+    unsigned at_warp = 0, at_block = 0, done = 0;
+  };
+
   Launch* launch = nullptr;
   Dim3 idx;
   std::uint64_t linear = 0;
   std::vector<Thread> threads;
+  std::vector<WarpLanes> warps;
   std::uint32_t epoch = 1;  // advanced by every completed block barrier
   std::uint32_t generation = 0;
   std::vector<Allocation*> allocations;
@@ -630,6 +650,9 @@ void yield(Thread& t) {
 }
 
 void release(Block& b, Thread& t) {
+  Block::WarpLanes& w = b.warps[t.warp];
+  w.at_warp &= ~(1u << t.lane);
+  w.at_block &= ~(1u << t.lane);
   t.state = State::runnable;
   t.warp_call = nullptr;
   t.block_call = nullptr;
@@ -733,7 +756,12 @@ void complete_warp(Block& b, Thread& t) {
     c.compute(inputs, outputs, count, lanes[0]->warp_call->context);
   }
 
-  // The rendezvous orders what each participant did before it before what any does after it.
+  // The rendezvous orders what each participant did before it before what any does after it
+  // (only the race check reads the clocks).
+  if (!t.options->check_races) {
+    for (int i = 0; i < count; ++i) release(b, *lanes[i]);
+    return;
+  }
   std::uint32_t joined[kWarp] = {};
   for (int i = 0; i < count; ++i) {
     Thread& p = *lanes[i];
@@ -746,49 +774,46 @@ void complete_warp(Block& b, Thread& t) {
   }
 }
 
-bool same_warp_op(const WarpCall& a, const WarpCall& b) {
-  return a.mask == b.mask && a.op == b.op &&
-         (!is_shuffle(a.op) || (a.width == b.width && a.size == b.size)) && a.compute == b.compute;
-}
-
 void warp_arrival(Block& b, Thread& t) {
   const WarpCall& c = *t.warp_call;
+  const bool shuffle = is_shuffle(c.op);
+  t.signature = {c.mask, c.op, shuffle ? c.width : 0, shuffle ? c.size : 0, c.compute};
+  Block::WarpLanes& w = b.warps[t.warp];
+  w.at_warp |= 1u << t.lane;
   const unsigned base = t.warp * kWarp, lanes = lanes_in_warp(b, t.warp);
   // Lanes already waiting for this one must be in the same rendezvous.
-  for (unsigned u = 0; u < lanes; ++u) {
-    const Thread& other = b.threads[base + u];
-    if (u != t.lane && other.state == State::at_warp && ((other.warp_call->mask >> t.lane) & 1u) &&
-        !same_warp_op(*other.warp_call, c))
+  for (unsigned others = w.at_warp & ~(1u << t.lane); others != 0; others &= others - 1) {
+    const Thread& other = b.threads[base + static_cast<unsigned>(__builtin_ctz(others))];
+    if (((other.signature.mask >> t.lane) & 1u) && !(other.signature == t.signature))
       fault(t, FaultKind::warp_mask,
             "lanes of one warp rendezvous disagree: this lane calls " + describe(c) + ", lane " +
-                std::to_string(u) + " waits for it at " + describe(*other.warp_call));
+                std::to_string(other.lane) + " waits for it at " + describe(*other.warp_call));
   }
-  for (unsigned u = 0; u < kWarp; ++u) {
-    if (!((c.mask >> u) & 1u)) continue;
-    if (u >= lanes)
+  const unsigned existing = lanes == kWarp ? ~0u : (1u << lanes) - 1u;
+  auto lowest = [](unsigned bits) { return std::to_string(__builtin_ctz(bits)); };
+  if (c.mask & ~existing)
+    fault(t, FaultKind::warp_mask,
+          describe(c) + " names lane " + lowest(c.mask & ~existing) +
+              ", which does not exist (warp " + std::to_string(t.warp) + " of this block has " +
+              std::to_string(lanes) + " threads)");
+  if (c.mask & w.done)
+    fault(t, FaultKind::deadlock,
+          describe(c) + " waits for lane " + lowest(c.mask & w.done) +
+              ", which has exited: it never arrives");
+  if (c.mask & w.at_block) {
+    const Thread& other =
+        b.threads[base + static_cast<unsigned>(__builtin_ctz(c.mask & w.at_block))];
+    fault(t, FaultKind::barrier_divergence,
+          describe(c) + " waits for lane " + std::to_string(other.lane) + ", which waits at " +
+              describe(*other.block_call));
+  }
+  if ((c.mask & w.at_warp) != c.mask) return;  // not all there yet
+  for (unsigned lane_bits = c.mask; lane_bits != 0; lane_bits &= lane_bits - 1) {
+    const Thread& other = b.threads[base + static_cast<unsigned>(__builtin_ctz(lane_bits))];
+    if (!(other.signature == t.signature))
       fault(t, FaultKind::warp_mask,
-            describe(c) + " names lane " + std::to_string(u) + ", which does not exist (warp " +
-                std::to_string(t.warp) + " of this block has " + std::to_string(lanes) +
-                " threads)");
-    const Thread& other = b.threads[base + u];
-    switch (other.state) {
-      case State::done:
-        fault(t, FaultKind::deadlock,
-              describe(c) + " waits for lane " + std::to_string(u) +
-                  ", which has exited: it never arrives");
-      case State::at_block:
-        fault(t, FaultKind::barrier_divergence,
-              describe(c) + " waits for lane " + std::to_string(u) + ", which waits at " +
-                  describe(*other.block_call));
-      case State::runnable:
-        return;  // not there yet
-      case State::at_warp:
-        if (!same_warp_op(*other.warp_call, c))
-          fault(t, FaultKind::warp_mask,
-                "lanes of one warp rendezvous disagree: this lane calls " + describe(c) +
-                    ", lane " + std::to_string(u) + " calls " + describe(*other.warp_call));
-        break;
-    }
+            "lanes of one warp rendezvous disagree: this lane calls " + describe(c) + ", lane " +
+                std::to_string(other.lane) + " calls " + describe(*other.warp_call));
   }
   complete_warp(b, t);
 }
@@ -847,20 +872,21 @@ const Thread* first_in_state(const Block& b, State state) {
 
 // A lane of t's warp that waits at a warp collective whose mask names t.
 const Thread* lane_waiting_for(const Block& b, const Thread& t) {
-  const unsigned base = t.warp * kWarp, lanes = lanes_in_warp(b, t.warp);
-  for (unsigned u = 0; u < lanes; ++u) {
-    const Thread& other = b.threads[base + u];
-    if (other.state == State::at_warp && ((other.warp_call->mask >> t.lane) & 1u)) return &other;
+  const unsigned base = t.warp * kWarp;
+  for (unsigned waiting = b.warps[t.warp].at_warp; waiting != 0; waiting &= waiting - 1) {
+    const Thread& other = b.threads[base + static_cast<unsigned>(__builtin_ctz(waiting))];
+    if ((other.signature.mask >> t.lane) & 1u) return &other;
   }
   return nullptr;
 }
 
 void barrier_arrival(Block& b, Thread& t) {
   ++b.at_barrier;
-  if (const Thread* gone = first_in_state(b, State::done))
+  b.warps[t.warp].at_block |= 1u << t.lane;
+  if (b.done > 0)
     fault(t, FaultKind::barrier_divergence,
-          "waits at " + describe(*t.block_call) + ", but " + thread_string(*gone) +
-              " has exited: it never arrives");
+          "waits at " + describe(*t.block_call) + ", but " +
+              thread_string(*first_in_state(b, State::done)) + " has exited: it never arrives");
   if (const Thread* other = lane_waiting_for(b, t))
     fault(t, FaultKind::barrier_divergence,
           "waits at " + describe(*t.block_call) + " while lane " + std::to_string(other->lane) +
@@ -870,10 +896,13 @@ void barrier_arrival(Block& b, Thread& t) {
 
 void thread_exit(Block& b, Thread& t) {
   ++b.done;
-  if (const Thread* waiting = first_in_state(b, State::at_block))
+  b.warps[t.warp].done |= 1u << t.lane;
+  if (b.at_barrier > 0) {
+    const Thread& waiting = *first_in_state(b, State::at_block);
     fault(t, FaultKind::barrier_divergence,
-          "exits while " + thread_string(*waiting) + " waits at " + describe(*waiting->block_call) +
+          "exits while " + thread_string(waiting) + " waits at " + describe(*waiting.block_call) +
               ": it never arrives there");
+  }
   if (const Thread* other = lane_waiting_for(b, t))
     fault(t, FaultKind::deadlock,
           "exits while lane " + std::to_string(other->lane) + " waits for it at " +
@@ -946,6 +975,7 @@ void run_block(Launch& launch, std::uint64_t block_linear) {
   if (launch.spec.dynamic_shared_bytes > 0)
     b.dynamic = w.take(launch.spec.dynamic_shared_bytes, kDynamicGranule, 0xFF);
   b.threads.resize(n);
+  b.warps.resize((n + kWarp - 1) / kWarp);
   b.released.reserve(n);
   for (unsigned i = 0; i < n; ++i) {
     Thread& t = b.threads[i];
