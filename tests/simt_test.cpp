@@ -10,6 +10,7 @@
 #include <functional>
 #include <numeric>
 #include <optional>
+#include <ostream>
 #include <random>
 #include <set>
 #include <string>
@@ -18,6 +19,13 @@
 #include "phasor/device.h"
 #include "phasor/emulator.h"
 #include "simt_kernels.h"
+
+namespace phasor {
+// Test names and messages show the device by name.
+void PrintTo(Device device, std::ostream* os) {
+  *os << to_string(device);
+}
+}  // namespace phasor
 
 namespace {
 
