@@ -36,9 +36,26 @@
 #include <string>
 #include <vector>
 
+// Under AddressSanitizer, Boost's ucontext fibers tell ASan about each stack switch.
+#if defined(BOOST_USE_UCONTEXT) && defined(__SANITIZE_ADDRESS__) && !defined(BOOST_USE_ASAN)
+#define BOOST_USE_ASAN
+#endif
 #include <boost/context/fiber.hpp>
 
 #include "common/parallel.h"
+
+#if defined(BOOST_USE_UCONTEXT)
+// Debian's libboost_context is Boost's fcontext build; the ucontext build's fibers need one
+// function from the library's ucontext build (libs/context/src/fiber.cpp): the record of the
+// context running on this OS thread, starting with the thread's own.
+namespace boost::context::detail {
+fiber_activation_record*& fiber_activation_record::current() noexcept {
+  thread_local fiber_activation_record toplevel;
+  thread_local fiber_activation_record* running = &toplevel;
+  return running;
+}
+}  // namespace boost::context::detail
+#endif
 
 #ifndef PHASOR_EMULATOR_DEFAULT_ARCH
 #define PHASOR_EMULATOR_DEFAULT_ARCH 80
