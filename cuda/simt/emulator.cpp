@@ -433,6 +433,7 @@ struct Block {
   Allocation* dynamic = nullptr;
   std::size_t static_bytes = 0;
   unsigned at_barrier = 0, done = 0;
+  bool discarding = false;  // a fault ended the block: its fibers are being unwound
   // A primitive's TempStorage → the epoch after its last use, and which primitive that was.
   struct StorageUse {
     const void* storage;
@@ -978,6 +979,8 @@ void thread_main(Thread& t) {
   t.state = State::done;
 }
 
+void schedule(Block& b, std::vector<Thread*>& runnable, std::mt19937_64& rng);
+
 void run_block(Launch& launch, std::uint64_t block_linear) {
   Worker& w = worker();
   w.used = 0;
@@ -1007,7 +1010,8 @@ void run_block(Launch& launch, std::uint64_t block_linear) {
     t.block = &b;
     t.fiber = ctx::fiber(std::allocator_arg, PooledStack{&w.stacks}, [&t](ctx::fiber&& scheduler) {
       t.scheduler = std::move(scheduler);
-      thread_main(t);
+      // Boost's ucontext build enters a fiber that never ran to unwind it: skip the kernel then.
+      if (!t.block->discarding) thread_main(t);
       return std::move(t.scheduler);
     });
   }
@@ -1015,11 +1019,23 @@ void run_block(Launch& launch, std::uint64_t block_linear) {
   std::mt19937_64 rng(mix(o.seed ^ mix(block_linear)));
   std::vector<Thread*> runnable(n);
   for (unsigned i = 0; i < n; ++i) runnable[i] = &b.threads[i];
-  // If a check throws, `b` is destroyed on the way out: the suspended fibers are unwound and
-  // their stacks go back to the pool, so the next launch starts clean.
+  // If a check throws, the suspended fibers are unwound (their stacks go back to the pool) while
+  // the block is still whole, so the next launch starts clean.
+  try {
+    schedule(b, runnable, rng);
+  } catch (...) {
+    b.discarding = true;
+    for (auto& t : b.threads) ctx::fiber discarded = std::move(t.fiber);  // unwound here
+    throw;
+  }
+}
+
+void schedule(Block& b, std::vector<Thread*>& runnable, std::mt19937_64& rng) {
+  const unsigned n = static_cast<unsigned>(b.threads.size());
+  const Order order = b.launch->options.thread_order;
   while (b.done < n) {
     if (runnable.empty()) deadlock(b);
-    arrange(runnable, o.thread_order, rng);
+    arrange(runnable, order, rng);
     for (Thread* t : runnable) {
       tls_thread = t;
       t->fiber = std::move(t->fiber).resume();
