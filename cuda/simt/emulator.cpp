@@ -1257,10 +1257,6 @@ void span_out_of_bounds(std::int64_t index, std::int64_t size) {
                                                   ")");
 }
 
-void misuse(const char* what) {
-  fault_here(FaultKind::misuse, what);
-}
-
 void warp_call(WarpCall& call) {
   Thread& t = running(call.name);
   if (!((call.mask >> t.lane) & 1u))

@@ -133,7 +133,4 @@ struct BlockCall {
 // Blocks the calling thread until every thread of the block has arrived at the same call.
 void block_call(BlockCall& call);
 
-// A misuse of a primitive (e.g. its prefix callback order) found in the header's code.
-[[noreturn]] void misuse(const char* what);
-
 }  // namespace phasor::simt::detail

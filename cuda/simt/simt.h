@@ -1710,5 +1710,5 @@ class Workspace {
 // kernel; emulator: runs the grid (the text of `kernel` names it in diagnostics).
 #define PHASOR_LAUNCH(kernel, grid, block, dynamic_shared_bytes, stream, ...)                \
   ::phasor::simt::detail::launch(#kernel, (grid), (block), (dynamic_shared_bytes), (stream), \
-                                 kernel, __VA_ARGS__)
+                                 kernel, ##__VA_ARGS__)
 #define PHASOR_DYNAMIC_SHARED(T, name) PHASOR_DYNAMIC_SHARED_AT(T, name, 0, -1)
