@@ -20,8 +20,7 @@ PHASOR_DEVICE int global_thread() {
   return static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
 }
 
-// --- semantics
-// ------------------------------------------------------------------------------------------
+// --- semantics -----------------------------------------------------------------------------------
 template <class T>
 PHASOR_GLOBAL void shuffle_kernel(Span<const T> in, Span<T> out, int width, int lane_arg,
                                   bool half_masks) {
@@ -274,8 +273,17 @@ PHASOR_GLOBAL void shuffle_loop_kernel(Span<int> out, int iterations) {
   out[t] = value;
 }
 
-// --- planted bugs
-// ---------------------------------------------------------------------------------------
+PHASOR_GLOBAL void count_negatives_kernel(Span<const int> in, Span<int> count) {
+  const int i = global_thread();
+  if (i < in.size && in[i] < 0) simt::atomic_add(&count[0], 1);
+}
+
+PHASOR_GLOBAL void copy_kernel(Span<const float> from, Span<float> to) {
+  const int i = global_thread();
+  if (i < to.size) to[i] = from[i];
+}
+
+// --- planted bugs --------------------------------------------------------------------------------
 PHASOR_GLOBAL void divergent_barrier_kernel(Span<int> out) {
   const int t = static_cast<int>(threadIdx.x);
   if (t < 32) {
@@ -357,6 +365,19 @@ PHASOR_GLOBAL void temp_storage_reuse_kernel(Span<int> out) {
   const int a = Reduce(storage).Sum(t);
   const int b = Reduce(storage).Sum(2 * t);  // no syncthreads before reusing the storage
   if (t == 0) out[0] = a + b;
+}
+
+PHASOR_GLOBAL void workspace_out_of_bounds_kernel(Span<int> scratch) {
+  const int t = static_cast<int>(threadIdx.x);
+  scratch[t + 1] = t;  // thread 63 writes element 64 of 64
+}
+
+PHASOR_GLOBAL void block_size_mismatch_kernel(Span<int> out) {
+  using Reduce = simt::BlockReduce<int, 2 * kBugThreads>;  // launched with kBugThreads
+  PHASOR_SHARED_STORAGE(Reduce::TempStorage, storage);
+  const int t = static_cast<int>(threadIdx.x);
+  const int sum = Reduce(storage).Sum(t);
+  if (t == 0) out[0] = sum;
 }
 
 #if defined(PHASOR_SIMT_EMULATED)
@@ -460,6 +481,23 @@ void shuffle_loop(int* out, int threads, int iterations) {
                 iterations);
 }
 
+int count_negatives(const int* in, int n) {
+  simt::Workspace workspace(sizeof(int));
+  const Span<int> count = workspace.span<int>(1);
+  simt::memset_async(count.data, 0, sizeof(int), stream());
+  PHASOR_LAUNCH(count_negatives_kernel, Dim3(static_cast<unsigned>((n + 63) / 64)), Dim3(64), 0,
+                stream(), Span<const int>{in, n}, count);
+  int result = -1;
+  simt::copy_to_host(&result, count.data, sizeof(int), stream());
+  return result;
+}
+
+void fresh_workspace(float* out, int n) {
+  simt::Workspace workspace(static_cast<std::size_t>(n) * sizeof(float));
+  PHASOR_LAUNCH(copy_kernel, Dim3(static_cast<unsigned>((n + 63) / 64)), Dim3(64), 0, stream(),
+                Span<const float>{workspace.span<float>().data, n}, Span<float>{out, n});
+}
+
 void divergent_barrier(int* out) {
   PHASOR_LAUNCH(divergent_barrier_kernel, Dim3(1), Dim3(kBugThreads), 0, stream(),
                 Span<int>{out, kBugThreads});
@@ -501,6 +539,15 @@ void shuffle_lane_exited(int* out) {
 }
 void temp_storage_reuse(int* out) {
   PHASOR_LAUNCH(temp_storage_reuse_kernel, Dim3(1), Dim3(kBugThreads), 0, stream(),
+                Span<int>{out, kBugThreads});
+}
+void workspace_out_of_bounds(int*) {
+  simt::Workspace workspace(kBugThreads * sizeof(int));
+  PHASOR_LAUNCH(workspace_out_of_bounds_kernel, Dim3(1), Dim3(kBugThreads), 0, stream(),
+                workspace.span<int>());
+}
+void block_size_mismatch(int* out) {
+  PHASOR_LAUNCH(block_size_mismatch_kernel, Dim3(1), Dim3(kBugThreads), 0, stream(),
                 Span<int>{out, kBugThreads});
 }
 #if defined(PHASOR_SIMT_EMULATED)

@@ -60,6 +60,10 @@
   /* For the emulator's cost (bench/simt_bench.cpp): one block of `threads` threads passing       \
      `iterations` syncthreads, or `iterations` shfl_xor_sync of a value; out[t] = the result. */  \
   void barrier_loop(int* out, int threads, int iterations);                                       \
+  /* Host-side helpers: counts the negative values through a Workspace counter (memset_async,     \
+     atomics, one copy_to_host); copies a fresh (never written) Workspace of n floats to out. */  \
+  int count_negatives(const int* in, int n);                                                      \
+  void fresh_workspace(float* out, int n);                                                        \
   void shuffle_loop(int* out, int threads, int iterations);                                       \
   /* Planted bugs (one block of 64 threads; out: 64 values). */                                   \
   void divergent_barrier(int* out);                                                               \
@@ -72,7 +76,9 @@
   void shuffle_masks_disagree(int* out);                                                          \
   void exit_while_others_wait(int* out);                                                          \
   void shuffle_lane_exited(int* out);                                                             \
-  void temp_storage_reuse(int* out);
+  void temp_storage_reuse(int* out);                                                              \
+  void workspace_out_of_bounds(int* out);                                                         \
+  void block_size_mismatch(int* out);
 
 namespace phasor::emulated::simt_test {
 PHASOR_SIMT_TEST_KERNELS

@@ -10,6 +10,7 @@
 #include <functional>
 #include <numeric>
 #include <optional>
+#include <ostream>
 #include <random>
 #include <set>
 #include <string>
@@ -18,6 +19,13 @@
 #include "phasor/device.h"
 #include "phasor/emulator.h"
 #include "simt_kernels.h"
+
+namespace phasor {
+// Test names and messages show the device by name.
+void PrintTo(Device device, std::ostream* os) {
+  *os << to_string(device);
+}
+}  // namespace phasor
 
 namespace {
 
@@ -98,9 +106,8 @@ class Simt : public ::testing::TestWithParam<Device> {
   bool emulated() const { return device() == Device::emulated; }
 };
 
-// --- shuffles and votes
-// -------------------------------------------------------------------------------- CUDA's
-// documented semantics, lane by lane (the segment of `width` lanes that a lane is in).
+// --- shuffles and votes --------------------------------------------------------------------------
+// CUDA's documented semantics, lane by lane (the segment of `width` lanes that a lane is in).
 int shuffle_source(int op, int lane, int width, int arg) {
   const int first = lane / width * width, last = first + width - 1;
   switch (op) {
@@ -183,8 +190,7 @@ TEST_P(Simt, VotesMatchLoops) {
   }
 }
 
-// --- atomics
-// ----------------------------------------------------------------------------------------------
+// --- atomics -------------------------------------------------------------------------------------
 TEST_P(Simt, AtomicsMatchLoops) {
   const int n = 256, slot_count = 37, bins = 13;
   const std::vector<int> values = random_ints(n, 0, 5000, 2);
@@ -227,8 +233,7 @@ TEST_P(Simt, AtomicsMatchLoops) {
   }
 }
 
-// --- CUB primitives
-// --------------------------------------------------------------------------------------
+// --- CUB primitives ------------------------------------------------------------------------------
 TEST_P(Simt, BlockReduceMatchesLoops) {
   const int blocks = 3, num_valid = 77;
   std::vector<float> values(512 * blocks);
@@ -328,8 +333,7 @@ TEST_P(Simt, WarpPrimitivesMatchLoops) {
   }
 }
 
-// --- shared memory, dimensions, accessors
-// ----------------------------------------------------------------
+// --- shared memory, dimensions, accessors --------------------------------------------------------
 TEST_P(Simt, DynamicSharedMemory) {
   // 64 KiB of extra bytes: over 48 KiB, so the GPU launch must opt in.
   for (const std::size_t extra : {std::size_t{0}, std::size_t{64}, std::size_t{64 * 1024}}) {
@@ -504,13 +508,26 @@ TEST_P(Simt, BarrierAndShuffleLoops) {
   }
 }
 
+TEST_P(Simt, WorkspaceCounterReadWithOneCopy) {
+  const std::vector<int> x = random_ints(1000, -50, 50, 18);
+  Buffer<int> in(device(), x);
+  const int count = RUN(device(), count_negatives, in.get(), 1000);
+  EXPECT_EQ(count, std::count_if(x.begin(), x.end(), [](int v) { return v < 0; }));
+}
+
+TEST_P(Simt, FreshWorkspaceIsPoisonedOnTheEmulator) {
+  if (!emulated()) GTEST_SKIP() << "a fresh GPU buffer holds whatever was there";
+  Buffer<float> out(device(), 100);
+  RUN(device(), fresh_workspace, out.get(), 100);
+  for (const float v : out.host()) ASSERT_TRUE(std::isnan(v));
+}
+
 INSTANTIATE_TEST_SUITE_P(Devices, Simt, ::testing::Values(Device::emulated, Device::cuda),
                          [](const ::testing::TestParamInfo<Device>& info) {
                            return std::string(phasor::to_string(info.param));
                          });
 
-// --- planted bugs (the emulator's checks)
-// ----------------------------------------------------------------
+// --- planted bugs (the emulator's checks) --------------------------------------------------------
 namespace emu = phasor::emulated::simt_test;
 
 // The launch must throw a KernelFault of this kind whose message names the kernel, the block and
@@ -568,6 +585,9 @@ std::vector<PlantedBug> planted_bugs() {
        &emu::exit_while_others_wait},
       {"shuffle_lane_exited_kernel", FaultKind::deadlock, &emu::shuffle_lane_exited},
       {"temp_storage_reuse_kernel", FaultKind::misuse, &emu::temp_storage_reuse},
+      {"workspace_out_of_bounds_kernel", FaultKind::global_out_of_bounds,
+       &emu::workspace_out_of_bounds},
+      {"block_size_mismatch_kernel", FaultKind::misuse, &emu::block_size_mismatch},
       {"static_shared_over_limit_kernel", FaultKind::shared_memory_limit,
        &emu::static_shared_over_limit},
   };
@@ -679,9 +699,8 @@ TEST(SimtFaults, FaultsLeaveTheEmulatorUsable) {
   }
 }
 
-// --- schedules
-// ------------------------------------------------------------------------------------------- The
-// outputs of a set of correct kernels, as bytes.
+// --- schedules -----------------------------------------------------------------------------------
+// The outputs of a set of correct kernels, as bytes.
 std::vector<unsigned char> correct_outputs() {
   std::vector<unsigned char> bytes;
   auto append = [&](const auto& v) {

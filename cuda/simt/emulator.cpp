@@ -36,9 +36,26 @@
 #include <string>
 #include <vector>
 
+// Under AddressSanitizer, Boost's ucontext fibers tell ASan about each stack switch.
+#if defined(BOOST_USE_UCONTEXT) && defined(__SANITIZE_ADDRESS__) && !defined(BOOST_USE_ASAN)
+#define BOOST_USE_ASAN
+#endif
 #include <boost/context/fiber.hpp>
 
 #include "common/parallel.h"
+
+#if defined(BOOST_USE_UCONTEXT)
+// Debian's libboost_context is Boost's fcontext build; the ucontext build's fibers need one
+// function from the library's ucontext build (libs/context/src/fiber.cpp): the record of the
+// context running on this OS thread, starting with the thread's own.
+namespace boost::context::detail {
+fiber_activation_record*& fiber_activation_record::current() noexcept {
+  thread_local fiber_activation_record toplevel;
+  thread_local fiber_activation_record* running = &toplevel;
+  return running;
+}
+}  // namespace boost::context::detail
+#endif
 
 #ifndef PHASOR_EMULATOR_DEFAULT_ARCH
 #define PHASOR_EMULATOR_DEFAULT_ARCH 80
@@ -46,9 +63,9 @@
 
 namespace phasor {
 
-// ---------------------------------------------------------------------------------------------------
+// -------------------------------------------------------------------------------------------------
 // Options
-// ---------------------------------------------------------------------------------------------------
+// -------------------------------------------------------------------------------------------------
 namespace {
 
 struct SharedLimits {
@@ -266,10 +283,10 @@ constexpr std::size_t kStackBytes = 512 * 1024;
 constexpr std::size_t kStackBytes = 128 * 1024;
 #endif
 
-// ---------------------------------------------------------------------------------------------------
+// -------------------------------------------------------------------------------------------------
 // Fiber stacks: mmap'ed with a guard page below (a stack overflow faults instead of corrupting a
 // neighbour), kept in a pool per OS thread and reused by every block that thread runs.
-// ---------------------------------------------------------------------------------------------------
+// -------------------------------------------------------------------------------------------------
 class StackPool {
  public:
   explicit StackPool(std::size_t usable) {
@@ -318,9 +335,9 @@ struct PooledStack {
   void deallocate(ctx::stack_context& stack) noexcept { pool->deallocate(stack); }
 };
 
-// ---------------------------------------------------------------------------------------------------
+// -------------------------------------------------------------------------------------------------
 // Launch, block, thread, shared allocations
-// ---------------------------------------------------------------------------------------------------
+// -------------------------------------------------------------------------------------------------
 struct Launch {
   LaunchSpec spec;
   Options options;
@@ -341,7 +358,20 @@ struct Thread : ThreadContext {
   ctx::fiber fiber;      // this thread, while it is suspended
   ctx::fiber scheduler;  // the scheduler, while this thread runs
   State state = State::runnable;
-  WarpCall* warp_call = nullptr;    // at_warp
+  WarpCall* warp_call = nullptr;  // at_warp
+  // What identifies its rendezvous, copied from *warp_call so that the checks of each arrival
+  // compare the warp's Thread records rather than chase pointers into 32 fiber stacks.
+  struct Signature {
+    unsigned mask = 0;
+    WarpOp op = WarpOp::syncwarp;
+    int width = 0;
+    std::size_t size = 0;
+    CollectiveFn compute = nullptr;
+    bool operator==(const Signature& o) const {
+      return mask == o.mask && op == o.op && width == o.width && size == o.size &&
+             compute == o.compute;
+    }
+  } signature;
   BlockCall* block_call = nullptr;  // at_block
   // Vector clock over the lanes of the warp, advanced by warp rendezvous: vc[lane] is this
   // thread's own clock; vc[u] the latest clock of lane u that a rendezvous made it see.
@@ -386,16 +416,24 @@ struct Allocation {
 namespace {
 
 struct Block {
+  // The lanes of one warp by state (a lane in none of them is runnable), for the rendezvous
+  // checks of each arrival.
+  struct WarpLanes {
+    unsigned at_warp = 0, at_block = 0, done = 0;
+  };
+
   Launch* launch = nullptr;
   Dim3 idx;
   std::uint64_t linear = 0;
   std::vector<Thread> threads;
+  std::vector<WarpLanes> warps;
   std::uint32_t epoch = 1;  // advanced by every completed block barrier
   std::uint32_t generation = 0;
   std::vector<Allocation*> allocations;
   Allocation* dynamic = nullptr;
   std::size_t static_bytes = 0;
   unsigned at_barrier = 0, done = 0;
+  bool discarding = false;  // a fault ended the block: its fibers are being unwound
   // A primitive's TempStorage → the epoch after its last use, and which primitive that was.
   struct StorageUse {
     const void* storage;
@@ -445,9 +483,9 @@ Thread& running(const char* what) {
   return static_cast<Thread&>(current(what));
 }
 
-// ---------------------------------------------------------------------------------------------------
+// -------------------------------------------------------------------------------------------------
 // Messages
-// ---------------------------------------------------------------------------------------------------
+// -------------------------------------------------------------------------------------------------
 std::string dim3_string(const Dim3& d) {
   return "(" + std::to_string(d.x) + "," + std::to_string(d.y) + "," + std::to_string(d.z) + ")";
 }
@@ -498,9 +536,9 @@ std::string describe_element(const Allocation& a, std::size_t granule_index) {
   throw KernelFault(kind, "simt: " + what);
 }
 
-// ---------------------------------------------------------------------------------------------------
+// -------------------------------------------------------------------------------------------------
 // Shared-memory checks
-// ---------------------------------------------------------------------------------------------------
+// -------------------------------------------------------------------------------------------------
 enum class Access : std::uint8_t { read, write, atomic };
 
 const char* verb(Access access) {
@@ -622,14 +660,17 @@ void check_shared(const Allocation* allocation, std::size_t byte_offset, std::si
   for (std::size_t g = first; g <= last; ++g) check_granule(t, a, g, access);
 }
 
-// ---------------------------------------------------------------------------------------------------
+// -------------------------------------------------------------------------------------------------
 // The scheduler
-// ---------------------------------------------------------------------------------------------------
+// -------------------------------------------------------------------------------------------------
 void yield(Thread& t) {
   t.scheduler = std::move(t.scheduler).resume();
 }
 
 void release(Block& b, Thread& t) {
+  Block::WarpLanes& w = b.warps[t.warp];
+  w.at_warp &= ~(1u << t.lane);
+  w.at_block &= ~(1u << t.lane);
   t.state = State::runnable;
   t.warp_call = nullptr;
   t.block_call = nullptr;
@@ -733,7 +774,12 @@ void complete_warp(Block& b, Thread& t) {
     c.compute(inputs, outputs, count, lanes[0]->warp_call->context);
   }
 
-  // The rendezvous orders what each participant did before it before what any does after it.
+  // The rendezvous orders what each participant did before it before what any does after it
+  // (only the race check reads the clocks).
+  if (!t.options->check_races) {
+    for (int i = 0; i < count; ++i) release(b, *lanes[i]);
+    return;
+  }
   std::uint32_t joined[kWarp] = {};
   for (int i = 0; i < count; ++i) {
     Thread& p = *lanes[i];
@@ -746,49 +792,46 @@ void complete_warp(Block& b, Thread& t) {
   }
 }
 
-bool same_warp_op(const WarpCall& a, const WarpCall& b) {
-  return a.mask == b.mask && a.op == b.op &&
-         (!is_shuffle(a.op) || (a.width == b.width && a.size == b.size)) && a.compute == b.compute;
-}
-
 void warp_arrival(Block& b, Thread& t) {
   const WarpCall& c = *t.warp_call;
+  const bool shuffle = is_shuffle(c.op);
+  t.signature = {c.mask, c.op, shuffle ? c.width : 0, shuffle ? c.size : 0, c.compute};
+  Block::WarpLanes& w = b.warps[t.warp];
+  w.at_warp |= 1u << t.lane;
   const unsigned base = t.warp * kWarp, lanes = lanes_in_warp(b, t.warp);
   // Lanes already waiting for this one must be in the same rendezvous.
-  for (unsigned u = 0; u < lanes; ++u) {
-    const Thread& other = b.threads[base + u];
-    if (u != t.lane && other.state == State::at_warp && ((other.warp_call->mask >> t.lane) & 1u) &&
-        !same_warp_op(*other.warp_call, c))
+  for (unsigned others = w.at_warp & ~(1u << t.lane); others != 0; others &= others - 1) {
+    const Thread& other = b.threads[base + static_cast<unsigned>(__builtin_ctz(others))];
+    if (((other.signature.mask >> t.lane) & 1u) && !(other.signature == t.signature))
       fault(t, FaultKind::warp_mask,
             "lanes of one warp rendezvous disagree: this lane calls " + describe(c) + ", lane " +
-                std::to_string(u) + " waits for it at " + describe(*other.warp_call));
+                std::to_string(other.lane) + " waits for it at " + describe(*other.warp_call));
   }
-  for (unsigned u = 0; u < kWarp; ++u) {
-    if (!((c.mask >> u) & 1u)) continue;
-    if (u >= lanes)
+  const unsigned existing = lanes == kWarp ? ~0u : (1u << lanes) - 1u;
+  auto lowest = [](unsigned bits) { return std::to_string(__builtin_ctz(bits)); };
+  if (c.mask & ~existing)
+    fault(t, FaultKind::warp_mask,
+          describe(c) + " names lane " + lowest(c.mask & ~existing) +
+              ", which does not exist (warp " + std::to_string(t.warp) + " of this block has " +
+              std::to_string(lanes) + " threads)");
+  if (c.mask & w.done)
+    fault(t, FaultKind::deadlock,
+          describe(c) + " waits for lane " + lowest(c.mask & w.done) +
+              ", which has exited: it never arrives");
+  if (c.mask & w.at_block) {
+    const Thread& other =
+        b.threads[base + static_cast<unsigned>(__builtin_ctz(c.mask & w.at_block))];
+    fault(t, FaultKind::barrier_divergence,
+          describe(c) + " waits for lane " + std::to_string(other.lane) + ", which waits at " +
+              describe(*other.block_call));
+  }
+  if ((c.mask & w.at_warp) != c.mask) return;  // not all there yet
+  for (unsigned lane_bits = c.mask; lane_bits != 0; lane_bits &= lane_bits - 1) {
+    const Thread& other = b.threads[base + static_cast<unsigned>(__builtin_ctz(lane_bits))];
+    if (!(other.signature == t.signature))
       fault(t, FaultKind::warp_mask,
-            describe(c) + " names lane " + std::to_string(u) + ", which does not exist (warp " +
-                std::to_string(t.warp) + " of this block has " + std::to_string(lanes) +
-                " threads)");
-    const Thread& other = b.threads[base + u];
-    switch (other.state) {
-      case State::done:
-        fault(t, FaultKind::deadlock,
-              describe(c) + " waits for lane " + std::to_string(u) +
-                  ", which has exited: it never arrives");
-      case State::at_block:
-        fault(t, FaultKind::barrier_divergence,
-              describe(c) + " waits for lane " + std::to_string(u) + ", which waits at " +
-                  describe(*other.block_call));
-      case State::runnable:
-        return;  // not there yet
-      case State::at_warp:
-        if (!same_warp_op(*other.warp_call, c))
-          fault(t, FaultKind::warp_mask,
-                "lanes of one warp rendezvous disagree: this lane calls " + describe(c) +
-                    ", lane " + std::to_string(u) + " calls " + describe(*other.warp_call));
-        break;
-    }
+            "lanes of one warp rendezvous disagree: this lane calls " + describe(c) + ", lane " +
+                std::to_string(other.lane) + " calls " + describe(*other.warp_call));
   }
   complete_warp(b, t);
 }
@@ -847,20 +890,21 @@ const Thread* first_in_state(const Block& b, State state) {
 
 // A lane of t's warp that waits at a warp collective whose mask names t.
 const Thread* lane_waiting_for(const Block& b, const Thread& t) {
-  const unsigned base = t.warp * kWarp, lanes = lanes_in_warp(b, t.warp);
-  for (unsigned u = 0; u < lanes; ++u) {
-    const Thread& other = b.threads[base + u];
-    if (other.state == State::at_warp && ((other.warp_call->mask >> t.lane) & 1u)) return &other;
+  const unsigned base = t.warp * kWarp;
+  for (unsigned waiting = b.warps[t.warp].at_warp; waiting != 0; waiting &= waiting - 1) {
+    const Thread& other = b.threads[base + static_cast<unsigned>(__builtin_ctz(waiting))];
+    if ((other.signature.mask >> t.lane) & 1u) return &other;
   }
   return nullptr;
 }
 
 void barrier_arrival(Block& b, Thread& t) {
   ++b.at_barrier;
-  if (const Thread* gone = first_in_state(b, State::done))
+  b.warps[t.warp].at_block |= 1u << t.lane;
+  if (b.done > 0)
     fault(t, FaultKind::barrier_divergence,
-          "waits at " + describe(*t.block_call) + ", but " + thread_string(*gone) +
-              " has exited: it never arrives");
+          "waits at " + describe(*t.block_call) + ", but " +
+              thread_string(*first_in_state(b, State::done)) + " has exited: it never arrives");
   if (const Thread* other = lane_waiting_for(b, t))
     fault(t, FaultKind::barrier_divergence,
           "waits at " + describe(*t.block_call) + " while lane " + std::to_string(other->lane) +
@@ -870,10 +914,13 @@ void barrier_arrival(Block& b, Thread& t) {
 
 void thread_exit(Block& b, Thread& t) {
   ++b.done;
-  if (const Thread* waiting = first_in_state(b, State::at_block))
+  b.warps[t.warp].done |= 1u << t.lane;
+  if (b.at_barrier > 0) {
+    const Thread& waiting = *first_in_state(b, State::at_block);
     fault(t, FaultKind::barrier_divergence,
-          "exits while " + thread_string(*waiting) + " waits at " + describe(*waiting->block_call) +
+          "exits while " + thread_string(waiting) + " waits at " + describe(*waiting.block_call) +
               ": it never arrives there");
+  }
   if (const Thread* other = lane_waiting_for(b, t))
     fault(t, FaultKind::deadlock,
           "exits while lane " + std::to_string(other->lane) + " waits for it at " +
@@ -932,6 +979,8 @@ void thread_main(Thread& t) {
   t.state = State::done;
 }
 
+void schedule(Block& b, std::vector<Thread*>& runnable, std::mt19937_64& rng);
+
 void run_block(Launch& launch, std::uint64_t block_linear) {
   Worker& w = worker();
   w.used = 0;
@@ -946,6 +995,7 @@ void run_block(Launch& launch, std::uint64_t block_linear) {
   if (launch.spec.dynamic_shared_bytes > 0)
     b.dynamic = w.take(launch.spec.dynamic_shared_bytes, kDynamicGranule, 0xFF);
   b.threads.resize(n);
+  b.warps.resize((n + kWarp - 1) / kWarp);
   b.released.reserve(n);
   for (unsigned i = 0; i < n; ++i) {
     Thread& t = b.threads[i];
@@ -960,7 +1010,8 @@ void run_block(Launch& launch, std::uint64_t block_linear) {
     t.block = &b;
     t.fiber = ctx::fiber(std::allocator_arg, PooledStack{&w.stacks}, [&t](ctx::fiber&& scheduler) {
       t.scheduler = std::move(scheduler);
-      thread_main(t);
+      // Boost's ucontext build enters a fiber that never ran to unwind it: skip the kernel then.
+      if (!t.block->discarding) thread_main(t);
       return std::move(t.scheduler);
     });
   }
@@ -968,11 +1019,23 @@ void run_block(Launch& launch, std::uint64_t block_linear) {
   std::mt19937_64 rng(mix(o.seed ^ mix(block_linear)));
   std::vector<Thread*> runnable(n);
   for (unsigned i = 0; i < n; ++i) runnable[i] = &b.threads[i];
-  // If a check throws, `b` is destroyed on the way out: the suspended fibers are unwound and
-  // their stacks go back to the pool, so the next launch starts clean.
+  // If a check throws, the suspended fibers are unwound (their stacks go back to the pool) while
+  // the block is still whole, so the next launch starts clean.
+  try {
+    schedule(b, runnable, rng);
+  } catch (...) {
+    b.discarding = true;
+    for (auto& t : b.threads) ctx::fiber discarded = std::move(t.fiber);  // unwound here
+    throw;
+  }
+}
+
+void schedule(Block& b, std::vector<Thread*>& runnable, std::mt19937_64& rng) {
+  const unsigned n = static_cast<unsigned>(b.threads.size());
+  const Order order = b.launch->options.thread_order;
   while (b.done < n) {
     if (runnable.empty()) deadlock(b);
-    arrange(runnable, o.thread_order, rng);
+    arrange(runnable, order, rng);
     for (Thread* t : runnable) {
       tls_thread = t;
       t->fiber = std::move(t->fiber).resume();
@@ -1003,9 +1066,9 @@ void run_block(Launch& launch, std::uint64_t block_linear) {
 
 }  // namespace
 
-// ---------------------------------------------------------------------------------------------------
+// -------------------------------------------------------------------------------------------------
 // The interface of emulator.h
-// ---------------------------------------------------------------------------------------------------
+// -------------------------------------------------------------------------------------------------
 void outside_kernel(const char* what) {
   throw Error(std::string(what) + ": used outside an emulated kernel (not in a PHASOR_LAUNCH)");
 }
@@ -1192,10 +1255,6 @@ void span_out_of_bounds(std::int64_t index, std::int64_t size) {
   fault_here(FaultKind::global_out_of_bounds, "workspace span index " + std::to_string(index) +
                                                   ": out of bounds (size " + std::to_string(size) +
                                                   ")");
-}
-
-void misuse(const char* what) {
-  fault_here(FaultKind::misuse, what);
 }
 
 void warp_call(WarpCall& call) {

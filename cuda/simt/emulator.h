@@ -34,8 +34,7 @@ inline ThreadContext& current(const char* what = "a CUDA builtin") {
   return *t;
 }
 
-// --- launch
-// ----------------------------------------------------------------------------------------
+// --- launch --------------------------------------------------------------------------------------
 struct LaunchSpec {
   const char* kernel;  // the launch's text of the kernel, for messages
   Dim3 grid, block;
@@ -44,9 +43,8 @@ struct LaunchSpec {
 // Runs every block of the grid; each thread calls invoke(closure). Rethrows the first fault.
 void run_grid(const LaunchSpec& spec, void (*invoke)(const void* closure), const void* closure);
 
-// --- shared memory
-// ----------------------------------------------------------------------------------- One per
-// declaration site (a static local of the kernel): names the array in messages.
+// --- shared memory -------------------------------------------------------------------------------
+// One per declaration site (a static local of the kernel): names the array in messages.
 struct SharedSite {
   const char* name;
   const char* file;
@@ -78,18 +76,16 @@ inline bool checking_bounds() {
   return t == nullptr || t->options->check_bounds;
 }
 
-// --- global memory
-// ------------------------------------------------------------------------------------- An access
-// to x[idx[0], ..., idx[count-1]] through simt::load / store: the view must be defined, non-null,
-// of rank `count`, and each index within its size.
+// --- global memory -------------------------------------------------------------------------------
+// An access to x[idx[0], ..., idx[count-1]] through simt::load / store: the view must be defined,
+// non-null, of rank `count`, and each index within its size.
 void check_global_access(const TensorView& x, const std::int64_t* idx, int count, bool write);
 void check_index_dtype(const TensorView& x);  // load_index: int32 or int64
 [[noreturn]] void span_out_of_bounds(std::int64_t index, std::int64_t size);
 
-// --- rendezvous
-// ------------------------------------------------------------------------------------------ The
-// work of a collective, run once by the scheduler when all participants have arrived: inputs[i] /
-// outputs[i] are the i-th participant's (in lane or linear-thread order), `context` the first
+// --- rendezvous ----------------------------------------------------------------------------------
+// The work of a collective, run once by the scheduler when all participants have arrived: inputs[i]
+// / outputs[i] are the i-th participant's (in lane or linear-thread order), `context` the first
 // participant's.
 using CollectiveFn = void (*)(const void* const* inputs, void* const* outputs, int count,
                               const void* context);
@@ -136,8 +132,5 @@ struct BlockCall {
 };
 // Blocks the calling thread until every thread of the block has arrived at the same call.
 void block_call(BlockCall& call);
-
-// A misuse of a primitive (e.g. its prefix callback order) found in the header's code.
-[[noreturn]] void misuse(const char* what);
 
 }  // namespace phasor::simt::detail

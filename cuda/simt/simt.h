@@ -97,8 +97,7 @@ struct Span {
   }
 };
 
-// --- global memory accessors
-// ----------------------------------------------------------------------
+// --- global memory accessors ---------------------------------------------------------------------
 namespace detail {
 template <bool kWrite, class... I>
 PHASOR_DEVICE std::int64_t offset_of(const TensorView& x, I... idx) {
@@ -181,9 +180,9 @@ PHASOR_DEVICE void store(const TensorView& x, C value, I... idx) {
 }  // namespace phasor::simt
 
 #if defined(PHASOR_SIMT_CUDA)
-// ==================================================================================================
+// =================================================================================================
 // GPU: CUDA and CUB
-// ==================================================================================================
+// =================================================================================================
 namespace phasor::simt {
 
 PHASOR_DEVICE unsigned lane_id() {
@@ -424,8 +423,7 @@ PHASOR_DEVICE SharedArray<T> dynamic_view(unsigned char* base, std::size_t byte_
                                                                     name)[sizeof(T)]; \
   T& name = *reinterpret_cast<T*>(PHASOR_SIMT_CONCAT(phasor_storage_, name))
 
-// --- CUB primitives
-// ---------------------------------------------------------------------------------
+// --- CUB primitives ------------------------------------------------------------------------------
 template <class T, int BLOCK_THREADS>
 class BlockReduce {
   using Cub = cub::BlockReduce<T, BLOCK_THREADS>;
@@ -589,8 +587,7 @@ class WarpScan {
   Cub cub_;
 };
 
-// --- launch
-// ------------------------------------------------------------------------------------------
+// --- launch --------------------------------------------------------------------------------------
 namespace detail {
 inline void check_cuda(cudaError_t status, const char* kernel, const char* what) {
   if (status != cudaSuccess)
@@ -643,9 +640,9 @@ inline void memset_async(void* dst, int value, std::size_t bytes, cuda::Stream s
 }  // namespace phasor::simt
 
 #else
-// ==================================================================================================
+// =================================================================================================
 // Emulated GPU
-// ==================================================================================================
+// =================================================================================================
 
 // CUDA's builtins read the running fiber's state.
 #define threadIdx (::phasor::simt::detail::current("threadIdx").thread_idx)
@@ -794,8 +791,7 @@ inline int any_sync(unsigned mask, int predicate, const char* file = __builtin_F
   return detail::vote<int>(detail::WarpOp::any, "any_sync", mask, predicate, file, line);
 }
 
-// --- shared memory
-// ---------------------------------------------------------------------------------
+// --- shared memory -------------------------------------------------------------------------------
 template <class T>
 class SharedPointer;
 
@@ -965,8 +961,7 @@ SharedArray<T> make_dynamic_view(const SharedSite& site, std::size_t byte_offset
   T& name = *static_cast<T*>(::phasor::simt::detail::shared_storage(                      \
       PHASOR_SIMT_CONCAT(phasor_site_, name), sizeof(T), alignof(T)))
 
-// --- atomics
-// ------------------------------------------------------------------------------------------
+// --- atomics -------------------------------------------------------------------------------------
 namespace detail {
 template <class T>
 struct identity {
@@ -1042,8 +1037,7 @@ T atomic_cas(SharedPointer<T> p, typename detail::identity<T>::type compare,
   return atomic_cas((*p).atomic_address(), compare, value);
 }
 
-// --- math (the host's std:: functions)
-// ----------------------------------------------------------------
+// --- math (the host's std:: functions) -----------------------------------------------------------
 inline float exp(float x) {
   return std::exp(x);
 }
@@ -1137,12 +1131,11 @@ inline bool isnan(double x) {
   return std::isnan(x);
 }
 
-// --- CUB's primitives, emulated
-// ------------------------------------------------------------------------ Each is one rendezvous
-// of the emulator (so divergence and mask checks apply), computed by the scheduler in a fixed
-// order: reductions in CUB's order (a shuffle-down tree within each warp, then the warp aggregates
-// from warp 0 up), scans sequentially in thread order. Results that CUB leaves undefined are
-// poisoned (NaN, or 0xCD bytes) so that a use of them shows.
+// --- CUB's primitives, emulated ------------------------------------------------------------------
+// Each is one rendezvous of the emulator (so divergence and mask checks apply), computed by the
+// scheduler in a fixed order: reductions in CUB's order (a shuffle-down tree within each warp, then
+// the warp aggregates from warp 0 up), scans sequentially in thread order. Results that CUB leaves
+// undefined are poisoned (NaN, or 0xCD bytes) so that a use of them shows.
 namespace detail {
 template <class T>
 void poison(T& x) {
@@ -1616,8 +1609,7 @@ class WarpScan {
   }
 };
 
-// --- launch
-// ------------------------------------------------------------------------------------------
+// --- launch --------------------------------------------------------------------------------------
 namespace detail {
 template <class Kernel, class Args>
 struct Closure {
@@ -1718,5 +1710,5 @@ class Workspace {
 // kernel; emulator: runs the grid (the text of `kernel` names it in diagnostics).
 #define PHASOR_LAUNCH(kernel, grid, block, dynamic_shared_bytes, stream, ...)                \
   ::phasor::simt::detail::launch(#kernel, (grid), (block), (dynamic_shared_bytes), (stream), \
-                                 kernel, __VA_ARGS__)
+                                 kernel, ##__VA_ARGS__)
 #define PHASOR_DYNAMIC_SHARED(T, name) PHASOR_DYNAMIC_SHARED_AT(T, name, 0, -1)

@@ -2,6 +2,8 @@
 #pragma once
 
 #include "phasor/common.h"
+#include "phasor/device.h"
+#include "phasor/emulator.h"
 #include "phasor/favor.h"
 #include "phasor/forgetting_attn.h"
 #include "phasor/gated_delta_rule.h"
