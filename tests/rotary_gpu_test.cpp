@@ -344,6 +344,50 @@ TEST_P(RotaryGpu, ApplyRotaryMatchesCpuAndReference) {
   }
 }
 
+// Each argument its own dtype: the GPU computes what the CPU kernel computes, in the compute type
+// of the main input (float32 for bfloat16 φ / x, float64 for float64 x).
+TEST_P(RotaryGpu, MixedDtypes) {
+  const Device device = GetParam();
+  PHASOR_SKIP_WITHOUT_GPU(device);
+  const PhaseInputs in = make_phases(9, 1, 0, 2, 5, true, true, {4, 0, 70}, 2.0);
+  std::mt19937_64 rng(10);
+  const Tensor x = testing::randn({2, 3, 2, 8}, rng),
+               theta = testing::randn({2, 3, 2, 4}, rng, 9.0),
+               dy = testing::randn({2, 3, 2, 8}, rng);
+  for (DType x_dtype : {DType::bfloat16, DType::float64}) {
+    SCOPED_TRACE(to_string(x_dtype));
+    std::vector<std::vector<Tensor>> results;
+    for (Device d : {Device::cpu, device}) {
+      OnDevice on(d);
+      const RotaryPhaseParams params{on.in(in.phi.to(x_dtype)), on.in(in.omega),
+                                     on.in(in.initial_phase.to(DType::float16)), on.in(in.cu)};
+      const auto& s = in.phi.shape();
+      const TensorView th = on.out(s, DType::float32),
+                       fin = on.out({in.N, s[2], s[3]}, DType::float64);
+      selective_rope_phases_forward(params, Impl::chunk, th, fin);
+      const TensorView d_phi = on.out(s, DType::float32),
+                       d_omega = on.out(in.omega.shape(), DType::float32),
+                       d_init = on.out({in.N, s[2], s[3]}, DType::float64);
+      selective_rope_phases_backward(params, Impl::chunk, on.in(in.d_theta.to(DType::float16)),
+                                     on.in(in.d_final.to(DType::float32)),
+                                     {d_phi, d_omega, d_init});
+      const TensorView xv = on.in(x.to(x_dtype)), tv = on.in(theta.to(DType::float32)),
+                       y = on.out(x.shape(), DType::float32),
+                       dx = on.out(x.shape(), DType::float64),
+                       dth = on.out(theta.shape(), DType::float32);
+      apply_rotary_forward(xv, tv, RotaryLayout::interleaved, Impl::chunk, y);
+      apply_rotary_backward(xv, tv, RotaryLayout::interleaved, Impl::chunk,
+                            on.in(dy.to(DType::bfloat16)), dx, dth);
+      results.push_back({on.to_host(th), on.to_host(fin), on.to_host(d_phi), on.to_host(d_omega),
+                         on.to_host(d_init), on.to_host(y), on.to_host(dx), on.to_host(dth)});
+    }
+    for (std::size_t i = 0; i < results[0].size(); ++i) {
+      EXPECT_TRUE(testing::all_finite(results[1][i])) << "output " << i;
+      EXPECT_LE(testing::rel_rms(results[1][i], results[0][i]), 1e-6) << "output " << i;
+    }
+  }
+}
+
 // In place (y is x itself): the same result as out of place.
 TEST_P(RotaryGpu, ApplyRotaryInPlace) {
   const Device device = GetParam();

@@ -178,6 +178,51 @@ TEST_P(ShortConvGpu, MatchesCpuAndReference) {
   }
 }
 
+// Each argument its own dtype (x bfloat16, weight float64, bias float32, cache float16, dy
+// float32, outputs float32 and float16): the GPU computes what the CPU kernel computes, in the
+// compute type of x (float32).
+TEST_P(ShortConvGpu, MixedDtypes) {
+  const Device device = GetParam();
+  PHASOR_SKIP_WITHOUT_GPU(device);
+  for (std::int64_t W : {4, 6}) {
+    SCOPED_TRACE("W=" + std::to_string(W));
+    const Inputs in = make_inputs({"mixed", 1, 0, 7, W, {3, 0, 50, 2}, true, true, true}, 31);
+    std::vector<Outputs> results;
+    for (Device d : {Device::cpu, device}) {
+      OnDevice on(d);
+      ShortConvParams p;
+      p.x = on.in(in.x.to(DType::bfloat16));
+      p.weight = on.in(in.weight);
+      p.bias = on.in(in.bias.to(DType::float32));
+      p.initial_cache = on.in(in.cache.to(DType::float16));
+      p.cu_seqlens = on.in(in.cu);
+      p.activation = "silu";
+      const TensorView y = on.out(in.x.shape(), DType::float32),
+                       fc = on.out(in.cache.shape(), DType::float16);
+      short_conv_forward(p, Impl::chunk, y, fc);
+      const TensorView dx = on.out(in.x.shape(), DType::float16),
+                       dw = on.out(in.weight.shape(), DType::float32),
+                       db = on.out(in.bias.shape(), DType::float64),
+                       dc = on.out(in.cache.shape(), DType::bfloat16);
+      short_conv_backward(p, Impl::chunk, on.in(in.dy.to(DType::float32)),
+                          on.in(in.dfc.to(DType::bfloat16)), {dx, dw, db, dc});
+      results.push_back({on.to_host(y), on.to_host(fc), on.to_host(dx), on.to_host(dw),
+                         on.to_host(db), on.to_host(dc)});
+    }
+    const Outputs &cpu = results[0], &gpu = results[1];
+    const char* names[] = {"y", "final_cache", "dx", "dweight", "dbias", "dinitial_cache"};
+    const std::vector<Tensor> a = gpu.all(), b = cpu.all();
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      EXPECT_TRUE(testing::all_finite(a[i])) << names[i];
+      // Rounding to 16-bit outputs may differ by one unit in the last place where the float32
+      // values differ in their last bits.
+      EXPECT_LE(testing::rel_rms(a[i], b[i]),
+                a[i].dtype() == DType::float32 || a[i].dtype() == DType::float64 ? 1e-6 : 1e-3)
+          << names[i];
+    }
+  }
+}
+
 // Decoding: T = 1 steps (causal_conv1d_update), the cache updated in place (final_cache is
 // initial_cache), give the outputs and the final cache of one call over the whole sequence.
 TEST_P(ShortConvGpu, DecodingTokenByTokenEqualsParallelForward) {

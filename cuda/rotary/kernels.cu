@@ -22,9 +22,10 @@
 //                     (suffix sums Σ_{t ≥ s}); dω's per-(sequence, column) partials go to a
 //                     workspace and a second kernel sums them in sequence (and head) order, as
 //                     the CPU kernel does — no atomics.
-//                     Parallelism is N · ⌈H·R / 32⌉ blocks: with few sequences and heads a long
-//                     sequence runs on few SMs (a decoupled look-back scan over time would spread
-//                     it; not needed for the typical B·H·R ≥ 132·32 of training shapes).
+//                     Parallelism is N · ⌈H·R / 32⌉ blocks (grid x: sequences, y: column groups):
+//                     an H100's 132 SMs are busy from e.g. 8 sequences × 16 heads × 32 pairs on;
+//                     with fewer, a long sequence runs on few SMs (a decoupled look-back scan over
+//                     time would spread it over more).
 #include <algorithm>
 
 #include "rotary/rotary.h"
@@ -252,10 +253,10 @@ PHASOR_GLOBAL void phases_forward_kernel(PhaseProblem p, TensorView theta, Tenso
   const std::int64_t groups = (p.H * p.R + kLanes - 1) / kLanes;
   for (std::int64_t group = blockIdx.y; group < groups; group += gridDim.y) {
     const Column col = column_of(p, group);
+    // final_phase may alias initial_phase (decoding): every thread reads its θ_0 before the first
+    // tile's barriers, after which warp 0 writes; an empty sequence (no barrier) writes back the
+    // very value it read.
     double carry = state_of(p.initial_phase, n, col);
-    // final_phase may alias initial_phase (decoding): every thread has read it before warp 0
-    // writes it, even when the sequence is empty and no tile barrier follows.
-    simt::syncthreads();
     for (std::int64_t t0 = 0; t0 < s.length; t0 += kTile) {
       const std::int64_t first = t0 + static_cast<std::int64_t>(threadIdx.y) * kItems;
       double local[kItems];
@@ -320,8 +321,7 @@ PHASOR_GLOBAL void phases_backward_kernel(PhaseProblem p, TensorView d_theta,
       simt::syncthreads();
     }
     if (!d_phi.defined() && !d_initial_phase.defined()) continue;
-    double carry = state_of(d_final_phase, n, col);
-    simt::syncthreads();  // d_initial_phase may alias d_final_phase (as in the forward)
+    double carry = state_of(d_final_phase, n, col);  // may alias d_initial_phase, as in the forward
     for (std::int64_t tile = (s.length + kTile - 1) / kTile - 1; tile >= 0; --tile) {
       const std::int64_t first = tile * kTile + static_cast<std::int64_t>(warp) * kItems;
       double local[kItems], running = 0.0;

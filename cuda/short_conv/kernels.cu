@@ -580,6 +580,9 @@ void kernel_backward(const Problem& problem, const TensorView& dy, const TensorV
                      const ShortConvGrads& grads) {
   const cuda::Stream stream = cuda::current_stream();
   if (problem.D == 0) return;
+  if (!grads.dx.defined() && !grads.dweight.defined() && !grads.dbias.defined() &&
+      !grads.dinitial_cache.defined())
+    return;
   const std::int64_t groups = channel_groups(problem);
   Staging stage(stream);
   Problem p = problem;
