@@ -43,7 +43,7 @@ for f in "${files[@]}"; do
   [[ $f == cuda/* ]] || shipped=0
   start=$(date +%s.%N)
   if ! "$nvcc" -std=c++17 -O3 -DNDEBUG --expt-relaxed-constexpr -DPHASOR_HAS_CUDA=1 \
-    -Iinclude -Icuda -Itests "${gencode[@]}" -Xptxas -v -c "$f" -o /dev/null 2>"$log"; then
+    -Iinclude -Isrc -Icuda -Itests "${gencode[@]}" -Xptxas -v -c "$f" -o /dev/null 2>"$log"; then
     cat "$log" >&2
     echo "cuda-resources: $f does not compile" >&2
     status=1

@@ -42,6 +42,24 @@ struct Sequences {
     return {0, start, offset(n + 1) - start};
   }
 
+  // The sequence that holds token `g` of the flattened token axis (g = b·T + t over the B rows;
+  // packed: g = t, B = 1), for kernels that map threads to tokens rather than to sequences.
+  // Packed: a binary search for the last n with cu[n] ≤ g, which skips empty sequences
+  // (cu[n] = cu[n + 1]) and, since cu[N] = T > g, has g < cu[n + 1]. Requires 0 ≤ g < B·T and
+  // validated offsets (check.h: value checks), so every offset read is in bounds.
+  PHASOR_HOST_DEVICE std::int64_t sequence_of(std::int64_t g) const {
+    if (!packed()) return g / T;
+    std::int64_t lo = 0, hi = count - 1;  // the answer lies in [lo, hi]
+    while (lo < hi) {
+      const std::int64_t mid = lo + (hi - lo + 1) / 2;
+      if (offset(mid) <= g)
+        lo = mid;
+      else
+        hi = mid - 1;
+    }
+    return lo;
+  }
+
   // Host-side iteration: `for (const Sequence& s : sequences)`.
   struct Iterator {
     const Sequences* table;

@@ -9,6 +9,7 @@
 #include "phasor/ops.h"
 #include "phasor/rotary.h"
 #include "rotary/kernels.h"
+#include "rotary/rotary.h"
 
 namespace phasor {
 namespace {
@@ -76,7 +77,7 @@ void selective_rope_phases_forward(const RotaryPhaseParams& params, Impl impl,
         else
           detail::rotary::phases_forward(p, theta, final_phase);
       },
-      [&] {});
+      [&] { PHASOR_ON_GPU(p.device, rotary::phases_forward(p, theta, final_phase)); });
 }
 
 void selective_rope_phases_backward(const RotaryPhaseParams& params, Impl impl,
@@ -116,7 +117,7 @@ void selective_rope_phases_backward(const RotaryPhaseParams& params, Impl impl,
         else
           detail::rotary::phases_backward(p, d_theta, d_final_phase, grads);
       },
-      [&] {});
+      [&] { PHASOR_ON_GPU(p.device, rotary::phases_backward(p, d_theta, d_final_phase, grads)); });
 }
 
 void rope_angles(const RopeAnglesParams& params, Impl impl, const TensorView& theta) {
@@ -150,7 +151,7 @@ void rope_angles(const RopeAnglesParams& params, Impl impl, const TensorView& th
         else
           detail::rotary::angles(p, theta);
       },
-      [&] {});
+      [&] { PHASOR_ON_GPU(p.device, rotary::angles(p, theta)); });
 }
 
 namespace {
@@ -186,7 +187,7 @@ void apply_rotary_forward(const TensorView& x, const TensorView& theta, RotaryLa
         else
           detail::rotary::apply_forward(p, y);
       },
-      [&] {});
+      [&] { PHASOR_ON_GPU(p.device, rotary::apply_forward(p, y)); });
 }
 
 void apply_rotary_backward(const TensorView& x, const TensorView& theta, RotaryLayout layout,
@@ -209,7 +210,7 @@ void apply_rotary_backward(const TensorView& x, const TensorView& theta, RotaryL
         else
           detail::rotary::apply_backward(p, dy, dx, d_theta);
       },
-      [&] {});
+      [&] { PHASOR_ON_GPU(p.device, rotary::apply_backward(p, dy, dx, d_theta)); });
 }
 
 }  // namespace phasor

@@ -8,6 +8,7 @@
 #include "phasor/ops.h"
 #include "phasor/short_conv.h"
 #include "short_conv/kernels.h"
+#include "short_conv/short_conv.h"
 
 namespace phasor {
 namespace {
@@ -73,7 +74,7 @@ void short_conv_forward(const ShortConvParams& params, Impl impl, const TensorVi
         else
           detail::short_conv::kernel_forward(p, y, final_cache);
       },
-      [&] {});
+      [&] { PHASOR_ON_GPU(p.device, short_conv::kernel_forward(p, y, final_cache)); });
 }
 
 void short_conv_backward(const ShortConvParams& params, Impl impl, const TensorView& dy,
@@ -111,7 +112,7 @@ void short_conv_backward(const ShortConvParams& params, Impl impl, const TensorV
         else
           detail::short_conv::kernel_backward(p, dy, d_final_cache, grads);
       },
-      [&] {});
+      [&] { PHASOR_ON_GPU(p.device, short_conv::kernel_backward(p, dy, d_final_cache, grads)); });
 }
 
 }  // namespace phasor
