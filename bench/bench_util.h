@@ -8,12 +8,14 @@
 #include <cmath>
 #include <cstdint>
 #include <initializer_list>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "memory.h"
 #include "phasor/common.h"
+#include "phasor/device.h"
 #include "phasor/rotary.h"
 
 namespace phasor::bench {
@@ -203,6 +205,60 @@ inline void register_rotation_grid(benchmark::internal::Benchmark* b,
     for (Impl impl : impls)
       for (Rotation r : {Rotation::none, Rotation::fused, Rotation::separate})
         b->Args({static_cast<std::int64_t>(r), static_cast<std::int64_t>(impl), T});
+  b->Unit(benchmark::kMillisecond)->MinTime(0.2)->UseRealTime();
+}
+
+// ---- Devices: the same call on the CPU, the emulated GPU and a GPU
+// -------------------------------- Copies of host buffers in the memory of a device (for
+// Device::cpu the host buffers themselves), for benchmarks that time one op on several devices.
+class DeviceBuffers {
+ public:
+  explicit DeviceBuffers(Device device) : device_(device) {}
+  Device device() const { return device_; }
+  // A view of `host` (float32, contiguous `shape`) in the device's memory, holding a copy of it.
+  TensorView view(const std::vector<float>& host, std::initializer_list<std::int64_t> shape) {
+    TensorView v = TensorView::of(host.data(), shape);
+    if (device_ == Device::cpu) return v;
+    const std::size_t bytes = host.size() * sizeof(float);
+    void* data = device_allocate(device_, bytes);
+    owned_.emplace_back(data, Free{device_});
+    copy_bytes(data, device_, host.data(), Device::cpu, bytes);
+    v.data = data;
+    v.device = device_;
+    return v;
+  }
+  // Waits for the device's work on the current stream to finish (a copy of one element of `x` to
+  // the host syncs the stream; the CPU and the emulated GPU finish before the call returns).
+  static void wait_for(const TensorView& x) {
+    float element = 0.f;
+    if (x.device == Device::cuda)
+      copy_bytes(&element, Device::cpu, x.data, x.device, sizeof(float));
+    benchmark::DoNotOptimize(element);
+  }
+
+ private:
+  struct Free {
+    Device device;
+    void operator()(void* p) const { device_free(device, p); }
+  };
+  Device device_;
+  std::vector<std::unique_ptr<void, Free>> owned_;
+};
+
+// Arguments (device, backward, T) of a device benchmark: forward and forward + backward on the
+// CPU and the emulated GPU at T = 64 (emulation is ~10³× slower than the CPU kernel), and on a GPU
+// when present at T ∈ {1024, 4096, 16384} (with the CPU at the same sizes, in the same run).
+inline void register_device_grid(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"device", "backward", "T"});
+  const bool gpu = cuda_device_count() > 0;
+  for (std::int64_t backward : {0, 1}) {
+    for (Device device : {Device::cpu, Device::emulated})
+      b->Args({static_cast<std::int64_t>(device), backward, 64});
+    if (gpu)
+      for (std::int64_t T : {1024, 4096, 16384})
+        for (Device device : {Device::cpu, Device::cuda})
+          b->Args({static_cast<std::int64_t>(device), backward, T});
+  }
   b->Unit(benchmark::kMillisecond)->MinTime(0.2)->UseRealTime();
 }
 

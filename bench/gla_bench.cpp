@@ -2,12 +2,16 @@
 // forward + backward for the recurrent and chunk kernels (reference at T = 1024 only).
 // items_per_second is tokens per second; peak_MiB is the peak heap of one forward + backward
 // (everything allocated on top of the inputs and outputs, Eigen included).
+// BM_GlaRecurrentDevice: the recurrent kernel on the CPU, on the emulated GPU (the CUDA kernel's
+// source run by the CPU, as in CI; at T = 64 only: emulation costs ~10³×) and on a GPU when one is
+// present (T = 1024 … 16384); label "<device>/recurrent".
 // BM_GlaRotation*: rotation angles θ fused into the kernel vs apply_rotary then the op (the
 // public Selective RoPE code's way), and no rotation for reference; label "<impl>/<rotation>".
 #include <benchmark/benchmark.h>
 
 #include <cstdint>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "bench_util.h"
@@ -86,6 +90,33 @@ void BM_GlaForwardBackward(benchmark::State& state) {
   });
 }
 
+void BM_GlaRecurrentDevice(benchmark::State& state) {
+  const auto device = static_cast<phasor::Device>(state.range(0));
+  const bool backward = state.range(1) != 0;
+  Problem problem(state.range(2));
+  const std::int64_t T = problem.T;
+  phasor::bench::DeviceBuffers on(device);
+  phasor::GlaParams params = problem.params();
+  params.q = on.view(problem.q, {kB, T, kH, kK});
+  params.k = on.view(problem.k, {kB, T, kH, kK});
+  params.v = on.view(problem.v, {kB, T, kH, kV});
+  params.g = on.view(problem.g, {kB, T, kH, kK});
+  const TensorView o = on.view(problem.o, {kB, T, kH, kV}),
+                   d_o = on.view(problem.d_o, {kB, T, kH, kV});
+  phasor::GlaGrads grads;
+  grads.dq = on.view(problem.dq, {kB, T, kH, kK});
+  grads.dk = on.view(problem.dk, {kB, T, kH, kK});
+  grads.dv = on.view(problem.dv, {kB, T, kH, kV});
+  grads.dg = on.view(problem.dg, {kB, T, kH, kK});
+  phasor::bench::time_calls(state, T, Impl::recurrent, [&] {
+    phasor::gla_forward(params, Impl::recurrent, o);
+    if (backward) phasor::gla_backward(params, Impl::recurrent, d_o, {}, grads);
+    phasor::bench::DeviceBuffers::wait_for(backward ? grads.dq : o);
+  });
+  state.SetLabel(std::string(phasor::to_string(device)) + "/recurrent" +
+                 (backward ? "/fwd+bwd" : "/fwd"));
+}
+
 // Rotation by Selective-RoPE-like angles: none / fused into the kernel / apply_rotary + op
 // (bench_util.h, Rotation). Same inputs as above; gradients include dθ.
 void BM_GlaRotationForward(benchmark::State& state) {
@@ -121,6 +152,8 @@ const bool registered = [] {
   phasor::bench::register_standard_grid(
       RegisterBenchmark("BM_GlaForwardBackward", BM_GlaForwardBackward),
       RegisterBenchmark("BM_GlaForwardBackward", BM_GlaForwardBackward));
+  phasor::bench::register_device_grid(
+      RegisterBenchmark("BM_GlaRecurrentDevice", BM_GlaRecurrentDevice));
   phasor::bench::register_rotation_grid(
       RegisterBenchmark("BM_GlaRotationForward", BM_GlaRotationForward),
       {Impl::recurrent, Impl::chunk});

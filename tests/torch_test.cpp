@@ -383,6 +383,81 @@ TEST(Torch, ComputeDeviceGuardAndCudaWithoutAGpu) {
   EXPECT_EQ(compute_device(), Device::cpu);
 }
 
+// The same ops on CPU tensors with the emulated GPU as the compute device (the CUDA kernels' source
+// run by the CPU on the tensors' memory): outputs and autograd gradients equal the CPU kernels'
+// within float32 rounding of a different summation order; an implementation without CUDA kernels
+// is a c10::Error naming it.
+namespace {
+
+// Runs `f` on the CPU and on the emulated GPU; returns both result lists (outputs and gradients).
+std::vector<std::vector<at::Tensor>> on_cpu_and_emulated(
+    const std::function<std::vector<at::Tensor>()>& f) {
+  std::vector<std::vector<at::Tensor>> results;
+  results.push_back(f());
+  ComputeDeviceGuard guard(Device::emulated);
+  results.push_back(f());
+  return results;
+}
+
+void expect_emulated_equals_cpu(const std::function<std::vector<at::Tensor>()>& f,
+                                const std::string& what) {
+  const auto results = on_cpu_and_emulated(f);
+  ASSERT_EQ(results[0].size(), results[1].size());
+  for (std::size_t i = 0; i < results[0].size(); ++i)
+    EXPECT_CLOSE(results[1][i], results[0][i], 1e-6, what + " result " + std::to_string(i));
+}
+
+// Gradients of Σ o·d_o with respect to `leaves` (cleared first), after `o` is computed.
+std::vector<at::Tensor> grads_of(const at::Tensor& o, const std::vector<at::Tensor>& leaves) {
+  const at::Tensor d_o = at::randn(o.sizes(), o.options().requires_grad(false));
+  (o * d_o).sum().backward();
+  std::vector<at::Tensor> out{o.detach()};
+  for (const at::Tensor& l : leaves) out.push_back(l.grad().clone());
+  return out;
+}
+
+}  // namespace
+
+TEST(Torch, EmulatedComputeDeviceEqualsCpu) {
+  const std::int64_t B = 2, T = 9, H = 2, K = 6, V = 5, D = 7;
+  const at::Tensor cu = at::tensor({0, 4, 4, 18}, at::kLong);
+  torch::manual_seed(21);
+  const at::Tensor phi = at::rand({1, 2 * T, H, K / 2}, f32), omega = at::rand({H, K / 2}, f32),
+                   x = at::randn({B, T, H, K}, f32), theta = at::randn({B, T, H, K / 2}, f32) * 5,
+                   cx = at::randn({1, 2 * T, D}, f32), weight = at::randn({D, 4}, f32),
+                   bias = at::randn({D}, f32), cache = at::randn({3, D, 3}, f32);
+  expect_emulated_equals_cpu(
+      [&] {
+        torch::manual_seed(1);
+        at::Tensor p = leaf(phi), w = leaf(omega);
+        auto [th, fin] = selective_rope_phases(p, w, c10::nullopt, true, cu);
+        auto out = grads_of(th + fin->sum(), {p, w});
+        return out;
+      },
+      "selective_rope_phases");
+  for (RotaryLayout layout : {RotaryLayout::half_split, RotaryLayout::interleaved})
+    expect_emulated_equals_cpu(
+        [&] {
+          torch::manual_seed(2);
+          at::Tensor xl = leaf(x), tl = leaf(theta);
+          return grads_of(apply_rotary(xl, tl, layout), {xl, tl});
+        },
+        std::string("apply_rotary ") + to_string(layout));
+  expect_emulated_equals_cpu(
+      [&] {
+        torch::manual_seed(3);
+        at::Tensor xl = leaf(cx), wl = leaf(weight), bl = leaf(bias), cl = leaf(cache);
+        auto [y, fc] = causal_conv1d(xl, wl, bl, "silu", cl, true, cu);
+        return grads_of(y + fc->sum(), {xl, wl, bl, cl});
+      },
+      "causal_conv1d");
+  {
+    ComputeDeviceGuard guard(Device::emulated);
+    const at::Tensor q = at::randn({1, 4, 1, 8}), g = -at::rand({1, 4, 1, 8});
+    expect_torch_error([&] { chunk_gla(q, q, q, g); }, {"chunk_gla", "impl", "no CUDA kernel"});
+  }
+}
+
 TEST(Torch, HalfAndBFloat16ComputeInFloat32) {
   torch::manual_seed(12);
   const std::int64_t B = 1, T = 6, H = 2, HV = 2, K = 4, V = 3;
