@@ -8,6 +8,7 @@
 #include "common/check.h"
 #include "common/dispatch.h"
 #include "common/rotation.h"
+#include "gla/gla.h"
 #include "gla/kernels.h"
 #include "phasor/gla.h"
 #include "phasor/ops.h"
@@ -85,7 +86,8 @@ void gla_forward(const GlaParams& params, Impl impl, const TensorView& o,
             return detail::gla::chunk_forward(p, o, final_state);
         }
       },
-      [&] {});
+      // Only Impl::recurrent has CUDA kernels (phasor/ops.h); run_on_device refuses the others.
+      [&] { PHASOR_ON_GPU(p.device, gla::recurrent_forward(p, o, final_state)); });
 }
 
 void gla_backward(const GlaParams& params, Impl impl, const TensorView& d_o,
@@ -119,7 +121,7 @@ void gla_backward(const GlaParams& params, Impl impl, const TensorView& d_o,
             return detail::gla::chunk_backward(p, d_o, d_final_state, grads);
         }
       },
-      [&] {});
+      [&] { PHASOR_ON_GPU(p.device, gla::recurrent_backward(p, d_o, d_final_state, grads)); });
 }
 
 }  // namespace phasor

@@ -1,0 +1,94 @@
+// Staging of inputs that overlap outputs, for the GPU kernels of every op (included by kernel
+// files, inside their own anonymous namespace, for both backends).
+//
+// A CPU kernel may read an input after writing an output that shares its memory (o = v in place,
+// final_state = initial_state) when one thread owns both; on the GPU other blocks may still read
+// what a block has written. A kernel whose inputs may overlap its outputs copies each such input
+// to a contiguous workspace first: Staging(stream)(input, {outputs...}) returns the input itself or
+// its copy. Exact for every dtype (the copy goes through double). Requires simt/simt.h.
+#pragma once
+
+#include <initializer_list>
+#include <memory>
+#include <vector>
+
+#include "simt/simt.h"
+
+namespace phasor::PHASOR_BACKEND {
+namespace {
+
+// A copy of `from` (any rank ≤ 4, any strides) into the contiguous `to` of the same dtype; exact
+// (double holds every value of every floating dtype).
+PHASOR_GLOBAL void copy_kernel(TensorView from, TensorView to) {
+  const std::int64_t e = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (e >= from.numel()) return;
+  std::int64_t i[TensorView::kMaxRank] = {0, 0, 0, 0}, rest = e;
+  for (int k = from.rank - 1; k >= 0; --k) {
+    i[k] = rest % from.size(k);
+    rest /= from.size(k);
+  }
+  switch (from.rank) {
+    case 1:
+      simt::store(to, simt::load<double>(from, i[0]), i[0]);
+      return;
+    case 2:
+      simt::store(to, simt::load<double>(from, i[0], i[1]), i[0], i[1]);
+      return;
+    case 3:
+      simt::store(to, simt::load<double>(from, i[0], i[1], i[2]), i[0], i[1], i[2]);
+      return;
+    default:
+      simt::store(to, simt::load<double>(from, i[0], i[1], i[2], i[3]), i[0], i[1], i[2], i[3]);
+  }
+}
+
+// The bytes [first, last) a view can touch.
+struct Extent {
+  const char* first;
+  const char* last;
+};
+Extent extent_of(const TensorView& v) {
+  const auto* base = static_cast<const char*>(v.data);
+  std::int64_t span = 0;
+  for (int k = 0; k < v.rank; ++k) span += (v.size(k) - 1) * v.stride(k);
+  const auto bytes = static_cast<std::int64_t>(element_size(v.dtype));
+  return {base, base + (span + 1) * bytes};
+}
+bool overlap(const TensorView& a, const TensorView& b) {
+  if (a.numel() == 0 || b.numel() == 0) return false;
+  const Extent x = extent_of(a), y = extent_of(b);
+  return x.first < y.last && y.first < x.last;
+}
+
+// Inputs staged into workspace copies, kept for the call.
+class Staging {
+ public:
+  explicit Staging(cuda::Stream stream) : stream_(stream) {}
+  // `input`, or a contiguous copy of it when it overlaps one of `outputs`.
+  TensorView operator()(const TensorView& input, std::initializer_list<TensorView> outputs) {
+    bool clash = false;
+    for (const TensorView& out : outputs) clash = clash || (input.defined() && overlap(input, out));
+    if (!clash) return input;
+    const std::int64_t count = input.numel();
+    buffers_.push_back(std::make_unique<simt::Workspace>(
+        static_cast<std::size_t>(count) * element_size(input.dtype), stream_));
+    TensorView copy = input;
+    copy.data = buffers_.back()->data();
+    std::int64_t stride = 1;
+    for (int k = input.rank - 1; k >= 0; --k) {
+      copy.strides[static_cast<std::size_t>(k)] = stride;
+      stride *= input.size(k);
+    }
+    constexpr int kThreads = 256;
+    PHASOR_LAUNCH(copy_kernel, simt::Dim3(static_cast<unsigned>((count + kThreads - 1) / kThreads)),
+                  simt::Dim3(kThreads), 0, stream_, input, copy);
+    return copy;
+  }
+
+ private:
+  cuda::Stream stream_;
+  std::vector<std::unique_ptr<simt::Workspace>> buffers_;
+};
+
+}  // namespace
+}  // namespace phasor::PHASOR_BACKEND

@@ -1,0 +1,25 @@
+// GLA's recurrent kernels on the GPU (fused_recurrent_gla), forward and backward, for both GPU
+// backends: declared alike for phasor::cuda::gla (nvcc) and phasor::emulated::gla (the emulated
+// GPU), defined in cuda/gla/recurrent.cu, compiled both ways. src/gla/api.cpp calls them through
+// PHASOR_ON_GPU once the metadata and the value checks (gates, cu_seqlens) have passed; they take
+// the CPU kernels' problem description (src/gla/problem.h) and compute what
+// src/gla/recurrent.cpp computes. Work is queued on phasor::cuda::current_stream(); no host
+// synchronisation.
+#pragma once
+
+#include "gla/problem.h"
+#include "phasor/gla.h"
+
+#define PHASOR_GLA_GPU_ENTRY_POINTS                                                              \
+  void recurrent_forward(const ::phasor::detail::gla::Problem& p, const ::phasor::TensorView& o, \
+                         const ::phasor::TensorView& final_state);                               \
+  void recurrent_backward(                                                                       \
+      const ::phasor::detail::gla::Problem& p, const ::phasor::TensorView& d_o,                  \
+      const ::phasor::TensorView& d_final_state, const ::phasor::GlaGrads& grads);
+
+namespace phasor::cuda::gla {
+PHASOR_GLA_GPU_ENTRY_POINTS
+}  // namespace phasor::cuda::gla
+namespace phasor::emulated::gla {
+PHASOR_GLA_GPU_ENTRY_POINTS
+}  // namespace phasor::emulated::gla
