@@ -11,6 +11,7 @@
 #include "common/check.h"
 #include "common/dispatch.h"
 #include "common/rotation.h"
+#include "gated_delta_rule/gated_delta_rule.h"
 #include "gated_delta_rule/kernels.h"
 #include "phasor/gated_delta_rule.h"
 #include "phasor/ops.h"
@@ -100,7 +101,8 @@ void gated_delta_rule_forward(const GatedDeltaRuleParams& params, Impl impl, con
             return detail::gdn::chunk_forward(p, o, final_state);
         }
       },
-      [&] {});
+      // Only Impl::recurrent has CUDA kernels (phasor/ops.h); run_on_device refuses the others.
+      [&] { PHASOR_ON_GPU(p.device, gdn::recurrent_forward(p, o, final_state)); });
 }
 
 void gated_delta_rule_backward(const GatedDeltaRuleParams& params, Impl impl, const TensorView& d_o,
@@ -139,7 +141,7 @@ void gated_delta_rule_backward(const GatedDeltaRuleParams& params, Impl impl, co
             return detail::gdn::chunk_backward(p, d_o, d_final_state, grads);
         }
       },
-      [&] {});
+      [&] { PHASOR_ON_GPU(p.device, gdn::recurrent_backward(p, d_o, d_final_state, grads)); });
 }
 
 }  // namespace phasor

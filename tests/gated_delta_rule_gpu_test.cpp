@@ -1,0 +1,325 @@
+// Gated DeltaNet's recurrent CUDA kernels (cuda/gated_delta_rule/recurrent.cu,
+// fused_recurrent_gated_delta_rule) against the CPU recurrent kernel and the float64 reference, on
+// every GPU device (Device::emulated always; Device::cuda when the machine has a GPU, otherwise
+// SKIPPED): o, final_state and every gradient (dq, dk, dv, dg, dβ, dh0, dθ, with d_final_state),
+// in float64, float32, bfloat16 and float16, without rotation and with θ in both layouts, with and
+// without the in-kernel ℓ2 norm, β in (0, 1) and (0, 2), over realistic, strong (−20 per token)
+// and exactly-zero (−inf) gates, grouped value heads (HV = 2H), varlen batches with empty and
+// one-token sequences, T = 1, T not a multiple of the checkpoint interval, K ≠ V, odd sizes
+// (K = 6, V = 5) and K = 48, V = 40 (crossing a warp of key rows and a tile of value columns).
+// Tolerances as tests/gla_gpu_test.cpp (device_test_util.h). Also: decoding token by token with
+// the state updated in place equals one call, bit-identical results under emulator schedules, and
+// the CPU's error text for a positive gate and a bad cu_seqlens.
+#include <cmath>
+#include <limits>
+#include <random>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "device_test_util.h"
+#include "phasor/emulator.h"
+#include "phasor/gated_delta_rule.h"
+
+namespace phasor {
+namespace {
+
+using testing::OnDevice;
+using testing::Tensor;
+
+enum class Gates { realistic, strong, zeros };
+enum class Rotation { none, half_split, interleaved };
+
+struct Case {
+  std::string name;
+  std::int64_t B, T, H, K, V;
+  std::vector<std::int64_t> lengths = {};  // non-empty: packed with cu_seqlens (B = 1)
+  Gates gates = Gates::realistic;
+  bool initial_state = true;
+  std::int64_t chunk_size = 4;
+  std::int64_t group = 1;  // HV = group · H
+  double beta_max = 1.0;   // β ~ U(0, beta_max)
+  bool l2norm = false;
+};
+
+// float64 master copies of every input.
+struct Inputs {
+  Case c;
+  std::int64_t B = 0, T = 0, N = 0;
+  std::int64_t HV = 0;
+  Tensor q, k, v, g, beta, h0, cu, theta, d_o, dht;
+};
+
+Inputs make_inputs(const Case& c, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  Inputs in;
+  in.c = c;
+  in.B = c.B;
+  in.T = c.T;
+  if (!c.lengths.empty()) {
+    in.B = 1;
+    in.T = 0;
+    for (auto l : c.lengths) in.T += l;
+    in.cu = testing::cu_seqlens(c.lengths);
+  }
+  in.N = c.lengths.empty() ? in.B : static_cast<std::int64_t>(c.lengths.size());
+  in.HV = c.H * c.group;
+  const std::vector<std::int64_t> qk = {in.B, in.T, c.H, c.K}, vv = {in.B, in.T, in.HV, c.V};
+  in.q = testing::randn(qk, rng);
+  in.k = testing::randn(qk, rng);
+  in.v = testing::randn(vv, rng);
+  in.g = testing::log_sigmoid_gates({in.B, in.T, in.HV}, rng, 3.0);
+  for (std::int64_t i = 0; i < in.g.numel(); ++i) {
+    if (c.gates == Gates::strong) in.g.set(i, -20.0);
+    if (c.gates == Gates::zeros && i % 5 == 2)
+      in.g.set(i, -std::numeric_limits<double>::infinity());
+  }
+  in.beta = testing::uniform({in.B, in.T, in.HV}, rng, 0.0, c.beta_max);
+  if (c.initial_state) in.h0 = testing::randn({in.N, in.HV, c.K, c.V}, rng);
+  if (c.K % 2 == 0) in.theta = testing::randn({in.B, in.T, c.H, c.K / 2}, rng, 20.0);
+  in.d_o = testing::randn(vv, rng);
+  in.dht = testing::randn({in.N, in.HV, c.K, c.V}, rng);
+  return in;
+}
+
+struct Outputs {
+  Tensor o, final_state, dq, dk, dv, dg, dbeta, dh0, dtheta;
+};
+
+// Forward and backward of `impl` on `device`, every input rounded to `dtype`, outputs in `dtype`
+// (states and dh0 in float32, or float64 for float64 inputs).
+Outputs run(const Inputs& in, DType dtype, Device device, Impl impl, Rotation rotation) {
+  OnDevice on(device);
+  auto input = [&](const Tensor& t) { return t.defined() ? on.in(t.to(dtype)) : TensorView{}; };
+  const DType state_dtype = dtype == DType::float64 ? DType::float64 : DType::float32;
+  GatedDeltaRuleParams p;
+  p.q = input(in.q);
+  p.k = input(in.k);
+  p.v = input(in.v);
+  p.g = input(in.g);
+  p.beta = input(in.beta);
+  p.use_qk_l2norm_in_kernel = in.c.l2norm;
+  p.initial_state = in.h0.defined() ? on.in(in.h0.to(state_dtype)) : TensorView{};
+  p.cu_seqlens = in.cu.defined() ? on.in(in.cu) : TensorView{};
+  p.chunk_size = in.c.chunk_size;
+  if (rotation != Rotation::none) {
+    p.theta = input(in.theta);
+    p.rotary_layout =
+        rotation == Rotation::interleaved ? RotaryLayout::interleaved : RotaryLayout::half_split;
+  }
+  const TensorView o = on.out(in.v.shape(), dtype),
+                   fs = on.out({in.N, in.HV, in.c.K, in.c.V}, state_dtype);
+  gated_delta_rule_forward(p, impl, o, fs);
+  GatedDeltaRuleGrads grads;
+  grads.dq = on.out(in.q.shape(), dtype);
+  grads.dk = on.out(in.q.shape(), dtype);
+  grads.dv = on.out(in.v.shape(), dtype);
+  grads.dg = on.out(in.g.shape(), dtype);
+  grads.dbeta = on.out(in.beta.shape(), dtype);
+  if (in.h0.defined()) grads.dh0 = on.out(in.h0.shape(), state_dtype);
+  if (rotation != Rotation::none) grads.dtheta = on.out(in.theta.shape(), dtype);
+  gated_delta_rule_backward(p, impl, input(in.d_o), on.in(in.dht.to(state_dtype)), grads);
+  Outputs r;
+  r.o = on.to_host(o);
+  r.final_state = on.to_host(fs);
+  r.dq = on.to_host(grads.dq);
+  r.dk = on.to_host(grads.dk);
+  r.dv = on.to_host(grads.dv);
+  r.dg = on.to_host(grads.dg);
+  r.dbeta = on.to_host(grads.dbeta);
+  if (grads.dh0.defined()) r.dh0 = on.to_host(grads.dh0);
+  if (grads.dtheta.defined()) r.dtheta = on.to_host(grads.dtheta);
+  return r;
+}
+
+// The float64 reference on the inputs rounded to `dtype` (states rounded to their dtype).
+Outputs reference(const Inputs& in, DType dtype, Rotation rotation) {
+  Inputs rounded = in;
+  const DType state_dtype = dtype == DType::float64 ? DType::float64 : DType::float32;
+  for (Tensor* t : {&rounded.q, &rounded.k, &rounded.v, &rounded.g, &rounded.beta, &rounded.theta,
+                    &rounded.d_o})
+    if (t->defined()) *t = t->to(dtype).to(DType::float64);
+  for (Tensor* t : {&rounded.h0, &rounded.dht})
+    if (t->defined()) *t = t->to(state_dtype).to(DType::float64);
+  return run(rounded, DType::float64, Device::cpu, Impl::reference, rotation);
+}
+
+void compare(const Tensor& gpu, const Tensor& cpu, const Tensor& ref, DType dtype,
+             const std::string& what) {
+  const std::string key = "fused_recurrent_gated_delta_rule " + what;
+  if (dtype == DType::float64 || dtype == DType::float32) {
+    testing::expect_close_to_reference(gpu, ref, dtype, key);
+    const double error = testing::rel_rms(gpu, cpu);
+    testing::record_error(key + " vs cpu kernel " + to_string(dtype), error);
+    EXPECT_LE(error, testing::reference_tolerance(dtype)) << key << " against the CPU kernel";
+  } else {
+    testing::expect_as_accurate_as_cpu(gpu, cpu, ref, dtype, key);
+  }
+}
+
+void compare_all(const Outputs& gpu, const Outputs& cpu, const Outputs& ref, DType dtype) {
+  compare(gpu.o, cpu.o, ref.o, dtype, "o");
+  compare(gpu.final_state, cpu.final_state, ref.final_state, dtype, "final_state");
+  compare(gpu.dq, cpu.dq, ref.dq, dtype, "dq");
+  compare(gpu.dk, cpu.dk, ref.dk, dtype, "dk");
+  compare(gpu.dv, cpu.dv, ref.dv, dtype, "dv");
+  compare(gpu.dg, cpu.dg, ref.dg, dtype, "dg");
+  compare(gpu.dbeta, cpu.dbeta, ref.dbeta, dtype, "dbeta");
+  if (ref.dh0.defined()) compare(gpu.dh0, cpu.dh0, ref.dh0, dtype, "dh0");
+  if (ref.dtheta.defined()) compare(gpu.dtheta, cpu.dtheta, ref.dtheta, dtype, "dtheta");
+}
+
+const char* name_of(Rotation r) {
+  return r == Rotation::none         ? "no theta"
+         : r == Rotation::half_split ? "half_split"
+                                     : "interleaved";
+}
+
+class GatedDeltaRuleGpu : public ::testing::TestWithParam<Device> {};
+
+TEST_P(GatedDeltaRuleGpu, MatchesCpuAndReference) {
+  const Device device = GetParam();
+  PHASOR_SKIP_WITHOUT_GPU(device);
+  const std::vector<Case> cases = {
+      {"realistic", 2, 11, 2, 8, 6},
+      {"strong_l2norm_beta2", 1, 9, 1, 8, 8, {}, Gates::strong, true, 4, 1, 2.0, true},
+      {"zeros_grouped", 2, 7, 1, 8, 5, {}, Gates::zeros, true, 3, 2},
+      {"varlen_empty_single_l2norm",
+       1,
+       0,
+       2,
+       6,
+       5,
+       {3, 0, 1, 9, 0},
+       Gates::realistic,
+       true,
+       4,
+       1,
+       2.0,
+       true},
+      {"one_token_grouped_l2norm", 2, 1, 1, 4, 4, {}, Gates::realistic, true, 4, 2, 1.0, true},
+      {"odd_sizes_no_state", 1, 6, 1, 6, 5, {}, Gates::realistic, false, 5},
+      {"K48_V40_l2norm", 1, 5, 1, 48, 40, {}, Gates::realistic, true, 2, 1, 2.0, true},
+  };
+  for (const Case& c : cases) {
+    const Inputs in = make_inputs(c, 7);
+    for (Rotation rotation : {Rotation::none, Rotation::half_split, Rotation::interleaved}) {
+      for (DType dtype : testing::gpu_test_dtypes()) {
+        SCOPED_TRACE(c.name + " " + name_of(rotation) + " " + to_string(dtype));
+        const Outputs ref = reference(in, dtype, rotation);
+        const Outputs cpu = run(in, dtype, Device::cpu, Impl::recurrent, rotation);
+        const Outputs gpu = run(in, dtype, device, Impl::recurrent, rotation);
+        compare_all(gpu, cpu, ref, dtype);
+      }
+    }
+  }
+}
+
+// Decoding: T = 1 calls with the state updated in place (final_state is initial_state) give the
+// outputs and the final state of one call over the whole sequence.
+TEST_P(GatedDeltaRuleGpu, DecodingTokenByTokenEqualsOneCall) {
+  const Device device = GetParam();
+  PHASOR_SKIP_WITHOUT_GPU(device);
+  const Inputs in =
+      make_inputs({"decode", 2, 7, 1, 6, 5, {}, Gates::realistic, true, 4, 2, 2.0, true}, 11);
+  OnDevice on(device);
+  GatedDeltaRuleParams p;
+  p.q = on.in(in.q);
+  p.k = on.in(in.k);
+  p.v = on.in(in.v);
+  p.g = on.in(in.g);
+  p.beta = on.in(in.beta);
+  p.use_qk_l2norm_in_kernel = true;
+  p.initial_state = on.in(in.h0);
+  p.theta = on.in(in.theta);
+  const TensorView o = on.out(in.v.shape(), DType::float64),
+                   fs = on.out(in.h0.shape(), DType::float64);
+  gated_delta_rule_forward(p, Impl::recurrent, o, fs);
+  const TensorView state = on.in(in.h0), stepped = on.out(in.v.shape(), DType::float64);
+  for (std::int64_t t = 0; t < in.T; ++t) {
+    auto step = [&](TensorView x) {  // token t of a [B, T, ...] view
+      x.data = static_cast<double*>(x.data) + t * x.stride(1);
+      x.sizes[1] = 1;
+      return x;
+    };
+    GatedDeltaRuleParams s = p;
+    s.q = step(p.q);
+    s.k = step(p.k);
+    s.v = step(p.v);
+    s.g = step(p.g);
+    s.beta = step(p.beta);
+    s.theta = step(p.theta);
+    s.initial_state = state;
+    gated_delta_rule_forward(s, Impl::recurrent, step(stepped), state);
+  }
+  EXPECT_TRUE(on.to_host(stepped).bit_equal(on.to_host(o))) << "decoded o";
+  EXPECT_TRUE(on.to_host(state).bit_equal(on.to_host(fs))) << "decoded final state";
+}
+
+// Every output bit-identical under the forward and a reversed (and a seeded random) order of
+// threads and blocks: no race, no order-dependent reduction.
+TEST_P(GatedDeltaRuleGpu, BitIdenticalUnderEmulatorSchedules) {
+  const Device device = GetParam();
+  if (device != Device::emulated) GTEST_SKIP() << "schedules are an option of the emulated GPU";
+  const Inputs in = make_inputs(
+      {"schedules", 1, 0, 1, 10, 37, {5, 0, 8}, Gates::realistic, true, 4, 2, 2.0, true}, 13);
+  std::vector<Outputs> results;
+  for (const char* schedule : {"forward", "reverse", "threads=random:3,blocks=random:4"}) {
+    SCOPED_TRACE(schedule);
+    emulator::ScopedOptions options(emulator::parse_schedule(schedule));
+    results.push_back(run(in, DType::float32, device, Impl::recurrent, Rotation::interleaved));
+  }
+  for (std::size_t i = 1; i < results.size(); ++i) {
+    const Outputs &a = results[0], &b = results[i];
+    for (auto [x, y, name] : {std::tuple{&a.o, &b.o, "o"},
+                              {&a.final_state, &b.final_state, "hT"},
+                              {&a.dq, &b.dq, "dq"},
+                              {&a.dk, &b.dk, "dk"},
+                              {&a.dv, &b.dv, "dv"},
+                              {&a.dg, &b.dg, "dg"},
+                              {&a.dh0, &b.dh0, "dh0"},
+                              {&a.dtheta, &b.dtheta, "dtheta"}})
+      EXPECT_TRUE(x->bit_equal(*y)) << name << " differs under schedule " << i;
+  }
+}
+
+// Bad values give the CPU's message on the GPU device, before any kernel runs (nothing written).
+TEST_P(GatedDeltaRuleGpu, BadValuesGiveTheCpuErrorAndWriteNothing) {
+  const Device device = GetParam();
+  PHASOR_SKIP_WITHOUT_GPU(device);
+  Inputs in = make_inputs({"bad", 1, 0, 1, 4, 3, {2, 3}}, 17);
+  const auto message = [&](Device d, const Tensor& g, const Tensor& cu) {
+    OnDevice on(d);
+    GatedDeltaRuleParams p;
+    p.q = on.in(in.q);
+    p.k = on.in(in.k);
+    p.v = on.in(in.v);
+    p.g = on.in(g);
+    p.beta = on.in(in.beta);
+    p.cu_seqlens = on.in(cu);
+    const TensorView o = on.out(in.v.shape(), DType::float64);
+    std::string what;
+    try {
+      gated_delta_rule_forward(p, Impl::recurrent, o);
+    } catch (const Error& e) {
+      what = e.what();
+    }
+    EXPECT_TRUE(std::isnan(on.to_host(o).at(0))) << "o was written";
+    return what;
+  };
+  Tensor positive = in.g;
+  positive.set(2, 0.25);
+  const std::string cpu_gate = message(Device::cpu, positive, in.cu);
+  EXPECT_NE(cpu_gate.find("'g'"), std::string::npos) << cpu_gate;
+  EXPECT_EQ(message(device, positive, in.cu), cpu_gate);
+  const Tensor bad_cu = testing::cu_seqlens({3, 3});  // ends at 6, T = 5
+  const std::string cpu_cu = message(Device::cpu, in.g, bad_cu);
+  EXPECT_NE(cpu_cu.find("cu_seqlens"), std::string::npos) << cpu_cu;
+  EXPECT_EQ(message(device, in.g, bad_cu), cpu_cu);
+}
+
+INSTANTIATE_TEST_SUITE_P(Devices, GatedDeltaRuleGpu, ::testing::ValuesIn(testing::gpu_devices()),
+                         testing::device_param_name);
+
+}  // namespace
+}  // namespace phasor
