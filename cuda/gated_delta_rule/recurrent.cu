@@ -7,12 +7,12 @@
 // q̃ = scale · q̂. Value head hv reads q/k head hv / G (G = HV / H).
 //
 // Mapping (as cuda/gla/recurrent.cu): one block per (sequence n, value head hv, tile of 32 value
-// columns); lane = value column, warp w owns key rows [8w, 8w + 8) of the state tile, held in
-// registers (K ≤ 256). Per token the block stages q̂, k̂ (normalised by warp 0's sums of squares,
-// then rotated), a, β and its slice of v in shared memory. u = S_{t−1}ᵀ k̂ is a sum over key rows:
-// each warp's share goes to shared memory and every thread adds the shares in warp order (the
-// same value in every thread, every run); then r = β (v − a u), S_t = a S_{t−1} + k̂ rᵀ, and o's
-// shares are summed the same way.
+// columns); lane = value column, warp w owns key rows [16w, 16w + 16) of the state tile, held in
+// registers (K ≤ 256, at most 16 warps). Per token the block stages q̂, k̂ (normalised by warp 0's
+// sums of squares, then rotated), a, β and its slice of v in shared memory. u = S_{t−1}ᵀ k̂ is a sum
+// over key rows: each warp's share goes to shared memory and every thread adds the shares in warp
+// order (the same value in every thread, every run); then r = β (v − a u), S_t = a S_{t−1} + k̂ rᵀ,
+// and o's shares are summed the same way.
 //
 // Backward, as the CPU kernel (checkpoints every min(chunk_size, 64) tokens, each segment's states
 // recomputed into a per-block workspace, dS carried back in registers), per step:
@@ -44,8 +44,9 @@ using ::phasor::detail::Sequence;
 using ::phasor::detail::gdn::Problem;
 
 constexpr int kColumns = 32;         // value columns per block: threadIdx.x
-constexpr int kRows = 8;             // key rows per thread
-constexpr std::int64_t kMaxK = 256;  // kRows × 32 warps
+constexpr int kRows = 16;            // key rows per thread
+constexpr int kMaxWarps = 16;        // threadIdx.y: ≤ 512 threads, so ≤ 128 registers each
+constexpr std::int64_t kMaxK = 256;  // kRows × kMaxWarps
 constexpr std::int64_t kMaxTiles = 65535;
 constexpr std::int64_t kMaxSegment = 64;  // the backward's checkpoint interval, at most
 
@@ -199,9 +200,10 @@ PHASOR_DEVICE C advance(const Problem& p, const Token<C>& token, C (&state)[kRow
   const int warp = threadIdx.y, warps = blockDim.y;
   const C a = token.scalars[0], beta = token.scalars[1], v_j = token.v[threadIdx.x];
   C share = 0;
+  PHASOR_UNROLL
   for (int r = 0; r < kRows; ++r) {
     const std::int64_t row = static_cast<std::int64_t>(warp) * kRows + r;
-    if (row >= p.K) break;
+    if (row >= p.K) continue;
     const C k_a = token.k[row];
     share += k_a * state[r];
   }
@@ -210,9 +212,10 @@ PHASOR_DEVICE C advance(const Problem& p, const Token<C>& token, C (&state)[kRow
   const C u = token.sum_shares(token.shares, warps);  // S_{t−1}ᵀ k̂
   const C rb = beta * (v_j - a * u);                  // β r
   C out = 0;
+  PHASOR_UNROLL
   for (int r = 0; r < kRows; ++r) {
     const std::int64_t row = static_cast<std::int64_t>(warp) * kRows + r;
-    if (row >= p.K) break;
+    if (row >= p.K) continue;
     const C k_a = token.k[row];
     state[r] = a * state[r] + k_a * rb;
     if (with_q) {
@@ -226,7 +229,8 @@ PHASOR_DEVICE C advance(const Problem& p, const Token<C>& token, C (&state)[kRow
 // ---- forward ------------------------------------------------------------------------------------
 
 template <class C>
-PHASOR_GLOBAL void forward_kernel(Problem p, TensorView o, TensorView final_state) {
+PHASOR_GLOBAL void PHASOR_LAUNCH_BOUNDS(kMaxWarps* kColumns)
+    forward_kernel(Problem p, TensorView o, TensorView final_state) {
   const std::int64_t n = blockIdx.x / p.HV, hv = blockIdx.x % p.HV;
   const int lane = threadIdx.x, warp = threadIdx.y, warps = blockDim.y;
   const std::int64_t j = static_cast<std::int64_t>(blockIdx.y) * kColumns + lane;
@@ -235,6 +239,7 @@ PHASOR_GLOBAL void forward_kernel(Problem p, TensorView o, TensorView final_stat
   const C scale = static_cast<C>(p.scale);
   const Sequence s = p.sequences[n];
   C state[kRows];
+  PHASOR_UNROLL
   for (int r = 0; r < kRows; ++r) {
     const std::int64_t a = static_cast<std::int64_t>(warp) * kRows + r;
     state[r] = column && a < p.K && p.initial_state.defined()
@@ -249,11 +254,11 @@ PHASOR_GLOBAL void forward_kernel(Problem p, TensorView o, TensorView final_stat
     if (warp == 0 && column) simt::store(o, token.sum_shares(shares2_s, warps), s.batch, t, hv, j);
     simt::syncthreads();  // the shares and the staged token are reused by the next token
   }
-  if (final_state.defined() && column)
-    for (int r = 0; r < kRows; ++r) {
-      const std::int64_t a = static_cast<std::int64_t>(warp) * kRows + r;
-      if (a < p.K) simt::store(final_state, state[r], n, hv, a, j);
-    }
+  if (final_state.defined() && column) PHASOR_UNROLL
+  for (int r = 0; r < kRows; ++r) {
+    const std::int64_t a = static_cast<std::int64_t>(warp) * kRows + r;
+    if (a < p.K) simt::store(final_state, state[r], n, hv, a, j);
+  }
 }
 
 // ---- backward -----------------------------------------------------------------------------------
@@ -268,8 +273,9 @@ struct BackwardSpace {
 };
 
 template <class C>
-PHASOR_GLOBAL void backward_kernel(Problem p, TensorView d_o, TensorView d_final_state,
-                                   TensorView dv, TensorView dh0, BackwardSpace<C> space) {
+PHASOR_GLOBAL void PHASOR_LAUNCH_BOUNDS(kMaxWarps* kColumns)
+    backward_kernel(Problem p, TensorView d_o, TensorView d_final_state, TensorView dv,
+                    TensorView dh0, BackwardSpace<C> space) {
   const std::int64_t n = blockIdx.x / p.HV, hv = blockIdx.x % p.HV, tile = blockIdx.y;
   const std::int64_t h = hv / p.group, member = hv % p.group;
   const int lane = threadIdx.x, warp = threadIdx.y, warps = blockDim.y;
@@ -293,6 +299,7 @@ PHASOR_GLOBAL void backward_kernel(Problem p, TensorView d_o, TensorView d_final
 
   // Pass 1: the state before every segment.
   C reg[kRows];
+  PHASOR_UNROLL
   for (int r = 0; r < kRows; ++r) {
     const std::int64_t a = static_cast<std::int64_t>(warp) * kRows + r;
     reg[r] = column && a < K && p.initial_state.defined()
@@ -300,6 +307,7 @@ PHASOR_GLOBAL void backward_kernel(Problem p, TensorView d_o, TensorView d_final
                  : C(0);
   }
   for (std::int64_t i = 0; i < segments; ++i) {
+    PHASOR_UNROLL
     for (int r = 0; r < kRows; ++r) {
       const std::int64_t a = static_cast<std::int64_t>(warp) * kRows + r;
       if (a < K) space.checkpoints[element(checkpoint_base(i), a)] = reg[r];
@@ -313,6 +321,7 @@ PHASOR_GLOBAL void backward_kernel(Problem p, TensorView d_o, TensorView d_final
   }
 
   // Pass 2: segments in reverse; reg holds dS, the gradient of the state after the token at hand.
+  PHASOR_UNROLL
   for (int r = 0; r < kRows; ++r) {
     const std::int64_t a = static_cast<std::int64_t>(warp) * kRows + r;
     reg[r] = column && a < K && d_final_state.defined() ? simt::load<C>(d_final_state, n, hv, a, j)
@@ -322,6 +331,7 @@ PHASOR_GLOBAL void backward_kernel(Problem p, TensorView d_o, TensorView d_final
     const std::int64_t L = std::min(CS, s.length - i * CS);
     {
       C state[kRows];
+      PHASOR_UNROLL
       for (int r = 0; r < kRows; ++r) {
         const std::int64_t a = static_cast<std::int64_t>(warp) * kRows + r;
         state[r] = a < K ? space.checkpoints[element(checkpoint_base(i), a)] : C(0);
@@ -330,6 +340,7 @@ PHASOR_GLOBAL void backward_kernel(Problem p, TensorView d_o, TensorView d_final
       for (std::int64_t t = 0; t < L; ++t) {
         token.stage(p, s.batch, s.start + i * CS + t, hv, j, false, TensorView{});
         advance<C>(p, token, state, scale, false);
+        PHASOR_UNROLL
         for (int r = 0; r < kRows; ++r) {
           const std::int64_t a = static_cast<std::int64_t>(warp) * kRows + r;
           if (a < K) space.states[element(state_base(t + 1), a)] = state[r];
@@ -344,9 +355,10 @@ PHASOR_GLOBAL void backward_kernel(Problem p, TensorView d_o, TensorView d_final
       const std::int64_t qk_part = (((tile * p.group + member) * BT + flat) * p.H + h) * K;
       // dS += q̃ doᵀ; the warps' shares of w = dSᵀk̂ and S_{t−1}ᵀk̂; dq̃ = S_t do.
       C w_share = 0, kS_share = 0;
+      PHASOR_UNROLL
       for (int r = 0; r < kRows; ++r) {
         const std::int64_t row = static_cast<std::int64_t>(warp) * kRows + r;
-        if (row >= K) break;  // uniform across the warp
+        if (row >= K) continue;  // uniform across the warp
         const C q_a = q_s[row], k_a = k_s[row];
         reg[r] += (scale * q_a) * do_j;
         const C current = space.states[element(state_base(t + 1), row)];
@@ -365,9 +377,10 @@ PHASOR_GLOBAL void backward_kernel(Problem p, TensorView d_o, TensorView d_final
       const C r_j = column ? v_j - a * token.sum_shares(shares2_s, warps) : C(0);
       // dk̂ = β (dS r − a S_{t−1} w); dS' = dS − β k̂ wᵀ; Σ S_{t−1} ⊙ dS'; dS ← a dS'.
       C dg_share = 0;
+      PHASOR_UNROLL
       for (int r = 0; r < kRows; ++r) {
         const std::int64_t row = static_cast<std::int64_t>(warp) * kRows + r;
-        if (row >= K) break;
+        if (row >= K) continue;
         const C k_a = k_s[row];
         const C previous = space.states[element(state_base(t), row)];
         if (space.dk.size > 0) {
@@ -398,11 +411,11 @@ PHASOR_GLOBAL void backward_kernel(Problem p, TensorView d_o, TensorView d_final
       simt::syncthreads();
     }
   }
-  if (dh0.defined() && column)
-    for (int r = 0; r < kRows; ++r) {
-      const std::int64_t a = static_cast<std::int64_t>(warp) * kRows + r;
-      if (a < K) simt::store(dh0, reg[r], n, hv, a, j);
-    }
+  if (dh0.defined() && column) PHASOR_UNROLL
+  for (int r = 0; r < kRows; ++r) {
+    const std::int64_t a = static_cast<std::int64_t>(warp) * kRows + r;
+    if (a < K) simt::store(dh0, reg[r], n, hv, a, j);
+  }
 }
 
 // dβ and dg of one (token, value head): the tiles' partials in tile order.

@@ -7,7 +7,8 @@
 // Mapping: one block per (sequence n, head h, tile of kColumns = 32 value columns): blockIdx.x =
 // n·H + h, blockIdx.y = the tile. threadIdx.x is the lane = value column j of the tile,
 // threadIdx.y the warp w, which owns key rows [kRows·w, kRows·w + kRows): the K × 32 state tile
-// lives in registers, kRows = 8 per thread, so K ≤ kMaxK = 256 (32 warps). Per token the block
+// lives in registers, kRows = 16 per thread and at most 16 warps (512 threads, so ptxas may
+// use up to 128 registers per thread), so K ≤ kMaxK = 256. Per token the block
 // stages q_t, k_t (rotated), exp(g_t) and its slice of v_t in shared memory; each thread updates
 // its kRows state entries and adds their share of o_t; the warps' shares are summed through shared
 // memory in warp order (a fixed order: deterministic, bit-identical under every schedule).
@@ -44,8 +45,9 @@ using ::phasor::detail::Sequence;
 using ::phasor::detail::gla::Problem;
 
 constexpr int kColumns = 32;         // value columns per block: threadIdx.x
-constexpr int kRows = 8;             // key rows per thread
-constexpr std::int64_t kMaxK = 256;  // kRows × 32 warps
+constexpr int kRows = 16;            // key rows per thread
+constexpr int kMaxWarps = 16;        // threadIdx.y: ≤ 512 threads, so ≤ 128 registers each
+constexpr std::int64_t kMaxK = 256;  // kRows × kMaxWarps
 constexpr std::int64_t kMaxTiles = 65535;
 // The backward's checkpoint interval: chunk_size, at most kMaxSegment (the states of a segment
 // are stored per block; the results do not depend on the interval, only memory and time do).
@@ -121,7 +123,8 @@ PHASOR_DEVICE SharedLayout layout_of(const Problem& p) {
 // ---- forward ------------------------------------------------------------------------------------
 
 template <class C>
-PHASOR_GLOBAL void forward_kernel(Problem p, TensorView o, TensorView final_state) {
+PHASOR_GLOBAL void PHASOR_LAUNCH_BOUNDS(kMaxWarps* kColumns)
+    forward_kernel(Problem p, TensorView o, TensorView final_state) {
   const std::int64_t n = blockIdx.x / p.H, h = blockIdx.x % p.H;
   const int lane = threadIdx.x, warp = threadIdx.y, warps = blockDim.y;
   const std::int64_t j = static_cast<std::int64_t>(blockIdx.y) * kColumns + lane;
@@ -136,6 +139,7 @@ PHASOR_GLOBAL void forward_kernel(Problem p, TensorView o, TensorView final_stat
   const Sequence s = p.sequences[n];
 
   C state[kRows];
+  PHASOR_UNROLL
   for (int r = 0; r < kRows; ++r) {
     const std::int64_t a = static_cast<std::int64_t>(warp) * kRows + r;
     state[r] = column && a < p.K && p.initial_state.defined()
@@ -150,9 +154,10 @@ PHASOR_GLOBAL void forward_kernel(Problem p, TensorView o, TensorView final_stat
     simt::syncthreads();
     const C v_j = v_s[lane];
     C share = 0;
+    PHASOR_UNROLL
     for (int r = 0; r < kRows; ++r) {
       const std::int64_t a = static_cast<std::int64_t>(warp) * kRows + r;
-      if (a >= p.K) break;
+      if (a >= p.K) continue;
       const C d = decay_s[a], k_a = k_s[a], q_a = q_s[a];
       state[r] = d * state[r] + k_a * v_j;
       share += (scale * q_a) * state[r];
@@ -168,11 +173,11 @@ PHASOR_GLOBAL void forward_kernel(Problem p, TensorView o, TensorView final_stat
       simt::store(o, sum, s.batch, t, h, j);
     }
   }
-  if (final_state.defined() && column)
-    for (int r = 0; r < kRows; ++r) {
-      const std::int64_t a = static_cast<std::int64_t>(warp) * kRows + r;
-      if (a < p.K) simt::store(final_state, state[r], n, h, a, j);
-    }
+  if (final_state.defined() && column) PHASOR_UNROLL
+  for (int r = 0; r < kRows; ++r) {
+    const std::int64_t a = static_cast<std::int64_t>(warp) * kRows + r;
+    if (a < p.K) simt::store(final_state, state[r], n, h, a, j);
+  }
 }
 
 // ---- backward -----------------------------------------------------------------------------------
@@ -195,8 +200,9 @@ PHASOR_DEVICE C lane_sum(C x) {
 }
 
 template <class C>
-PHASOR_GLOBAL void backward_kernel(Problem p, TensorView d_o, TensorView d_final_state,
-                                   TensorView dv, TensorView dh0, BackwardSpace<C> space) {
+PHASOR_GLOBAL void PHASOR_LAUNCH_BOUNDS(kMaxWarps* kColumns)
+    backward_kernel(Problem p, TensorView d_o, TensorView d_final_state, TensorView dv,
+                    TensorView dh0, BackwardSpace<C> space) {
   const std::int64_t n = blockIdx.x / p.H, h = blockIdx.x % p.H, tile = blockIdx.y;
   const int lane = threadIdx.x, warp = threadIdx.y, warps = blockDim.y;
   const std::int64_t j = tile * kColumns + lane;
@@ -236,6 +242,7 @@ PHASOR_GLOBAL void backward_kernel(Problem p, TensorView d_o, TensorView d_final
 
   // Pass 1: the state before every segment.
   C reg[kRows];
+  PHASOR_UNROLL
   for (int r = 0; r < kRows; ++r) {
     const std::int64_t a = static_cast<std::int64_t>(warp) * kRows + r;
     reg[r] = column && a < K && p.initial_state.defined()
@@ -243,6 +250,7 @@ PHASOR_GLOBAL void backward_kernel(Problem p, TensorView d_o, TensorView d_final
                  : C(0);
   }
   for (std::int64_t i = 0; i < segments; ++i) {
+    PHASOR_UNROLL
     for (int r = 0; r < kRows; ++r) {
       const std::int64_t a = static_cast<std::int64_t>(warp) * kRows + r;
       if (a < K) space.checkpoints[element(checkpoint_base(i), a)] = reg[r];
@@ -252,9 +260,10 @@ PHASOR_GLOBAL void backward_kernel(Problem p, TensorView d_o, TensorView d_final
       stage(t, false);
       simt::syncthreads();
       const C v_j = v_s[lane];
+      PHASOR_UNROLL
       for (int r = 0; r < kRows; ++r) {
         const std::int64_t a = static_cast<std::int64_t>(warp) * kRows + r;
-        if (a >= K) break;
+        if (a >= K) continue;
         const C d = decay_s[a], k_a = k_s[a];
         reg[r] = d * reg[r] + k_a * v_j;
       }
@@ -263,6 +272,7 @@ PHASOR_GLOBAL void backward_kernel(Problem p, TensorView d_o, TensorView d_final
   }
 
   // Pass 2: segments in reverse; reg holds dS, the gradient of the state after the token at hand.
+  PHASOR_UNROLL
   for (int r = 0; r < kRows; ++r) {
     const std::int64_t a = static_cast<std::int64_t>(warp) * kRows + r;
     reg[r] = column && a < K && d_final_state.defined() ? simt::load<C>(d_final_state, n, h, a, j)
@@ -273,6 +283,7 @@ PHASOR_GLOBAL void backward_kernel(Problem p, TensorView d_o, TensorView d_final
     // The segment's states: states[0] = its checkpoint, states[t + 1] = the state after token t.
     {
       C state[kRows];
+      PHASOR_UNROLL
       for (int r = 0; r < kRows; ++r) {
         const std::int64_t a = static_cast<std::int64_t>(warp) * kRows + r;
         state[r] = a < K ? space.checkpoints[element(checkpoint_base(i), a)] : C(0);
@@ -282,9 +293,10 @@ PHASOR_GLOBAL void backward_kernel(Problem p, TensorView d_o, TensorView d_final
         stage(i * CS + t, false);
         simt::syncthreads();
         const C v_j = v_s[lane];
+        PHASOR_UNROLL
         for (int r = 0; r < kRows; ++r) {
           const std::int64_t a = static_cast<std::int64_t>(warp) * kRows + r;
-          if (a >= K) break;
+          if (a >= K) continue;
           const C d = decay_s[a], k_a = k_s[a];
           state[r] = d * state[r] + k_a * v_j;
           space.states[element(state_base(t + 1), a)] = state[r];
@@ -298,9 +310,10 @@ PHASOR_GLOBAL void backward_kernel(Problem p, TensorView d_o, TensorView d_final
       simt::syncthreads();
       const C v_j = v_s[lane], do_j = do_s[lane];
       C dv_share = 0;
+      PHASOR_UNROLL
       for (int r = 0; r < kRows; ++r) {
         const std::int64_t a = static_cast<std::int64_t>(warp) * kRows + r;
-        if (a >= K) break;  // uniform across the warp: a depends on the warp only
+        if (a >= K) continue;  // uniform across the warp: a depends on the warp only
         const C q_a = q_s[a], k_a = k_s[a], d = decay_s[a];
         reg[r] += (scale * q_a) * do_j;                                 // o_t = S_tᵀ (scale q_t)
         const C current = space.states[element(state_base(t + 1), a)];  // S_t
@@ -333,11 +346,11 @@ PHASOR_GLOBAL void backward_kernel(Problem p, TensorView d_o, TensorView d_final
       }
     }
   }
-  if (dh0.defined() && column)
-    for (int r = 0; r < kRows; ++r) {
-      const std::int64_t a = static_cast<std::int64_t>(warp) * kRows + r;
-      if (a < K) simt::store(dh0, reg[r], n, h, a, j);
-    }
+  if (dh0.defined() && column) PHASOR_UNROLL
+  for (int r = 0; r < kRows; ++r) {
+    const std::int64_t a = static_cast<std::int64_t>(warp) * kRows + r;
+    if (a < K) simt::store(dh0, reg[r], n, h, a, j);
+  }
 }
 
 // Sums the value tiles' partials of one (token, head) row in tile order and stores dq, dk, dg

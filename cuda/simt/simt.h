@@ -42,6 +42,12 @@
 #define PHASOR_SIMT_CUDA 1
 #define PHASOR_BACKEND cuda
 #define PHASOR_GLOBAL __global__
+// After PHASOR_GLOBAL void: the most threads a block of the kernel has, so that ptxas fits its
+// registers (65536 per SM / threads) instead of failing the launch.
+#define PHASOR_LAUNCH_BOUNDS(threads) __launch_bounds__(threads)
+// Before a loop with a constant trip count: unrolled on the GPU (so that arrays it indexes stay
+// in registers); nothing on the host.
+#define PHASOR_UNROLL _Pragma("unroll")
 #define PHASOR_DEVICE __device__ __forceinline__
 #include <cuda_runtime.h>
 
@@ -53,6 +59,8 @@
 #define PHASOR_SIMT_EMULATED 1
 #define PHASOR_BACKEND emulated
 #define PHASOR_GLOBAL
+#define PHASOR_LAUNCH_BOUNDS(threads)
+#define PHASOR_UNROLL
 #define PHASOR_DEVICE inline
 #include "simt/emulator.h"
 #endif
