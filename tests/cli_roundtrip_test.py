@@ -448,6 +448,50 @@ def test_rotation():
                        no_theta, ["'--rotary-interleaved'"])
 
 
+# ---- devices ---------------------------------------------------------------------------------------
+
+def test_devices():
+    """--device emulated runs the CUDA kernels' source on the CPU: outputs and gradients equal
+    --device cpu (float64 inputs: to rounding; float32: within a different summation order);
+    --device cuda equals cpu on a machine with a GPU and exits 2 naming the device without one;
+    an implementation without CUDA kernels exits 2 naming it."""
+    torch.manual_seed(6)
+    T, H, K, V = 9, 2, 6, 5
+    cu_seqlens = torch.tensor([0, 4, 4, 9], dtype=torch.int32)
+    base = {"q": torch.randn(1, T, H, K), "k": torch.randn(1, T, H, K),
+            "v": torch.randn(1, T, H, V), "theta": 3 * torch.randn(1, T, H, K // 2),
+            "initial_state": torch.randn(3, H, K, V), "dht": torch.randn(3, H, K, V),
+            "do": torch.randn(1, T, H, V), "cu_seqlens": cu_seqlens}
+    cases = [
+        ("fused_recurrent_gla", dict(base, g=log_gates((1, T, H, K)).float()), []),
+        ("fused_recurrent_gated_delta_rule",
+         dict(base, g=log_gates((1, T, H), 3.0).float(), beta=2 * torch.rand(1, T, H)),
+         ["--use-qk-l2norm"]),
+    ]
+    for op, x, extra in cases:
+        for dtype, tol in ((torch.float64, 1e-12), (torch.float32, 1e-6)):
+            inputs = {key: (value.to(dtype) if value.is_floating_point() else value)
+                      for key, value in x.items()}
+            args = [op, "--chunk-size", "4", "--output-final-state", *extra]
+            _, err, cpu = run_phasor([*args, "--device", "cpu"], inputs)
+            if cpu is None:
+                report(f"{op} --device cpu ({dtype})", False, err.strip())
+                continue
+            _, err, emulated = run_phasor([*args, "--device", "emulated"], inputs)
+            compare(f"{op} --device emulated == cpu ({dtype})", emulated, cpu, tol)
+            rc, err, gpu = run_phasor([*args, "--device", "cuda"], inputs)
+            if rc == 0:
+                compare(f"{op} --device cuda == cpu ({dtype})", gpu, cpu, tol)
+            else:
+                report(f"{op} --device cuda without a GPU: exit 2 naming the device",
+                       rc == 2 and "device cuda" in err, f"exit status {rc}, stderr {err.strip()!r}")
+    x = {key: value for key, value in cases[0][1].items() if key not in ("dht", "initial_state")}
+    expect_usage_error("error: chunk_gla on the emulated GPU (no CUDA kernel yet)",
+                       ["chunk_gla", "--device", "emulated"], x, ["chunk_gla", "'impl'"])
+    expect_usage_error("error: unknown device", ["gla", "--device", "tpu"], x,
+                       ["'--device'", "tpu"])
+
+
 # ---- bad input -----------------------------------------------------------------------------------------------
 
 def expect_usage_error(name, args, inputs, fragments):
@@ -499,7 +543,7 @@ def test_errors():
 
 def main():
     for test in (test_gla, test_gated_delta_rule, test_forgetting_attn, test_rotation,
-                 test_errors):
+                 test_devices, test_errors):
         try:
             test()
         except Exception as e:  # a crash in one group must not hide the others' results

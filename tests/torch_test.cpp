@@ -384,9 +384,9 @@ TEST(Torch, ComputeDeviceGuardAndCudaWithoutAGpu) {
 }
 
 // The same ops on CPU tensors with the emulated GPU as the compute device (the CUDA kernels' source
-// run by the CPU on the tensors' memory): outputs and autograd gradients equal the CPU kernels'
-// within float32 rounding of a different summation order; an implementation without CUDA kernels
-// is a c10::Error naming it.
+// run by the CPU on the tensors' memory: rotary ops, short convolution, recurrent GLA and GDN):
+// outputs and autograd gradients equal the CPU kernels' within float32 rounding of a different
+// summation order; an implementation without CUDA kernels is a c10::Error naming it.
 namespace {
 
 // Runs `f` on the CPU and on the emulated GPU; returns both result lists (outputs and gradients).
@@ -451,10 +451,34 @@ TEST(Torch, EmulatedComputeDeviceEqualsCpu) {
         return grads_of(y + fc->sum(), {xl, wl, bl, cl});
       },
       "causal_conv1d");
+  const at::Tensor q = at::randn({1, 2 * T, H, K}, f32), k = at::randn({1, 2 * T, H, K}, f32),
+                   v = at::randn({1, 2 * T, H, V}, f32),
+                   g = log_gates({1, 2 * T, H, K}).to(at::kFloat),
+                   g3 = log_gates({1, 2 * T, H}).to(at::kFloat),
+                   beta = 2 * at::rand({1, 2 * T, H}, f32), h0 = at::randn({3, H, K, V}, f32),
+                   angles = at::randn({1, 2 * T, H, K / 2}, f32) * 5;
+  expect_emulated_equals_cpu(
+      [&] {
+        torch::manual_seed(4);
+        at::Tensor ql = leaf(q), kl = leaf(k), vl = leaf(v), gl = leaf(g), hl = leaf(h0),
+                   tl = leaf(angles);
+        auto [o, ht] = fused_recurrent_gla(ql, kl, vl, gl, c10::nullopt, hl, true, cu, tl);
+        return grads_of(o + ht->sum(), {ql, kl, vl, gl, hl, tl});
+      },
+      "fused_recurrent_gla");
+  expect_emulated_equals_cpu(
+      [&] {
+        torch::manual_seed(5);
+        at::Tensor ql = leaf(q), kl = leaf(k), vl = leaf(v), gl = leaf(g3), bl = leaf(beta),
+                   hl = leaf(h0), tl = leaf(angles);
+        auto [o, ht] = fused_recurrent_gated_delta_rule(ql, kl, vl, gl, bl, c10::nullopt, hl, true,
+                                                        cu, true, tl, RotaryLayout::interleaved);
+        return grads_of(o + ht->sum(), {ql, kl, vl, gl, bl, hl, tl});
+      },
+      "fused_recurrent_gated_delta_rule");
   {
     ComputeDeviceGuard guard(Device::emulated);
-    const at::Tensor q = at::randn({1, 4, 1, 8}), g = -at::rand({1, 4, 1, 8});
-    expect_torch_error([&] { chunk_gla(q, q, q, g); }, {"chunk_gla", "impl", "no CUDA kernel"});
+    expect_torch_error([&] { chunk_gla(q, k, v, g); }, {"chunk_gla", "'impl'", "CUDA kernels"});
   }
 }
 
