@@ -33,6 +33,7 @@
 #include <algorithm>
 #include <string>
 
+#include "common/recurrent.h"
 #include "common/staging.h"
 #include "gated_delta_rule/gated_delta_rule.h"
 #include "simt/simt.h"
@@ -50,27 +51,6 @@ constexpr std::int64_t kMaxK = 256;  // kRows × kMaxWarps
 constexpr std::int64_t kMaxTiles = 65535;
 constexpr std::int64_t kMaxSegment = 64;  // the backward's checkpoint interval, at most
 
-PHASOR_HOST_DEVICE inline std::int64_t ceil_div(std::int64_t a, std::int64_t b) {
-  return (a + b - 1) / b;
-}
-
-PHASOR_DEVICE std::int64_t pair_a(const Problem& p, std::int64_t i) {
-  return p.rotary_layout == RotaryLayout::interleaved ? 2 * i : i;
-}
-PHASOR_DEVICE std::int64_t pair_b(const Problem& p, std::int64_t i) {
-  return p.rotary_layout == RotaryLayout::interleaved ? 2 * i + 1 : i + p.K / 2;
-}
-
-// cos θ, sin θ in double, rounded to C (as the CPU's PairAngles).
-template <class C>
-PHASOR_DEVICE void angle_of(const Problem& p, std::int64_t b, std::int64_t t, std::int64_t h,
-                            std::int64_t i, C& c, C& s) {
-  double sd = 0.0, cd = 0.0;
-  simt::sincos(simt::load<double>(p.theta, b, t, h, i), &sd, &cd);
-  c = static_cast<C>(cd);
-  s = static_cast<C>(sd);
-}
-
 // 1 / sqrt(Σx² + 1e-6) of row (b, t, h) of x, summed in row order.
 template <class C>
 PHASOR_DEVICE C inverse_norm(const Problem& p, const TensorView& x, std::int64_t b, std::int64_t t,
@@ -81,14 +61,6 @@ PHASOR_DEVICE C inverse_norm(const Problem& p, const TensorView& x, std::int64_t
     sum += v * v;
   }
   return C(1) / simt::sqrt(sum + C(1e-6));
-}
-
-// The sum over the 32 lanes of a warp, one butterfly in every run; every lane gets it.
-template <class C>
-PHASOR_DEVICE C lane_sum(C x) {
-  for (int offset = kColumns / 2; offset > 0; offset /= 2)
-    x += simt::shfl_xor_sync(simt::kFullMask, x, offset);
-  return x;
 }
 
 // Dynamic shared memory: q̂[K], k̂[K], v[32], do[32], two arrays of warp shares [warps · 32],
@@ -153,8 +125,9 @@ struct Token {
     } else {
       for (std::int64_t i = tid; i < p.K / 2; i += threads) {
         C c, s;
-        angle_of(p, b, pos, h, i, c, s);
-        const std::int64_t ia = pair_a(p, i), ib = pair_b(p, i);
+        angle_of(p.theta, b, pos, h, i, c, s);
+        const std::int64_t ia = pair_a(p.rotary_layout, p.K, i),
+                           ib = pair_b(p.rotary_layout, p.K, i);
         if (with_q) {
           const C xa = normalised(p.q, ia, rho_q), xb = normalised(p.q, ib, rho_q);
           q[ia] = xa * c - xb * s;  // (R1)
@@ -192,49 +165,66 @@ struct Token {
     q_s, k_s, v_s, do_s, shares_s, shares2_s, scalars_s                 \
   }
 
+// Runs body(r) for this thread's rows r < kRows: unrolled when the rows live in a register array
+// (kInRegisters), as a loop when they live in memory (unrolling would only hold every row's
+// temporaries in registers at once).
+template <bool kInRegisters, class Body>
+PHASOR_DEVICE void for_each_row(Body&& body) {
+  if constexpr (kInRegisters) {
+    PHASOR_UNROLL
+    for (int r = 0; r < kRows; ++r) body(r);
+  } else {
+    PHASOR_NO_UNROLL
+    for (int r = 0; r < kRows; ++r) body(r);
+  }
+}
+
 // One step of the recurrence for this thread's rows: S ← a S + k̂ rᵀ with r = β (v − a S_{t−1}ᵀk̂);
-// returns this lane's o_t when with_q. Contains barriers: every thread of the block calls it.
-template <class C>
-PHASOR_DEVICE C advance(const Problem& p, const Token<C>& token, C (&state)[kRows], C scale,
-                        bool with_q) {
+// returns this lane's o_t when with_q. `previous(r)` is row r's S_{t−1} and `next(r)` where its
+// S_t goes: the same register for the forward (kInRegisters), consecutive workspace states for
+// the backward's recomputation. Contains barriers: every thread of the block calls it.
+template <class C, bool kInRegisters, class Previous, class Next>
+PHASOR_DEVICE C advance(const Problem& p, const Token<C>& token, Previous&& previous, Next&& next,
+                        C scale, bool with_q) {
   const int warp = threadIdx.y, warps = blockDim.y;
   const C a = token.scalars[0], beta = token.scalars[1], v_j = token.v[threadIdx.x];
   C share = 0;
-  PHASOR_UNROLL
-  for (int r = 0; r < kRows; ++r) {
+  for_each_row<kInRegisters>([&](int r) {
     const std::int64_t row = static_cast<std::int64_t>(warp) * kRows + r;
-    if (row >= p.K) continue;
+    if (row >= p.K) return;
     const C k_a = token.k[row];
-    share += k_a * state[r];
-  }
+    share += k_a * previous(r);
+  });
   token.shares[warp * kColumns + threadIdx.x] = share;
   simt::syncthreads();
   const C u = token.sum_shares(token.shares, warps);  // S_{t−1}ᵀ k̂
   const C rb = beta * (v_j - a * u);                  // β r
   C out = 0;
-  PHASOR_UNROLL
-  for (int r = 0; r < kRows; ++r) {
+  for_each_row<kInRegisters>([&](int r) {
     const std::int64_t row = static_cast<std::int64_t>(warp) * kRows + r;
-    if (row >= p.K) continue;
+    if (row >= p.K) return;
     const C k_a = token.k[row];
-    state[r] = a * state[r] + k_a * rb;
+    const C updated = a * previous(r) + k_a * rb;
+    next(r) = updated;
     if (with_q) {
       const C q_a = token.q[row];
-      out += (scale * q_a) * state[r];
+      out += (scale * q_a) * updated;
     }
-  }
+  });
   return out;
 }
 
 // ---- forward ------------------------------------------------------------------------------------
 
+// The forward recurrence; o is written when defined (the backward's replay runs it without o,
+// to write the checkpoints).
 template <class C>
 PHASOR_GLOBAL void PHASOR_LAUNCH_BOUNDS(kMaxWarps* kColumns)
-    forward_kernel(Problem p, TensorView o, TensorView final_state) {
-  const std::int64_t n = blockIdx.x / p.HV, hv = blockIdx.x % p.HV;
+    forward_kernel(Problem p, TensorView o, TensorView final_state, Checkpoints<C> checkpoints) {
+  const std::int64_t n = blockIdx.x / p.HV, hv = blockIdx.x % p.HV, tile = blockIdx.y;
   const int lane = threadIdx.x, warp = threadIdx.y, warps = blockDim.y;
-  const std::int64_t j = static_cast<std::int64_t>(blockIdx.y) * kColumns + lane;
-  const bool column = j < p.V;
+  const std::int64_t j = tile * kColumns + lane;
+  const bool column = j < p.V, output = o.defined();
   PHASOR_GDN_SHARED(C, p, warps);
   const C scale = static_cast<C>(p.scale);
   const Sequence s = p.sequences[n];
@@ -246,12 +236,29 @@ PHASOR_GLOBAL void PHASOR_LAUNCH_BOUNDS(kMaxWarps* kColumns)
                    ? simt::load<C>(p.initial_state, n, hv, a, j)
                    : C(0);
   }
-  for (std::int64_t t = s.start; t < s.start + s.length; ++t) {
-    token.stage(p, s.batch, t, hv, j, true, TensorView{});
-    const C share = advance<C>(p, token, state, scale, true);
-    shares2_s[warp * kColumns + lane] = share;
-    simt::syncthreads();
-    if (warp == 0 && column) simt::store(o, token.sum_shares(shares2_s, warps), s.batch, t, hv, j);
+  const auto row = [&](int r) -> C& { return state[r]; };
+  // The next token whose incoming state is a checkpoint, and its slot (none without checkpoints).
+  std::int64_t next_checkpoint = checkpoints.states.size > 0 ? 0 : -1;
+  std::int64_t slot =
+      checkpoints.states.size > 0 ? checkpoints.first_slot(n, s.batch * p.T + s.start) : 0;
+  for (std::int64_t t = 0; t < s.length; ++t) {
+    if (t == next_checkpoint) {
+      PHASOR_UNROLL
+      for (int r = 0; r < kRows; ++r) {
+        const std::int64_t a = static_cast<std::int64_t>(warp) * kRows + r;
+        if (a < p.K) checkpoints.states[checkpoints.element(slot, hv, tile, a, lane)] = state[r];
+      }
+      ++slot;
+      next_checkpoint += checkpoints.interval;
+    }
+    token.stage(p, s.batch, s.start + t, hv, j, output, TensorView{});
+    const C share = advance<C, true>(p, token, row, row, scale, output);
+    if (output) {
+      shares2_s[warp * kColumns + lane] = share;
+      simt::syncthreads();
+      if (warp == 0 && column)
+        simt::store(o, token.sum_shares(shares2_s, warps), s.batch, s.start + t, hv, j);
+    }
     simt::syncthreads();  // the shares and the staged token are reused by the next token
   }
   if (final_state.defined() && column) PHASOR_UNROLL
@@ -265,10 +272,11 @@ PHASOR_GLOBAL void PHASOR_LAUNCH_BOUNDS(kMaxWarps* kColumns)
 
 template <class C>
 struct BackwardSpace {
-  simt::Span<C> checkpoints;  // [slot][HV][tiles][K][32]
-  simt::Span<C> states;       // [block][chunk + 1][K][32]
-  simt::Span<C> dq, dk;       // [tile][G][B·T][H][K]: dq̃, dk̂ partials
-  simt::Span<C> dbeta, dg;    // [tile][B·T][HV]: dβ and Σ S_{t−1} ⊙ dS' partials
+  Checkpoints<C> checkpoints;  // written by forward_kernel
+  simt::Span<C> states;        // [block][chunk + 1][K][32]
+  simt::Span<C> adjoint;       // [block][K][32]: dS
+  simt::Span<C> dq, dk;        // [tile][G][B·T][H][K]: dq̃, dk̂ partials
+  simt::Span<C> dbeta, dg;     // [tile][B·T][HV]: dβ and Σ S_{t−1} ⊙ dS' partials
   std::int64_t tiles = 0;
 };
 
@@ -288,108 +296,95 @@ PHASOR_GLOBAL void PHASOR_LAUNCH_BOUNDS(kMaxWarps* kColumns)
   const std::int64_t segments = ceil_div(s.length, CS);
   const std::int64_t first = s.batch * p.T + s.start;
   const std::int64_t block = static_cast<std::int64_t>(blockIdx.x) * space.tiles + tile;
+  const std::int64_t row0 = static_cast<std::int64_t>(warp) * kRows;  // this warp's first row
   const auto element = [&](std::int64_t base, std::int64_t a) {
     return (base + a) * kColumns + lane;
   };
-  const auto checkpoint_base = [&](std::int64_t i) {
-    const std::int64_t slot = n + (first + i * CS) / CS;
-    return ((slot * p.HV + hv) * space.tiles + tile) * K;
-  };
   const auto state_base = [&](std::int64_t t) { return (block * (CS + 1) + t) * K; };
+  // dS of this thread's rows lives in its own tile of the workspace, not in registers, and the
+  // segment's states are read back by the thread that wrote them: with a 16-row register tile
+  // beside the staged token and the column sums, the kernel would need more than the 128
+  // registers a 512-thread block allows (ptxas then spills). Only this thread touches these
+  // elements, so no synchronisation is needed; they stay in L1.
+  const auto ds = [&](int r) -> C& { return space.adjoint[element(block * K, row0 + r)]; };
+  const auto state = [&](std::int64_t t, int r) -> C& {
+    return space.states[element(state_base(t), row0 + r)];
+  };
 
-  // Pass 1: the state before every segment.
-  C reg[kRows];
-  PHASOR_UNROLL
+  // Segments in reverse; ds holds dS, the gradient of the state after the token at hand.
+  PHASOR_NO_UNROLL
   for (int r = 0; r < kRows; ++r) {
-    const std::int64_t a = static_cast<std::int64_t>(warp) * kRows + r;
-    reg[r] = column && a < K && p.initial_state.defined()
-                 ? simt::load<C>(p.initial_state, n, hv, a, j)
-                 : C(0);
-  }
-  for (std::int64_t i = 0; i < segments; ++i) {
-    PHASOR_UNROLL
-    for (int r = 0; r < kRows; ++r) {
-      const std::int64_t a = static_cast<std::int64_t>(warp) * kRows + r;
-      if (a < K) space.checkpoints[element(checkpoint_base(i), a)] = reg[r];
-    }
-    const std::int64_t end = std::min(s.length, (i + 1) * CS);
-    for (std::int64_t t = i * CS; t < end; ++t) {
-      token.stage(p, s.batch, s.start + t, hv, j, false, TensorView{});
-      advance<C>(p, token, reg, scale, false);
-      simt::syncthreads();
-    }
-  }
-
-  // Pass 2: segments in reverse; reg holds dS, the gradient of the state after the token at hand.
-  PHASOR_UNROLL
-  for (int r = 0; r < kRows; ++r) {
-    const std::int64_t a = static_cast<std::int64_t>(warp) * kRows + r;
-    reg[r] = column && a < K && d_final_state.defined() ? simt::load<C>(d_final_state, n, hv, a, j)
-                                                        : C(0);
+    const std::int64_t a = row0 + r;
+    if (a < K)
+      ds(r) = column && d_final_state.defined() ? simt::load<C>(d_final_state, n, hv, a, j) : C(0);
   }
   for (std::int64_t i = segments - 1; i >= 0; --i) {
     const std::int64_t L = std::min(CS, s.length - i * CS);
-    {
-      C state[kRows];
-      PHASOR_UNROLL
-      for (int r = 0; r < kRows; ++r) {
-        const std::int64_t a = static_cast<std::int64_t>(warp) * kRows + r;
-        state[r] = a < K ? space.checkpoints[element(checkpoint_base(i), a)] : C(0);
-        if (a < K) space.states[element(state_base(0), a)] = state[r];
-      }
-      for (std::int64_t t = 0; t < L; ++t) {
-        token.stage(p, s.batch, s.start + i * CS + t, hv, j, false, TensorView{});
-        advance<C>(p, token, state, scale, false);
-        PHASOR_UNROLL
-        for (int r = 0; r < kRows; ++r) {
-          const std::int64_t a = static_cast<std::int64_t>(warp) * kRows + r;
-          if (a < K) space.states[element(state_base(t + 1), a)] = state[r];
-        }
-        simt::syncthreads();
-      }
+    // The segment's states: states[0] = its checkpoint, states[t + 1] = the state after token t.
+    const std::int64_t slot = space.checkpoints.first_slot(n, first) + i;
+    PHASOR_NO_UNROLL
+    for (int r = 0; r < kRows; ++r)
+      if (row0 + r < K)
+        state(0, r) =
+            space.checkpoints.states[space.checkpoints.element(slot, hv, tile, row0 + r, lane)];
+    for (std::int64_t t = 0; t < L; ++t) {
+      token.stage(p, s.batch, s.start + i * CS + t, hv, j, false, TensorView{});
+      advance<C, false>(
+          p, token, [&](int r) -> C& { return state(t, r); },
+          [&](int r) -> C& { return state(t + 1, r); }, C(0), false);
+      simt::syncthreads();
     }
     for (std::int64_t t = L - 1; t >= 0; --t) {
       const std::int64_t pos = s.start + i * CS + t, flat = s.batch * p.T + pos;
       token.stage(p, s.batch, pos, hv, j, true, d_o);
       const C a = scalars_s[0], beta = scalars_s[1], v_j = v_s[lane], do_j = do_s[lane];
-      const std::int64_t qk_part = (((tile * p.group + member) * BT + flat) * p.H + h) * K;
+      const std::int64_t qk_part = (((tile * p.group + member) * BT + flat) * p.H + h) * K + row0;
+      // The sums over value columns of kSumRows rows of the warp at once (transpose_sum); the
+      // first lane of each row's group stores its partial.
+      constexpr int kSumRows = 8, kLanesPerRow = kColumns / kSumRows;
+      const int sum_row = row_of_lane<kSumRows>(lane);
+      const auto store_sums = [&](const simt::Span<C>& partials, auto&& value) {
+        PHASOR_NO_UNROLL
+        for (int part = 0; part < kRows / kSumRows; ++part) {
+          C x[kSumRows];
+          PHASOR_UNROLL
+          for (int r = 0; r < kSumRows; ++r)
+            x[r] = row0 + part * kSumRows + r < K ? value(part * kSumRows + r) : C(0);
+          const C sum = transpose_sum(x, lane);
+          if (lane % kLanesPerRow == 0 && row0 + part * kSumRows + sum_row < K)
+            partials[qk_part + part * kSumRows + sum_row] = sum;
+        }
+      };
       // dS += q̃ doᵀ; the warps' shares of w = dSᵀk̂ and S_{t−1}ᵀk̂; dq̃ = S_t do.
       C w_share = 0, kS_share = 0;
-      PHASOR_UNROLL
+      PHASOR_NO_UNROLL
       for (int r = 0; r < kRows; ++r) {
-        const std::int64_t row = static_cast<std::int64_t>(warp) * kRows + r;
+        const std::int64_t row = row0 + r;
         if (row >= K) continue;  // uniform across the warp
         const C q_a = q_s[row], k_a = k_s[row];
-        reg[r] += (scale * q_a) * do_j;
-        const C current = space.states[element(state_base(t + 1), row)];
-        const C previous = space.states[element(state_base(t), row)];
-        w_share += k_a * reg[r];
-        kS_share += k_a * previous;
-        if (space.dq.size > 0) {
-          const C dq = lane_sum<C>(column ? current * do_j : C(0));
-          if (lane == 0) space.dq[qk_part + row] = dq;
-        }
+        ds(r) += (scale * q_a) * do_j;
+        w_share += k_a * ds(r);
+        kS_share += k_a * state(t, r);
       }
+      if (space.dq.size > 0)
+        store_sums(space.dq, [&](int r) { return column ? state(t + 1, r) * do_j : C(0); });
       shares_s[warp * kColumns + lane] = w_share;
       shares2_s[warp * kColumns + lane] = kS_share;
       simt::syncthreads();
       const C w = column ? token.sum_shares(shares_s, warps) : C(0);
       const C r_j = column ? v_j - a * token.sum_shares(shares2_s, warps) : C(0);
       // dk̂ = β (dS r − a S_{t−1} w); dS' = dS − β k̂ wᵀ; Σ S_{t−1} ⊙ dS'; dS ← a dS'.
+      if (space.dk.size > 0)
+        store_sums(space.dk, [&](int r) { return beta * (ds(r) * r_j - a * state(t, r) * w); });
       C dg_share = 0;
-      PHASOR_UNROLL
+      PHASOR_NO_UNROLL
       for (int r = 0; r < kRows; ++r) {
-        const std::int64_t row = static_cast<std::int64_t>(warp) * kRows + r;
+        const std::int64_t row = row0 + r;
         if (row >= K) continue;
         const C k_a = k_s[row];
-        const C previous = space.states[element(state_base(t), row)];
-        if (space.dk.size > 0) {
-          const C dk = lane_sum<C>(beta * (reg[r] * r_j - a * previous * w));
-          if (lane == 0) space.dk[qk_part + row] = dk;
-        }
-        reg[r] -= (beta * k_a) * w;
-        dg_share += previous * reg[r];
-        reg[r] *= a;
+        ds(r) -= (beta * k_a) * w;  // dS'
+        dg_share += state(t, r) * ds(r);
+        ds(r) *= a;
       }
       if (column && warp == 0 && dv.defined()) simt::store(dv, beta * w, s.batch, pos, hv, j);
       const C dbeta_lane = lane_sum<C>(w * r_j), dg_lane = lane_sum<C>(dg_share);
@@ -411,10 +406,10 @@ PHASOR_GLOBAL void PHASOR_LAUNCH_BOUNDS(kMaxWarps* kColumns)
       simt::syncthreads();
     }
   }
-  if (dh0.defined() && column) PHASOR_UNROLL
+  if (dh0.defined() && column) PHASOR_NO_UNROLL
   for (int r = 0; r < kRows; ++r) {
-    const std::int64_t a = static_cast<std::int64_t>(warp) * kRows + r;
-    if (a < K) simt::store(dh0, reg[r], n, hv, a, j);
+    const std::int64_t a = row0 + r;
+    if (a < K) simt::store(dh0, ds(r), n, hv, a, j);
   }
 }
 
@@ -464,7 +459,8 @@ PHASOR_GLOBAL void finish_qk_kernel(Problem p, BackwardSpace<C> space, GatedDelt
     return p.l2norm ? v * x.rho : v;
   };
   const auto rotate = [&](const Rows& x, std::int64_t i, C c, C s, C& ya, C& yb) {
-    const C xa = raw(x, pair_a(p, i)), xb = raw(x, pair_b(p, i));
+    const C xa = raw(x, pair_a(p.rotary_layout, p.K, i)),
+            xb = raw(x, pair_b(p.rotary_layout, p.K, i));
     ya = xa * c - xb * s;  // (R1)
     yb = xa * s + xb * c;
   };
@@ -479,10 +475,10 @@ PHASOR_GLOBAL void finish_qk_kernel(Problem p, BackwardSpace<C> space, GatedDelt
     } else {
       for (std::int64_t i = 0; i < K / 2; ++i) {
         C c, s, ya, yb;
-        angle_of(p, b, t, h, i, c, s);
+        angle_of(p.theta, b, t, h, i, c, s);
         rotate(x, i, c, s, ya, yb);
-        x.projection += ya * total(x, pair_a(p, i));
-        x.projection += yb * total(x, pair_b(p, i));
+        x.projection += ya * total(x, pair_a(p.rotary_layout, p.K, i));
+        x.projection += yb * total(x, pair_b(p.rotary_layout, p.K, i));
       }
     }
   }
@@ -502,8 +498,8 @@ PHASOR_GLOBAL void finish_qk_kernel(Problem p, BackwardSpace<C> space, GatedDelt
   if (space.dq.size == 0 && space.dk.size == 0) return;
   for (std::int64_t i = 0; i < K / 2; ++i) {
     C c, s;
-    angle_of(p, b, t, h, i, c, s);
-    const std::int64_t ia = pair_a(p, i), ib = pair_b(p, i);
+    angle_of(p.theta, b, t, h, i, c, s);
+    const std::int64_t ia = pair_a(p.rotary_layout, p.K, i), ib = pair_b(p.rotary_layout, p.K, i);
     C dtheta = 0;  // q's contribution, then k's
     for (const Rows& x : rows) {
       if (x.parts.size == 0) continue;
@@ -555,10 +551,10 @@ void recurrent_forward(const Problem& problem, const TensorView& o, const Tensor
   const std::size_t bytes = shared_bytes(p, shape.warps, f64 ? sizeof(double) : sizeof(float));
   if (f64)
     PHASOR_LAUNCH((forward_kernel<double>), shape.grid, shape.block, bytes, stream, p, o,
-                  final_state);
+                  final_state, Checkpoints<double>{});
   else
     PHASOR_LAUNCH((forward_kernel<float>), shape.grid, shape.block, bytes, stream, p, o,
-                  final_state);
+                  final_state, Checkpoints<float>{});
 }
 
 void recurrent_backward(const Problem& problem, const TensorView& d_o,
@@ -585,13 +581,14 @@ void recurrent_backward(const Problem& problem, const TensorView& d_o,
     const std::int64_t slots = p.num_sequences() + ceil_div(BT, CS);
     const std::int64_t checkpoints = slots * p.HV * tiles * tile_elements;
     const std::int64_t states = p.num_sequences() * p.HV * tiles * (CS + 1) * tile_elements;
+    const std::int64_t adjoint = p.num_sequences() * p.HV * tiles * tile_elements;
     const bool want_dtheta = p.theta.defined() && grads.dtheta.defined();
     const std::int64_t qk_parts = tiles * p.group * BT * p.H * K, v_parts = tiles * BT * p.HV;
     const std::int64_t dq = grads.dq.defined() || want_dtheta ? qk_parts : 0,
                        dk = grads.dk.defined() || want_dtheta ? qk_parts : 0,
                        dbeta = grads.dbeta.defined() ? v_parts : 0,
                        dg = grads.dg.defined() ? v_parts : 0;
-    const std::int64_t total = checkpoints + states + dq + dk + dbeta + dg;
+    const std::int64_t total = checkpoints + states + adjoint + dq + dk + dbeta + dg;
     simt::Workspace workspace(static_cast<std::size_t>(total) * sizeof(C), stream);
     const simt::Span<C> all = workspace.span<C>(total);
     std::int64_t offset = 0;
@@ -601,14 +598,18 @@ void recurrent_backward(const Problem& problem, const TensorView& d_o,
       return part;
     };
     BackwardSpace<C> space;
-    space.checkpoints = take(checkpoints);
+    space.checkpoints = {take(checkpoints), CS, p.HV, K, tiles};
     space.states = take(states);
+    space.adjoint = take(adjoint);
     space.dq = take(dq);
     space.dk = take(dk);
     space.dbeta = take(dbeta);
     space.dg = take(dg);
     space.tiles = tiles;
     const std::size_t bytes = shared_bytes(p, shape.warps, sizeof(C));
+    // The replay: the forward recurrence writes the checkpoints (no o, no final state).
+    PHASOR_LAUNCH((forward_kernel<C>), shape.grid, shape.block, bytes, stream, p, TensorView{},
+                  TensorView{}, space.checkpoints);
     PHASOR_LAUNCH((backward_kernel<C>), shape.grid, shape.block, bytes, stream, p, d_o_in,
                   d_final_in, grads.dv, grads.dh0, space);
     constexpr int kThreads = 256;

@@ -6,34 +6,40 @@
 //
 // Mapping: one block per (sequence n, head h, tile of kColumns = 32 value columns): blockIdx.x =
 // n·H + h, blockIdx.y = the tile. threadIdx.x is the lane = value column j of the tile,
-// threadIdx.y the warp w, which owns key rows [kRows·w, kRows·w + kRows): the K × 32 state tile
-// lives in registers, kRows = 16 per thread and at most 16 warps (512 threads, so ptxas may
-// use up to 128 registers per thread), so K ≤ kMaxK = 256. Per token the block
-// stages q_t, k_t (rotated), exp(g_t) and its slice of v_t in shared memory; each thread updates
-// its kRows state entries and adds their share of o_t; the warps' shares are summed through shared
-// memory in warp order (a fixed order: deterministic, bit-identical under every schedule).
+// threadIdx.y the warp w, which owns key rows [kRows·w, kRows·w + kRows): the forward's K × 32
+// state tile lives in registers, kRows = 16 per thread and at most 16 warps (512 threads, so ptxas
+// may use up to 128 registers per thread), so K ≤ kMaxK = 256. Per token the block stages q_t, k_t
+// (rotated), exp(g_t) and its slice of v_t in shared memory; each thread updates its kRows state
+// entries and adds their share of o_t; the warps' shares are summed through shared memory in warp
+// order (a fixed order: deterministic, bit-identical under every schedule).
 //
-// Backward, as the CPU kernel: a forward replay writes the state at the start of every segment of
-// chunk_size tokens (checkpoints), then the segments are walked in reverse, each segment's states
-// recomputed from its checkpoint into a per-block workspace, and the adjoint dS carried back token
-// by token in registers:
+// Backward, as the CPU kernel: a forward replay (forward_kernel without o) writes the state at the
+// start of every segment of chunk_size tokens (checkpoints), then backward_kernel walks the
+// segments in reverse, recomputes each segment's states from its checkpoint into a per-block
+// workspace, and carries the adjoint dS back token by token:
 //   dS_t += scale q_t do_tᵀ;  dq'_t = scale S_t do_t;  dk'_t = dS_t v_t;  dv_t = dS_tᵀ k_t;
 //   dg_t = exp(g_t) ⊙ rowsum(S_{t−1} ⊙ dS_t)   (the direct form: a sum of products, no
 //   cancellation for strong gates);             dS_{t−1} = diag(exp(g_t)) dS_t.
+// dS lives in a per-thread tile of the workspace rather than in registers, and the states are
+// read back from the workspace by the thread that wrote them: the backward then stays within the
+// 128 registers of a 512-thread block without spilling (scripts/cuda-resources.sh).
 // dv is complete within a block (summed over the warps' rows in warp order). dq', dk' and the row
-// sums of dg are sums over value columns: a warp sums its 32 lanes (a butterfly of shuffles, the
-// same order in every run) and writes one partial per value tile to a workspace; a finishing
-// kernel adds the tiles in tile order, multiplies dg by exp(g), turns dq', dk' (rotated frame) into
-// dq, dk and dθ ((R2), (R3)) and stores them. No atomics.
+// sums of dg are sums over value columns: a warp sums its 32 lanes for 8 rows at once
+// (transpose_sum, cuda/common/recurrent.h: a fixed butterfly, the same order in every run) and
+// writes one partial per value tile to a workspace; a finishing kernel adds the tiles in tile
+// order, multiplies dg by exp(g), turns dq', dk' (rotated frame) into dq, dk and dθ ((R2), (R3))
+// and stores them. No atomics.
 //
 // Workspace of the backward (compute type C): checkpoints (N + ⌈B·T / C⌉) · H · K · 32·tiles —
-// segment i of sequence n (first token at flat index f) uses slot n + ⌊(f + i·C) / C⌋, distinct
-// for all (n, i) without reading cu_seqlens on the host — plus the recomputed segment states
-// N·H·tiles · (C + 1) · K · 32, with C = min(chunk_size, 64), plus the partials 3 · tiles · B·T·H·K
-// (only those asked for).
+// segment i of sequence n (first token at flat index f) uses slot n + ⌊f / C⌋ + i, distinct for
+// all (n, i) without reading cu_seqlens on the host — plus the recomputed segment states and dS,
+// N·H·tiles · (C + 2) · K · 32, with C = min(chunk_size, 64), plus the partials
+// 3 · tiles · B·T·H·K (only those asked for).
 #include <algorithm>
 #include <string>
+#include <type_traits>
 
+#include "common/recurrent.h"
 #include "common/staging.h"
 #include "gla/gla.h"
 #include "simt/simt.h"
@@ -53,46 +59,32 @@ constexpr std::int64_t kMaxTiles = 65535;
 // are stored per block; the results do not depend on the interval, only memory and time do).
 constexpr std::int64_t kMaxSegment = 64;
 
-PHASOR_HOST_DEVICE inline std::int64_t ceil_div(std::int64_t a, std::int64_t b) {
-  return (a + b - 1) / b;
-}
-
-// The rows of rotation pair i: (i, i + K/2) half-split, (2i, 2i + 1) interleaved.
-PHASOR_DEVICE std::int64_t pair_a(const Problem& p, std::int64_t i) {
-  return p.rotary_layout == RotaryLayout::interleaved ? 2 * i : i;
-}
-PHASOR_DEVICE std::int64_t pair_b(const Problem& p, std::int64_t i) {
-  return p.rotary_layout == RotaryLayout::interleaved ? 2 * i + 1 : i + p.K / 2;
-}
-
-// cos θ, sin θ in double (θ may be a phase sum of thousands of radians), rounded to C — as the
-// CPU's PairAngles.
+// Stages token (b, t) of head h: k_t (and q_t when `with_q`) for every key row, rotated by θ_t
+// when given (one cos/sin per pair serves both).
 template <class C>
-PHASOR_DEVICE void angle_of(const Problem& p, std::int64_t b, std::int64_t t, std::int64_t h,
-                            std::int64_t i, C& c, C& s) {
-  double sd = 0.0, cd = 0.0;
-  simt::sincos(simt::load<double>(p.theta, b, t, h, i), &sd, &cd);
-  c = static_cast<C>(cd);
-  s = static_cast<C>(sd);
-}
-
-// Stages token (b, t) of head h: x[a] for a < K of `view` (q or k), rotated by θ_t when given.
-template <class C>
-PHASOR_DEVICE void stage_rotated(const Problem& p, const TensorView& view, std::int64_t b,
-                                 std::int64_t t, std::int64_t h, const simt::SharedArray<C>& x) {
+PHASOR_DEVICE void stage_rotated(const Problem& p, bool with_q, std::int64_t b, std::int64_t t,
+                                 std::int64_t h, const simt::SharedArray<C>& q,
+                                 const simt::SharedArray<C>& k) {
   const std::int64_t tid = threadIdx.y * kColumns + threadIdx.x,
                      threads = static_cast<std::int64_t>(blockDim.x) * blockDim.y;
   if (!p.theta.defined()) {
-    for (std::int64_t a = tid; a < p.K; a += threads) x[a] = simt::load<C>(view, b, t, h, a);
+    for (std::int64_t a = tid; a < p.K; a += threads) {
+      if (with_q) q[a] = simt::load<C>(p.q, b, t, h, a);
+      k[a] = simt::load<C>(p.k, b, t, h, a);
+    }
     return;
   }
   for (std::int64_t i = tid; i < p.K / 2; i += threads) {
     C c, s;
-    angle_of(p, b, t, h, i, c, s);
-    const std::int64_t ia = pair_a(p, i), ib = pair_b(p, i);
-    const C xa = simt::load<C>(view, b, t, h, ia), xb = simt::load<C>(view, b, t, h, ib);
-    x[ia] = xa * c - xb * s;  // (R1)
-    x[ib] = xa * s + xb * c;
+    angle_of(p.theta, b, t, h, i, c, s);
+    const std::int64_t ia = pair_a(p.rotary_layout, p.K, i), ib = pair_b(p.rotary_layout, p.K, i);
+    for (int which = with_q ? 0 : 1; which < 2; ++which) {
+      const TensorView& view = which == 0 ? p.q : p.k;
+      const simt::SharedArray<C>& x = which == 0 ? q : k;
+      const C xa = simt::load<C>(view, b, t, h, ia), xb = simt::load<C>(view, b, t, h, ib);
+      x[ia] = xa * c - xb * s;  // (R1)
+      x[ib] = xa * s + xb * c;
+    }
   }
 }
 
@@ -122,12 +114,14 @@ PHASOR_DEVICE SharedLayout layout_of(const Problem& p) {
 
 // ---- forward ------------------------------------------------------------------------------------
 
+// The forward recurrence; o is written when defined (the backward's replay runs it without o,
+// to write the checkpoints).
 template <class C>
 PHASOR_GLOBAL void PHASOR_LAUNCH_BOUNDS(kMaxWarps* kColumns)
-    forward_kernel(Problem p, TensorView o, TensorView final_state) {
-  const std::int64_t n = blockIdx.x / p.H, h = blockIdx.x % p.H;
+    forward_kernel(Problem p, TensorView o, TensorView final_state, Checkpoints<C> checkpoints) {
+  const std::int64_t n = blockIdx.x / p.H, h = blockIdx.x % p.H, tile = blockIdx.y;
   const int lane = threadIdx.x, warp = threadIdx.y, warps = blockDim.y;
-  const std::int64_t j = static_cast<std::int64_t>(blockIdx.y) * kColumns + lane;
+  const std::int64_t j = tile * kColumns + lane;
   const bool column = j < p.V;
   const SharedLayout at = layout_of<C>(p);
   PHASOR_DYNAMIC_SHARED_AT(C, q_s, at.q, p.K);
@@ -137,6 +131,8 @@ PHASOR_GLOBAL void PHASOR_LAUNCH_BOUNDS(kMaxWarps* kColumns)
   PHASOR_DYNAMIC_SHARED_AT(C, partial_s, at.partial, warps * kColumns);
   const C scale = static_cast<C>(p.scale);
   const Sequence s = p.sequences[n];
+  const bool output = o.defined();
+  const std::int64_t first = s.batch * p.T + s.start;  // flat index of the sequence's first token
 
   C state[kRows];
   PHASOR_UNROLL
@@ -146,11 +142,22 @@ PHASOR_GLOBAL void PHASOR_LAUNCH_BOUNDS(kMaxWarps* kColumns)
                    ? simt::load<C>(p.initial_state, n, h, a, j)
                    : C(0);
   }
-  for (std::int64_t t = s.start; t < s.start + s.length; ++t) {
-    stage_rotated<C>(p, p.q, s.batch, t, h, q_s);
-    stage_rotated<C>(p, p.k, s.batch, t, h, k_s);
-    stage_decay<C>(p, s.batch, t, h, decay_s);
-    if (warp == 0) v_s[lane] = column ? simt::load<C>(p.v, s.batch, t, h, j) : C(0);
+  // The next token whose incoming state is a checkpoint, and its slot (none without checkpoints).
+  std::int64_t next_checkpoint = checkpoints.states.size > 0 ? 0 : -1;
+  std::int64_t slot = checkpoints.states.size > 0 ? checkpoints.first_slot(n, first) : 0;
+  for (std::int64_t t = 0; t < s.length; ++t) {
+    if (t == next_checkpoint) {
+      PHASOR_UNROLL
+      for (int r = 0; r < kRows; ++r) {
+        const std::int64_t a = static_cast<std::int64_t>(warp) * kRows + r;
+        if (a < p.K) checkpoints.states[checkpoints.element(slot, h, tile, a, lane)] = state[r];
+      }
+      ++slot;
+      next_checkpoint += checkpoints.interval;
+    }
+    stage_rotated<C>(p, output, s.batch, s.start + t, h, q_s, k_s);
+    stage_decay<C>(p, s.batch, s.start + t, h, decay_s);
+    if (warp == 0) v_s[lane] = column ? simt::load<C>(p.v, s.batch, s.start + t, h, j) : C(0);
     simt::syncthreads();
     const C v_j = v_s[lane];
     C share = 0;
@@ -158,20 +165,26 @@ PHASOR_GLOBAL void PHASOR_LAUNCH_BOUNDS(kMaxWarps* kColumns)
     for (int r = 0; r < kRows; ++r) {
       const std::int64_t a = static_cast<std::int64_t>(warp) * kRows + r;
       if (a >= p.K) continue;
-      const C d = decay_s[a], k_a = k_s[a], q_a = q_s[a];
+      const C d = decay_s[a], k_a = k_s[a];
       state[r] = d * state[r] + k_a * v_j;
-      share += (scale * q_a) * state[r];
-    }
-    partial_s[warp * kColumns + lane] = share;
-    simt::syncthreads();
-    if (warp == 0 && column) {
-      C sum = 0;
-      for (int w = 0; w < warps; ++w) {
-        const C part = partial_s[w * kColumns + lane];
-        sum += part;
+      if (output) {
+        const C q_a = q_s[a];
+        share += (scale * q_a) * state[r];
       }
-      simt::store(o, sum, s.batch, t, h, j);
     }
+    if (output) {
+      partial_s[warp * kColumns + lane] = share;
+      simt::syncthreads();
+      if (warp == 0 && column) {
+        C sum = 0;
+        for (int w = 0; w < warps; ++w) {
+          const C part = partial_s[w * kColumns + lane];
+          sum += part;
+        }
+        simt::store(o, sum, s.batch, s.start + t, h, j);
+      }
+    }
+    simt::syncthreads();  // the staged token is replaced by the next one
   }
   if (final_state.defined() && column) PHASOR_UNROLL
   for (int r = 0; r < kRows; ++r) {
@@ -185,19 +198,12 @@ PHASOR_GLOBAL void PHASOR_LAUNCH_BOUNDS(kMaxWarps* kColumns)
 // Workspace views of the backward.
 template <class C>
 struct BackwardSpace {
-  simt::Span<C> checkpoints;  // [slot][H][tiles][K][32]
-  simt::Span<C> states;       // [block][C + 1][K][32]
-  simt::Span<C> dq, dk, dg;   // [tile][B·T][H][K], each empty when not needed
+  Checkpoints<C> checkpoints;  // written by forward_kernel
+  simt::Span<C> states;        // [block][C + 1][K][32]
+  simt::Span<C> adjoint;       // [block][K][32]: dS
+  simt::Span<C> dq, dk, dg;    // [tile][B·T][H][K], each empty when not needed
   std::int64_t tiles = 0;
 };
-
-// The sum over the 32 lanes of a warp, the same butterfly in every run; every lane gets it.
-template <class C>
-PHASOR_DEVICE C lane_sum(C x) {
-  for (int offset = kColumns / 2; offset > 0; offset /= 2)
-    x += simt::shfl_xor_sync(simt::kFullMask, x, offset);
-  return x;
-}
 
 template <class C>
 PHASOR_GLOBAL void PHASOR_LAUNCH_BOUNDS(kMaxWarps* kColumns)
@@ -224,15 +230,10 @@ PHASOR_GLOBAL void PHASOR_LAUNCH_BOUNDS(kMaxWarps* kColumns)
   const auto element = [&](std::int64_t base, std::int64_t a) {
     return (base + a) * kColumns + lane;
   };
-  const auto checkpoint_base = [&](std::int64_t i) {
-    const std::int64_t slot = n + (first + i * CS) / CS;
-    return ((slot * p.H + h) * space.tiles + tile) * K;
-  };
   const auto state_base = [&](std::int64_t t) { return (block * (CS + 1) + t) * K; };
   // Stages k_t, exp(g_t), v_t (and q_t, do_t) of token t of the sequence.
   const auto stage = [&](std::int64_t t, bool with_q) {
-    if (with_q) stage_rotated<C>(p, p.q, s.batch, s.start + t, h, q_s);
-    stage_rotated<C>(p, p.k, s.batch, s.start + t, h, k_s);
+    stage_rotated<C>(p, with_q, s.batch, s.start + t, h, q_s, k_s);
     stage_decay<C>(p, s.batch, s.start + t, h, decay_s);
     if (warp == 0) {
       v_s[lane] = column ? simt::load<C>(p.v, s.batch, s.start + t, h, j) : C(0);
@@ -240,99 +241,95 @@ PHASOR_GLOBAL void PHASOR_LAUNCH_BOUNDS(kMaxWarps* kColumns)
     }
   };
 
-  // Pass 1: the state before every segment.
-  C reg[kRows];
-  PHASOR_UNROLL
-  for (int r = 0; r < kRows; ++r) {
-    const std::int64_t a = static_cast<std::int64_t>(warp) * kRows + r;
-    reg[r] = column && a < K && p.initial_state.defined()
-                 ? simt::load<C>(p.initial_state, n, h, a, j)
-                 : C(0);
-  }
-  for (std::int64_t i = 0; i < segments; ++i) {
-    PHASOR_UNROLL
-    for (int r = 0; r < kRows; ++r) {
-      const std::int64_t a = static_cast<std::int64_t>(warp) * kRows + r;
-      if (a < K) space.checkpoints[element(checkpoint_base(i), a)] = reg[r];
-    }
-    const std::int64_t end = std::min(s.length, (i + 1) * CS);
-    for (std::int64_t t = i * CS; t < end; ++t) {
-      stage(t, false);
-      simt::syncthreads();
-      const C v_j = v_s[lane];
-      PHASOR_UNROLL
-      for (int r = 0; r < kRows; ++r) {
-        const std::int64_t a = static_cast<std::int64_t>(warp) * kRows + r;
-        if (a >= K) continue;
-        const C d = decay_s[a], k_a = k_s[a];
-        reg[r] = d * reg[r] + k_a * v_j;
-      }
-      simt::syncthreads();
-    }
-  }
+  // dS of this thread's rows lives in its own tile of the workspace, not in registers: beside
+  // the staged token, the state reads and the column sums, a 16-row register tile would push the
+  // kernel past the 128 registers a 512-thread block allows (ptxas then spills). Only this thread
+  // reads and writes its elements, so no synchronisation is needed, and they stay in L1.
+  const std::int64_t adjoint_base = block * K;
+  const auto ds = [&](int r) -> C& {
+    return space.adjoint[element(adjoint_base, static_cast<std::int64_t>(warp) * kRows + r)];
+  };
 
-  // Pass 2: segments in reverse; reg holds dS, the gradient of the state after the token at hand.
-  PHASOR_UNROLL
+  // Segments in reverse; ds holds dS, the gradient of the state after the token at hand.
+  PHASOR_NO_UNROLL
   for (int r = 0; r < kRows; ++r) {
     const std::int64_t a = static_cast<std::int64_t>(warp) * kRows + r;
-    reg[r] = column && a < K && d_final_state.defined() ? simt::load<C>(d_final_state, n, h, a, j)
-                                                        : C(0);
+    if (a < K)
+      ds(r) = column && d_final_state.defined() ? simt::load<C>(d_final_state, n, h, a, j) : C(0);
   }
   for (std::int64_t i = segments - 1; i >= 0; --i) {
     const std::int64_t L = std::min(CS, s.length - i * CS);
     // The segment's states: states[0] = its checkpoint, states[t + 1] = the state after token t.
-    {
-      C state[kRows];
-      PHASOR_UNROLL
+    // Each thread reads back only what it wrote itself: no state array in registers beside dS.
+    PHASOR_NO_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      const std::int64_t a = static_cast<std::int64_t>(warp) * kRows + r;
+      if (a < K)
+        space.states[element(state_base(0), a)] =
+            space.checkpoints.states[space.checkpoints.element(
+                space.checkpoints.first_slot(n, first) + i, h, tile, a, lane)];
+    }
+    for (std::int64_t t = 0; t < L; ++t) {
+      stage(i * CS + t, false);
+      simt::syncthreads();
+      const C v_j = v_s[lane];
+      PHASOR_NO_UNROLL
       for (int r = 0; r < kRows; ++r) {
         const std::int64_t a = static_cast<std::int64_t>(warp) * kRows + r;
-        state[r] = a < K ? space.checkpoints[element(checkpoint_base(i), a)] : C(0);
-        if (a < K) space.states[element(state_base(0), a)] = state[r];
+        if (a >= K) continue;
+        const C d = decay_s[a], k_a = k_s[a], previous = space.states[element(state_base(t), a)];
+        space.states[element(state_base(t + 1), a)] = d * previous + k_a * v_j;
       }
-      for (std::int64_t t = 0; t < L; ++t) {
-        stage(i * CS + t, false);
-        simt::syncthreads();
-        const C v_j = v_s[lane];
-        PHASOR_UNROLL
-        for (int r = 0; r < kRows; ++r) {
-          const std::int64_t a = static_cast<std::int64_t>(warp) * kRows + r;
-          if (a >= K) continue;
-          const C d = decay_s[a], k_a = k_s[a];
-          state[r] = d * state[r] + k_a * v_j;
-          space.states[element(state_base(t + 1), a)] = state[r];
-        }
-        simt::syncthreads();
-      }
+      simt::syncthreads();
     }
     for (std::int64_t t = L - 1; t >= 0; --t) {
       const std::int64_t token = s.start + i * CS + t, flat = s.batch * p.T + token;
       stage(i * CS + t, true);
       simt::syncthreads();
       const C v_j = v_s[lane], do_j = do_s[lane];
-      C dv_share = 0;
-      PHASOR_UNROLL
+      const std::int64_t row0 = static_cast<std::int64_t>(warp) * kRows;  // this warp's first row
+      PHASOR_NO_UNROLL
       for (int r = 0; r < kRows; ++r) {
-        const std::int64_t a = static_cast<std::int64_t>(warp) * kRows + r;
+        const std::int64_t a = row0 + r;
         if (a >= K) continue;  // uniform across the warp: a depends on the warp only
-        const C q_a = q_s[a], k_a = k_s[a], d = decay_s[a];
-        reg[r] += (scale * q_a) * do_j;                                 // o_t = S_tᵀ (scale q_t)
-        const C current = space.states[element(state_base(t + 1), a)];  // S_t
-        const C previous = space.states[element(state_base(t), a)];     // S_{t−1}
-        const std::int64_t part = ((tile * p.B * p.T + flat) * p.H + h) * K + a;
-        if (space.dq.size > 0) {
-          const C dq = lane_sum<C>(column ? scale * current * do_j : C(0));
-          if (lane == 0) space.dq[part] = dq;  // dq'_t = scale S_t do_t
+        const C q_a = q_s[a];
+        ds(r) += (scale * q_a) * do_j;  // o_t = S_tᵀ (scale q_t)
+      }
+      // The sums over value columns, kSumRows rows of the warp at once (transpose_sum); the first
+      // lane of each row's group stores its partial.
+      const std::int64_t part = ((tile * p.B * p.T + flat) * p.H + h) * K + row0;
+      constexpr int kSumRows = 8, kParts = kRows / kSumRows, kLanesPerRow = kColumns / kSumRows;
+      const int row = row_of_lane<kSumRows>(lane);
+      const bool stores = lane % kLanesPerRow == 0;
+      const auto store_sums = [&](const simt::Span<C>& partials, auto&& value) {
+        PHASOR_NO_UNROLL
+        for (int group = 0; group < kParts; ++group) {
+          C x[kSumRows];
+          PHASOR_UNROLL
+          for (int r = 0; r < kSumRows; ++r)
+            x[r] = row0 + group * kSumRows + r < K ? value(group * kSumRows + r) : C(0);
+          const C sum = transpose_sum(x, lane);
+          if (stores && row0 + group * kSumRows + row < K)
+            partials[part + group * kSumRows + row] = sum;
         }
-        if (space.dk.size > 0) {
-          const C dk = lane_sum<C>(reg[r] * v_j);
-          if (lane == 0) space.dk[part] = dk;  // dk'_t = dS_t v_t
-        }
-        if (space.dg.size > 0) {
-          const C dg = lane_sum<C>(previous * reg[r]);
-          if (lane == 0) space.dg[part] = dg;  // rowsum(S_{t−1} ⊙ dS_t)
-        }
-        dv_share += k_a * reg[r];  // dv_t = dS_tᵀ k_t
-        reg[r] *= d;               // dS_{t−1} = diag(exp(g_t)) dS_t
+      };
+      if (space.dq.size > 0)  // dq'_t = scale S_t do_t
+        store_sums(space.dq, [&](int r) {
+          return column ? scale * space.states[element(state_base(t + 1), row0 + r)] * do_j : C(0);
+        });
+      if (space.dk.size > 0)  // dk'_t = dS_t v_t
+        store_sums(space.dk, [&](int r) { return ds(r) * v_j; });
+      if (space.dg.size > 0)  // rowsum(S_{t−1} ⊙ dS_t)
+        store_sums(space.dg,
+                   [&](int r) { return space.states[element(state_base(t), row0 + r)] * ds(r); });
+      C dv_share = 0;
+      PHASOR_NO_UNROLL
+      for (int r = 0; r < kRows; ++r) {
+        const std::int64_t a = row0 + r;
+        if (a >= K) continue;
+        const C k_a = k_s[a], d = decay_s[a];
+        dv_share += k_a * ds(r);  // dv_t = dS_tᵀ k_t
+        ds(r) *= d;               // dS_{t−1} = diag(exp(g_t)) dS_t
       }
       partial_s[warp * kColumns + lane] = dv_share;
       simt::syncthreads();
@@ -346,10 +343,10 @@ PHASOR_GLOBAL void PHASOR_LAUNCH_BOUNDS(kMaxWarps* kColumns)
       }
     }
   }
-  if (dh0.defined() && column) PHASOR_UNROLL
+  if (dh0.defined() && column) PHASOR_NO_UNROLL
   for (int r = 0; r < kRows; ++r) {
     const std::int64_t a = static_cast<std::int64_t>(warp) * kRows + r;
-    if (a < K) simt::store(dh0, reg[r], n, h, a, j);
+    if (a < K) simt::store(dh0, ds(r), n, h, a, j);
   }
 }
 
@@ -369,8 +366,8 @@ PHASOR_GLOBAL void finish_kernel(Problem p, BackwardSpace<C> space, GlaGrads gra
       sum += parts[tile * stride + row * p.K + a];
     return sum;
   };
-  const std::int64_t rows[2] = {p.theta.defined() ? pair_a(p, unit) : unit,
-                                p.theta.defined() ? pair_b(p, unit) : unit};
+  const std::int64_t rows[2] = {p.theta.defined() ? pair_a(p.rotary_layout, p.K, unit) : unit,
+                                p.theta.defined() ? pair_b(p.rotary_layout, p.K, unit) : unit};
   const int count = p.theta.defined() ? 2 : 1;
   if (grads.dg.defined())
     for (int r = 0; r < count; ++r) {
@@ -386,7 +383,7 @@ PHASOR_GLOBAL void finish_kernel(Problem p, BackwardSpace<C> space, GlaGrads gra
   if (space.dq.size == 0) return;  // only dg asked for: nothing to unrotate
   // (R2), (R3): dy = the gradient of the rotated pair y = R(θ) x.
   C c, s;
-  angle_of(p, b, t, h, unit, c, s);
+  angle_of(p.theta, b, t, h, unit, c, s);
   const std::int64_t ia = rows[0], ib = rows[1];
   C dtheta = 0;
   const auto unrotate = [&](const TensorView& x, const simt::Span<C>& parts, const TensorView& dx) {
@@ -437,10 +434,10 @@ void recurrent_forward(const Problem& problem, const TensorView& o, const Tensor
   const std::size_t bytes = shared_bytes(p, shape.warps, f64 ? sizeof(double) : sizeof(float));
   if (f64)
     PHASOR_LAUNCH((forward_kernel<double>), shape.grid, shape.block, bytes, stream, p, o,
-                  final_state);
+                  final_state, Checkpoints<double>{});
   else
     PHASOR_LAUNCH((forward_kernel<float>), shape.grid, shape.block, bytes, stream, p, o,
-                  final_state);
+                  final_state, Checkpoints<float>{});
 }
 
 void recurrent_backward(const Problem& problem, const TensorView& d_o,
@@ -473,7 +470,8 @@ void recurrent_backward(const Problem& problem, const TensorView& d_o,
     const std::int64_t dq = grads.dq.defined() || rotate ? partials : 0,
                        dk = grads.dk.defined() || rotate ? partials : 0,
                        dg = grads.dg.defined() ? partials : 0;
-    const std::int64_t total = checkpoints + states + dq + dk + dg;
+    const std::int64_t adjoint = p.num_work_items() * tiles * tile_elements;
+    const std::int64_t total = checkpoints + states + adjoint + dq + dk + dg;
     simt::Workspace workspace(static_cast<std::size_t>(total) * sizeof(C), stream);
     const simt::Span<C> all = workspace.span<C>(total);
     BackwardSpace<C> space;
@@ -483,13 +481,17 @@ void recurrent_backward(const Problem& problem, const TensorView& d_o,
       offset += count;
       return part;
     };
-    space.checkpoints = take(checkpoints);
+    space.checkpoints = {take(checkpoints), CS, p.H, K, tiles};
     space.states = take(states);
+    space.adjoint = take(adjoint);
     space.dq = take(dq);
     space.dk = take(dk);
     space.dg = take(dg);
     space.tiles = tiles;
     const std::size_t bytes = shared_bytes(p, shape.warps, sizeof(C));
+    // The replay: the forward recurrence writes the checkpoints (no o, no final state).
+    PHASOR_LAUNCH((forward_kernel<C>), shape.grid, shape.block, bytes, stream, p, TensorView{},
+                  TensorView{}, space.checkpoints);
     PHASOR_LAUNCH((backward_kernel<C>), shape.grid, shape.block, bytes, stream, p, d_o_in,
                   d_final_in, grads.dv, grads.dh0, space);
     const std::int64_t units = (p.theta.defined() ? K / 2 : K) * p.B * p.T * p.H;

@@ -44,10 +44,13 @@
 #define PHASOR_GLOBAL __global__
 // After PHASOR_GLOBAL void: the most threads a block of the kernel has, so that ptxas fits its
 // registers (65536 per SM / threads) instead of failing the launch.
-#define PHASOR_LAUNCH_BOUNDS(threads) __launch_bounds__(threads)
+#define PHASOR_LAUNCH_BOUNDS(threads) __launch_bounds__(threads, 1)
 // Before a loop with a constant trip count: unrolled on the GPU (so that arrays it indexes stay
 // in registers); nothing on the host.
 #define PHASOR_UNROLL _Pragma("unroll")
+// Before a loop that must stay a loop on the GPU (its body indexes memory, not register arrays):
+// unrolling it would hold every iteration's temporaries in registers at once.
+#define PHASOR_NO_UNROLL _Pragma("unroll 1")
 #define PHASOR_DEVICE __device__ __forceinline__
 #include <cuda_runtime.h>
 
@@ -61,6 +64,7 @@
 #define PHASOR_GLOBAL
 #define PHASOR_LAUNCH_BOUNDS(threads)
 #define PHASOR_UNROLL
+#define PHASOR_NO_UNROLL
 #define PHASOR_DEVICE inline
 #include "simt/emulator.h"
 #endif
