@@ -14,21 +14,23 @@
 // order (the same value in every thread, every run); then r = β (v − a u), S_t = a S_{t−1} + k̂ rᵀ,
 // and o's shares are summed the same way.
 //
-// Backward, as the CPU kernel (checkpoints every min(chunk_size, 64) tokens, each segment's states
-// recomputed into a per-block workspace, dS carried back in registers), per step:
+// Backward, as the CPU kernel (checkpoints every min(chunk_size, 64) tokens, written by a replay of
+// the forward kernel; each segment's states recomputed into a per-block workspace; dS carried back
+// in a per-thread workspace tile, which keeps the kernel within 128 registers), per step:
 //   dq̃_t = S_t do_t,  dS += q̃_t do_tᵀ,  w = dSᵀk̂,  r = v − a S_{t−1}ᵀ k̂,
 //   dv = β w,  dβ = w·r,  dk̂ = β (dS r − a S_{t−1} w),
 //   dS' = dS − β k̂ wᵀ,  dg = a Σ S_{t−1} ⊙ dS',  ∂L/∂S_{t−1} = a dS'.
 // w and S_{t−1}ᵀk̂ are sums over key rows (warp shares in warp order, as u); dv is complete in the
 // block. dq̃, dk̂ (per key row), dβ and dg's sum (per token) are sums over value columns: each warp
-// sums its lanes with one butterfly of shuffles and writes a partial per value tile (and value
-// head) to a workspace. Finishing kernels add them in a fixed order (value heads of a group, then
-// tiles), apply scale, the ℓ2-norm backward (ρ (dx̂ − x̂ (x̂·dx̂)), and ερ³ dx̂ for K = 1), the
-// un-rotation and dθ ((R2), (R3)), and a · Σ for dg. No atomics: bit-identical run to run.
+// sums its lanes with fixed butterflies of shuffles (8 key rows at once: transpose_sum) and writes
+// a partial per value tile (and value head) to a workspace. Finishing kernels add them in a fixed
+// order (value heads of a group, then tiles), apply scale, the ℓ2-norm backward (ρ (dx̂ − x̂ (x̂·dx̂)),
+// and ερ³ dx̂ for K = 1), the un-rotation and dθ ((R2), (R3)), and a · Σ for dg. No atomics:
+// bit-identical run to run.
 //
 // Workspace of the backward (compute type C): checkpoints (N + ⌈B·T / C⌉) · HV · K · 32·tiles
-// (C = min(chunk_size, 64); see cuda/gla/recurrent.cu for the slot of a segment), segment states
-// N·HV·tiles · (C + 1) · K · 32, partials 2 · tiles · G · B·T·H·K (dq̃, dk̂) + 2 · tiles · B·T·HV
+// (C = min(chunk_size, 64); Checkpoints in cuda/common/recurrent.h), segment states and dS
+// N·HV·tiles · (C + 2) · K · 32, partials 2 · tiles · G · B·T·H·K (dq̃, dk̂) + 2 · tiles · B·T·HV
 // (dβ, dg), only those asked for.
 #include <algorithm>
 #include <string>
