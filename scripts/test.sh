@@ -11,7 +11,20 @@ log=build/ctest.log
 ctest_count=$(sed -n 's/.*tests passed, 0 tests failed out of \([0-9]*\).*/\1/p' "$log" | tail -1)
 # ctest counts a skipped test (e.g. a CUDA-device test on a machine without a GPU) as passed:
 # report those apart.
-skipped=$(grep -c '^[[:space:]]*[0-9]* - .*(Skipped)$' "$log" || true)
+ctest_skipped=$(grep -c '^[[:space:]]*[0-9]* - .*(Skipped)$' "$log" || true)
+skipped=$ctest_skipped
+
+echo "== GPU resources: no shipped CUDA kernel spills registers (ptxas, sm_80 and sm_90)"
+resources=0
+if command -v nvcc >/dev/null || [[ -x /usr/local/cuda/bin/nvcc ]]; then
+  # Exits non-zero (and stops this script) when a kernel spills or does not compile.
+  bash scripts/cuda-resources.sh >build/cuda-resources.txt
+  echo "cuda-resources: ok (the table is in build/cuda-resources.txt)"
+  resources=1
+else
+  echo "cuda-resources: skipped (no nvcc: the CUDA backend is not built)"
+  skipped=$((skipped + 1))
+fi
 
 echo "== install + examples/ against the installed package"
 rm -rf build/install
@@ -32,4 +45,4 @@ for b in build/bench/*_bench; do
   benches=$((benches + 1))
 done
 # Every step above stops the script on failure, so reaching here means all of them passed.
-echo "tests: $((ctest_count - skipped + 1 + benches)) passed, 0 failed, $skipped skipped"
+echo "tests: $((ctest_count - ctest_skipped + resources + 1 + benches)) passed, 0 failed, $skipped skipped"
