@@ -10,6 +10,10 @@
 //    also writes da, db), T ∈ {1024, 4096}, label "chunk/no_bias" or "chunk/grape_a_qk".
 //  - BM_FoxCacheDecode: the public ForgettingAttnCache, one step() call per token (T ≤ 4096;
 //    BM_FoxForward's recurrent rows are the same decoding without the per-call overhead).
+//  - BM_FoxCacheDecodeDevice: the same decoding with the cache on a device: the CPU, the emulated
+//    GPU (the CUDA decode kernels run thread by thread, T = 64: a cost figure, not a speed) and,
+//    when the machine has one, a CUDA GPU (T ∈ {1024, 4096, 16384}, the CPU beside it); each
+//    step waits for the GPU before the next one, as a generation loop that samples would.
 // items_per_second is tokens per second; peak_MiB is the peak heap of one call (forward, or
 // forward + backward), i.e. everything allocated on top of the caller's inputs and outputs,
 // Eigen included: it grows O(T) (no T × T matrix).
@@ -224,6 +228,30 @@ void BM_FoxCacheDecode(benchmark::State& state) {
   state.counters["peak_MiB"] = mib(peak);
 }
 
+void BM_FoxCacheDecodeDevice(benchmark::State& state) {
+  const auto device = static_cast<phasor::Device>(state.range(0));
+  Problem problem(state.range(1));
+  const std::int64_t T = problem.T;
+  phasor::bench::DeviceBuffers on(device);
+  const TensorView q = on.view(problem.q, {kB, T, kH, kK}), k = on.view(problem.k, {kB, T, kH, kK}),
+                   v = on.view(problem.v, {kB, T, kH, kV}), g = on.view(problem.g, {kB, T, kH}),
+                   o = on.view(problem.o, {kB, T, kH, kV});
+  auto token = [](TensorView x, std::int64_t t) {
+    x.data = static_cast<float*>(x.data) + t * x.stride(1);
+    x.sizes[1] = 1;
+    return x;
+  };
+  for (auto _ : state) {
+    phasor::ForgettingAttnCache cache(kB, kH, kH, kK, kV);
+    for (std::int64_t t = 0; t < T; ++t) {
+      cache.step(token(q, t), token(k, t), token(v, t), token(g, t), token(o, t));
+      phasor::bench::DeviceBuffers::wait_for(token(o, t));
+    }
+  }
+  state.SetItemsProcessed(state.iterations() * T);
+  state.SetLabel(std::string(phasor::to_string(device)) + "/cache");
+}
+
 // Forward: chunk and recurrent side by side; forward + backward: chunk.
 using phasor::bench::impl_and_length;
 void forward_arguments(benchmark::internal::Benchmark* b, std::initializer_list<std::int64_t> Ts) {
@@ -283,6 +311,16 @@ BENCHMARK(BM_FoxCacheDecode)
     ->Unit(benchmark::kMillisecond)
     ->MinTime(0.2)
     ->UseRealTime();
+BENCHMARK(BM_FoxCacheDecodeDevice)->Apply([](auto* b) {
+  b->ArgNames({"device", "T"});
+  for (phasor::Device device : {phasor::Device::cpu, phasor::Device::emulated})
+    b->Args({static_cast<std::int64_t>(device), 64});
+  if (phasor::cuda_device_count() > 0)
+    for (std::int64_t T : {1024, 4096, 16384})
+      for (phasor::Device device : {phasor::Device::cpu, phasor::Device::cuda})
+        b->Args({static_cast<std::int64_t>(device), T});
+  b->Unit(benchmark::kMillisecond)->MinTime(0.2)->UseRealTime();
+});
 
 }  // namespace
 

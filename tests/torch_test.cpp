@@ -674,6 +674,39 @@ TEST(Torch, ForgettingAttnDecoderMatchesParallelForward) {
   }
 }
 
+// The decoder on the emulated compute device (the cache in the emulated GPU's memory, the CUDA
+// decode kernels) equals the CPU decoder: windows, grouped heads, θ and slopes, across a reset().
+TEST(Torch, ForgettingAttnDecoderOnTheEmulatedGpuEqualsTheCpu) {
+  torch::manual_seed(15);
+  const std::int64_t B = 2, T = 9, HQ = 4, H = 2, K = 4, V = 3;
+  const at::Tensor q = at::randn({B, T, HQ, K}, f64), k = at::randn({B, T, H, K}, f64),
+                   v = at::randn({B, T, H, V}, f64), g = log_gates({B, T, HQ}, 1.0),
+                   theta = at::randn({B, T, H, K / 2}, f64) * 5,
+                   a = at::rand({B, T, HQ}, f64) * 0.3, b = at::rand({B, T, H}, f64) * 0.3;
+  for (c10::optional<std::int64_t> window :
+       {c10::optional<std::int64_t>(), c10::make_optional<std::int64_t>(4)}) {
+    SCOPED_TRACE(window ? "window 4" : "no window");
+    const auto decode = [&](Device device) {
+      ComputeDeviceGuard guard(device);
+      ForgettingAttnDecoder decoder(B, HQ, H, K, V, window, 0.5);
+      std::vector<at::Tensor> rounds;
+      for (int round = 0; round < 2; ++round) {
+        std::vector<at::Tensor> rows;
+        for (std::int64_t t = 0; t < T; ++t) {
+          const auto tok = [&](const at::Tensor& x) { return x.slice(1, t, t + 1); };
+          rows.push_back(decoder.step(tok(q), tok(k), tok(v), tok(g), tok(theta),
+                                      RotaryLayout::interleaved, tok(a), tok(b)));
+        }
+        rounds.push_back(at::cat(rows, 1));
+        decoder.reset();
+      }
+      EXPECT_TRUE(at::equal(rounds[0], rounds[1])) << "the round after reset() differs";
+      return rounds[0];
+    };
+    EXPECT_CLOSE(decode(Device::emulated), decode(Device::cpu), 1e-12, "o");
+  }
+}
+
 TEST(Torch, ForgettingAttnDecoderErrors) {
   expect_torch_error([&] { ForgettingAttnDecoder(1, 3, 2, 4, 4); },
                      {"argument 'num_q_heads'"});  // HQ not a multiple of H

@@ -120,6 +120,14 @@ void forgetting_attn_backward(const ForgettingAttnParams& params, Impl impl, con
 // (float64). The compute type is q's dtype at the first step after construction or reset();
 // later steps must use the same q dtype. Errors name "ForgettingAttnCache" (constructor) or
 // "ForgettingAttnCache::step"; a failed step changes nothing.
+// Devices: the views of the first step after construction or reset() fix where the cache lives
+// and computes — Device::cpu (host memory, the CPU kernels), Device::cuda (GPU memory, the CUDA
+// decode kernels on the current stream) or Device::emulated (the same kernels on the emulated GPU);
+// later steps must pass views on that device. On a GPU device a step queues three kernels (append
+// the token, split-key attention, combine the splits) after the value check of g and the slopes,
+// which reads one verdict back (one host sync per step); the cache grows by doubling up to the
+// window. Limits there: V ≤ about 3,000 (float32 compute; half that in float64), a clear error
+// beyond.
 // With additive GRAPE slopes the cache also holds each cached token's key slope b_p and its
 // position p (the number of steps since construction or reset(): every batch row is one sequence
 // starting at position 0), so a new token t adds −(t − p)(a_t + b_p) to its logit against p.

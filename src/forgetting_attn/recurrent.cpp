@@ -41,16 +41,21 @@
 #endif
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/check.h"
+#include "common/dispatch.h"
 #include "common/parallel.h"
 #include "common/rotation.h"
 #include "common/slices.h"
+#include "forgetting_attn/forgetting_attn.h"
 #include "forgetting_attn/kernels.h"
+#include "phasor/device.h"
 #include "phasor/forgetting_attn.h"
 
 namespace phasor {
@@ -352,19 +357,104 @@ void recurrent_backward(const Problem& p, const TensorView& d_o, const TensorVie
 
 // ---- ForgettingAttnCache ---------------------------------------------------------------------
 
+namespace detail::fox {
+
+// Memory of a GPU device (Device::cuda or Device::emulated), freed with the owner.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  DeviceBuffer(Device device, std::size_t bytes)
+      : device_(device), data_(device_allocate(device, std::max<std::size_t>(bytes, 1))) {}
+  DeviceBuffer(DeviceBuffer&& other) noexcept
+      : device_(other.device_), data_(std::exchange(other.data_, nullptr)) {}
+  DeviceBuffer& operator=(DeviceBuffer&& other) noexcept {
+    std::swap(device_, other.device_);
+    std::swap(data_, other.data_);
+    return *this;
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  ~DeviceBuffer() { device_free(device_, data_); }
+  void* data() const { return data_; }
+
+ private:
+  Device device_ = Device::cpu;
+  void* data_ = nullptr;
+};
+
+// The cache on a GPU device (cuda/forgetting_attn/recurrent.cu): slot-major buffers (a slot
+// holds one token of every batch row and head; see DecodeStep) of `capacity` slots, grown by
+// doubling up to the window, so that growing copies one contiguous prefix per buffer (on the
+// device, queued on the current stream). Which slot holds which token, and so every position,
+// follows from the number of tokens seen: the host never reads the cache back. Unlike the CPU
+// cache it keeps the tokens a zero gate has masked (their decay stays −inf, their weight 0):
+// emptying it would need the gate values on the host, a sync per step.
+struct GpuCache {
+  std::int64_t capacity = 0;
+  DeviceBuffer keys, values, decay, key_slopes;
+  bool biased = false;  // some step had slopes
+
+  struct Sizes {
+    std::int64_t B, HQ, H, K, V;
+    DType compute;
+  };
+  // Per-slot bytes of each buffer.
+  static std::array<std::size_t, 4> slot_bytes(const Sizes& z) {
+    const std::size_t c = element_size(z.compute), d = sizeof(double);
+    return {static_cast<std::size_t>(z.B * z.H * z.K) * c,
+            static_cast<std::size_t>(z.B * z.H * z.V) * c, static_cast<std::size_t>(z.B * z.HQ) * d,
+            static_cast<std::size_t>(z.B * z.H) * d};
+  }
+  // Room for `needed` slots (≤ the window).
+  void reserve(Device device, const Sizes& z, std::int64_t needed, std::int64_t window) {
+    if (needed <= capacity) return;
+    const std::int64_t grown =
+        std::min<std::int64_t>(window == kNoWindow ? INT64_MAX : window,
+                               std::max<std::int64_t>({needed, 2 * capacity, std::int64_t{16}}));
+    const auto bytes = slot_bytes(z);
+    DeviceBuffer* buffers[4] = {&keys, &values, &decay, &key_slopes};
+    for (std::size_t i = 0; i < 4; ++i) {
+      DeviceBuffer bigger(device, bytes[i] * static_cast<std::size_t>(grown));
+      if (capacity > 0)
+        copy_bytes(bigger.data(), device, buffers[i]->data(), device,
+                   bytes[i] * static_cast<std::size_t>(capacity));
+      *buffers[i] = std::move(bigger);
+    }
+    capacity = grown;
+  }
+  TensorView view(const DeviceBuffer& buffer, DType dtype, std::initializer_list<std::int64_t> rest,
+                  Device device) const {
+    std::array<std::int64_t, 4> sizes{capacity, 0, 0, 0};
+    int rank = 1;
+    for (std::int64_t r : rest) sizes[static_cast<std::size_t>(rank++)] = r;
+    switch (rank) {
+      case 3:
+        return TensorView::contiguous(buffer.data(), dtype, {sizes[0], sizes[1], sizes[2]}, device);
+      default:
+        return TensorView::contiguous(buffer.data(), dtype,
+                                      {sizes[0], sizes[1], sizes[2], sizes[3]}, device);
+    }
+  }
+};
+
+}  // namespace detail::fox
+
 struct ForgettingAttnCache::State {
   std::int64_t batch, HQ, H, K, V, window;
   std::int64_t length = 0;
-  // The compute type is q's dtype at the first step after construction or reset().
+  // The compute type is q's dtype at the first step after construction or reset(), and the
+  // device that of its views.
   bool started = false;
   DType compute = DType::float32;
+  Device device = Device::cpu;
   // Rotation, also set by the first step since construction or reset(): the cached keys are
   // rotated (with this layout) or not, and every later step must agree, or the logits of new
   // queries against old keys would mix frames.
   bool rotated = false;
   RotaryLayout layout = RotaryLayout::half_split;
-  std::vector<detail::fox::KvCache<float>> f32;  // [batch × H]
+  std::vector<detail::fox::KvCache<float>> f32;  // [batch × H], on the cpu
   std::vector<detail::fox::KvCache<double>> f64;
+  detail::fox::GpuCache gpu;  // on a GPU device
 
   template <class S>
   std::vector<detail::fox::KvCache<S>>& caches() {
@@ -415,6 +505,7 @@ void ForgettingAttnCache::reset() {
   state_->started = false;
   state_->f32.clear();
   state_->f64.clear();
+  state_->gpu = detail::fox::GpuCache();
 }
 
 void ForgettingAttnCache::step(const TensorView& q, const TensorView& k, const TensorView& v,
@@ -425,20 +516,28 @@ void ForgettingAttnCache::step(const TensorView& q, const TensorView& k, const T
   const std::string op = "ForgettingAttnCache::step";
   if (!state_) throw Error(op + ": the cache was moved from");
   State& s = *state_;
+  const Device device = detail::call_device(op, "q", q, /*gpu_capable=*/true);
+  if (s.started && device != s.device)
+    detail::fail(op, "q",
+                 std::string("a tensor on ") + to_string(s.device) +
+                     " (the cache's device, set by the first step since construction or reset())",
+                 std::string("a tensor on ") + to_string(device));
   detail::check_float_tensor(
       op, "q", q,
-      {{s.batch, "batch"}, {1, "1 (one token)"}, {s.HQ, "num_q_heads"}, {s.K, "head_dim"}});
+      {{s.batch, "batch"}, {1, "1 (one token)"}, {s.HQ, "num_q_heads"}, {s.K, "head_dim"}}, device);
   detail::check_float_tensor(
       op, "k", k,
-      {{s.batch, "batch"}, {1, "1 (one token)"}, {s.H, "num_kv_heads"}, {s.K, "head_dim"}});
+      {{s.batch, "batch"}, {1, "1 (one token)"}, {s.H, "num_kv_heads"}, {s.K, "head_dim"}}, device);
   detail::check_float_tensor(
       op, "v", v,
-      {{s.batch, "batch"}, {1, "1 (one token)"}, {s.H, "num_kv_heads"}, {s.V, "value_dim"}});
-  detail::check_float_tensor(op, "g", g,
-                             {{s.batch, "batch"}, {1, "1 (one token)"}, {s.HQ, "num_q_heads"}});
+      {{s.batch, "batch"}, {1, "1 (one token)"}, {s.H, "num_kv_heads"}, {s.V, "value_dim"}},
+      device);
+  detail::check_float_tensor(
+      op, "g", g, {{s.batch, "batch"}, {1, "1 (one token)"}, {s.HQ, "num_q_heads"}}, device);
   detail::check_output(
       op, "o", o,
-      {{s.batch, "batch"}, {1, "1 (one token)"}, {s.HQ, "num_q_heads"}, {s.V, "value_dim"}});
+      {{s.batch, "batch"}, {1, "1 (one token)"}, {s.HQ, "num_q_heads"}, {s.V, "value_dim"}},
+      device);
   const double resolved_scale = detail::resolve_scale(op, scale, s.K);
   if (s.started && detail::compute_dtype(q.dtype) != s.compute)
     detail::fail(op, "q",
@@ -448,18 +547,14 @@ void ForgettingAttnCache::step(const TensorView& q, const TensorView& k, const T
                  std::string("dtype ") + to_string(q.dtype));
   if (bias_q_slope.defined())
     detail::check_float_tensor(op, "bias_q_slope", bias_q_slope,
-                               {{s.batch, "batch"}, {1, "1 (one token)"}, {s.HQ, "num_q_heads"}});
+                               {{s.batch, "batch"}, {1, "1 (one token)"}, {s.HQ, "num_q_heads"}},
+                               device);
   if (bias_k_slope.defined())
     detail::check_float_tensor(op, "bias_k_slope", bias_k_slope,
-                               {{s.batch, "batch"}, {1, "1 (one token)"}, {s.H, "num_kv_heads"}});
-  // Values: gates ≤ 0, finite slopes (an infinite one would give 0·inf = NaN at the own token).
-  detail::ValueChecks checks;
-  checks.add("g", g, detail::ValueRule::log_gate);
-  checks.add("bias_q_slope", bias_q_slope, detail::ValueRule::finite);
-  checks.add("bias_k_slope", bias_k_slope, detail::ValueRule::finite);
-  detail::check_values_on_host(op, checks);
+                               {{s.batch, "batch"}, {1, "1 (one token)"}, {s.H, "num_kv_heads"}},
+                               device);
   const bool slopes = bias_q_slope.defined() || bias_k_slope.defined();
-  detail::check_theta(op, theta, s.batch, 1, s.H, s.K, "num_kv_heads");
+  detail::check_theta(op, theta, s.batch, 1, s.H, s.K, "num_kv_heads", device);
   if (s.started && theta.defined() != s.rotated)
     detail::fail(op, "theta",
                  std::string(s.rotated ? "theta at every step" : "no theta at any step") +
@@ -472,6 +567,53 @@ void ForgettingAttnCache::step(const TensorView& q, const TensorView& k, const T
                      " (the layout of the cached keys, set by the first step since construction "
                      "or reset())",
                  to_string(rotary_layout));
+  // Values: gates ≤ 0, finite slopes (an infinite one would give 0·inf = NaN at the own token);
+  // on a GPU device by a validation kernel (one host sync).
+  detail::ValueChecks checks;
+  checks.add("g", g, detail::ValueRule::log_gate);
+  checks.add("bias_q_slope", bias_q_slope, detail::ValueRule::finite);
+  checks.add("bias_k_slope", bias_k_slope, detail::ValueRule::finite);
+  if (device == Device::cpu)
+    detail::check_values_on_host(op, checks);
+  else
+    detail::check_values_on_gpu(op, device, checks);
+
+  if (device != Device::cpu) {
+    // Everything that can fail is checked before the cache changes (a failed step changes
+    // nothing); growing it copies what it holds.
+    detail::fox::GpuCache& cache = s.gpu;
+    const DType compute = s.started ? s.compute : detail::compute_dtype(q.dtype);
+    const detail::fox::GpuCache::Sizes sizes{s.batch, s.HQ, s.H, s.K, s.V, compute};
+    detail::fox::DecodeStep step;
+    step.q = q, step.k = k, step.v = v, step.g = g, step.theta = theta;
+    step.rotary_layout = rotary_layout;
+    step.slope_q = bias_q_slope, step.slope_k = bias_k_slope;
+    step.position = s.length;
+    step.window = s.window;
+    step.ring = s.window == detail::fox::kNoWindow ? 0 : s.window;
+    step.scale = resolved_scale;
+    step.B = s.batch, step.HQ = s.HQ, step.H = s.H, step.K = s.K, step.V = s.V;
+    step.device = device;
+    step.keys.dtype = compute;  // what the kernels' limits depend on; the views come below
+    PHASOR_ON_GPU(device, fox::check_decode_step(step));
+    cache.reserve(device, sizes, step.visible(), s.window);
+    cache.biased = cache.biased || slopes;
+    step.biased = cache.biased;
+    step.keys = cache.view(cache.keys, compute, {s.batch, s.H, s.K}, device);
+    step.values = cache.view(cache.values, compute, {s.batch, s.H, s.V}, device);
+    step.decay = cache.view(cache.decay, DType::float64, {s.batch, s.HQ}, device);
+    step.key_slopes = cache.view(cache.key_slopes, DType::float64, {s.batch, s.H}, device);
+    if (!s.started) {
+      s.compute = compute;
+      s.device = device;
+      s.rotated = theta.defined();
+      s.layout = rotary_layout;
+      s.started = true;
+    }
+    PHASOR_ON_GPU(device, fox::decode_step(step, o));
+    ++s.length;
+    return;
+  }
 
   const std::int64_t G = s.HQ / s.H;
   detail::dispatch_float(q, [&](auto type_tag) {
@@ -481,6 +623,7 @@ void ForgettingAttnCache::step(const TensorView& q, const TensorView& k, const T
       caches.clear();
       for (std::int64_t i = 0; i < s.batch * s.H; ++i) caches.emplace_back(s.K, s.V, G, s.window);
       s.compute = detail::compute_dtype(q.dtype);
+      s.device = Device::cpu;
       s.rotated = theta.defined();
       s.layout = rotary_layout;
       s.started = true;
