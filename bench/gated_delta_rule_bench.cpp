@@ -1,13 +1,17 @@
 // Gated DeltaNet benchmark: B = 1, H = HV = 8, K = V = 128, float32, keys (and queries)
 // L2-normalised in the kernel (use_qk_l2norm_in_kernel), β = σ(x) ∈ (0, 1), realistic gates;
 // forward and forward + backward for the recurrent and chunk kernels (reference at T = 1024
-// only). items_per_second is tokens per second; peak_MiB is the peak heap of one forward +
-// backward (everything allocated on top of the inputs and outputs, Eigen included).
+// only); BM_GatedDeltaRuleRecurrentDevice: the recurrent kernel on the CPU, on the emulated GPU
+// (the CUDA kernel run thread by thread, T = 64: a cost figure, not a speed) and, when the machine
+// has one, on a CUDA GPU (T ∈ {1024, 4096, 16384}, the CPU beside it). items_per_second is tokens
+// per second; peak_MiB is the peak heap of one forward + backward (everything allocated on top of
+// the inputs and outputs, Eigen included).
 #include <benchmark/benchmark.h>
 
 #include <cmath>
 #include <cstdint>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "bench_util.h"
@@ -126,6 +130,35 @@ void BM_GatedDeltaRuleRotationForwardBackward(benchmark::State& state) {
       });
 }
 
+void BM_GatedDeltaRuleRecurrentDevice(benchmark::State& state) {
+  const auto device = static_cast<phasor::Device>(state.range(0));
+  const bool backward = state.range(1) != 0;
+  Problem problem(state.range(2));
+  const std::int64_t T = problem.T;
+  phasor::bench::DeviceBuffers on(device);
+  phasor::GatedDeltaRuleParams params = problem.params();
+  params.q = on.view(problem.q, {kB, T, kH, kK});
+  params.k = on.view(problem.k, {kB, T, kH, kK});
+  params.v = on.view(problem.v, {kB, T, kH, kV});
+  params.g = on.view(problem.g, {kB, T, kH});
+  params.beta = on.view(problem.beta, {kB, T, kH});
+  const TensorView o = on.view(problem.o, {kB, T, kH, kV}),
+                   d_o = on.view(problem.d_o, {kB, T, kH, kV});
+  phasor::GatedDeltaRuleGrads grads;
+  grads.dq = on.view(problem.dq, {kB, T, kH, kK});
+  grads.dk = on.view(problem.dk, {kB, T, kH, kK});
+  grads.dv = on.view(problem.dv, {kB, T, kH, kV});
+  grads.dg = on.view(problem.dg, {kB, T, kH});
+  grads.dbeta = on.view(problem.dbeta, {kB, T, kH});
+  phasor::bench::time_calls(state, T, Impl::recurrent, [&] {
+    phasor::gated_delta_rule_forward(params, Impl::recurrent, o);
+    if (backward) phasor::gated_delta_rule_backward(params, Impl::recurrent, d_o, {}, grads);
+    phasor::bench::DeviceBuffers::wait_for(backward ? grads.dq : o);
+  });
+  state.SetLabel(std::string(phasor::to_string(device)) + "/recurrent" +
+                 (backward ? "/fwd+bwd" : "/fwd"));
+}
+
 const bool registered = [] {
   using benchmark::RegisterBenchmark;
   phasor::bench::register_standard_grid(
@@ -134,6 +167,8 @@ const bool registered = [] {
   phasor::bench::register_standard_grid(
       RegisterBenchmark("BM_GatedDeltaRuleForwardBackward", BM_GatedDeltaRuleForwardBackward),
       RegisterBenchmark("BM_GatedDeltaRuleForwardBackward", BM_GatedDeltaRuleForwardBackward));
+  phasor::bench::register_device_grid(
+      RegisterBenchmark("BM_GatedDeltaRuleRecurrentDevice", BM_GatedDeltaRuleRecurrentDevice));
   phasor::bench::register_rotation_grid(
       RegisterBenchmark("BM_GatedDeltaRuleRotationForward", BM_GatedDeltaRuleRotationForward),
       {Impl::recurrent, Impl::chunk});
