@@ -1,6 +1,7 @@
 // Test kernels of the portability header: correct kernels whose results tests/simt_test.cpp
 // compares with plain loops (on the emulated GPU, and on a GPU when there is one), and kernels
 // with planted bugs that the emulator must report. Compiled both ways by phasor_add_kernels.
+#include "simt/mma.h"
 #include "simt/simt.h"
 #include "simt_kernels.h"
 
@@ -380,6 +381,40 @@ PHASOR_GLOBAL void block_size_mismatch_kernel(Span<int> out) {
   if (t == 0) out[0] = sum;
 }
 
+// --- tensor cores ---------------------------------------------------------------------------------
+template <class Half>
+PHASOR_GLOBAL void mma_kernel(Span<const float> a, Span<const float> b, Span<const float> c,
+                              Span<float> d, int mode) {
+  const int lane = static_cast<int>(threadIdx.x), g = lane / 4, q = lane % 4;
+  simt::MmaA<Half> fa;
+  simt::MmaB<Half> fb;
+  simt::MmaC fc;
+  const auto half = [](float x) { return Half::from_float(x); };
+  if (mode == 0) {  // the PTX ISA's table, written out
+    const int a_rows[8] = {g, g, g + 8, g + 8, g, g, g + 8, g + 8};
+    const int a_cols[8] = {2 * q, 2 * q + 1, 2 * q, 2 * q + 1, 2 * q + 8, 2 * q + 9, 2 * q + 8,
+                           2 * q + 9};
+    for (int i = 0; i < 8; ++i) fa.x[i] = half(a[a_rows[i] * 16 + a_cols[i]]);
+    const int b_rows[4] = {2 * q, 2 * q + 1, 2 * q + 8, 2 * q + 9};
+    for (int i = 0; i < 4; ++i) fb.x[i] = half(b[b_rows[i] * 8 + g]);
+    const int c_rows[4] = {g, g, g + 8, g + 8}, c_cols[4] = {2 * q, 2 * q + 1, 2 * q, 2 * q + 1};
+    for (int i = 0; i < 4; ++i) fc.x[i] = c[c_rows[i] * 8 + c_cols[i]];
+  } else {
+    for (int i = 0; i < 8; ++i)
+      fa.x[i] = half(a[simt::mma_a_row(lane, i) * 16 + simt::mma_a_col(lane, i)]);
+    for (int i = 0; i < 4; ++i) {
+      const int row = simt::mma_b_row(lane, i), col = simt::mma_b_col(lane, i);
+      // mode 2: B read as if stored transposed (element (row, col) of an 8 × 16 matrix) — the
+      // planted layout mistake.
+      fb.x[i] = half(mode == 2 ? b[(col * 16 + row) % 128] : b[row * 8 + col]);
+    }
+    for (int i = 0; i < 4; ++i) fc.x[i] = c[simt::mma_c_row(lane, i) * 8 + simt::mma_c_col(lane, i)];
+  }
+  simt::MmaC fd;
+  simt::mma_sync(fd, fa, fb, fc);
+  for (int i = 0; i < 4; ++i) d[simt::mma_c_row(lane, i) * 8 + simt::mma_c_col(lane, i)] = fd.x[i];
+}
+
 #if defined(PHASOR_SIMT_EMULATED)
 PHASOR_GLOBAL void static_shared_over_limit_kernel(Span<int> out) {
   PHASOR_SHARED_ARRAY(float, big, 13 * 1024);  // 52 KiB
@@ -490,6 +525,16 @@ int count_negatives(const int* in, int n) {
   int result = -1;
   simt::copy_to_host(&result, count.data, sizeof(int), stream());
   return result;
+}
+
+void mma(const float* a, const float* b, const float* c, float* d, bool half, int mode) {
+  const Span<const float> sa{a, 256}, sb{b, 128}, sc{c, 128};
+  if (half)
+    PHASOR_LAUNCH((mma_kernel<float16>), Dim3(1), Dim3(32), 0, stream(), sa, sb, sc,
+                  Span<float>{d, 128}, mode);
+  else
+    PHASOR_LAUNCH((mma_kernel<bfloat16>), Dim3(1), Dim3(32), 0, stream(), sa, sb, sc,
+                  Span<float>{d, 128}, mode);
 }
 
 void fresh_workspace(float* out, int n) {

@@ -333,6 +333,46 @@ TEST_P(Simt, WarpPrimitivesMatchLoops) {
   }
 }
 
+// --- tensor cores --------------------------------------------------------------------------------
+// simt::mma_sync (m16n8k16, bfloat16 and float16, float accumulation) against a plain loop over
+// the same rounded operands, with the fragments loaded by the PTX ISA's formulas written out and
+// by mma.h's mma_a_row & co; a kernel that loads B with the wrong layout gets a wrong product.
+TEST_P(Simt, TensorCoreMmaMatchesLoops) {
+  std::mt19937_64 rng(21);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  std::vector<float> a(256), b(128), c(128);
+  for (auto* v : {&a, &b, &c})
+    for (float& x : *v) x = normal(rng);
+  for (bool half : {false, true}) {
+    const auto round = [&](float x) {
+      return half ? phasor::float16::from_float(x).to_float()
+                  : phasor::bfloat16::from_float(x).to_float();
+    };
+    std::vector<double> expected(128);
+    for (int i = 0; i < 16; ++i)
+      for (int j = 0; j < 8; ++j) {
+        double sum = c[static_cast<std::size_t>(i * 8 + j)];
+        for (int k = 0; k < 16; ++k)
+          sum += static_cast<double>(round(a[static_cast<std::size_t>(i * 16 + k)])) *
+                 round(b[static_cast<std::size_t>(k * 8 + j)]);
+        expected[static_cast<std::size_t>(i * 8 + j)] = sum;
+      }
+    for (int mode : {0, 1, 2}) {
+      SCOPED_TRACE(std::string(half ? "float16" : "bfloat16") + " mode " + std::to_string(mode));
+      Buffer<float> da(device(), a), db(device(), b), dc(device(), c), dd(device(), 128);
+      RUN(device(), mma, da.get(), db.get(), dc.get(), dd.get(), half, mode);
+      const std::vector<float> got = dd.host();
+      double worst = 0;
+      for (std::size_t e = 0; e < 128; ++e)
+        worst = std::max(worst, std::fabs(got[e] - expected[e]) / (1.0 + std::fabs(expected[e])));
+      if (mode < 2)
+        EXPECT_LE(worst, 1e-6) << "the product differs from the loop";
+      else
+        EXPECT_GT(worst, 0.1) << "a B fragment loaded with the wrong layout went unnoticed";
+    }
+  }
+}
+
 // --- shared memory, dimensions, accessors --------------------------------------------------------
 TEST_P(Simt, DynamicSharedMemory) {
   // 64 KiB of extra bytes: over 48 KiB, so the GPU launch must opt in.

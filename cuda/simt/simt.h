@@ -400,6 +400,10 @@ class SharedArray {
   PHASOR_DEVICE SharedArray(T* data, int size) : data_(data), size_(size) {}
   PHASOR_DEVICE T& operator[](std::int64_t i) const { return data_[i]; }
   PHASOR_DEVICE int size() const { return size_; }
+  // The elements [offset, offset + count) as an array of their own.
+  PHASOR_DEVICE SharedArray view(std::int64_t offset, int count) const {
+    return SharedArray(data_ + offset, count);
+  }
 
  private:
   T* data_;
@@ -896,6 +900,15 @@ class SharedArray {
                         size_);
   }
   int size() const { return static_cast<int>(size_); }
+  // The elements [offset, offset + count) as an array of their own (bounds-checked against this
+  // one; accesses through it are checked and recorded like any other).
+  SharedArray view(std::int64_t offset, std::int64_t count) const {
+    if ((offset < 0 || count < 0 || offset + count > size_) && detail::checking_bounds())
+      detail::shared_out_of_bounds(allocation_, byte_offset_, sizeof(T),
+                                   offset < 0 ? offset : offset + count - 1, size_);
+    return SharedArray(allocation_, byte_offset_ + static_cast<std::size_t>(offset) * sizeof(T),
+                       count);
+  }
 
  private:
   template <class>
