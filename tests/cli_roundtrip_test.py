@@ -464,6 +464,7 @@ def test_devices():
             "do": torch.randn(1, T, H, V), "cu_seqlens": cu_seqlens}
     cases = [
         ("fused_recurrent_gla", dict(base, g=log_gates((1, T, H, K)).float()), []),
+        ("chunk_gla", dict(base, g=log_gates((1, T, H, K)).float()), []),
         ("fused_recurrent_gated_delta_rule",
          dict(base, g=log_gates((1, T, H), 3.0).float(), beta=2 * torch.rand(1, T, H)),
          ["--use-qk-l2norm"]),
@@ -472,7 +473,8 @@ def test_devices():
         for dtype, tol in ((torch.float64, 1e-12), (torch.float32, 1e-6)):
             inputs = {key: (value.to(dtype) if value.is_floating_point() else value)
                       for key, value in x.items()}
-            args = [op, "--chunk-size", "4", "--output-final-state", *extra]
+            chunk = "16" if op.startswith("chunk") else "4"
+            args = [op, "--chunk-size", chunk, "--output-final-state", *extra]
             _, err, cpu = run_phasor([*args, "--device", "cpu"], inputs)
             if cpu is None:
                 report(f"{op} --device cpu ({dtype})", False, err.strip())
@@ -486,8 +488,11 @@ def test_devices():
                 report(f"{op} --device cuda without a GPU: exit 2 naming the device",
                        rc == 2 and "device cuda" in err, f"exit status {rc}, stderr {err.strip()!r}")
     x = {key: value for key, value in cases[0][1].items() if key not in ("dht", "initial_state")}
-    expect_usage_error("error: chunk_gla on the emulated GPU (no CUDA kernel yet)",
-                       ["chunk_gla", "--device", "emulated"], x, ["chunk_gla", "'impl'"])
+    expect_usage_error("error: the float64 reference on the emulated GPU (cpu only)",
+                       ["gla_reference", "--device", "emulated"], x, ["gla_reference", "'impl'"])
+    expect_usage_error("error: chunk_gla on a GPU device with a chunk size of 8",
+                       ["chunk_gla", "--chunk-size", "8", "--device", "emulated"], x,
+                       ["chunk_gla", "'chunk_size'"])
     expect_usage_error("error: unknown device", ["gla", "--device", "tpu"], x,
                        ["'--device'", "tpu"])
 

@@ -205,6 +205,29 @@ inline void expect_as_accurate_as_cpu(const Tensor& gpu, const Tensor& cpu, cons
       << " against the CPU kernel's " << cpu_error;
 }
 
+// The unit roundoff of a 16-bit type: 2^−8 for bfloat16 (8 significant bits), 2^−11 for float16.
+inline double unit_roundoff(DType dtype) {
+  return dtype == DType::bfloat16 ? 0x1p-8 : 0x1p-11;
+}
+
+// 16-bit inputs through a tensor-core kernel, which rounds every operand of its matrix products to
+// the 16-bit type once (as fla's kernels do), where the CPU kernel computes in float32: the GPU's
+// error against the reference (on the same rounded inputs) may exceed twice the CPU kernel's by
+// at most the unit roundoff of the type. This matters for outputs stored in float32 (final states,
+// dh0), whose CPU error is ~1e-7; a 16-bit output's own rounding dominates both. Records both.
+inline void expect_tensor_core_accuracy(const Tensor& gpu, const Tensor& cpu,
+                                        const Tensor& reference, DType dtype,
+                                        const std::string& key) {
+  const double gpu_error = rel_rms(gpu, reference), cpu_error = rel_rms(cpu, reference);
+  record_error(key + " vs reference " + to_string(dtype), gpu_error);
+  record_error(key + " (cpu kernel) vs reference " + to_string(dtype), cpu_error);
+  EXPECT_TRUE(all_finite(gpu)) << key << " has non-finite values";
+  EXPECT_LE(gpu_error, 2 * cpu_error + unit_roundoff(dtype))
+      << key << " (" << to_string(dtype) << "): GPU relative RMS error " << gpu_error
+      << " against the CPU kernel's " << cpu_error << " + the unit roundoff "
+      << unit_roundoff(dtype);
+}
+
 // The dtypes the GPU kernels are tested with.
 inline std::vector<DType> gpu_test_dtypes() {
   return {DType::float64, DType::float32, DType::bfloat16, DType::float16};

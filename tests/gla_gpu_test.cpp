@@ -21,6 +21,7 @@
 #include "device_test_util.h"
 #include "phasor/emulator.h"
 #include "phasor/gla.h"
+#include "phasor/ops.h"
 
 namespace phasor {
 namespace {
@@ -149,27 +150,30 @@ Outputs reference(const Inputs& in, DType dtype, Rotation rotation) {
 }
 
 void compare(const Tensor& gpu, const Tensor& cpu, const Tensor& ref, DType dtype,
-             const std::string& what) {
-  const std::string key = "fused_recurrent_gla " + what;
+             const std::string& what, Impl impl = Impl::recurrent) {
+  const std::string key = std::string(op_name(Op::gla, impl)) + " " + what;
   if (dtype == DType::float64 || dtype == DType::float32) {
     testing::expect_close_to_reference(gpu, ref, dtype, key);
     const double error = testing::rel_rms(gpu, cpu);
     testing::record_error(key + " vs cpu kernel " + to_string(dtype), error);
     EXPECT_LE(error, testing::reference_tolerance(dtype)) << key << " against the CPU kernel";
+  } else if (impl == Impl::chunk) {  // tensor cores
+    testing::expect_tensor_core_accuracy(gpu, cpu, ref, dtype, key);
   } else {
     testing::expect_as_accurate_as_cpu(gpu, cpu, ref, dtype, key);
   }
 }
 
-void compare_all(const Outputs& gpu, const Outputs& cpu, const Outputs& ref, DType dtype) {
-  compare(gpu.o, cpu.o, ref.o, dtype, "o");
-  compare(gpu.final_state, cpu.final_state, ref.final_state, dtype, "final_state");
-  compare(gpu.dq, cpu.dq, ref.dq, dtype, "dq");
-  compare(gpu.dk, cpu.dk, ref.dk, dtype, "dk");
-  compare(gpu.dv, cpu.dv, ref.dv, dtype, "dv");
-  compare(gpu.dg, cpu.dg, ref.dg, dtype, "dg");
-  if (ref.dh0.defined()) compare(gpu.dh0, cpu.dh0, ref.dh0, dtype, "dh0");
-  if (ref.dtheta.defined()) compare(gpu.dtheta, cpu.dtheta, ref.dtheta, dtype, "dtheta");
+void compare_all(const Outputs& gpu, const Outputs& cpu, const Outputs& ref, DType dtype,
+                 Impl impl = Impl::recurrent) {
+  compare(gpu.o, cpu.o, ref.o, dtype, "o", impl);
+  compare(gpu.final_state, cpu.final_state, ref.final_state, dtype, "final_state", impl);
+  compare(gpu.dq, cpu.dq, ref.dq, dtype, "dq", impl);
+  compare(gpu.dk, cpu.dk, ref.dk, dtype, "dk", impl);
+  compare(gpu.dv, cpu.dv, ref.dv, dtype, "dv", impl);
+  compare(gpu.dg, cpu.dg, ref.dg, dtype, "dg", impl);
+  if (ref.dh0.defined()) compare(gpu.dh0, cpu.dh0, ref.dh0, dtype, "dh0", impl);
+  if (ref.dtheta.defined()) compare(gpu.dtheta, cpu.dtheta, ref.dtheta, dtype, "dtheta", impl);
 }
 
 const char* name_of(Rotation r) {
@@ -206,6 +210,52 @@ TEST_P(GlaGpu, MatchesCpuAndReference) {
       }
     }
   }
+}
+
+// chunk_gla on the GPU (cuda/gla/chunk.cu): chunks of 16, 32 and 64 tokens with partial last
+// chunks, T shorter than a chunk, several 16-token sub-blocks per chunk (the off-diagonal
+// strips), several key and value tiles (K = 48 with rotation pairs across tiles, K = 33, V = 40),
+// the same gate and varlen cases as above; against the CPU chunk kernel and the reference.
+TEST_P(GlaGpu, ChunkMatchesCpuAndReference) {
+  const Device device = GetParam();
+  PHASOR_SKIP_WITHOUT_GPU(device);
+  const std::vector<Case> cases = {
+      {"realistic_c32", 2, 70, 2, 8, 6, {}, Gates::realistic, true, 32},
+      {"strong_c64", 1, 70, 1, 8, 8, {}, Gates::strong, true, 64},
+      {"weak_c16", 1, 37, 2, 4, 3, {}, Gates::weak, true, 16},
+      {"mixed_channels_c64", 1, 50, 1, 6, 7, {}, Gates::mixed, true, 64},
+      {"zeros_c32", 2, 45, 1, 8, 5, {}, Gates::zeros, true, 32},
+      {"varlen_empty_single_c16", 1, 0, 2, 6, 5, {3, 0, 1, 40, 0}, Gates::realistic, true, 16},
+      {"one_token_c64", 2, 1, 1, 4, 4, {}, Gates::realistic, true, 64},
+      {"odd_sizes_no_state_c32", 1, 34, 1, 6, 5, {}, Gates::realistic, false, 32},
+      {"K48_V40_c32", 1, 40, 1, 48, 40, {}, Gates::realistic, true, 32},
+      {"K33_c16", 1, 20, 1, 33, 9, {}, Gates::realistic, true, 16},
+  };
+  for (const Case& c : cases) {
+    const Inputs in = make_inputs(c, 5);
+    for (Rotation rotation : {Rotation::none, Rotation::half_split, Rotation::interleaved}) {
+      if (rotation != Rotation::none && c.K % 2 != 0) continue;
+      for (DType dtype : testing::gpu_test_dtypes()) {
+        SCOPED_TRACE(c.name + " " + name_of(rotation) + " " + to_string(dtype));
+        const Outputs ref = reference(in, dtype, rotation);
+        const Outputs cpu = run(in, dtype, Device::cpu, Impl::chunk, rotation);
+        const Outputs gpu = run(in, dtype, device, Impl::chunk, rotation);
+        compare_all(gpu, cpu, ref, dtype, Impl::chunk);
+      }
+    }
+  }
+}
+
+// A long sequence (T = 4096, one head, 64 chunks of 64) through chunk_gla on the GPU: every
+// output and gradient against the CPU chunk kernel and the reference, float32.
+TEST_P(GlaGpu, ChunkLongSequence) {
+  const Device device = GetParam();
+  PHASOR_SKIP_WITHOUT_GPU(device);
+  const Inputs in = make_inputs({"long", 1, 4096, 1, 16, 16, {}, Gates::realistic, true, 64}, 23);
+  const Outputs ref = reference(in, DType::float32, Rotation::half_split);
+  const Outputs cpu = run(in, DType::float32, Device::cpu, Impl::chunk, Rotation::half_split);
+  const Outputs gpu = run(in, DType::float32, device, Impl::chunk, Rotation::half_split);
+  compare_all(gpu, cpu, ref, DType::float32, Impl::chunk);
 }
 
 // Decoding: T = 1 calls with the state updated in place (final_state is initial_state) give the
@@ -305,8 +355,9 @@ TEST_P(GlaGpu, BadValuesGiveTheCpuErrorAndWriteNothing) {
   EXPECT_EQ(message(device, in.g, bad_cu), cpu_cu);
 }
 
-// K above the register tile's limit is a phasor::Error naming q and the range; chunk_gla (no CUDA
-// kernel yet) names the implementation.
+// K above the recurrent kernel's register tile is a phasor::Error naming q and the range; the
+// reference names the implementation, a chunk size the GPU kernels are not built for names
+// chunk_size.
 TEST_P(GlaGpu, UnsupportedCallsAreClearErrors) {
   const Device device = GetParam();
   PHASOR_SKIP_WITHOUT_GPU(device);
@@ -326,14 +377,12 @@ TEST_P(GlaGpu, UnsupportedCallsAreClearErrors) {
     EXPECT_NE(what.find("'q'"), std::string::npos) << what;
     EXPECT_NE(what.find("K = 258"), std::string::npos) << what;
   }
-  try {
-    gla_forward(p, Impl::chunk, o);
-    ADD_FAILURE() << "chunk_gla ran on a GPU device";
-  } catch (const Error& e) {
-    const std::string what = e.what();
-    EXPECT_NE(what.find("chunk_gla"), std::string::npos) << what;
-    EXPECT_NE(what.find("'impl'"), std::string::npos) << what;
-  }
+  // The float64 reference runs on the cpu only; the GPU chunk kernels take chunks of 16, 32, 64.
+  testing::expect_error([&] { gla_forward(p, Impl::reference, o); },
+                        {"gla_reference", "'impl'", "fused_recurrent_gla", "chunk_gla"});
+  p.chunk_size = 8;
+  testing::expect_error([&] { gla_forward(p, Impl::chunk, o); },
+                        {"chunk_gla", "'chunk_size'", "16, 32 or 64", "got 8"});
 }
 
 INSTANTIATE_TEST_SUITE_P(Devices, GlaGpu, ::testing::ValuesIn(testing::gpu_devices()),

@@ -476,9 +476,19 @@ TEST(Torch, EmulatedComputeDeviceEqualsCpu) {
         return grads_of(o + ht->sum(), {ql, kl, vl, gl, bl, hl, tl});
       },
       "fused_recurrent_gated_delta_rule");
+  expect_emulated_equals_cpu(
+      [&] {
+        torch::manual_seed(6);
+        at::Tensor ql = leaf(q), kl = leaf(k), vl = leaf(v), gl = leaf(g), hl = leaf(h0),
+                   tl = leaf(angles);
+        auto [o, ht] = chunk_gla(ql, kl, vl, gl, c10::nullopt, hl, true, cu, 16, tl);
+        return grads_of(o + ht->sum(), {ql, kl, vl, gl, hl, tl});
+      },
+      "chunk_gla");
   {
     ComputeDeviceGuard guard(Device::emulated);
-    expect_torch_error([&] { chunk_gla(q, k, v, g); }, {"chunk_gla", "'impl'", "CUDA kernels"});
+    expect_torch_error([&] { gla(q, k, v, g, Impl::reference); },
+                       {"gla_reference", "'impl'", "CUDA kernels"});
   }
 }
 

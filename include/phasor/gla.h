@@ -18,8 +18,11 @@
 //                                      chunk_size tokens (O(T/C·K·V + C·K·V) memory).
 //   chunk      "chunk_gla"            chunks of chunk_size tokens with dense products; the
 //                                      backward keeps one state per chunk (O(T/C·K·V) memory).
-// Every implementation computes each (sequence, head) pair on one thread in a fixed order, so
-// results are bit-identical for any thread count.
+// Every CPU implementation computes each (sequence, head) pair on one thread in a fixed order, so
+// results are bit-identical for any thread count. On a GPU device (Device::cuda, emulated):
+// fused_recurrent_gla (K ≤ 256) and chunk_gla (chunk_size 16, 32 or 64; any K and V; matrix
+// products on tensor cores for bfloat16 / float16 q, each operand rounded to q's 16-bit type,
+// exact FMA tiles for float32 and float64), both bit-identical run to run.
 //
 // Layouts (any strides; float32, float64, bfloat16 or float16 for every floating argument, and they
 // may differ; 16-bit values are converted to float32 on load):
@@ -47,7 +50,8 @@ struct GlaParams {
   TensorView initial_state;     // optional [N, H, K, V]
   TensorView cu_seqlens;        // optional [N + 1]
   std::optional<double> scale;  // default K^-1/2
-  // Impl::chunk: tokens per chunk (any positive value; T need not be a multiple). Impl::recurrent:
+  // Impl::chunk: tokens per chunk (any positive value on the cpu, 16, 32 or 64 on a GPU device; T
+  // need not be a multiple). Impl::recurrent:
   // tokens between two state checkpoints of the backward, and the input segment length. Must be
   // positive for both; ignored by Impl::reference.
   std::int64_t chunk_size = 64;

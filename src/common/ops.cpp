@@ -13,7 +13,7 @@ constexpr OpInfo plain(Op op, const char* name, const char* reference_name, bool
 }
 
 constexpr std::array<OpInfo, kNumOps> kOps = {{
-    {Op::gla, "gla", {"gla_reference", "fused_recurrent_gla", "chunk_gla"}, {false, true, false}},
+    {Op::gla, "gla", {"gla_reference", "fused_recurrent_gla", "chunk_gla"}, {false, true, true}},
     {Op::gated_delta_rule,
      "gated_delta_rule",
      {"gated_delta_rule_reference", "fused_recurrent_gated_delta_rule", "chunk_gated_delta_rule"},

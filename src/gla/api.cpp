@@ -46,6 +46,11 @@ Problem make_problem(const std::string& op, const GlaParams& params, Impl impl) 
   // The recurrent kernel uses chunk_size as its backward checkpoint interval; only the
   // reference ignores it.
   if (impl != Impl::reference) detail::check_positive(op, "chunk_size", params.chunk_size);
+  // The GPU chunk kernels are built for chunks of 16, 32 and 64 tokens.
+  if (impl == Impl::chunk && p.device != Device::cpu && params.chunk_size != 16 &&
+      params.chunk_size != 32 && params.chunk_size != 64)
+    detail::fail(op, "chunk_size", "16, 32 or 64 on a GPU device",
+                 std::to_string(params.chunk_size));
   // A chunk longer than the batch is the whole sequence; clamping keeps the kernels' offset
   // arithmetic (offset + chunk_size) far from overflow for huge values.
   p.chunk_size = std::max<std::int64_t>(1, std::min<std::int64_t>(params.chunk_size, p.T));
@@ -86,8 +91,14 @@ void gla_forward(const GlaParams& params, Impl impl, const TensorView& o,
             return detail::gla::chunk_forward(p, o, final_state);
         }
       },
-      // Only Impl::recurrent has CUDA kernels (phasor/ops.h); run_on_device refuses the others.
-      [&] { PHASOR_ON_GPU(p.device, gla::recurrent_forward(p, o, final_state)); });
+      // Impl::recurrent and Impl::chunk have CUDA kernels (phasor/ops.h); run_on_device refuses
+      // the reference.
+      [&] {
+        if (impl == Impl::chunk)
+          PHASOR_ON_GPU(p.device, gla::chunk_forward(p, o, final_state));
+        else
+          PHASOR_ON_GPU(p.device, gla::recurrent_forward(p, o, final_state));
+      });
 }
 
 void gla_backward(const GlaParams& params, Impl impl, const TensorView& d_o,
@@ -121,7 +132,12 @@ void gla_backward(const GlaParams& params, Impl impl, const TensorView& d_o,
             return detail::gla::chunk_backward(p, d_o, d_final_state, grads);
         }
       },
-      [&] { PHASOR_ON_GPU(p.device, gla::recurrent_backward(p, d_o, d_final_state, grads)); });
+      [&] {
+        if (impl == Impl::chunk)
+          PHASOR_ON_GPU(p.device, gla::chunk_backward(p, d_o, d_final_state, grads));
+        else
+          PHASOR_ON_GPU(p.device, gla::recurrent_backward(p, d_o, d_final_state, grads));
+      });
 }
 
 }  // namespace phasor
