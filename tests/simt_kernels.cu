@@ -381,7 +381,8 @@ PHASOR_GLOBAL void block_size_mismatch_kernel(Span<int> out) {
   if (t == 0) out[0] = sum;
 }
 
-// --- tensor cores ---------------------------------------------------------------------------------
+// --- tensor cores
+// ---------------------------------------------------------------------------------
 template <class Half>
 PHASOR_GLOBAL void mma_kernel(Span<const float> a, Span<const float> b, Span<const float> c,
                               Span<float> d, int mode) {
@@ -392,8 +393,8 @@ PHASOR_GLOBAL void mma_kernel(Span<const float> a, Span<const float> b, Span<con
   const auto half = [](float x) { return Half::from_float(x); };
   if (mode == 0) {  // the PTX ISA's table, written out
     const int a_rows[8] = {g, g, g + 8, g + 8, g, g, g + 8, g + 8};
-    const int a_cols[8] = {2 * q, 2 * q + 1, 2 * q, 2 * q + 1, 2 * q + 8, 2 * q + 9, 2 * q + 8,
-                           2 * q + 9};
+    const int a_cols[8] = {2 * q,     2 * q + 1, 2 * q,     2 * q + 1,
+                           2 * q + 8, 2 * q + 9, 2 * q + 8, 2 * q + 9};
     for (int i = 0; i < 8; ++i) fa.x[i] = half(a[a_rows[i] * 16 + a_cols[i]]);
     const int b_rows[4] = {2 * q, 2 * q + 1, 2 * q + 8, 2 * q + 9};
     for (int i = 0; i < 4; ++i) fb.x[i] = half(b[b_rows[i] * 8 + g]);
@@ -408,7 +409,8 @@ PHASOR_GLOBAL void mma_kernel(Span<const float> a, Span<const float> b, Span<con
       // planted layout mistake.
       fb.x[i] = half(mode == 2 ? b[(col * 16 + row) % 128] : b[row * 8 + col]);
     }
-    for (int i = 0; i < 4; ++i) fc.x[i] = c[simt::mma_c_row(lane, i) * 8 + simt::mma_c_col(lane, i)];
+    for (int i = 0; i < 4; ++i)
+      fc.x[i] = c[simt::mma_c_row(lane, i) * 8 + simt::mma_c_col(lane, i)];
   }
   simt::MmaC fd;
   simt::mma_sync(fd, fa, fb, fc);

@@ -65,9 +65,9 @@
   int count_negatives(const int* in, int n);                                                      \
   void fresh_workspace(float* out, int n);                                                        \
   void shuffle_loop(int* out, int threads, int iterations);                                       \
-  /* One warp: d (16×8, row-major) = a (16×16) · b (16×8) + c with simt::mma_sync, a and b        \
-     rounded to bfloat16 (half = false) or float16. mode 0: fragments loaded with the PTX ISA's    \
-     formulas written out in the kernel; 1: with mma_a_row & co (mma.h); 2: a planted layout bug   \
+  /* One warp: d (16×8, row-major) = a (16×16) · b (16×8) + c with simt::mma_sync, a and b    \
+     rounded to bfloat16 (half = false) or float16. mode 0: fragments loaded with the PTX ISA's   \
+     formulas written out in the kernel; 1: with mma_a_row & co (mma.h); 2: a planted layout bug  \
      (B's fragment loaded as if B were stored transposed), which must give wrong results. */      \
   void mma(const float* a, const float* b, const float* c, float* d, bool half, int mode);        \
   /* Planted bugs (one block of 64 threads; out: 64 values). */                                   \
