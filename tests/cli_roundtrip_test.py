@@ -468,6 +468,9 @@ def test_devices():
         ("fused_recurrent_gated_delta_rule",
          dict(base, g=log_gates((1, T, H), 3.0).float(), beta=2 * torch.rand(1, T, H)),
          ["--use-qk-l2norm"]),
+        ("chunk_gated_delta_rule",
+         dict(base, g=log_gates((1, T, H), 3.0).float(), beta=2 * torch.rand(1, T, H)),
+         ["--use-qk-l2norm"]),
     ]
     for op, x, extra in cases:
         for dtype, tol in ((torch.float64, 1e-12), (torch.float32, 1e-6)):

@@ -20,6 +20,7 @@
 #include "device_test_util.h"
 #include "phasor/emulator.h"
 #include "phasor/gated_delta_rule.h"
+#include "phasor/ops.h"
 
 namespace phasor {
 namespace {
@@ -145,28 +146,35 @@ Outputs reference(const Inputs& in, DType dtype, Rotation rotation) {
 }
 
 void compare(const Tensor& gpu, const Tensor& cpu, const Tensor& ref, DType dtype,
-             const std::string& what) {
-  const std::string key = "fused_recurrent_gated_delta_rule " + what;
+             const std::string& what, Impl impl = Impl::recurrent) {
+  const std::string key = std::string(op_name(Op::gated_delta_rule, impl)) + " " + what;
   if (dtype == DType::float64 || dtype == DType::float32) {
     testing::expect_close_to_reference(gpu, ref, dtype, key);
     const double error = testing::rel_rms(gpu, cpu);
     testing::record_error(key + " vs cpu kernel " + to_string(dtype), error);
     EXPECT_LE(error, testing::reference_tolerance(dtype)) << key << " against the CPU kernel";
+  } else if (impl == Impl::chunk) {  // tensor cores
+    // dg and dβ are per-token sums over K × V (and over the chunk's pairs) of products much
+    // larger than the result: the operands' 16-bit rounding reaches them amplified by that
+    // cancellation (measured ≤ 3.4 unit roundoffs, K = 48, V = 40); the other outputs ≤ 1.9.
+    const bool cancels = what == "dg" || what == "dbeta";
+    testing::expect_tensor_core_accuracy(gpu, cpu, ref, dtype, key, cancels ? 4 : 2);
   } else {
     testing::expect_as_accurate_as_cpu(gpu, cpu, ref, dtype, key);
   }
 }
 
-void compare_all(const Outputs& gpu, const Outputs& cpu, const Outputs& ref, DType dtype) {
-  compare(gpu.o, cpu.o, ref.o, dtype, "o");
-  compare(gpu.final_state, cpu.final_state, ref.final_state, dtype, "final_state");
-  compare(gpu.dq, cpu.dq, ref.dq, dtype, "dq");
-  compare(gpu.dk, cpu.dk, ref.dk, dtype, "dk");
-  compare(gpu.dv, cpu.dv, ref.dv, dtype, "dv");
-  compare(gpu.dg, cpu.dg, ref.dg, dtype, "dg");
-  compare(gpu.dbeta, cpu.dbeta, ref.dbeta, dtype, "dbeta");
-  if (ref.dh0.defined()) compare(gpu.dh0, cpu.dh0, ref.dh0, dtype, "dh0");
-  if (ref.dtheta.defined()) compare(gpu.dtheta, cpu.dtheta, ref.dtheta, dtype, "dtheta");
+void compare_all(const Outputs& gpu, const Outputs& cpu, const Outputs& ref, DType dtype,
+                 Impl impl = Impl::recurrent) {
+  compare(gpu.o, cpu.o, ref.o, dtype, "o", impl);
+  compare(gpu.final_state, cpu.final_state, ref.final_state, dtype, "final_state", impl);
+  compare(gpu.dq, cpu.dq, ref.dq, dtype, "dq", impl);
+  compare(gpu.dk, cpu.dk, ref.dk, dtype, "dk", impl);
+  compare(gpu.dv, cpu.dv, ref.dv, dtype, "dv", impl);
+  compare(gpu.dg, cpu.dg, ref.dg, dtype, "dg", impl);
+  compare(gpu.dbeta, cpu.dbeta, ref.dbeta, dtype, "dbeta", impl);
+  if (ref.dh0.defined()) compare(gpu.dh0, cpu.dh0, ref.dh0, dtype, "dh0", impl);
+  if (ref.dtheta.defined()) compare(gpu.dtheta, cpu.dtheta, ref.dtheta, dtype, "dtheta", impl);
 }
 
 const char* name_of(Rotation r) {
@@ -213,6 +221,71 @@ TEST_P(GatedDeltaRuleGpu, MatchesCpuAndReference) {
       }
     }
   }
+}
+
+// chunk_gated_delta_rule on the GPU (cuda/gated_delta_rule/chunk.cu): chunks of 16, 32 and 64
+// with partial last chunks and T shorter than a chunk, the in-kernel ℓ2 norm, β up to 2, grouped
+// value heads, several key and value tiles (K = 48 with rotation pairs across tiles, K = 33,
+// V = 40), strong and exactly-zero gates, varlen batches with empty and one-token sequences;
+// against the CPU chunk kernel and the reference.
+TEST_P(GatedDeltaRuleGpu, ChunkMatchesCpuAndReference) {
+  const Device device = GetParam();
+  PHASOR_SKIP_WITHOUT_GPU(device);
+  const std::vector<Case> cases = {
+      {"realistic_c32", 2, 45, 2, 8, 6, {}, Gates::realistic, true, 32},
+      {"realistic_l2norm_c32", 2, 45, 2, 8, 6, {}, Gates::realistic, true, 32, 1, 1.0, true},
+      {"zeros_grouped_l2norm_c32", 1, 40, 1, 8, 5, {}, Gates::zeros, true, 32, 2, 2.0, true},
+      {"strong_l2norm_beta2_c64", 1, 70, 1, 8, 8, {}, Gates::strong, true, 64, 1, 2.0, true},
+      {"zeros_grouped_c16", 2, 37, 1, 8, 5, {}, Gates::zeros, true, 16, 2},
+      {"varlen_empty_single_l2norm_c16",
+       1,
+       0,
+       2,
+       6,
+       5,
+       {3, 0, 1, 40, 0},
+       Gates::realistic,
+       true,
+       16,
+       1,
+       2.0,
+       true},
+      {"one_token_grouped_l2norm_c64", 2, 1, 1, 4, 4, {}, Gates::realistic, true, 64, 2, 1.0, true},
+      {"odd_sizes_no_state_c32", 1, 34, 1, 6, 5, {}, Gates::realistic, false, 32},
+      {"K48_V40_l2norm_c32", 1, 40, 1, 48, 40, {}, Gates::realistic, true, 32, 1, 2.0, true},
+      {"K33_c16", 1, 20, 1, 33, 9, {}, Gates::realistic, true, 16},
+  };
+  for (const Case& c : cases) {
+    const Inputs in = make_inputs(c, 5);
+    for (Rotation rotation : {Rotation::none, Rotation::half_split, Rotation::interleaved}) {
+      if (rotation != Rotation::none && c.K % 2 != 0) continue;
+      for (DType dtype : testing::gpu_test_dtypes()) {
+        // Unnormalised keys make the chunk's M = I + diag(β) (K Kᵀ ⊙ Γ) ill-conditioned, and its
+        // inverse amplifies the 16-bit rounding of the tensor cores' operands (as in fla, whose
+        // layers always normalise): the 16-bit bound is held on ℓ2-normalised inputs.
+        if (!c.l2norm && (dtype == DType::bfloat16 || dtype == DType::float16)) continue;
+        SCOPED_TRACE(c.name + " " + name_of(rotation) + " " + to_string(dtype));
+        const Outputs ref = reference(in, dtype, rotation);
+        const Outputs cpu = run(in, dtype, Device::cpu, Impl::chunk, rotation);
+        const Outputs gpu = run(in, dtype, device, Impl::chunk, rotation);
+        compare_all(gpu, cpu, ref, dtype, Impl::chunk);
+      }
+    }
+  }
+}
+
+// A long sequence (T = 4096, one head, 64 chunks of 64) through chunk_gated_delta_rule on the
+// GPU, with the ℓ2 norm and β up to 2: every output and gradient against the CPU chunk kernel and
+// the reference, float32.
+TEST_P(GatedDeltaRuleGpu, ChunkLongSequence) {
+  const Device device = GetParam();
+  PHASOR_SKIP_WITHOUT_GPU(device);
+  const Inputs in =
+      make_inputs({"long", 1, 4096, 1, 16, 16, {}, Gates::realistic, true, 64, 1, 2.0, true}, 23);
+  const Outputs ref = reference(in, DType::float32, Rotation::half_split);
+  const Outputs cpu = run(in, DType::float32, Device::cpu, Impl::chunk, Rotation::half_split);
+  const Outputs gpu = run(in, DType::float32, device, Impl::chunk, Rotation::half_split);
+  compare_all(gpu, cpu, ref, DType::float32, Impl::chunk);
 }
 
 // Decoding: T = 1 calls with the state updated in place (final_state is initial_state) give the

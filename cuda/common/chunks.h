@@ -12,6 +12,7 @@
 
 #include <cstdint>
 
+#include "common/recurrent.h"
 #include "common/sequences.h"
 #include "simt/simt.h"
 
@@ -48,6 +49,25 @@ PHASOR_DEVICE bool locate_chunk(const ::phasor::detail::Sequences& s, std::int64
   n = lo;
   c = slot - chunk_slot(s, C, n, 0);
   return c >= 0 && c * C < s[n].length;
+}
+
+// Key tiles of BK channels. Channel of column i of key tile t (−1 if none): contiguous channels,
+// or with θ (p.theta defined) whole rotation pairs — columns [0, BK/2) the pairs' first members,
+// [BK/2, BK) their partners — so that a tile rotates its rows on load and unrotates their
+// gradients by itself. P: an op's Problem (K, theta, rotary_layout). Needs common/recurrent.h.
+template <int BK, class P>
+PHASOR_DEVICE std::int64_t channel_of(const P& p, std::int64_t t, int i) {
+  if (!p.theta.defined()) {
+    const std::int64_t c = t * BK + i;
+    return c < p.K ? c : -1;
+  }
+  const std::int64_t pair = t * (BK / 2) + i % (BK / 2);
+  if (pair >= p.K / 2) return -1;
+  return i < BK / 2 ? pair_a(p.rotary_layout, p.K, pair) : pair_b(p.rotary_layout, p.K, pair);
+}
+template <int BK, class P>
+PHASOR_HOST_DEVICE std::int64_t key_tiles(const P& p) {
+  return p.theta.defined() ? ceil_div(p.K / 2, BK / 2) : ceil_div(p.K, BK);
 }
 
 }  // namespace

@@ -78,23 +78,6 @@ PHASOR_DEVICE Chunk chunk_of(const Problem& p, int C, std::int64_t n, std::int64
   return ch;
 }
 
-// Channel of column i of key tile t (−1 if none): contiguous channels, or with θ whole rotation
-// pairs (columns [0, BK/2): first members, [BK/2, BK): their partners).
-template <int BK>
-PHASOR_DEVICE std::int64_t channel_of(const Problem& p, std::int64_t t, int i) {
-  if (!p.theta.defined()) {
-    const std::int64_t c = t * BK + i;
-    return c < p.K ? c : -1;
-  }
-  const std::int64_t pair = t * (BK / 2) + i % (BK / 2);
-  if (pair >= p.K / 2) return -1;
-  return i < BK / 2 ? pair_a(p.rotary_layout, p.K, pair) : pair_b(p.rotary_layout, p.K, pair);
-}
-template <int BK>
-PHASOR_HOST_DEVICE std::int64_t key_tiles(const Problem& p) {
-  return p.theta.defined() ? ceil_div(p.K / 2, BK / 2) : ceil_div(p.K, BK);
-}
-
 // out (C × BK, row-major) = rows of q or k of the chunk for key tile t, rotated by θ when given;
 // 0 past the chunk and the channels.
 template <class A, int BK>

@@ -27,6 +27,11 @@
 // The compute type is q's dtype (float32 accumulates in float32, float64 in float64), except for
 // Impl::reference, which always computes in float64 (16-bit inputs compute in float32). All views
 // on one device (phasor/common.h: Device); phasor/ops.h lists the implementations with CUDA kernels.
+// On a GPU device: fused_recurrent_gated_delta_rule (K ≤ 256) and chunk_gated_delta_rule
+// (chunk_size 16, 32 or 64; any K, V; the chunk's triangular solve as the explicit inverse of M;
+// matrix products on tensor cores for bfloat16 / float16 q — each operand rounded to q's type,
+// whose error grows with the conditioning of M, so normalise q and k — and exact FMA tiles for
+// float32 and float64).
 // Errors (phasor::Error) name the fla op — "chunk_gated_delta_rule",
 // "fused_recurrent_gated_delta_rule" or "gated_delta_rule_reference" — and the argument.
 #pragma once
@@ -44,7 +49,8 @@ struct GatedDeltaRuleParams {
   TensorView cu_seqlens;        // optional [N + 1]
   std::optional<double> scale;  // default K^-1/2
   bool use_qk_l2norm_in_kernel = false;
-  // Impl::chunk: the chunk length (any positive value). Impl::recurrent backward: the state
+  // Impl::chunk: the chunk length (any positive value on the cpu; 16, 32 or 64 on a GPU device).
+  // Impl::recurrent backward: the state
   // checkpoint interval (memory O(T / chunk_size + chunk_size) states per value head).
   std::int64_t chunk_size = 64;
   // Optional rotation angles θ [B, T, H (q/k heads), K/2] (K even): q_t and k_t are rotated by θ_t

@@ -17,7 +17,7 @@ constexpr std::array<OpInfo, kNumOps> kOps = {{
     {Op::gated_delta_rule,
      "gated_delta_rule",
      {"gated_delta_rule_reference", "fused_recurrent_gated_delta_rule", "chunk_gated_delta_rule"},
-     {false, true, false}},
+     {false, true, true}},
     {Op::forgetting_attn,
      "forgetting_attn",
      {"forgetting_attn_reference", "forgetting_attn_recurrent", "parallel_forgetting_attn"},

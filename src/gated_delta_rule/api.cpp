@@ -59,6 +59,11 @@ Problem make_problem(const std::string& op, const GatedDeltaRuleParams& params,
   p.scale = detail::resolve_scale(op, params.scale, p.K);
   if (uses_chunk_size) detail::check_positive(op, "chunk_size", params.chunk_size);
   p.chunk_size = params.chunk_size;
+  // The GPU chunk kernels are built for chunks of 16, 32 and 64 tokens.
+  if (op == op_name(Op::gated_delta_rule, Impl::chunk) && p.device != Device::cpu &&
+      params.chunk_size != 16 && params.chunk_size != 32 && params.chunk_size != 64)
+    detail::fail(op, "chunk_size", "16, 32 or 64 on a GPU device",
+                 std::to_string(params.chunk_size));
   p.l2norm = params.use_qk_l2norm_in_kernel;
   // θ is per q/k head (value heads of a group share their q/k head's rotation).
   detail::check_theta(op, params.theta, p.B, p.T, p.H, p.K, "H (q/k heads)", p.device);
@@ -101,8 +106,14 @@ void gated_delta_rule_forward(const GatedDeltaRuleParams& params, Impl impl, con
             return detail::gdn::chunk_forward(p, o, final_state);
         }
       },
-      // Only Impl::recurrent has CUDA kernels (phasor/ops.h); run_on_device refuses the others.
-      [&] { PHASOR_ON_GPU(p.device, gdn::recurrent_forward(p, o, final_state)); });
+      // Impl::recurrent and Impl::chunk have CUDA kernels (phasor/ops.h); run_on_device refuses
+      // the reference.
+      [&] {
+        if (impl == Impl::chunk)
+          PHASOR_ON_GPU(p.device, gdn::chunk_forward(p, o, final_state));
+        else
+          PHASOR_ON_GPU(p.device, gdn::recurrent_forward(p, o, final_state));
+      });
 }
 
 void gated_delta_rule_backward(const GatedDeltaRuleParams& params, Impl impl, const TensorView& d_o,
@@ -141,7 +152,12 @@ void gated_delta_rule_backward(const GatedDeltaRuleParams& params, Impl impl, co
             return detail::gdn::chunk_backward(p, d_o, d_final_state, grads);
         }
       },
-      [&] { PHASOR_ON_GPU(p.device, gdn::recurrent_backward(p, d_o, d_final_state, grads)); });
+      [&] {
+        if (impl == Impl::chunk)
+          PHASOR_ON_GPU(p.device, gdn::chunk_backward(p, d_o, d_final_state, grads));
+        else
+          PHASOR_ON_GPU(p.device, gdn::recurrent_backward(p, d_o, d_final_state, grads));
+      });
 }
 
 }  // namespace phasor
