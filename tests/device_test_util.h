@@ -229,8 +229,8 @@ inline void expect_tensor_core_accuracy(const Tensor& gpu, const Tensor& cpu,
   EXPECT_TRUE(all_finite(gpu)) << key << " has non-finite values";
   EXPECT_LE(gpu_error, 2 * cpu_error + roundoffs * unit_roundoff(dtype))
       << key << " (" << to_string(dtype) << "): GPU relative RMS error " << gpu_error
-      << " against the CPU kernel's " << cpu_error << " + " << roundoffs
-      << " unit roundoffs of " << unit_roundoff(dtype);
+      << " against the CPU kernel's " << cpu_error << " + " << roundoffs << " unit roundoffs of "
+      << unit_roundoff(dtype);
 }
 
 // The dtypes the GPU kernels are tested with.

@@ -490,8 +490,8 @@ TEST(Torch, EmulatedComputeDeviceEqualsCpu) {
         torch::manual_seed(7);
         at::Tensor ql = leaf(q), kl = leaf(k), vl = leaf(v), gl = leaf(g3), bl = leaf(beta),
                    hl = leaf(h0), tl = leaf(angles);
-        auto [o, ht] = chunk_gated_delta_rule(ql, kl, vl, gl, bl, c10::nullopt, hl, true, cu,
-                                              true, 16, tl, RotaryLayout::interleaved);
+        auto [o, ht] = chunk_gated_delta_rule(ql, kl, vl, gl, bl, c10::nullopt, hl, true, cu, true,
+                                              16, tl, RotaryLayout::interleaved);
         return grads_of(o + ht->sum(), {ql, kl, vl, gl, bl, hl, tl});
       },
       "chunk_gated_delta_rule");
