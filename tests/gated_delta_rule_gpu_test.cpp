@@ -356,6 +356,32 @@ TEST_P(GatedDeltaRuleGpu, BitIdenticalUnderEmulatorSchedules) {
   }
 }
 
+// The chunk kernels likewise (several chunks, sub-blocks, key and value tiles).
+TEST_P(GatedDeltaRuleGpu, ChunkBitIdenticalUnderEmulatorSchedules) {
+  const Device device = GetParam();
+  if (device != Device::emulated) GTEST_SKIP() << "schedules are an option of the emulated GPU";
+  const Inputs in = make_inputs(
+      {"schedules", 1, 0, 1, 10, 37, {5, 0, 40}, Gates::realistic, true, 32, 2, 2.0, true}, 13);
+  std::vector<Outputs> results;
+  for (const char* schedule : {"forward", "reverse", "threads=random:3,blocks=random:4"}) {
+    SCOPED_TRACE(schedule);
+    emulator::ScopedOptions options(emulator::parse_schedule(schedule));
+    results.push_back(run(in, DType::float32, device, Impl::chunk, Rotation::interleaved));
+  }
+  for (std::size_t i = 1; i < results.size(); ++i) {
+    const Outputs &a = results[0], &b = results[i];
+    for (auto [x, y, name] : {std::tuple{&a.o, &b.o, "o"},
+                              {&a.final_state, &b.final_state, "hT"},
+                              {&a.dq, &b.dq, "dq"},
+                              {&a.dk, &b.dk, "dk"},
+                              {&a.dv, &b.dv, "dv"},
+                              {&a.dg, &b.dg, "dg"},
+                              {&a.dh0, &b.dh0, "dh0"},
+                              {&a.dtheta, &b.dtheta, "dtheta"}})
+      EXPECT_TRUE(x->bit_equal(*y)) << name << " differs under schedule " << i;
+  }
+}
+
 // Bad values give the CPU's message on the GPU device, before any kernel runs (nothing written).
 TEST_P(GatedDeltaRuleGpu, BadValuesGiveTheCpuErrorAndWriteNothing) {
   const Device device = GetParam();
