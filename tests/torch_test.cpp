@@ -495,6 +495,17 @@ TEST(Torch, EmulatedComputeDeviceEqualsCpu) {
         return grads_of(o + ht->sum(), {ql, kl, vl, gl, bl, hl, tl});
       },
       "chunk_gated_delta_rule");
+  for (bool causal : {false, true})
+    expect_emulated_equals_cpu(
+        [&] {
+          torch::manual_seed(8);
+          const at::Tensor w = at::randn({H, 11, K}, f32);
+          at::Tensor ql = leaf(q), kl = leaf(k), vl = leaf(v), wl = leaf(w);
+          const at::Tensor o =
+              favor_attention(ql, kl, vl, wl, causal, c10::nullopt, cu, Impl::chunk, 16);
+          return grads_of(o, {ql, kl, vl, wl});
+        },
+        causal ? "favor_attention (causal)" : "favor_attention");
   {
     ComputeDeviceGuard guard(Device::emulated);
     expect_torch_error([&] { gla(q, k, v, g, Impl::reference); },

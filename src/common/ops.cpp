@@ -36,8 +36,8 @@ constexpr std::array<OpInfo, kNumOps> kOps = {{
     plain(Op::grape, "grape", "grape_reference"),
     plain(Op::grape_subspace, "grape_subspace", "grape_subspace_reference"),
     plain(Op::structured_rotation, "structured_rotation", "structured_rotation_reference"),
-    plain(Op::favor_features, "favor_features", "favor_features_reference"),
-    plain(Op::favor_attention, "favor_attention", "favor_attention_reference"),
+    plain(Op::favor_features, "favor_features", "favor_features_reference", true),
+    plain(Op::favor_attention, "favor_attention", "favor_attention_reference", true),
 }};
 
 constexpr bool in_op_order() {

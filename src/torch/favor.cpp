@@ -25,10 +25,10 @@ std::string favor_op_name(const char* op, Impl impl) {
 FavorFeatureParams feature_params(const at::Tensor& x, const at::Tensor& w,
                                   FavorStabilizer stabilizer, const at::Tensor& cu) {
   FavorFeatureParams p;
-  p.x = view_of(x);
-  p.w = view_of(w);
+  p.x = compute_view_of(x);
+  p.w = compute_view_of(w);
   p.stabilizer = stabilizer;
-  p.cu_seqlens = view_of(cu);
+  p.cu_seqlens = compute_view_of(cu);
   return p;
 }
 
@@ -94,8 +94,9 @@ struct FavorFeaturesFunction : torch::autograd::Function<FavorFeaturesFunction> 
                                FavorStabilizer stabilizer, Impl impl) {
     const at::Tensor cu = value_or_undefined(cu_seqlens);
     at::Tensor phi = at::empty({x.size(0), x.size(1), x.size(2), w.size(w.dim() - 2)}, x.options());
-    rethrow_as_torch(
-        [&] { favor_features_forward(feature_params(x, w, stabilizer, cu), impl, view_of(phi)); });
+    rethrow_as_torch([&] {
+      favor_features_forward(feature_params(x, w, stabilizer, cu), impl, compute_out_view_of(phi));
+    });
     ctx->save_for_backward({x, w, cu, phi});
     ctx->saved_data["stabilizer"] = static_cast<std::int64_t>(stabilizer);
     ctx->saved_data["impl"] = static_cast<std::int64_t>(impl);
@@ -115,8 +116,8 @@ struct FavorFeaturesFunction : torch::autograd::Function<FavorFeaturesFunction> 
     if (!d_phi.defined()) return {at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), {}};
     at::Tensor dx = grad_buffer(x, need[0]), dw = grad_buffer(w, need[1]);
     rethrow_as_torch([&] {
-      favor_features_backward(feature_params(x, w, stabilizer, cu), impl, view_of(d_phi),
-                              view_of(dx), view_of(dw));
+      favor_features_backward(feature_params(x, w, stabilizer, cu), impl, compute_view_of(d_phi),
+                              compute_out_view_of(dx), compute_out_view_of(dw));
     });
     add_stabilizer_gradient(x, w, phi, d_phi, stabilizer, cu, dx, dw);
     return {dx, dw, at::Tensor(), at::Tensor(), at::Tensor()};
@@ -136,8 +137,9 @@ FavorAttentionParams attention_params(const at::Tensor& q, const at::Tensor& k, 
                                       const at::Tensor& w, const at::Tensor& cu, bool causal,
                                       c10::optional<double> scale, std::int64_t chunk_size) {
   FavorAttentionParams p;
-  p.q = view_of(q), p.k = view_of(k), p.v = view_of(v), p.w = view_of(w);
-  p.cu_seqlens = view_of(cu);
+  p.q = compute_view_of(q), p.k = compute_view_of(k), p.v = compute_view_of(v);
+  p.w = compute_view_of(w);
+  p.cu_seqlens = compute_view_of(cu);
   p.causal = causal;
   if (scale) p.scale = *scale;
   p.chunk_size = chunk_size;
@@ -154,7 +156,7 @@ struct FavorAttentionFunction : torch::autograd::Function<FavorAttentionFunction
     rethrow_as_torch([&] {
       favor_attention_forward(
           attention_params(q, k, v, w, cu, opt.causal, opt.scale, opt.chunk_size), opt.impl,
-          view_of(o));
+          compute_out_view_of(o));
     });
     // Nothing else is saved: the core's backward recomputes the features.
     ctx->save_for_backward({q, k, v, w, cu});
@@ -178,13 +180,14 @@ struct FavorAttentionFunction : torch::autograd::Function<FavorAttentionFunction
     if (!d_o.defined()) return {at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), {}, {}};
     at::Tensor dq = grad_buffer(q, need[0]), dk = grad_buffer(k, need[1]),
                dv = grad_buffer(v, need[2]), dw = grad_buffer(w, need[3]);
-    FavorAttentionGrads out;
-    out.dq = view_of(dq), out.dk = view_of(dk), out.dv = view_of(dv), out.dw = view_of(dw);
     rethrow_as_torch([&] {
+      FavorAttentionGrads out;
+      out.dq = compute_out_view_of(dq), out.dk = compute_out_view_of(dk);
+      out.dv = compute_out_view_of(dv), out.dw = compute_out_view_of(dw);
       favor_attention_backward(attention_params(q, k, v, w, cu, ctx->saved_data["causal"].toBool(),
                                                 to_optional_double(ctx->saved_data["scale"]),
                                                 ctx->saved_data["chunk_size"].toInt()),
-                               impl, view_of(d_o), out);
+                               impl, compute_view_of(d_o), out);
     });
     return {dq, dk, dv, dw, at::Tensor(), at::Tensor()};
   }
@@ -223,6 +226,7 @@ at::Tensor favor_features(const at::Tensor& x, const at::Tensor& w, FavorStabili
   check_float(op, "x", x, 4, "[B, T, H, d]");
   check_w(op, w);
   check_cu_seqlens(op, cu_seqlens);
+  check_compute_device(op);
   const variable_list out =
       FavorFeaturesFunction::apply(to_compute(x), to_compute(w), cu_seqlens, stabilizer, impl);
   return in_dtype_of(out[0], x);
@@ -238,6 +242,7 @@ at::Tensor favor_attention(const at::Tensor& q, const at::Tensor& k, const at::T
   check_float(op, "v", v, 4, "[B, T, H, V]");
   check_w(op, w);
   check_cu_seqlens(op, cu_seqlens);
+  check_compute_device(op);
   const variable_list out = FavorAttentionFunction::apply(
       to_compute(q), to_compute(k), to_compute(v), to_compute(w), cu_seqlens,
       FavorAttentionOptions{impl, causal, scale, chunk_size});
