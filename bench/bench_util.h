@@ -5,6 +5,7 @@
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <initializer_list>
@@ -227,6 +228,21 @@ class DeviceBuffers {
     v.device = device_;
     return v;
   }
+  // The same in `dtype` (bfloat16 or float16: rounded on the host; float32: as view()), in memory
+  // of its own on every device.
+  TensorView view(const std::vector<float>& host, std::initializer_list<std::int64_t> shape,
+                  DType dtype) {
+    if (dtype == DType::float32) return view(host, shape);
+    std::vector<std::uint16_t> bits(host.size());
+    for (std::size_t i = 0; i < host.size(); ++i)
+      bits[i] = dtype == DType::bfloat16 ? bfloat16::from_float(host[i]).bits
+                                         : float16::from_float(host[i]).bits;
+    const std::size_t bytes = std::max<std::size_t>(1, bits.size() * sizeof(std::uint16_t));
+    void* data = device_allocate(device_, bytes);
+    owned_.emplace_back(data, Free{device_});
+    copy_bytes(data, device_, bits.data(), Device::cpu, bits.size() * sizeof(std::uint16_t));
+    return TensorView::contiguous(data, dtype, shape, device_);
+  }
   // Waits for the device's work on the current stream to finish (a copy of one element of `x` to
   // the host syncs the stream; the CPU and the emulated GPU finish before the call returns).
   static void wait_for(const TensorView& x) {
@@ -260,6 +276,52 @@ inline void register_device_grid(benchmark::internal::Benchmark* b) {
           b->Args({static_cast<std::int64_t>(device), backward, T});
   }
   b->Unit(benchmark::kMillisecond)->MinTime(0.2)->UseRealTime();
+}
+
+// fla's benchmark shapes (B, T, H) at K = V = 128 in bfloat16: B = 2, T = 16384, H = 16 (its
+// published chunk GLA / Gated DeltaNet figures) and B = 1, T = 8192, H = 96.
+struct GpuShape {
+  std::int64_t B, T, H;
+};
+inline std::vector<GpuShape> fla_shapes() {
+  return {{2, 16384, 16}, {1, 8192, 96}};
+}
+
+// Arguments (device, backward, B, T, H) of a chunk-kernel device benchmark (K = V = 128,
+// bfloat16): the CPU and the emulated GPU at B = 1, T = 64, H = 1 (the emulation's cost, not a
+// speed), and with a GPU fla's shapes on it. Manual time (time_device_calls).
+inline void register_chunk_device_grid(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"device", "backward", "B", "T", "H"});
+  for (std::int64_t backward : {0, 1}) {
+    for (Device device : {Device::cpu, Device::emulated})
+      b->Args({static_cast<std::int64_t>(device), backward, 1, 64, 1});
+    if (cuda_device_count() > 0)
+      for (const GpuShape& s : fla_shapes())
+        b->Args({static_cast<std::int64_t>(Device::cuda), backward, s.B, s.T, s.H});
+  }
+  b->Unit(benchmark::kMillisecond)->MinTime(0.2)->UseManualTime();
+}
+
+// The timed loop of the device benchmarks: each iteration's GPU time from CUDA events
+// (cuda::Timer) on Device::cuda, its wall time elsewhere (the CPU and the emulated GPU finish
+// before the call returns); tokens/s as items_per_second.
+template <class F>
+void time_device_calls(benchmark::State& state, Device device, std::int64_t tokens, F&& call) {
+  for (auto _ : state) {
+    if (device == Device::cuda) {
+      cuda::Timer timer;
+      timer.start();
+      call();
+      state.SetIterationTime(timer.stop() / 1e3);
+    } else {
+      const auto begin = std::chrono::steady_clock::now();
+      call();
+      state.SetIterationTime(
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count());
+    }
+    benchmark::ClobberMemory();
+  }
+  state.SetItemsProcessed(state.iterations() * tokens);
 }
 
 }  // namespace phasor::bench

@@ -2,6 +2,7 @@
 // workspace allocator setting.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <functional>
@@ -45,6 +46,22 @@ TEST(Device, CudaWithoutAGpuIsAnErrorNamingTheDevice) {
   EXPECT_NE(
       error_of([] { phasor::require_device(Device::cuda, "my_op"); }).find("my_op: device cuda:"),
       std::string::npos);
+  EXPECT_NE(error_of([] { phasor::cuda::Timer timer; }).find("cuda::Timer: device cuda:"),
+            std::string::npos);
+}
+
+// With a GPU: the timer measures the GPU time of queued work (a copy), positive and finite.
+TEST(Device, TimerMeasuresQueuedWork) {
+  if (phasor::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device on this machine";
+  std::vector<float> host(1 << 20, 1.f);
+  void* device = phasor::device_allocate(Device::cuda, host.size() * sizeof(float));
+  phasor::cuda::Timer timer;
+  timer.start();
+  phasor::copy_bytes(device, Device::cuda, host.data(), Device::cpu, host.size() * sizeof(float));
+  const double ms = timer.stop();
+  phasor::device_free(Device::cuda, device);
+  EXPECT_GT(ms, 0.0);
+  EXPECT_TRUE(std::isfinite(ms));
 }
 
 TEST(Device, CudaDeviceCountNeverThrowsAndIsStable) {

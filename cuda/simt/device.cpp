@@ -132,5 +132,28 @@ Allocator get_allocator() {
   return g_allocator;
 }
 
+Timer::Timer(Stream stream) : stream_(stream) {
+  require_device(Device::cuda, "cuda::Timer");
+  begin_ = cuda_runtime::event_create();
+  try {
+    end_ = cuda_runtime::event_create();
+  } catch (...) {
+    cuda_runtime::event_destroy(begin_);
+    throw;
+  }
+}
+Timer::~Timer() {
+  cuda_runtime::event_destroy(begin_);
+  cuda_runtime::event_destroy(end_);
+}
+void Timer::start() {
+  cuda_runtime::event_record(begin_, stream_);
+}
+double Timer::stop() {
+  cuda_runtime::event_record(end_, stream_);
+  cuda_runtime::event_synchronize(end_);
+  return cuda_runtime::event_elapsed_ms(begin_, end_);
+}
+
 }  // namespace cuda
 }  // namespace phasor

@@ -19,5 +19,12 @@ void memcpy_async(void* dst, const void* src, std::size_t bytes, CopyKind kind, 
 void stream_synchronize(void* stream);
 void* malloc_async(std::size_t bytes, void* stream);  // cudaMallocAsync
 void free_async(void* ptr, void* stream) noexcept;    // cudaFreeAsync
+// CUDA events for timing: create, record on a stream, wait for, the milliseconds between two
+// recorded events, destroy.
+void* event_create();
+void event_record(void* event, void* stream);
+void event_synchronize(void* event);
+float event_elapsed_ms(void* start, void* stop);
+void event_destroy(void* event) noexcept;
 
 }  // namespace phasor::cuda_runtime

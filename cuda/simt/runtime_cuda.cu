@@ -65,5 +65,26 @@ void* malloc_async(std::size_t bytes, void* stream) {
 void free_async(void* ptr, void* stream) noexcept {
   cudaFreeAsync(ptr, static_cast<cudaStream_t>(stream));
 }
+void* event_create() {
+  cudaEvent_t event = nullptr;
+  check(cudaEventCreate(&event), "cudaEventCreate");
+  return event;
+}
+void event_record(void* event, void* stream) {
+  check(cudaEventRecord(static_cast<cudaEvent_t>(event), static_cast<cudaStream_t>(stream)),
+        "cudaEventRecord");
+}
+void event_synchronize(void* event) {
+  check(cudaEventSynchronize(static_cast<cudaEvent_t>(event)), "cudaEventSynchronize");
+}
+float event_elapsed_ms(void* start, void* stop) {
+  float ms = 0.f;
+  check(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(start), static_cast<cudaEvent_t>(stop)),
+        "cudaEventElapsedTime");
+  return ms;
+}
+void event_destroy(void* event) noexcept {
+  cudaEventDestroy(static_cast<cudaEvent_t>(event));
+}
 
 }  // namespace phasor::cuda_runtime

@@ -32,5 +32,18 @@ void* malloc_async(std::size_t, void*) {
   unavailable("cudaMallocAsync");
 }
 void free_async(void*, void*) noexcept {}
+void* event_create() {
+  unavailable("cudaEventCreate");
+}
+void event_record(void*, void*) {
+  unavailable("cudaEventRecord");
+}
+void event_synchronize(void*) {
+  unavailable("cudaEventSynchronize");
+}
+float event_elapsed_ms(void*, void*) {
+  unavailable("cudaEventElapsedTime");
+}
+void event_destroy(void*) noexcept {}
 
 }  // namespace phasor::cuda_runtime

@@ -77,5 +77,23 @@ void set_allocator(const Allocator& allocator);
 Allocator get_allocator();
 Allocator default_allocator();
 
+// GPU time of the work queued on a stream between start() and stop(), from two CUDA events (for
+// benchmarks): stop() records the second event, waits for it (a sync of that event only) and
+// returns the milliseconds between them. A phasor::Error naming the device without a GPU.
+class Timer {
+ public:
+  explicit Timer(Stream stream = current_stream());
+  ~Timer();
+  Timer(const Timer&) = delete;
+  Timer& operator=(const Timer&) = delete;
+  void start();
+  double stop();
+
+ private:
+  Stream stream_;
+  void* begin_ = nullptr;
+  void* end_ = nullptr;
+};
+
 }  // namespace cuda
 }  // namespace phasor
