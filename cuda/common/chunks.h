@@ -51,6 +51,31 @@ PHASOR_DEVICE bool locate_chunk(const ::phasor::detail::Sequences& s, std::int64
   return c >= 0 && c * C < s[n].length;
 }
 
+// The chunk a block works on: its sequence n and index c, its workspace slot, its batch row and
+// first token there, and its length (C, or less for a sequence's last chunk).
+struct Chunk {
+  std::int64_t n = 0, c = 0, slot = 0, batch = 0, first = 0;
+  int len = 0;
+};
+PHASOR_DEVICE Chunk chunk_at(const ::phasor::detail::Sequences& sequences, int C, std::int64_t n,
+                             std::int64_t c) {
+  const ::phasor::detail::Sequence s = sequences[n];
+  Chunk ch;
+  ch.n = n;
+  ch.c = c;
+  ch.slot = chunk_slot(sequences, C, n, c);
+  ch.batch = s.batch;
+  ch.first = s.start + c * C;
+  const std::int64_t left = s.length - c * C;
+  ch.len = static_cast<int>(left < C ? left : C);
+  return ch;
+}
+// The kernels' chunk size for a problem's (clamped) chunk_size: 16, 32 or 64, the smallest at
+// least that (api.cpp requires 16, 32 or 64 on GPU devices; a shorter sequence clamps it).
+inline int kernel_chunk_size(std::int64_t chunk_size) {
+  return chunk_size <= 16 ? 16 : chunk_size <= 32 ? 32 : 64;
+}
+
 // Key tiles of BK channels. Channel of column i of key tile t (−1 if none): contiguous channels,
 // or with θ (p.theta defined) whole rotation pairs — columns [0, BK/2) the pairs' first members,
 // [BK/2, BK) their partners — so that a tile rotates its rows on load and unrotates their

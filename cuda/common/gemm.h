@@ -26,6 +26,22 @@ using Accumulator = std::conditional_t<std::is_same_v<O, double>, double, float>
 template <class O>
 constexpr bool kTensorCores = std::is_same_v<O, bfloat16> || std::is_same_v<O, float16>;
 
+// Calls f(O{}) with the operand type of a call whose compute dtype is `dtype` (q's): its 16-bit
+// type (tensor cores), float or double (FMA tiles).
+template <class F>
+void dispatch_operand(DType dtype, F&& f) {
+  switch (dtype) {
+    case DType::bfloat16:
+      return f(bfloat16{});
+    case DType::float16:
+      return f(float16{});
+    case DType::float64:
+      return f(double{});
+    default:
+      return f(float{});
+  }
+}
+
 // A 16 × 8 accumulator tile; lane's x[e] holds element (tile_row(lane, e), tile_col(lane, e)).
 template <class A>
 struct Tile {

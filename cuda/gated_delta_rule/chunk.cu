@@ -37,28 +37,14 @@
 namespace phasor::PHASOR_BACKEND::gdn {
 namespace {
 
-using ::phasor::detail::Sequence;
 
 constexpr int kThreads = 128;
 
 template <class O>
 constexpr int kTile = std::is_same_v<O, double> ? 16 : 32;  // key / value tile width
 
-struct Chunk {
-  std::int64_t n = 0, c = 0, slot = 0, batch = 0, first = 0;
-  int len = 0;
-};
 PHASOR_DEVICE Chunk chunk_of(const Problem& p, int C, std::int64_t n, std::int64_t c) {
-  const Sequence s = p.sequences[n];
-  Chunk ch;
-  ch.n = n;
-  ch.c = c;
-  ch.slot = chunk_slot(p.sequences, C, n, c);
-  ch.batch = s.batch;
-  ch.first = s.start + c * C;
-  const std::int64_t left = s.length - c * C;
-  ch.len = static_cast<int>(left < C ? left : C);
-  return ch;
+  return chunk_at(p.sequences, C, n, c);
 }
 
 // The workspaces of the kernels (compute type A), by chunk slot.
@@ -939,10 +925,6 @@ PHASOR_GLOBAL void PHASOR_LAUNCH_BOUNDS(kThreads)
 
 // ---- host ---------------------------------------------------------------------------------------
 
-int chunk_of_problem(const Problem& p) {
-  return p.chunk_size <= 16 ? 16 : p.chunk_size <= 32 ? 32 : 64;
-}
-
 template <class O>
 struct Run {
   using A = Accumulator<O>;
@@ -1023,7 +1005,7 @@ template <class O>
 void forward_typed(const Problem& p, const TensorView& o, const TensorView& final_state,
                    cuda::Stream stream) {
   using A = Accumulator<O>;
-  const int C = chunk_of_problem(p);
+  const int C = kernel_chunk_size(p.chunk_size);
   const std::int64_t slots = chunk_slots(p.num_sequences(), p.B, p.T, C);
   const Run<O> run{p, stream, C, slots};
   Workspaces<A> work(p, C, slots, false, false, stream);
@@ -1036,7 +1018,7 @@ template <class O>
 void backward_typed(const Problem& p, const TensorView& d_o, const TensorView& d_final_state,
                     const GatedDeltaRuleGrads& grads, cuda::Stream stream) {
   using A = Accumulator<O>;
-  const int C = chunk_of_problem(p);
+  const int C = kernel_chunk_size(p.chunk_size);
   const std::int64_t slots = chunk_slots(p.num_sequences(), p.B, p.T, C);
   const Run<O> run{p, stream, C, slots};
   const bool qk_grads =
@@ -1059,20 +1041,6 @@ void backward_typed(const Problem& p, const TensorView& d_o, const TensorView& d
                   simt::Dim3(256), 0, stream, p, QkPartials<A>{sp.dq, sp.dk, 1, 1}, grads);
 }
 
-template <class F>
-void dispatch_operand(const Problem& p, F&& f) {
-  switch (p.q.dtype) {
-    case DType::bfloat16:
-      return f(bfloat16{});
-    case DType::float16:
-      return f(float16{});
-    case DType::float64:
-      return f(double{});
-    default:
-      return f(float{});
-  }
-}
-
 }  // namespace
 
 void chunk_forward(const Problem& problem, const TensorView& o, const TensorView& final_state) {
@@ -1082,8 +1050,9 @@ void chunk_forward(const Problem& problem, const TensorView& o, const TensorView
   Problem p = problem;
   for (TensorView* input : {&p.q, &p.k, &p.v, &p.g, &p.beta, &p.theta, &p.initial_state})
     *input = stage(*input, {o, final_state});
-  dispatch_operand(
-      p, [&](auto operand) { forward_typed<decltype(operand)>(p, o, final_state, stream); });
+  dispatch_operand(p.q.dtype, [&](auto operand) {
+    forward_typed<decltype(operand)>(p, o, final_state, stream);
+  });
 }
 
 void chunk_backward(const Problem& problem, const TensorView& d_o, const TensorView& d_final_state,
@@ -1100,7 +1069,7 @@ void chunk_backward(const Problem& problem, const TensorView& d_o, const TensorV
   for (TensorView* input : {&p.q, &p.k, &p.v, &p.g, &p.beta, &p.theta, &p.initial_state})
     *input = stage(*input, outputs);
   const TensorView d_o_in = stage(d_o, outputs), d_final_in = stage(d_final_state, outputs);
-  dispatch_operand(p, [&](auto operand) {
+  dispatch_operand(p.q.dtype, [&](auto operand) {
     backward_typed<decltype(operand)>(p, d_o_in, d_final_in, grads, stream);
   });
 }
