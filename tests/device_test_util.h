@@ -109,6 +109,25 @@ class OnDevice {
     tensors_.emplace_back(host, device_);
     return tensors_.back().view();
   }
+  // The same values through a strided view: the device buffer holds every element twice along the
+  // last dimension (strides doubled there and scaled in the others), and the view reads every
+  // other one — what a slice of a wider tensor looks like.
+  TensorView in_strided(const Tensor& host) {
+    if (!host.defined()) return {};
+    std::vector<std::int64_t> wide_shape = host.shape();
+    wide_shape.back() *= 2;
+    Tensor wide(wide_shape, host.dtype());
+    for (std::int64_t e = 0; e < host.numel(); ++e) {
+      wide.set(2 * e, host.at(e));
+      wide.set(2 * e + 1, std::numeric_limits<double>::quiet_NaN());  // never read
+    }
+    TensorView v = in(wide);
+    v.sizes[static_cast<std::size_t>(v.rank - 1)] /= 2;
+    for (int d = 0; d < v.rank - 1; ++d)
+      v.strides[static_cast<std::size_t>(d)] = 2 * host.view().stride(d);
+    v.strides[static_cast<std::size_t>(v.rank - 1)] = 2;
+    return v;
+  }
   // A NaN-filled output buffer shaped and typed like `like`; fetch it back with to_host(view).
   TensorView out(const Tensor& like) {
     if (!like.defined()) return {};
