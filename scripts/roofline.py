@@ -6,7 +6,8 @@ For each kernel the model counts, per chunk of C tokens and per head, the floati
 operations (a multiply-add is 2) and the bytes the kernel as written moves through global memory
 (every tile it loads, including the repeated loads of the tiling: the output kernels reload q
 and the gates for every value tile, the state kernels k, g and v for every key × value tile),
-at K = V = 128, C = 64, 32-wide key and value tiles, bfloat16 inputs and outputs (2 bytes) and
+at K = V = 128, C = 64, 32-wide key tiles, value tiles of 32 (128 for GLA's states, output,
+dstates and dv kernels, which take value tiles as wide as V), bfloat16 inputs and outputs (2 bytes) and
 float32 workspaces (4 bytes). The time bound of a kernel is max(FLOPs / peak, bytes / bandwidth)
 — tensor-core products at the dense bfloat16 peak, the elementwise and diagonal-block work on
 the FMA units — summed over the kernels of a call (they run one after another), at fla's
@@ -18,6 +19,7 @@ benchmark shape B = 2, T = 16384, H = 16.
 K = V = 128
 C = 64
 BK = BV = 32
+WIDE = 64  # GLA's value tile of the states, output, dstates and dv kernels
 IN = 2   # bytes of a bfloat16 input / output element
 WS = 4   # bytes of a float32 workspace element
 KT, VT = K // BK, V // BV
@@ -31,16 +33,17 @@ def gla():
     """(name, tensor FLOPs, FMA FLOPs, bytes) per chunk and head, forward and backward kernels."""
     strips = sum(2 * 16 * r * K for r in range(16, C, 16))          # (q⊙f_q)(k⊙f_k)ᵀ
     diag = (C // 16) * sum((i - j + 1) * K for i in range(16) for j in range(i + 1))
+    wide_tiles = V // WIDE
     states = ("states", 2 * K * V * C, 0,
-              KT * VT * (3 * C * 32 * IN) + KT * VT * BK * BV * WS)  # k, g, v tiles; S written
+              KT * wide_tiles * (2 * C * BK * IN + C * WIDE * IN) + K * V * WS)  # k, g, v; S
     intra = ("intra", strips, diag, 3 * C * K * IN + C * C * WS)
     output = ("output", 2 * C * K * V + 2 * C * C * V, 0,
-              VT * (2 * C * K * IN + K * BV * WS + C * C * WS + C * BV * IN + C * BV * IN))
+              wide_tiles * (2 * C * K * IN + K * WIDE * WS + C * C * WS + 2 * C * WIDE * IN))
     dstates = ("dstates", 2 * K * V * C, 0,
-               KT * VT * (3 * C * 32 * IN) + KT * VT * BK * BV * WS)
+               KT * wide_tiles * (2 * C * BK * IN + C * WIDE * IN) + K * V * WS)
     dattn = ("dattn", 2 * C * C * V, 0, VT * 2 * C * BV * IN + C * C * WS)
     dv = ("dv", 2 * C * K * V + 2 * C * C * V, 0,
-          VT * (2 * C * K * IN + K * BV * WS + C * C * WS + 2 * C * BV * IN))
+          wide_tiles * (2 * C * K * IN + K * WIDE * WS + C * C * WS + 2 * C * WIDE * IN))
     dqk = ("dqk", 2 * 2 * C * V * K + 2 * 2 * C * C * K, 2 * diag,
            KT * (3 * C * BK * IN + C * C * WS + VT * (2 * C * BV * IN + 2 * BK * BV * WS)
                  + 3 * C * BK * IN))

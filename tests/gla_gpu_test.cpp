@@ -219,7 +219,8 @@ TEST_P(GlaGpu, MatchesCpuAndReference) {
 
 // chunk_gla on the GPU (cuda/gla/chunk.cu): chunks of 16, 32 and 64 tokens with partial last
 // chunks, T shorter than a chunk, several 16-token sub-blocks per chunk (the off-diagonal
-// strips), several key and value tiles (K = 48 with rotation pairs across tiles, K = 33, V = 40),
+// strips), several key and value tiles (K = 48 with rotation pairs across tiles, K = 33, V = 40,
+// V = 140: three value tiles of 64),
 // the same gate and varlen cases as above; against the CPU chunk kernel and the reference.
 TEST_P(GlaGpu, ChunkMatchesCpuAndReference) {
   const Device device = GetParam();
@@ -235,6 +236,7 @@ TEST_P(GlaGpu, ChunkMatchesCpuAndReference) {
       {"odd_sizes_no_state_c32", 1, 34, 1, 6, 5, {}, Gates::realistic, false, 32},
       {"K48_V40_c32", 1, 40, 1, 48, 40, {}, Gates::realistic, true, 32},
       {"K33_c16", 1, 20, 1, 33, 9, {}, Gates::realistic, true, 16},
+      {"V140_c32", 1, 40, 1, 8, 140, {}, Gates::realistic, true, 32},  // three value tiles of 64
   };
   for (const Case& c : cases) {
     const Inputs in = make_inputs(c, 5);

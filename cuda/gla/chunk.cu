@@ -215,17 +215,17 @@ PHASOR_DEVICE void key_factors(const simt::SharedArray<A>& g, int r, int i,
 
 // Dynamic shared memory of states_kernel / dstates_kernel: S (BK × BV), x (C × BK), g (C × BK),
 // y (C × BV), P_last (BK).
-template <class O>
+template <class O, int BV>
 std::size_t scan_shared_bytes(int C) {
-  constexpr int B = kTile<O>;
-  return static_cast<std::size_t>(B * B + 3 * C * B + B) * sizeof(Accumulator<O>);
+  constexpr int BK = kTile<O>;
+  return static_cast<std::size_t>(BK * BV + 2 * C * BK + C * BV + BK) * sizeof(Accumulator<O>);
 }
 
-template <class O>
+template <class O, int BV>
 PHASOR_GLOBAL void PHASOR_LAUNCH_BOUNDS(kThreads)
     states_kernel(Problem p, TensorView final_state, simt::Span<Accumulator<O>> states, int C) {
   using A = Accumulator<O>;
-  constexpr int BK = kTile<O>, BV = kTile<O>;
+  constexpr int BK = kTile<O>;
   const std::int64_t n = blockIdx.x / p.H, h = blockIdx.x % p.H, kt = blockIdx.y, vt = blockIdx.z;
   PHASOR_DYNAMIC_SHARED_AT(A, state_s, 0, BK * BV);
   PHASOR_DYNAMIC_SHARED_AT(A, k_s, BK * BV * sizeof(A), C * BK);
@@ -351,18 +351,19 @@ PHASOR_GLOBAL void PHASOR_LAUNCH_BOUNDS(kThreads)
 
 // Dynamic shared memory of output_kernel: o (C × BV), q (C × BK), g (C × BK), S (BK × BV),
 // A (C × C), v (C × BV).
-template <class O>
+template <class O, int BV>
 std::size_t output_shared_bytes(int C) {
-  constexpr int B = kTile<O>;
-  return static_cast<std::size_t>(2 * C * B + 2 * C * B + B * B + C * C) * sizeof(Accumulator<O>);
+  constexpr int BK = kTile<O>;
+  return static_cast<std::size_t>(2 * C * BV + 2 * C * BK + BK * BV + C * C) *
+         sizeof(Accumulator<O>);
 }
 
-template <class O>
+template <class O, int BV>
 PHASOR_GLOBAL void PHASOR_LAUNCH_BOUNDS(kThreads)
     output_kernel(Problem p, TensorView o, simt::Span<Accumulator<O>> states,
                   simt::Span<Accumulator<O>> attn, int C) {
   using A = Accumulator<O>;
-  constexpr int BK = kTile<O>, BV = kTile<O>;
+  constexpr int BK = kTile<O>;
   std::int64_t n, c;
   if (!locate_chunk(p.sequences, C, blockIdx.x, n, c)) return;
   const std::int64_t h = blockIdx.y, vt = blockIdx.z;
@@ -404,12 +405,12 @@ PHASOR_GLOBAL void PHASOR_LAUNCH_BOUNDS(kThreads)
 
 // ---- backward -----------------------------------------------------------------------------------
 
-template <class O>
+template <class O, int BV>
 PHASOR_GLOBAL void PHASOR_LAUNCH_BOUNDS(kThreads)
     dstates_kernel(Problem p, TensorView d_o, TensorView d_final_state, TensorView dh0,
                    simt::Span<Accumulator<O>> dstates, int C) {
   using A = Accumulator<O>;
-  constexpr int BK = kTile<O>, BV = kTile<O>;
+  constexpr int BK = kTile<O>;
   const std::int64_t n = blockIdx.x / p.H, h = blockIdx.x % p.H, kt = blockIdx.y, vt = blockIdx.z;
   PHASOR_DYNAMIC_SHARED_AT(A, ds_s, 0, BK * BV);
   PHASOR_DYNAMIC_SHARED_AT(A, q_s, BK * BV * sizeof(A), C * BK);
@@ -489,12 +490,12 @@ PHASOR_GLOBAL void PHASOR_LAUNCH_BOUNDS(kThreads)
 }
 
 // dv = (k ⊙ E) dS + Aᵀ do of one chunk and value tile. Shared memory as output_kernel's.
-template <class O>
+template <class O, int BV>
 PHASOR_GLOBAL void PHASOR_LAUNCH_BOUNDS(kThreads)
     dv_kernel(Problem p, TensorView d_o, TensorView dv, simt::Span<Accumulator<O>> dstates,
               simt::Span<Accumulator<O>> attn, int C) {
   using A = Accumulator<O>;
-  constexpr int BK = kTile<O>, BV = kTile<O>;
+  constexpr int BK = kTile<O>;
   std::int64_t n, c;
   if (!locate_chunk(p.sequences, C, blockIdx.x, n, c)) return;
   const std::int64_t h = blockIdx.y, vt = blockIdx.z;
@@ -826,10 +827,10 @@ PHASOR_GLOBAL void PHASOR_LAUNCH_BOUNDS(kThreads)
 
 // ---- host ---------------------------------------------------------------------------------------
 
-template <class O>
+template <class O, int BV>
 struct Run {
   using A = Accumulator<O>;
-  static constexpr int BK = kTile<O>, BV = kTile<O>;
+  static constexpr int BK = kTile<O>;
   const Problem& p;
   cuda::Stream stream;
   int C;
@@ -845,8 +846,8 @@ struct Run {
                       static_cast<unsigned>(z));
   }
   void states(const TensorView& final_state, const simt::Span<A>& out) const {
-    PHASOR_LAUNCH((states_kernel<O>), scan_grid(), simt::Dim3(kThreads), scan_shared_bytes<O>(C),
-                  stream, p, final_state, out, C);
+    PHASOR_LAUNCH((states_kernel<O, BV>), scan_grid(), simt::Dim3(kThreads),
+                  (scan_shared_bytes<O, BV>(C)), stream, p, final_state, out, C);
   }
   void intra(const simt::Span<A>& attn) const {
     PHASOR_LAUNCH((intra_kernel<O>), chunk_grid(1), simt::Dim3(kThreads), intra_shared_bytes<O>(C),
@@ -854,13 +855,13 @@ struct Run {
   }
 };
 
-template <class O>
+template <class O, int BV>
 void forward_typed(const Problem& p, const TensorView& o, const TensorView& final_state,
                    cuda::Stream stream) {
   using A = Accumulator<O>;
   const int C = kernel_chunk_size(p.chunk_size);
   const std::int64_t slots = chunk_slots(p.num_sequences(), p.B, p.T, C);
-  const Run<O> run{p, stream, C, slots};
+  const Run<O, BV> run{p, stream, C, slots};
   const std::int64_t state_elements = slots * p.H * p.K * p.V, attn_elements = slots * p.H * C * C;
   simt::Workspace workspace(static_cast<std::size_t>(state_elements + attn_elements) * sizeof(A),
                             stream);
@@ -869,17 +870,17 @@ void forward_typed(const Problem& p, const TensorView& o, const TensorView& fina
       attn{all.data + state_elements, attn_elements};
   run.states(final_state, states);
   run.intra(attn);
-  PHASOR_LAUNCH((output_kernel<O>), run.chunk_grid(ceil_div(p.V, Run<O>::BV)), simt::Dim3(kThreads),
-                output_shared_bytes<O>(C), stream, p, o, states, attn, C);
+  PHASOR_LAUNCH((output_kernel<O, BV>), run.chunk_grid(ceil_div(p.V, BV)), simt::Dim3(kThreads),
+                (output_shared_bytes<O, BV>(C)), stream, p, o, states, attn, C);
 }
 
-template <class O>
+template <class O, int BV>
 void backward_typed(const Problem& p, const TensorView& d_o, const TensorView& d_final_state,
                     const GlaGrads& grads, cuda::Stream stream) {
   using A = Accumulator<O>;
   const int C = kernel_chunk_size(p.chunk_size);
   const std::int64_t slots = chunk_slots(p.num_sequences(), p.B, p.T, C);
-  const Run<O> run{p, stream, C, slots};
+  const Run<O, BV> run{p, stream, C, slots};
   const std::int64_t state_elements = slots * p.H * p.K * p.V, attn_elements = slots * p.H * C * C;
   const std::int64_t total = 2 * state_elements + 2 * attn_elements;
   simt::Workspace workspace(static_cast<std::size_t>(total) * sizeof(A), stream);
@@ -889,19 +890,31 @@ void backward_typed(const Problem& p, const TensorView& d_o, const TensorView& d
       attn{all.data + 2 * state_elements, attn_elements},
       dattn{all.data + 2 * state_elements + attn_elements, attn_elements};
   run.states(TensorView{}, states);
-  PHASOR_LAUNCH((dstates_kernel<O>), run.scan_grid(), simt::Dim3(kThreads), scan_shared_bytes<O>(C),
-                stream, p, d_o, d_final_state, grads.dh0, dstates, C);
+  PHASOR_LAUNCH((dstates_kernel<O, BV>), run.scan_grid(), simt::Dim3(kThreads),
+                (scan_shared_bytes<O, BV>(C)), stream, p, d_o, d_final_state, grads.dh0, dstates,
+                C);
   run.intra(attn);
   PHASOR_LAUNCH((dattn_kernel<O>), run.chunk_grid(1), simt::Dim3(kThreads),
-                static_cast<std::size_t>(C * C + 2 * C * Run<O>::BV) * sizeof(A), stream, p, d_o,
+                static_cast<std::size_t>(C * C + 2 * C * kTile<O>) * sizeof(A), stream, p, d_o,
                 dattn, C);
   if (grads.dv.defined())
-    PHASOR_LAUNCH((dv_kernel<O>), run.chunk_grid(ceil_div(p.V, Run<O>::BV)), simt::Dim3(kThreads),
-                  output_shared_bytes<O>(C), stream, p, d_o, grads.dv, dstates, attn, C);
+    PHASOR_LAUNCH((dv_kernel<O, BV>), run.chunk_grid(ceil_div(p.V, BV)), simt::Dim3(kThreads),
+                  (output_shared_bytes<O, BV>(C)), stream, p, d_o, grads.dv, dstates, attn, C);
   if (grads.dq.defined() || grads.dk.defined() || grads.dg.defined() || grads.dtheta.defined())
-    PHASOR_LAUNCH((dqk_kernel<O>), run.chunk_grid(key_tiles<Run<O>::BK>(p)), simt::Dim3(kThreads),
+    PHASOR_LAUNCH((dqk_kernel<O>), run.chunk_grid(key_tiles<kTile<O>>(p)), simt::Dim3(kThreads),
                   static_cast<std::size_t>(dqk_layout<O>(C).total) * sizeof(A), stream, p, d_o,
                   grads, states, dstates, dattn, C);
+}
+
+// The value-tile width of the states, output, dstates and dv kernels: 64 (32 when V ≤ 32), so
+// that those kernels read q, k and the gates once per 64 value columns rather than per 32 (the
+// bytes of a forward fall by a quarter in scripts/roofline.py's model). 128 would cut them by 40 %
+// but needs 115 KiB of shared memory per output block (one block, 4 warps, per SM): a trade to
+// measure on a GPU. Calls f(std::integral_constant<int, BV>{}).
+template <class F>
+void dispatch_value_tile(std::int64_t V, F&& f) {
+  if (V <= 32) return f(std::integral_constant<int, 32>{});
+  return f(std::integral_constant<int, 64>{});
 }
 
 }  // namespace
@@ -914,7 +927,9 @@ void chunk_forward(const Problem& problem, const TensorView& o, const TensorView
   for (TensorView* input : {&p.q, &p.k, &p.v, &p.g, &p.theta, &p.initial_state})
     *input = stage(*input, {o, final_state});
   dispatch_operand(p.q.dtype, [&](auto operand) {
-    forward_typed<decltype(operand)>(p, o, final_state, stream);
+    using O = decltype(operand);
+    dispatch_value_tile(
+        p.V, [&](auto tile) { forward_typed<O, tile.value>(p, o, final_state, stream); });
   });
 }
 
@@ -933,7 +948,10 @@ void chunk_backward(const Problem& problem, const TensorView& d_o, const TensorV
     *input = stage(*input, outputs);
   const TensorView d_o_in = stage(d_o, outputs), d_final_in = stage(d_final_state, outputs);
   dispatch_operand(p.q.dtype, [&](auto operand) {
-    backward_typed<decltype(operand)>(p, d_o_in, d_final_in, grads, stream);
+    using O = decltype(operand);
+    dispatch_value_tile(p.V, [&](auto tile) {
+      backward_typed<O, tile.value>(p, d_o_in, d_final_in, grads, stream);
+    });
   });
 }
 
