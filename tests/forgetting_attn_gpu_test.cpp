@@ -417,8 +417,11 @@ ChunkOutputs run_chunk(const ChunkInputs& in, DType dtype, Device device, Impl i
   }
   p.bias_q_slope = input(in.slope_q);
   p.bias_k_slope = input(in.slope_k);
+  // lse in the compute type (as fla keeps it in float32): a 16-bit lse of logits ~±30 would move
+  // every P = e^{ℓ − lse} of the backward by up to 10%, for the CPU and the GPU alike.
+  const DType lse_dtype = dtype == DType::float64 ? DType::float64 : DType::float32;
   const TensorView o = on.out({in.B, in.T, c.HQ, c.V}, dtype),
-                   lse = on.out({in.B, in.T, c.HQ}, dtype);
+                   lse = on.out({in.B, in.T, c.HQ}, lse_dtype);
   forgetting_attn_forward(p, impl, o, impl == Impl::reference ? TensorView{} : lse);
   ForgettingAttnGrads grads;
   grads.dq = on.out(in.q.shape(), dtype);
@@ -535,16 +538,6 @@ TEST_P(ForgettingAttnChunkGpu, MatchesCpuAndReference) {
     for (Rotation rotation : {Rotation::none, Rotation::half_split, Rotation::interleaved}) {
       if (rotation != Rotation::none && (c.K % 2 != 0 || c.dominant_lag > 0)) continue;
       for (DType dtype : testing::gpu_test_dtypes()) {
-        // On tensor cores the rotated q and k are rounded to the 16-bit type (as fla's kernels
-        // round them when the rotary embedding is applied outside): a logit of size L moves by
-        // ~L · 2^−8 (bfloat16), which logits of ±30 turn into output errors beyond the
-        // tensor-core rule (measured for large_logits: o 8.6e-3 / 9.5e-3 against 6.6e-3 / 6.3e-3
-        // allowed in bfloat16, 8.6e-4 / 1.2e-3 against 8.1e-4 / 8.0e-4 in float16; every other
-        // output within it). Large logits run their 16-bit variants without θ, where q and k
-        // reach the tensor cores exactly.
-        if (c.logit_gain > 1 && rotation != Rotation::none && dtype != DType::float64 &&
-            dtype != DType::float32)
-          continue;
         SCOPED_TRACE(c.name + " " + name_of(rotation) + " " + to_string(dtype));
         const ChunkOutputs ref = chunk_reference(in, dtype, rotation);
         const ChunkOutputs cpu = run_chunk(in, dtype, Device::cpu, Impl::chunk, rotation);
@@ -718,6 +711,62 @@ TEST_P(ForgettingAttnChunkGpu, BadValuesGiveTheCpuErrorAndWriteNothing) {
     EXPECT_NE(cpu.find(name), std::string::npos) << cpu;
     EXPECT_EQ(message(device, g, slope, cu), cpu);
   }
+}
+
+// Each argument its own dtype (q bfloat16: tensor cores; k float32, so S takes split operands; v
+// float16; g float64; slopes and do float32), outputs in q's bfloat16: against the reference on
+// the same values and the CPU kernel, by the tensor-core rule of bfloat16. (With float32 outputs
+// the rule's premise — the outputs' own rounding dominating both kernels — does not hold: dq = dℓ
+// k then shows the two operands rounded to bfloat16, measured 4.5e-3 = 1.1 u.)
+TEST_P(ForgettingAttnChunkGpu, MixedDtypes) {
+  const Device device = GetParam();
+  PHASOR_SKIP_WITHOUT_GPU(device);
+  const ChunkInputs in = make_chunk_inputs(
+      {"mixed_dtypes", 1, 0, 4, 2, 8, 6, 16, 12, ChunkGates::mixed, true, {19, 1, 26}}, 59);
+  const DType q_dtype = DType::bfloat16, k_dtype = DType::float32, v_dtype = DType::float16;
+  const auto run = [&](Device d, Impl impl, bool rounded_to_float64) {
+    OnDevice on(d);
+    const auto input = [&](const Tensor& t, DType dtype) {
+      return on.in(rounded_to_float64 ? t.to(dtype).to(DType::float64) : t.to(dtype));
+    };
+    ForgettingAttnParams p;
+    p.q = input(in.q, q_dtype);
+    p.k = input(in.k, k_dtype);
+    p.v = input(in.v, v_dtype);
+    p.g = input(in.g, DType::float64);
+    p.bias_q_slope = input(in.slope_q, DType::float32);
+    p.bias_k_slope = input(in.slope_k, DType::float32);
+    p.cu_seqlens = on.in(in.cu);
+    p.scale = 0.7;
+    p.window_size = in.c.window;
+    p.block_size = in.c.block_size;
+    const DType out = rounded_to_float64 ? DType::float64 : q_dtype;
+    const TensorView o = on.out({in.B, in.T, in.c.HQ, in.c.V}, out);
+    forgetting_attn_forward(p, impl, o);
+    ForgettingAttnGrads grads;
+    grads.dq = on.out(in.q.shape(), out);
+    grads.dk = on.out(in.k.shape(), out);
+    grads.dv = on.out(in.v.shape(), out);
+    grads.dg = on.out(in.g.shape(), out);
+    grads.dbias_q_slope = on.out(in.slope_q.shape(), out);
+    grads.dbias_k_slope = on.out(in.slope_k.shape(), out);
+    forgetting_attn_backward(p, impl, input(in.d_o, DType::float32), {}, {}, grads);
+    return std::vector<Tensor>{on.to_host(o),
+                               on.to_host(grads.dq),
+                               on.to_host(grads.dk),
+                               on.to_host(grads.dv),
+                               on.to_host(grads.dg),
+                               on.to_host(grads.dbias_q_slope),
+                               on.to_host(grads.dbias_k_slope)};
+  };
+  const std::vector<Tensor> ref = run(Device::cpu, Impl::reference, true),
+                            cpu = run(Device::cpu, Impl::chunk, false),
+                            gpu = run(device, Impl::chunk, false);
+  const char* names[] = {"o", "dq", "dk", "dv", "dg", "dbias_q_slope", "dbias_k_slope"};
+  for (std::size_t i = 0; i < ref.size(); ++i)
+    testing::expect_tensor_core_accuracy(
+        gpu[i], cpu[i], ref[i], DType::bfloat16,
+        std::string("parallel_forgetting_attn (mixed dtypes) ") + names[i]);
 }
 
 // Empty problems (T = 0, B = 0, no query heads) run and write what the CPU writes: with HQ = 0,

@@ -37,8 +37,11 @@
 //
 // Matrix products through cuda/common/gemm.h: tensor cores (operands rounded to q's 16-bit type,
 // the scale applied to the float accumulator) for bfloat16 / float16, exact FMA tiles in float32 /
-// float64 (q scaled first, as the CPU). Every block writes its own rows only and every sum runs in
-// a fixed order: no atomics, the same bits in every run and under every emulator schedule.
+// float64 (q scaled first, as the CPU). On tensor cores S = q kᵀ takes q and k split into two
+// 16-bit parts (three products) when they are not 16-bit values — rotated by θ, or k of another
+// dtype — since the exp would amplify their rounding (split_tile). Every block writes its own rows
+// only and every sum runs in a fixed order: no atomics, the same bits in every run and under every
+// emulator schedule.
 //
 // Tiles: Bt = the params' block_size (16, 32 or 64 on a GPU device), halved (down to 8) while a
 // kernel's shared memory would exceed 160 KiB (large K, V; the backward's dkv holds the most).
@@ -288,6 +291,68 @@ PHASOR_DEVICE Accumulator<O> product_scale(const Problem& p) {
   return kTensorCores<O> ? static_cast<Accumulator<O>>(p.scale) : Accumulator<O>(1);
 }
 
+// On tensor cores q and k reach the products as 16-bit values. Without θ they are the inputs
+// themselves (exact); rotated by θ (or k of another dtype than q) they are not, and rounding
+// them would move a logit of size L by ~L·u, which the softmax's exp turns into output errors of
+// that size (beyond the tensor-core rule, which allows u once). There each operand is split into
+// two 16-bit parts, x = hi + lo with lo = x − hi rounded, and
+// S = lo_q hi_kᵀ + hi_q lo_kᵀ + hi_q hi_kᵀ (the lo·lo term, ~u² of a product, dropped): three
+// products instead of one, S to ~u² (bfloat16 2^−16, float16 2^−22) instead of ~u. float16
+// operands get gemm.h's power-of-two scaling of rows and columns (float16's range) first.
+template <class O>
+PHASOR_DEVICE void split_tile(Tile<float>& acc, const SharedMatrix<float>& a, int i0,
+                              const SharedMatrix<float>& b, int j0, int depth) {
+  const int lane = static_cast<int>(simt::lane_id()), group = lane / 4, quad = lane % 4;
+  int e_lo = 0, e_hi = 0, e_column = 0;
+  if constexpr (std::is_same_v<O, float16>) {  // as mma_tile_float16
+    float row_lo = 0.f, row_hi = 0.f, column = 0.f;
+    for (int k = quad; k < depth; k += 4) {
+      row_lo = simt::fmax(row_lo, simt::fabs(a.at(i0 + group, k)));
+      row_hi = simt::fmax(row_hi, simt::fabs(a.at(i0 + group + 8, k)));
+      column = simt::fmax(column, simt::fabs(b.at(k, j0 + group)));
+    }
+    for (int offset = 1; offset < 4; offset *= 2) {
+      row_lo = simt::fmax(row_lo, simt::shfl_xor_sync(simt::kFullMask, row_lo, offset));
+      row_hi = simt::fmax(row_hi, simt::shfl_xor_sync(simt::kFullMask, row_hi, offset));
+      column = simt::fmax(column, simt::shfl_xor_sync(simt::kFullMask, column, offset));
+    }
+    e_lo = binary_exponent(row_lo), e_hi = binary_exponent(row_hi);
+    e_column = binary_exponent(column);
+  }
+  const float s_lo = power_of_two(-e_lo), s_hi = power_of_two(-e_hi),
+              s_column = power_of_two(-e_column);
+  simt::MmaC c;
+  for (int k0 = 0; k0 < depth; k0 += 16) {
+    simt::MmaA<O> a_hi, a_lo;
+    simt::MmaB<O> b_hi, b_lo;
+    for (int i = 0; i < 8; ++i) {
+      const int row = simt::mma_a_row(lane, i), k = k0 + simt::mma_a_col(lane, i);
+      const float x = k < depth ? a.at(i0 + row, k) * (row < 8 ? s_lo : s_hi) : 0.f;
+      a_hi.x[i] = O::from_float(x);
+      a_lo.x[i] = O::from_float(x - a_hi.x[i].to_float());
+    }
+    for (int i = 0; i < 4; ++i) {
+      const int k = k0 + simt::mma_b_row(lane, i);
+      const float x = k < depth ? b.at(k, j0 + simt::mma_b_col(lane, i)) * s_column : 0.f;
+      b_hi.x[i] = O::from_float(x);
+      b_lo.x[i] = O::from_float(x - b_hi.x[i].to_float());
+    }
+    simt::mma_sync(c, a_lo, b_hi, c);
+    simt::mma_sync(c, a_hi, b_lo, c);
+    simt::mma_sync(c, a_hi, b_hi, c);
+  }
+  if constexpr (std::is_same_v<O, float16>) {  // element e: row group (+ 8), column 2·quad + e % 2
+    const int e_even = simt::shfl_sync(simt::kFullMask, e_column, 4 * (2 * quad));
+    const int e_odd = simt::shfl_sync(simt::kFullMask, e_column, 4 * (2 * quad + 1));
+    for (int e = 0; e < 4; ++e) {
+      const int e_row = e < 2 ? e_lo : e_hi, e_col = e % 2 == 0 ? e_even : e_odd;
+      acc.x[e] += c.x[e] * power_of_two(e_row) * power_of_two(e_col);
+    }
+  } else {
+    for (int e = 0; e < 4; ++e) acc.x[e] += c.x[e];
+  }
+}
+
 // S = q kᵀ (nI × nJ into s, leading dimension Bt); dq and dkv call it alike, so both get the
 // same bits for every element.
 template <class O>
@@ -295,8 +360,26 @@ PHASOR_DEVICE void scores(const Problem& p, const simt::SharedArray<Accumulator<
                           const simt::SharedArray<Accumulator<O>>& k, int nJ,
                           const simt::SharedArray<Accumulator<O>>& s, int Bt) {
   const int K = static_cast<int>(p.K);
-  gemm_to_shared<O>(row_major(q, 0, K, nI, K), row_major(k, 0, K, nJ, K).transposed(), nI, nJ, K, s,
-                    0, Bt, false, product_scale<O>(p));
+  const SharedMatrix<Accumulator<O>> a = row_major(q, 0, K, nI, K),
+                                     b = row_major(k, 0, K, nJ, K).transposed();
+  if constexpr (kTensorCores<O>) {
+    if (p.theta.defined() || p.k.dtype != p.q.dtype) {  // gemm_to_shared with split operands
+      const int lane = static_cast<int>(simt::lane_id()), warp = static_cast<int>(simt::warp_id());
+      const int tiles_n = (nJ + 7) / 8, tiles = ((nI + 15) / 16) * tiles_n;
+      const float alpha = product_scale<O>(p);
+      for (int t = warp; t < tiles; t += kThreads / simt::kWarpSize) {
+        const int i0 = (t / tiles_n) * 16, j0 = (t % tiles_n) * 8;
+        Tile<float> acc;
+        split_tile<O>(acc, a, i0, b, j0, K);
+        for (int e = 0; e < 4; ++e) {
+          const int i = i0 + tile_row(lane, e), j = j0 + tile_col(lane, e);
+          if (i < nI && j < nJ) s[i * Bt + j] = alpha * acc.x[e];
+        }
+      }
+      return;
+    }
+  }
+  gemm_to_shared<O>(a, b, nI, nJ, K, s, 0, Bt, false, product_scale<O>(p));
 }
 // dP = dO vᵀ (nI × nJ into dp).
 template <class O>
