@@ -12,21 +12,21 @@
 // (and the cache unchanged by the failed step), a cache kept on the device of its first step, and
 // a value dimension beyond the kernel's shared memory as a clear error.
 //
-// parallel_forgetting_attn (Impl::chunk, cuda/forgetting_attn/chunk.cu) on the same devices: o,
-// lse and every gradient (dq, dk, dv, dg, dθ, dbias_q_slope, dbias_k_slope) in float64, float32,
+// parallel_forgetting_attn (Impl::chunk, cuda/forgetting_attn/chunk.cu) on the same devices: o, lse
+// and every gradient (dq, dk, dv, dg, dθ, dbias_q_slope, dbias_k_slope) in float64, float32,
 // bfloat16 and float16, without rotation and with θ in both layouts, against the CPU chunk kernel
 // and the float64 reference: realistic, strong (−20), weak (−1e-4), exactly-zero (−inf) and mixed
 // gates, windows of 1, 5, 9, 20, 45 and 320 tokens, grouped query heads (HQ = 4, H = 2), T not a
 // multiple of the tile, T shorter than one tile, K ≠ V, odd sizes, varlen batches with empty and
-// one-token sequences, with and without slopes, large logits (16-bit ones without θ; see there),
-// rows dominated by a key in an earlier tile, tiles of 16, 32 and 64 and K = 256, V = 200 (the
-// tile halved), a 4096-token sequence. Tolerances (device_test_util.h): float64 ≤ 1e-12 and float32
-// ≤ 1e-5 relative RMS against the reference and the CPU kernel (where rows are dominated by one key
-// the float64 reference's plain adjoint is the inaccurate side: there 1e-7 against it); 16-bit
-// inputs: the tensor-core rule (expect_tensor_core_accuracy). Also: the backward recomputing o and
-// lse equals the one given them bit for bit, each gradient requested alone equals its value among
-// all, bit-identical results under three emulator schedules, empty problems, the CPU's error text
-// for a positive gate, an infinite slope and a bad cu_seqlens, and K, V, block_size and the
+// one-token sequences, with and without slopes, large logits, rows dominated by a key in an earlier
+// tile, tiles of 16, 32 and 64 and K = 256, V = 200 (the tile halved), a 4096-token sequence.
+// Tolerances (device_test_util.h): float64 ≤ 1e-12 and float32 ≤ 1e-5 relative RMS against the
+// reference and the CPU kernel (where rows are dominated by one key the float64 reference's plain
+// adjoint is the inaccurate side: there 1e-7 against it); 16-bit inputs: the tensor-core rule
+// (expect_tensor_core_accuracy). Also: the backward recomputing o and lse equals the one given them
+// bit for bit, each gradient requested alone equals its value among all, mixed input dtypes,
+// bit-identical results under three emulator schedules, empty problems, the CPU's error text for a
+// positive gate, an infinite slope and a bad cu_seqlens, and K, V, block_size and the
 // implementations without CUDA kernels as clear errors.
 #include <cmath>
 #include <limits>
