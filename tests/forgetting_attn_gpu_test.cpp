@@ -769,6 +769,52 @@ TEST_P(ForgettingAttnChunkGpu, MixedDtypes) {
         std::string("parallel_forgetting_attn (mixed dtypes) ") + names[i]);
 }
 
+// Outputs written over inputs (o over v; dq, dk, dv, dg over q, k, v, g): the kernels stage the
+// overlapped inputs first, so the results equal those of separate buffers bit for bit.
+TEST_P(ForgettingAttnChunkGpu, OutputsOverInputs) {
+  const Device device = GetParam();
+  PHASOR_SKIP_WITHOUT_GPU(device);
+  const ChunkInputs in = make_chunk_inputs(
+      {"in_place", 1, 0, 2, 2, 6, 6, 16, 7, ChunkGates::mixed, true, {21, 14}}, 61);
+  const ChunkOutputs separate =
+      run_chunk(in, DType::float32, device, Impl::chunk, Rotation::half_split, false);
+  OnDevice on(device);
+  auto input = [&](const Tensor& t) { return on.in(t.to(DType::float32)); };
+  ForgettingAttnParams p;
+  p.q = input(in.q);
+  p.k = input(in.k);
+  p.v = input(in.v);
+  p.g = input(in.g);
+  p.cu_seqlens = on.in(in.cu);
+  p.scale = 0.7;
+  p.window_size = in.c.window;
+  p.block_size = in.c.block_size;
+  p.theta = input(in.theta);
+  p.bias_q_slope = input(in.slope_q);
+  p.bias_k_slope = input(in.slope_k);
+  const TensorView v_copy = input(in.v);  // o goes over this one
+  ForgettingAttnParams forward = p;
+  forward.v = v_copy;
+  forgetting_attn_forward(forward, Impl::chunk, v_copy);
+  EXPECT_TRUE(on.to_host(v_copy).bit_equal(separate.o)) << "o over v";
+  ForgettingAttnGrads grads;
+  grads.dq = p.q;
+  grads.dk = p.k;
+  grads.dv = p.v;
+  grads.dg = p.g;
+  grads.dbias_q_slope = p.bias_q_slope;
+  grads.dbias_k_slope = p.bias_k_slope;
+  grads.dtheta = p.theta;
+  forgetting_attn_backward(p, Impl::chunk, input(in.d_o), {}, {}, grads);
+  EXPECT_TRUE(on.to_host(p.q).bit_equal(separate.dq)) << "dq over q";
+  EXPECT_TRUE(on.to_host(p.k).bit_equal(separate.dk)) << "dk over k";
+  EXPECT_TRUE(on.to_host(p.v).bit_equal(separate.dv)) << "dv over v";
+  EXPECT_TRUE(on.to_host(p.g).bit_equal(separate.dg)) << "dg over g";
+  EXPECT_TRUE(on.to_host(p.theta).bit_equal(separate.dtheta)) << "dθ over θ";
+  EXPECT_TRUE(on.to_host(p.bias_q_slope).bit_equal(separate.dslope_q)) << "da over a";
+  EXPECT_TRUE(on.to_host(p.bias_k_slope).bit_equal(separate.dslope_k)) << "db over b";
+}
+
 // Empty problems (T = 0, B = 0, no query heads) run and write what the CPU writes: with HQ = 0,
 // dk, dv and dθ are sums over an empty group, zeros.
 TEST_P(ForgettingAttnChunkGpu, EmptyProblems) {
