@@ -123,8 +123,7 @@ PHASOR_DEVICE std::int64_t flat(const Problem& p, std::int64_t batch, std::int64
   return (batch * p.T + token) * p.HQ + hq;
 }
 
-// ---- gates
-// ---------------------------------------------------------------------------------------
+// ---- gates -------------------------------------------------------------------------------------
 
 PHASOR_DEVICE double gate(const Problem& p, const Rows& b, std::int64_t position, std::int64_t hq) {
   return simt::load<double>(p.g, b.batch, b.start + position, hq);
@@ -193,8 +192,7 @@ PHASOR_DEVICE double gap_between(const Problem& p, const simt::Span<double>& tot
   return gap;
 }
 
-// ---- tiles
-// ---------------------------------------------------------------------------------------
+// ---- tiles -------------------------------------------------------------------------------------
 
 // out[r·W + c] = x[batch, token(r), head, c] · scale for the block's rows, c < W.
 template <class A>
@@ -458,8 +456,7 @@ struct DkvLayout : Layout {
   }
 };
 
-// ---- small kernels
-// -------------------------------------------------------------------------------
+// ---- small kernels -----------------------------------------------------------------------------
 
 // totals[slot][hq] = Σ g over the block in `slot`, in order (the CPU's BlockGates::total).
 PHASOR_GLOBAL void totals_kernel(Problem p, int Bt, std::int64_t slots, simt::Span<double> totals) {
@@ -491,8 +488,7 @@ PHASOR_GLOBAL void rotate_kernel(Problem p, TensorView x, TensorView out, std::i
   simt::store(out, xa * s + xb * c, b, t, head, ib);
 }
 
-// ---- forward
-// -------------------------------------------------------------------------------------
+// ---- forward -----------------------------------------------------------------------------------
 
 template <class O>
 PHASOR_GLOBAL void PHASOR_LAUNCH_BOUNDS(kThreads)
@@ -591,8 +587,7 @@ PHASOR_GLOBAL void PHASOR_LAUNCH_BOUNDS(kThreads)
     }
 }
 
-// ---- backward
-// ------------------------------------------------------------------------------------
+// ---- backward ----------------------------------------------------------------------------------
 
 // What the backward kernels read and write besides Inputs.
 template <class A>
@@ -1041,8 +1036,7 @@ PHASOR_GLOBAL void PHASOR_LAUNCH_BOUNDS(kThreads)
   }
 }
 
-// ---- host
-// ----------------------------------------------------------------------------------------
+// ---- host --------------------------------------------------------------------------------------
 
 void check_limits(const Problem& p) {
   const std::string op = "parallel_forgetting_attn on the GPU";
