@@ -14,6 +14,10 @@
 //    GPU (the CUDA decode kernels run thread by thread, T = 64: a cost figure, not a speed) and,
 //    when the machine has one, a CUDA GPU (T ∈ {1024, 4096, 16384}, the CPU beside it); each
 //    step waits for the GPU before the next one, as a generation loop that samples would.
+//  - BM_FoxChunkDevice: parallel_forgetting_attn (block_size 64) forward and forward + backward
+//    (given the forward's o and lse) on the CPU, the emulated GPU (the CUDA chunk kernels run
+//    thread by thread, T = 64: a cost figure, not a speed) and a GPU when present (T ∈ {1024,
+//    4096, 16384}, the CPU beside it).
 // items_per_second is tokens per second; peak_MiB is the peak heap of one call (forward, or
 // forward + backward), i.e. everything allocated on top of the caller's inputs and outputs,
 // Eigen included: it grows O(T) (no T × T matrix).
@@ -252,6 +256,33 @@ void BM_FoxCacheDecodeDevice(benchmark::State& state) {
   state.SetLabel(std::string(phasor::to_string(device)) + "/cache");
 }
 
+void BM_FoxChunkDevice(benchmark::State& state) {
+  const auto device = static_cast<phasor::Device>(state.range(0));
+  const bool backward = state.range(1) != 0;
+  Problem problem(state.range(2));
+  const std::int64_t T = problem.T;
+  phasor::bench::DeviceBuffers on(device);
+  phasor::ForgettingAttnParams params = problem.params();
+  params.q = on.view(problem.q, {kB, T, kH, kK});
+  params.k = on.view(problem.k, {kB, T, kH, kK});
+  params.v = on.view(problem.v, {kB, T, kH, kV});
+  params.g = on.view(problem.g, {kB, T, kH});
+  const TensorView o = on.view(problem.o, {kB, T, kH, kV}), lse = on.view(problem.lse, {kB, T, kH}),
+                   d_o = on.view(problem.d_o, {kB, T, kH, kV});
+  phasor::ForgettingAttnGrads grads;
+  grads.dq = on.view(problem.dq, {kB, T, kH, kK});
+  grads.dk = on.view(problem.dk, {kB, T, kH, kK});
+  grads.dv = on.view(problem.dv, {kB, T, kH, kV});
+  grads.dg = on.view(problem.dg, {kB, T, kH});
+  phasor::bench::time_calls(state, T, Impl::chunk, [&] {
+    phasor::forgetting_attn_forward(params, Impl::chunk, o, lse);
+    if (backward) phasor::forgetting_attn_backward(params, Impl::chunk, d_o, o, lse, grads);
+    phasor::bench::DeviceBuffers::wait_for(backward ? grads.dq : o);
+  });
+  state.SetLabel(std::string(phasor::to_string(device)) + "/chunk" +
+                 (backward ? "/fwd+bwd" : "/fwd"));
+}
+
 // Forward: chunk and recurrent side by side; forward + backward: chunk.
 using phasor::bench::impl_and_length;
 void forward_arguments(benchmark::internal::Benchmark* b, std::initializer_list<std::int64_t> Ts) {
@@ -311,6 +342,7 @@ BENCHMARK(BM_FoxCacheDecode)
     ->Unit(benchmark::kMillisecond)
     ->MinTime(0.2)
     ->UseRealTime();
+BENCHMARK(BM_FoxChunkDevice)->Apply(phasor::bench::register_device_grid);
 BENCHMARK(BM_FoxCacheDecodeDevice)->Apply([](auto* b) {
   b->ArgNames({"device", "T"});
   for (phasor::Device device : {phasor::Device::cpu, phasor::Device::emulated})

@@ -384,7 +384,8 @@ TEST(Torch, ComputeDeviceGuardAndCudaWithoutAGpu) {
 }
 
 // The same ops on CPU tensors with the emulated GPU as the compute device (the CUDA kernels' source
-// run by the CPU on the tensors' memory: rotary ops, short convolution, recurrent GLA and GDN):
+// run by the CPU on the tensors' memory: rotary ops, short convolution, recurrent GLA and GDN,
+// chunk_gla, parallel_forgetting_attn):
 // outputs and autograd gradients equal the CPU kernels' within float32 rounding of a different
 // summation order; an implementation without CUDA kernels is a c10::Error naming it.
 namespace {
@@ -506,6 +507,23 @@ TEST(Torch, EmulatedComputeDeviceEqualsCpu) {
           return grads_of(o, {ql, kl, vl, wl});
         },
         causal ? "favor_attention (causal)" : "favor_attention");
+  {
+    const std::int64_t HQ = 2 * H;  // grouped query heads
+    const at::Tensor fq = at::randn({1, 2 * T, HQ, K}, f32),
+                     fg = log_gates({1, 2 * T, HQ}).to(at::kFloat),
+                     sq = 0.2 * at::rand({1, 2 * T, HQ}, f32),
+                     sk = 0.2 * at::rand({1, 2 * T, H}, f32);
+    expect_emulated_equals_cpu(
+        [&] {
+          torch::manual_seed(7);
+          at::Tensor ql = leaf(fq), kl = leaf(k), vl = leaf(v), gl = leaf(fg), tl = leaf(angles),
+                     al = leaf(sq), bl = leaf(sk);
+          const at::Tensor o = parallel_forgetting_attn(ql, kl, vl, gl, 0.6, 5, cu, 16, tl,
+                                                        RotaryLayout::interleaved, al, bl);
+          return grads_of(o, {ql, kl, vl, gl, tl, al, bl});
+        },
+        "parallel_forgetting_attn");
+  }
   {
     ComputeDeviceGuard guard(Device::emulated);
     expect_torch_error([&] { gla(q, k, v, g, Impl::reference); },

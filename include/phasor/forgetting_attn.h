@@ -66,7 +66,10 @@ struct ForgettingAttnParams {
   TensorView cu_seqlens;                    // optional [N + 1]
   std::optional<double> scale;              // default K^-1/2
   std::optional<std::int64_t> window_size;  // none: full causal attention; else ≥ 1
-  std::int64_t block_size = 64;             // Impl::chunk tile size (queries and keys)
+  // Impl::chunk tile size (queries and keys). On a GPU device (Device::cuda, Device::emulated) 16,
+  // 32 or 64, an upper bound: the kernels halve it (down to 8) while K and V need the shared
+  // memory; there K, V ≤ 256.
+  std::int64_t block_size = 64;
   // Optional rotation angles θ [B, T, H (key heads), K/2] (K even): q_t and k_t are rotated by θ_t
   // pair by pair inside the kernel (RoPE / Selective RoPE; see phasor/rotary.h for building θ),
   //   x_a' = x_a cos θ − x_b sin θ,   x_b' = x_a sin θ + x_b cos θ,

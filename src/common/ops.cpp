@@ -21,7 +21,7 @@ constexpr std::array<OpInfo, kNumOps> kOps = {{
     {Op::forgetting_attn,
      "forgetting_attn",
      {"forgetting_attn_reference", "forgetting_attn_recurrent", "parallel_forgetting_attn"},
-     {false, false, false}},
+     {false, false, true}},
     {Op::short_conv,
      "short_conv",
      {"short_conv_reference", "causal_conv1d_update", "causal_conv1d"},

@@ -7,6 +7,7 @@
 #include "common/check.h"
 #include "common/dispatch.h"
 #include "common/rotation.h"
+#include "forgetting_attn/forgetting_attn.h"
 #include "forgetting_attn/kernels.h"
 #include "phasor/forgetting_attn.h"
 #include "phasor/ops.h"
@@ -59,8 +60,13 @@ Problem make_problem(const std::string& op, const ForgettingAttnParams& params, 
                    std::to_string(*params.window_size));
     p.window = *params.window_size;
   }
-  // Only the tiled kernel uses block_size.
+  // Only the tiled kernel uses block_size; the GPU kernels are built for tiles of 16, 32 and 64
+  // (an upper bound: they halve it while large K, V need the shared memory).
   if (impl == Impl::chunk) detail::check_positive(op, "block_size", params.block_size);
+  if (impl == Impl::chunk && p.device != Device::cpu && params.block_size != 16 &&
+      params.block_size != 32 && params.block_size != 64)
+    detail::fail(op, "block_size", "16, 32 or 64 on a GPU device",
+                 std::to_string(params.block_size));
   p.block_size = params.block_size;
   // θ is per key head: query head hq is rotated by the angles of its key head hq / (HQ / H).
   detail::check_theta(op, params.theta, p.B, p.T, p.H, p.K, "H (key heads)", p.device);
@@ -110,7 +116,8 @@ void forgetting_attn_forward(const ForgettingAttnParams& params, Impl impl, cons
             return detail::fox::chunk_forward(p, o, lse);
         }
       },
-      [&] {});
+      // Only Impl::chunk has CUDA kernels (phasor/ops.h); run_on_device refuses the others.
+      [&] { PHASOR_ON_GPU(p.device, fox::chunk_forward(p, o, lse)); });
 }
 
 void forgetting_attn_backward(const ForgettingAttnParams& params, Impl impl, const TensorView& d_o,
@@ -150,7 +157,7 @@ void forgetting_attn_backward(const ForgettingAttnParams& params, Impl impl, con
             return detail::fox::chunk_backward(p, d_o, o, lse, grads);
         }
       },
-      [&] {});
+      [&] { PHASOR_ON_GPU(p.device, fox::chunk_backward(p, d_o, o, lse, grads)); });
 }
 
 }  // namespace phasor
