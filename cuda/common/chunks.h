@@ -10,6 +10,7 @@
 // slots that fall between two sequences' chunks have no chunk, and their blocks return at once.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "common/recurrent.h"
@@ -18,6 +19,10 @@
 
 namespace phasor::PHASOR_BACKEND {
 namespace {
+
+// The dynamic shared memory a chunk kernel may ask for: under sm_80's 163 KiB per block, and the
+// same on every GPU, so that tile choices (and with them the results) do not depend on the device.
+constexpr std::size_t kSharedBudget = 160 * 1024;
 
 // Slots of per-chunk results for N sequences packed in B rows of T tokens, chunks of C tokens.
 inline std::int64_t chunk_slots(std::int64_t N, std::int64_t B, std::int64_t T, std::int64_t C) {

@@ -73,7 +73,6 @@ using ::phasor::detail::fox::window_start;
 constexpr int kThreads = 128;  // 4 warps
 constexpr int kMaxDim = 256;   // K and V
 constexpr int kMinRows = 8;
-constexpr std::size_t kSharedBudget = 160 * 1024;
 constexpr std::int64_t kMaxHeads = 65535;  // gridDim.y
 
 constexpr double kNegInf = -std::numeric_limits<double>::infinity();
@@ -1182,21 +1181,6 @@ void backward_typed(const Problem& p, const TensorView& d_o, const TensorView& o
                   g.dg_cols, g.row_totals, g.col_totals, grads.dg);
 }
 
-// The operand type of a call: q's 16-bit type (tensor cores), float or double (FMA tiles).
-template <class F>
-void dispatch_operand(const Problem& p, F&& f) {
-  switch (p.q.dtype) {
-    case DType::bfloat16:
-      return f(bfloat16{});
-    case DType::float16:
-      return f(float16{});
-    case DType::float64:
-      return f(double{});
-    default:
-      return f(float{});
-  }
-}
-
 }  // namespace
 
 void chunk_forward(const Problem& problem, const TensorView& o, const TensorView& lse) {
@@ -1207,7 +1191,8 @@ void chunk_forward(const Problem& problem, const TensorView& o, const TensorView
   Problem p = problem;
   for (TensorView* input : {&p.q, &p.k, &p.v, &p.g, &p.theta, &p.slope_q, &p.slope_k})
     *input = stage(*input, {o, lse});
-  dispatch_operand(p, [&](auto operand) { forward_typed<decltype(operand)>(p, o, lse, stream); });
+  dispatch_operand(p.q.dtype,
+                   [&](auto operand) { forward_typed<decltype(operand)>(p, o, lse, stream); });
 }
 
 void chunk_backward(const Problem& problem, const TensorView& d_o, const TensorView& o,
@@ -1224,7 +1209,7 @@ void chunk_backward(const Problem& problem, const TensorView& d_o, const TensorV
     *input = stage(*input, outputs);
   const TensorView d_o_in = stage(d_o, outputs), o_in = stage(o, outputs),
                    lse_in = stage(lse, outputs);
-  dispatch_operand(p, [&](auto operand) {
+  dispatch_operand(p.q.dtype, [&](auto operand) {
     backward_typed<decltype(operand)>(p, d_o_in, o_in, lse_in, grads, stream);
   });
 }
