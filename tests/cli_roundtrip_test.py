@@ -471,18 +471,25 @@ def test_devices():
         ("chunk_gated_delta_rule",
          dict(base, g=log_gates((1, T, H), 3.0).float(), beta=2 * torch.rand(1, T, H)),
          ["--use-qk-l2norm"]),
+        ("parallel_forgetting_attn",
+         {key: value for key, value in dict(base, g=log_gates((1, T, H), 3.0).float()).items()
+          if key not in ("initial_state", "dht")}, []),
     ]
     for op, x, extra in cases:
         for dtype, tol in ((torch.float64, 1e-12), (torch.float32, 1e-6)):
             inputs = {key: (value.to(dtype) if value.is_floating_point() else value)
                       for key, value in x.items()}
-            chunk = "16" if op.startswith("chunk") else "4"
-            args = [op, "--chunk-size", chunk, "--output-final-state", *extra]
+            chunk = "4" if op.startswith("fused_recurrent") else "16"
+            state = [] if op == "parallel_forgetting_attn" else ["--output-final-state"]
+            args = [op, "--chunk-size", chunk, *state, *extra]
             _, err, cpu = run_phasor([*args, "--device", "cpu"], inputs)
             if cpu is None:
                 report(f"{op} --device cpu ({dtype})", False, err.strip())
                 continue
             _, err, emulated = run_phasor([*args, "--device", "emulated"], inputs)
+            if emulated is None:
+                report(f"{op} --device emulated ({dtype})", False, err.strip())
+                continue
             compare(f"{op} --device emulated == cpu ({dtype})", emulated, cpu, tol)
             rc, err, gpu = run_phasor([*args, "--device", "cuda"], inputs)
             if rc == 0:

@@ -182,6 +182,20 @@ void compare_all(const Outputs& gpu, const Outputs& cpu, const Outputs& ref, DTy
   if (ref.dtheta.defined()) compare(gpu.dtheta, cpu.dtheta, ref.dtheta, dtype, "dtheta", impl);
 }
 
+// Every output of a and b bit for bit.
+void expect_bit_equal(const Outputs& a, const Outputs& b, const std::string& when) {
+  for (auto [x, y, name] : {std::tuple{&a.o, &b.o, "o"},
+                            {&a.final_state, &b.final_state, "final_state"},
+                            {&a.dq, &b.dq, "dq"},
+                            {&a.dk, &b.dk, "dk"},
+                            {&a.dv, &b.dv, "dv"},
+                            {&a.dg, &b.dg, "dg"},
+                            {&a.dbeta, &b.dbeta, "dbeta"},
+                            {&a.dh0, &b.dh0, "dh0"},
+                            {&a.dtheta, &b.dtheta, "dtheta"}})
+    EXPECT_TRUE(x->bit_equal(*y)) << name << " differs " << when;
+}
+
 const char* name_of(Rotation r) {
   return r == Rotation::none         ? "no theta"
          : r == Rotation::half_split ? "half_split"
@@ -259,6 +273,8 @@ TEST_P(GatedDeltaRuleGpu, ChunkMatchesCpuAndReference) {
       {"odd_sizes_no_state_c32", 1, 34, 1, 6, 5, {}, Gates::realistic, false, 32},
       {"K48_V40_l2norm_c32", 1, 40, 1, 48, 40, {}, Gates::realistic, true, 32, 1, 2.0, true},
       {"K33_c16", 1, 20, 1, 33, 9, {}, Gates::realistic, true, 16},
+      // two value tiles of 64 (the second partial) in the states, output and dstates kernels
+      {"K40_V70_l2norm_c32", 1, 36, 1, 40, 70, {}, Gates::realistic, true, 32, 1, 2.0, true},
   };
   for (const Case& c : cases) {
     const Inputs in = make_inputs(c, 5);
@@ -349,15 +365,7 @@ TEST_P(GatedDeltaRuleGpu, BitIdenticalUnderEmulatorSchedules) {
   }
   for (std::size_t i = 1; i < results.size(); ++i) {
     const Outputs &a = results[0], &b = results[i];
-    for (auto [x, y, name] : {std::tuple{&a.o, &b.o, "o"},
-                              {&a.final_state, &b.final_state, "hT"},
-                              {&a.dq, &b.dq, "dq"},
-                              {&a.dk, &b.dk, "dk"},
-                              {&a.dv, &b.dv, "dv"},
-                              {&a.dg, &b.dg, "dg"},
-                              {&a.dh0, &b.dh0, "dh0"},
-                              {&a.dtheta, &b.dtheta, "dtheta"}})
-      EXPECT_TRUE(x->bit_equal(*y)) << name << " differs under schedule " << i;
+    expect_bit_equal(a, b, "under schedule " + std::to_string(i));
   }
 }
 
@@ -375,15 +383,7 @@ TEST_P(GatedDeltaRuleGpu, ChunkBitIdenticalUnderEmulatorSchedules) {
   }
   for (std::size_t i = 1; i < results.size(); ++i) {
     const Outputs &a = results[0], &b = results[i];
-    for (auto [x, y, name] : {std::tuple{&a.o, &b.o, "o"},
-                              {&a.final_state, &b.final_state, "hT"},
-                              {&a.dq, &b.dq, "dq"},
-                              {&a.dk, &b.dk, "dk"},
-                              {&a.dv, &b.dv, "dv"},
-                              {&a.dg, &b.dg, "dg"},
-                              {&a.dh0, &b.dh0, "dh0"},
-                              {&a.dtheta, &b.dtheta, "dtheta"}})
-      EXPECT_TRUE(x->bit_equal(*y)) << name << " differs under schedule " << i;
+    expect_bit_equal(a, b, "under schedule " + std::to_string(i));
   }
 }
 
@@ -398,16 +398,84 @@ TEST_P(GatedDeltaRuleGpu, ChunkStridedInputsEqualContiguous) {
     SCOPED_TRACE(to_string(dtype));
     const Outputs a = run(in, dtype, device, Impl::chunk, Rotation::half_split);
     const Outputs b = run(in, dtype, device, Impl::chunk, Rotation::half_split, true);
+    expect_bit_equal(a, b, "with strided inputs");
+  }
+}
+
+// The first n columns of the last dimension.
+Tensor first_columns(const Tensor& t, std::int64_t n) {
+  if (!t.defined()) return t;
+  std::vector<std::int64_t> shape = t.shape();
+  const std::int64_t width = shape.back();
+  shape.back() = n;
+  Tensor out(shape, t.dtype());
+  for (std::int64_t i = 0; i < out.numel(); ++i) out.set(i, t.at(i / n * width + i % n));
+  return out;
+}
+
+// The output kernel takes value tiles of 64 columns when V > 32, the scans (states, dstates) when
+// the grid of (sequence, value head, 64-column tile) still has 128 blocks; 32 otherwise. Value
+// columns do not interact in Gated DeltaNet (S evolves column by column), so the first 32 columns
+// of o, final_state, dv and dh0 of a V = 70 call over 32 sequences × 2 value heads (every kernel
+// on tiles of 64) must equal, bit for bit, those of a call on its first 32 value columns (tiles of
+// 32); the wide call also matches the CPU kernel and the reference in float32.
+TEST_P(GatedDeltaRuleGpu, ChunkValueTileWidthDoesNotChangeResults) {
+  const Device device = GetParam();
+  PHASOR_SKIP_WITHOUT_GPU(device);
+  std::vector<std::int64_t> lengths;
+  for (int n = 0; n < 32; ++n) lengths.push_back(n % 5 == 3 ? 0 : 1 + (n * 7) % 5);
+  const Inputs wide =
+      make_inputs({"wide", 1, 0, 1, 16, 70, lengths, Gates::realistic, true, 16, 2, 2.0, true}, 31);
+  Inputs narrow = wide;
+  narrow.c.V = 32;
+  for (Tensor* t : {&narrow.v, &narrow.d_o, &narrow.h0, &narrow.dht}) *t = first_columns(*t, 32);
+  for (DType dtype : {DType::float32, DType::bfloat16, DType::float16}) {
+    SCOPED_TRACE(to_string(dtype));
+    const Outputs a = run(wide, dtype, device, Impl::chunk, Rotation::half_split);
+    const Outputs b = run(narrow, dtype, device, Impl::chunk, Rotation::half_split);
     for (auto [x, y, name] : {std::tuple{&a.o, &b.o, "o"},
                               {&a.final_state, &b.final_state, "hT"},
-                              {&a.dq, &b.dq, "dq"},
-                              {&a.dk, &b.dk, "dk"},
                               {&a.dv, &b.dv, "dv"},
-                              {&a.dg, &b.dg, "dg"},
-                              {&a.dh0, &b.dh0, "dh0"},
-                              {&a.dtheta, &b.dtheta, "dtheta"}})
-      EXPECT_TRUE(x->bit_equal(*y)) << name << " differs with strided inputs";
+                              {&a.dh0, &b.dh0, "dh0"}})
+      EXPECT_TRUE(first_columns(*x, 32).bit_equal(*y)) << name << " depends on the value tile";
+    if (dtype == DType::float32)
+      compare_all(a, run(wide, dtype, Device::cpu, Impl::chunk, Rotation::half_split),
+                  reference(wide, dtype, Rotation::half_split), dtype, Impl::chunk);
   }
+}
+
+// A key dimension whose state tile does not fit in shared memory is a phasor::Error naming 'k'
+// and the largest K that fits; that K runs and matches the CPU kernel.
+TEST_P(GatedDeltaRuleGpu, ChunkKeyDimensionLimitIsAClearError) {
+  const Device device = GetParam();
+  PHASOR_SKIP_WITHOUT_GPU(device);
+  const auto message = [&](std::int64_t K) {
+    const Inputs in = make_inputs({"limit", 1, 3, 1, K, 3, {}, Gates::realistic, true, 64}, 37);
+    std::string what;
+    try {
+      run(in, DType::float32, device, Impl::chunk, Rotation::none);
+    } catch (const Error& e) {
+      what = e.what();
+    }
+    return what;
+  };
+  const std::string what = message(2048);
+  EXPECT_NE(what.find("argument 'k'"), std::string::npos) << what;
+  EXPECT_NE(what.find("got K = 2048"), std::string::npos) << what;
+  const std::size_t at = what.find("K ≤ ");
+  ASSERT_NE(at, std::string::npos) << what;
+  const std::int64_t largest = std::stoll(what.substr(at + std::string("K ≤ ").size()));
+  // dstates holds the most: (K'·32 + 5·C·32 + C² + 4C) floats with K' = K rounded up to a key
+  // tile of 32, within 160 KiB at C = 64 (the figure the README gives).
+  EXPECT_EQ(largest, 800) << what;
+  EXPECT_NE(message(largest + 1).find("argument 'k'"), std::string::npos);
+  const Inputs in =
+      make_inputs({"largest", 1, 3, 1, largest, 3, {}, Gates::realistic, true, 64}, 37);
+  const Outputs cpu = run(in, DType::float32, Device::cpu, Impl::chunk, Rotation::none);
+  const Outputs gpu = run(in, DType::float32, device, Impl::chunk, Rotation::none);
+  EXPECT_LE(testing::rel_rms(gpu.o, cpu.o), 1e-5);
+  EXPECT_LE(testing::rel_rms(gpu.final_state, cpu.final_state), 1e-5);
+  EXPECT_LE(testing::rel_rms(gpu.dk, cpu.dk), 1e-5);
 }
 
 // Bad values give the CPU's message on the GPU device, before any kernel runs (nothing written).

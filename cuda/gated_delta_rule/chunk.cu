@@ -37,7 +37,6 @@
 namespace phasor::PHASOR_BACKEND::gdn {
 namespace {
 
-
 constexpr int kThreads = 128;
 
 template <class O>
@@ -180,6 +179,33 @@ PHASOR_DEVICE void store_state_tile(const Problem& p, const simt::SharedArray<A>
     const std::int64_t channel = channel_of<BK>(p, kt, i), column = vt * BV + jj;
     const A v = from[from_offset + e];
     if (channel >= 0 && column < p.V) to[base + channel * p.V + column] = v;
+  }
+}
+
+// A scan's whole state tile (K' × BV in key-tile order, at `at`) of sequence n, value head hv,
+// value tile vt, from / to a [N, HV, K, V] tensor (zeros when `from` is undefined; nothing
+// stored when `to` is).
+template <class A, int BK, int BV>
+PHASOR_DEVICE void load_scan_state(const Problem& p, const TensorView& from, std::int64_t n,
+                                   std::int64_t hv, std::int64_t vt, int rows,
+                                   const simt::SharedArray<A>& sh, int at) {
+  for (int e = static_cast<int>(threadIdx.x); e < rows * BV; e += kThreads) {
+    const int kt = e / (BK * BV), i = (e / BV) % BK, jj = e % BV;
+    const std::int64_t channel = channel_of<BK>(p, kt, i), column = vt * BV + jj;
+    sh[at + e] = from.defined() && channel >= 0 && column < p.V
+                     ? simt::load<A>(from, n, hv, channel, column)
+                     : A(0);
+  }
+}
+template <class A, int BK, int BV>
+PHASOR_DEVICE void store_scan_state(const Problem& p, const simt::SharedArray<A>& sh, int at,
+                                    int rows, const TensorView& to, std::int64_t n, std::int64_t hv,
+                                    std::int64_t vt) {
+  if (!to.defined()) return;
+  for (int e = static_cast<int>(threadIdx.x); e < rows * BV; e += kThreads) {
+    const int kt = e / (BK * BV), i = (e / BV) % BK, jj = e % BV;
+    const std::int64_t channel = channel_of<BK>(p, kt, i), column = vt * BV + jj;
+    if (channel >= 0 && column < p.V) simt::store(to, A(sh[at + e]), n, hv, channel, column);
   }
 }
 
@@ -349,19 +375,19 @@ PHASOR_GLOBAL void PHASOR_LAUNCH_BOUNDS(kThreads) wy_kernel(Problem p, Space<Acc
 }
 
 // Shared memory of states_kernel: S (K' × BV, K' = key_tiles · BK, tile order), U_new (C × BV),
-// a key tile (C × BK), γ and E (C each).
-template <class O>
+// a key tile (C × BK), g, β, γ and E (C each).
+template <class O, int BV>
 std::size_t states_shared_bytes(const Problem& p, int C) {
-  constexpr int B = kTile<O>;
-  return static_cast<std::size_t>(key_tiles<B>(p) * B * B + 2 * C * B + 4 * C) *
+  constexpr int BK = kTile<O>;
+  return static_cast<std::size_t>(key_tiles<BK>(p) * BK * BV + C * BV + C * BK + 4 * C) *
          sizeof(Accumulator<O>);
 }
 
-template <class O>
+template <class O, int BV>
 PHASOR_GLOBAL void PHASOR_LAUNCH_BOUNDS(kThreads)
     states_kernel(Problem p, TensorView final_state, Space<Accumulator<O>> sp) {
   using A = Accumulator<O>;
-  constexpr int BK = kTile<O>, BV = kTile<O>;
+  constexpr int BK = kTile<O>;
   const int C = sp.C;
   const std::int64_t n = blockIdx.x / p.HV, hv = blockIdx.x % p.HV, h = hv / p.group,
                      vt = blockIdx.y;
@@ -372,13 +398,7 @@ PHASOR_GLOBAL void PHASOR_LAUNCH_BOUNDS(kThreads)
   const simt::SharedArray<A> g = sh.view(g_at, C), beta = sh.view(beta_at, C),
                              gamma = sh.view(gamma_at, C), tail = sh.view(tail_at, C);
   const int tid = static_cast<int>(threadIdx.x);
-  for (int e = tid; e < rows * BV; e += kThreads) {
-    const int kt = e / (BK * BV), i = (e / BV) % BK, jj = e % BV;
-    const std::int64_t channel = channel_of<BK>(p, kt, i), column = vt * BV + jj;
-    sh[s_at + e] = p.initial_state.defined() && channel >= 0 && column < p.V
-                       ? simt::load<A>(p.initial_state, n, hv, channel, column)
-                       : A(0);
-  }
+  load_scan_state<A, BK, BV>(p, p.initial_state, n, hv, vt, rows, sh, s_at);
   const std::int64_t chunks = ceil_div(p.sequences[n].length, C);
   for (std::int64_t c = 0; c < chunks; ++c) {
     const Chunk ch = chunk_of(p, C, n, c);
@@ -426,28 +446,23 @@ PHASOR_GLOBAL void PHASOR_LAUNCH_BOUNDS(kThreads)
     }
   }
   simt::syncthreads();
-  if (final_state.defined())
-    for (int e = tid; e < rows * BV; e += kThreads) {
-      const int kt = e / (BK * BV), i = (e / BV) % BK, jj = e % BV;
-      const std::int64_t channel = channel_of<BK>(p, kt, i), column = vt * BV + jj;
-      if (channel >= 0 && column < p.V)
-        simt::store(final_state, A(sh[s_at + e]), n, hv, channel, column);
-    }
+  store_scan_state<A, BK, BV>(p, sh, s_at, rows, final_state, n, hv, vt);
 }
 
 // Shared memory of output_kernel: O (C × BV), q̃ tile (C × BK), S tile (BK × BV), A (C × C),
 // U_new (C × BV), g, β, γ, E.
-template <class O>
+template <class O, int BV>
 std::size_t output_shared_bytes(int C) {
-  constexpr int B = kTile<O>;
-  return static_cast<std::size_t>(3 * C * B + B * B + C * C + 4 * C) * sizeof(Accumulator<O>);
+  constexpr int BK = kTile<O>;
+  return static_cast<std::size_t>(2 * C * BV + C * BK + BK * BV + C * C + 4 * C) *
+         sizeof(Accumulator<O>);
 }
 
-template <class O>
+template <class O, int BV>
 PHASOR_GLOBAL void PHASOR_LAUNCH_BOUNDS(kThreads)
     output_kernel(Problem p, TensorView o, Space<Accumulator<O>> sp) {
   using A = Accumulator<O>;
-  constexpr int BK = kTile<O>, BV = kTile<O>;
+  constexpr int BK = kTile<O>;
   const int C = sp.C;
   std::int64_t n, c;
   if (!locate_chunk(p.sequences, C, blockIdx.x, n, c)) return;
@@ -493,19 +508,20 @@ PHASOR_GLOBAL void PHASOR_LAUNCH_BOUNDS(kThreads)
 
 // Shared memory of dstates_kernel: dS (K' × BV), dU then Y (C × BV), dO (C × BV), −βγY (C × BV),
 // a key tile and a query tile (C × BK each), Aᵀ / T (C × C), g, β, γ, E.
-template <class O>
+template <class O, int BV>
 std::size_t dstates_shared_bytes(const Problem& p, int C) {
-  constexpr int B = kTile<O>;
-  return static_cast<std::size_t>(key_tiles<B>(p) * B * B + 3 * C * B + 2 * C * B + C * C + 4 * C) *
+  constexpr int BK = kTile<O>;
+  return static_cast<std::size_t>(key_tiles<BK>(p) * BK * BV + 3 * C * BV + 2 * C * BK + C * C +
+                                  4 * C) *
          sizeof(Accumulator<O>);
 }
 
-template <class O>
+template <class O, int BV>
 PHASOR_GLOBAL void PHASOR_LAUNCH_BOUNDS(kThreads)
     dstates_kernel(Problem p, TensorView d_o, TensorView d_final_state, TensorView dh0,
                    Space<Accumulator<O>> sp) {
   using A = Accumulator<O>;
-  constexpr int BK = kTile<O>, BV = kTile<O>;
+  constexpr int BK = kTile<O>;
   const int C = sp.C;
   const std::int64_t n = blockIdx.x / p.HV, hv = blockIdx.x % p.HV, h = hv / p.group,
                      vt = blockIdx.y;
@@ -517,13 +533,7 @@ PHASOR_GLOBAL void PHASOR_LAUNCH_BOUNDS(kThreads)
   const simt::SharedArray<A> g = sh.view(g_at, C), beta = sh.view(beta_at, C),
                              gamma = sh.view(gamma_at, C), tail = sh.view(tail_at, C);
   const int tid = static_cast<int>(threadIdx.x);
-  for (int e = tid; e < rows * BV; e += kThreads) {
-    const int kt = e / (BK * BV), i = (e / BV) % BK, jj = e % BV;
-    const std::int64_t channel = channel_of<BK>(p, kt, i), column = vt * BV + jj;
-    sh[ds_at + e] = d_final_state.defined() && channel >= 0 && column < p.V
-                        ? simt::load<A>(d_final_state, n, hv, channel, column)
-                        : A(0);
-  }
+  load_scan_state<A, BK, BV>(p, d_final_state, n, hv, vt, rows, sh, ds_at);
   const std::int64_t chunks = ceil_div(p.sequences[n].length, C);
   for (std::int64_t c = chunks - 1; c >= 0; --c) {
     const Chunk ch = chunk_of(p, C, n, c);
@@ -591,12 +601,7 @@ PHASOR_GLOBAL void PHASOR_LAUNCH_BOUNDS(kThreads)
     }
   }
   simt::syncthreads();
-  if (dh0.defined())
-    for (int e = tid; e < rows * BV; e += kThreads) {
-      const int kt = e / (BK * BV), i = (e / BV) % BK, jj = e % BV;
-      const std::int64_t channel = channel_of<BK>(p, kt, i), column = vt * BV + jj;
-      if (channel >= 0 && column < p.V) simt::store(dh0, A(sh[ds_at + e]), n, hv, channel, column);
-    }
+  store_scan_state<A, BK, BV>(p, sh, ds_at, rows, dh0, n, hv, vt);
 }
 
 // The arrays of dvalue_kernel.
@@ -925,14 +930,69 @@ PHASOR_GLOBAL void PHASOR_LAUNCH_BOUNDS(kThreads)
 
 // ---- host ---------------------------------------------------------------------------------------
 
+// Value tiles. The output kernel takes 64 value columns per block when V > 32 (q and the
+// gates are then read once per 64 columns rather than per 32; scripts/roofline.py: a quarter
+// fewer bytes in that kernel). The scans (states, dstates) are sequential over chunks, so their
+// only parallelism is the grid of (sequence, value head, value tile): they take 64-column tiles
+// only while that grid keeps kScanBlocks blocks (one per SM on an H100's 132 or an A100's 108),
+// otherwise 32 (B = 2, H = 16, V = 128, fla's benchmark shape: 128 blocks of 32 columns rather
+// than 64 of 64). float64 keeps kTile (16) everywhere. Results do not depend on the tiles: every
+// output element sums over the same key and token tiles in the same order (tested). A K whose
+// K × kTile state tile does not fit the shared-memory budget is a clear error (K ≤ 256 always
+// fits).
+constexpr std::int64_t kScanBlocks = 128;
+
+struct ValueTiles {
+  int scan, output;
+};
+template <class O, int BV>
+bool scan_fits(const Problem& p, int C) {
+  return std::max(states_shared_bytes<O, BV>(p, C), dstates_shared_bytes<O, BV>(p, C)) <=
+         kSharedBudget;
+}
+template <class O>
+ValueTiles value_tiles(const Problem& p) {
+  const int C = kernel_chunk_size(p.chunk_size);
+  if (!scan_fits<O, kTile<O>>(p, C)) {
+    Problem largest = p;
+    while (largest.K > 0 && !scan_fits<O, kTile<O>>(largest, C)) --largest.K;
+    throw Error("chunk_gated_delta_rule on the GPU: argument 'k': expected a key dimension K ≤ " +
+                std::to_string(largest.K) + " (at chunk_size " + std::to_string(C) + " in " +
+                phasor::to_string(p.q.dtype) + ", a K × " + std::to_string(kTile<O>) +
+                " state tile must fit in " + std::to_string(kSharedBudget / 1024) +
+                " KiB of shared memory), got K = " + std::to_string(p.K));
+  }
+  ValueTiles tiles{kTile<O>, kTile<O>};
+  if constexpr (!std::is_same_v<O, double>) {
+    if (p.V > kTile<O>) tiles.output = 64;
+    if (p.V > kTile<O> && p.num_sequences() * p.HV * ceil_div(p.V, 64) >= kScanBlocks &&
+        scan_fits<O, 64>(p, C))
+      tiles.scan = 64;
+  }
+  return tiles;
+}
+
+// Calls f(std::integral_constant<int, BV>{}) for a value tile of 64 or kTile<O>.
+template <class O, class F>
+void with_value_tile(int tile, F&& f) {
+  if constexpr (!std::is_same_v<O, double>)
+    if (tile == 64) return f(std::integral_constant<int, 64>{});
+  f(std::integral_constant<int, kTile<O>>{});
+}
+
+// A clear error for a call the kernels cannot take, before anything runs.
+void check_limits(const Problem& p) {
+  dispatch_operand(p.q.dtype, [&](auto operand) { value_tiles<decltype(operand)>(p); });
+}
+
 template <class O>
 struct Run {
   using A = Accumulator<O>;
-  static constexpr int BK = kTile<O>, BV = kTile<O>;
   const Problem& p;
   cuda::Stream stream;
   int C;
   std::int64_t slots;
+  ValueTiles tiles = value_tiles<O>(p);
 
   simt::Dim3 chunk_grid(std::int64_t y, std::int64_t z = 1) const {
     return simt::Dim3(static_cast<unsigned>(slots), static_cast<unsigned>(y),
@@ -940,7 +1000,7 @@ struct Run {
   }
   simt::Dim3 scan_grid() const {
     return simt::Dim3(static_cast<unsigned>(p.num_sequences() * p.HV),
-                      static_cast<unsigned>(ceil_div(p.V, BV)));
+                      static_cast<unsigned>(ceil_div(p.V, tiles.scan)));
   }
   // norms, wy and states: everything the output and the backward need.
   void prepare(Space<A>& sp, const TensorView& final_state) const {
@@ -950,8 +1010,11 @@ struct Run {
                     simt::Dim3(kThreads), 0, stream, p, sp.rho);
     PHASOR_LAUNCH((wy_kernel<O>), chunk_grid(p.HV), simt::Dim3(kThreads), wy_shared_bytes<O>(C),
                   stream, p, sp);
-    PHASOR_LAUNCH((states_kernel<O>), scan_grid(), simt::Dim3(kThreads),
-                  states_shared_bytes<O>(p, C), stream, p, final_state, sp);
+    with_value_tile<O>(tiles.scan, [&](auto tile) {
+      constexpr int BV = decltype(tile)::value;
+      PHASOR_LAUNCH((states_kernel<O, BV>), scan_grid(), simt::Dim3(kThreads),
+                    (states_shared_bytes<O, BV>(p, C)), stream, p, final_state, sp);
+    });
   }
 };
 
@@ -1010,8 +1073,11 @@ void forward_typed(const Problem& p, const TensorView& o, const TensorView& fina
   const Run<O> run{p, stream, C, slots};
   Workspaces<A> work(p, C, slots, false, false, stream);
   run.prepare(work.space, final_state);
-  PHASOR_LAUNCH((output_kernel<O>), run.chunk_grid(p.HV, ceil_div(p.V, Run<O>::BV)),
-                simt::Dim3(kThreads), output_shared_bytes<O>(C), stream, p, o, work.space);
+  with_value_tile<O>(run.tiles.output, [&](auto tile) {
+    constexpr int BV = decltype(tile)::value;
+    PHASOR_LAUNCH((output_kernel<O, BV>), run.chunk_grid(p.HV, ceil_div(p.V, BV)),
+                  simt::Dim3(kThreads), (output_shared_bytes<O, BV>(C)), stream, p, o, work.space);
+  });
 }
 
 template <class O>
@@ -1026,15 +1092,18 @@ void backward_typed(const Problem& p, const TensorView& d_o, const TensorView& d
   Workspaces<A> work(p, C, slots, true, qk_grads, stream);
   Space<A>& sp = work.space;
   run.prepare(sp, TensorView{});
-  PHASOR_LAUNCH((dstates_kernel<O>), run.scan_grid(), simt::Dim3(kThreads),
-                dstates_shared_bytes<O>(p, C), stream, p, d_o, d_final_state, grads.dh0, sp);
+  with_value_tile<O>(run.tiles.scan, [&](auto tile) {
+    constexpr int BV = decltype(tile)::value;
+    PHASOR_LAUNCH((dstates_kernel<O, BV>), run.scan_grid(), simt::Dim3(kThreads),
+                  (dstates_shared_bytes<O, BV>(p, C)), stream, p, d_o, d_final_state, grads.dh0,
+                  sp);
+  });
   PHASOR_LAUNCH((dvalue_kernel<O>), run.chunk_grid(p.HV), simt::Dim3(kThreads),
                 static_cast<std::size_t>(dvalue_layout<O>(C).total) * sizeof(A), stream, p, d_o,
                 grads, sp);
   if (!qk_grads) return;
-  PHASOR_LAUNCH((dqk_kernel<O>), run.chunk_grid(p.H, key_tiles<Run<O>::BK>(p)),
-                simt::Dim3(kThreads), static_cast<std::size_t>(dqk_layout<O>(C).total) * sizeof(A),
-                stream, p, d_o, sp);
+  PHASOR_LAUNCH((dqk_kernel<O>), run.chunk_grid(p.H, key_tiles<kTile<O>>(p)), simt::Dim3(kThreads),
+                static_cast<std::size_t>(dqk_layout<O>(C).total) * sizeof(A), stream, p, d_o, sp);
   const std::int64_t rows = p.B * p.T * p.H;
   if (rows > 0)
     PHASOR_LAUNCH((finish_qk_kernel<A>), simt::Dim3(static_cast<unsigned>(ceil_div(rows, 256))),
@@ -1044,6 +1113,7 @@ void backward_typed(const Problem& p, const TensorView& d_o, const TensorView& d
 }  // namespace
 
 void chunk_forward(const Problem& problem, const TensorView& o, const TensorView& final_state) {
+  check_limits(problem);
   if (problem.num_sequences() * problem.HV == 0 || problem.V == 0) return;
   const cuda::Stream stream = cuda::current_stream();
   Staging stage(stream);
@@ -1057,6 +1127,7 @@ void chunk_forward(const Problem& problem, const TensorView& o, const TensorView
 
 void chunk_backward(const Problem& problem, const TensorView& d_o, const TensorView& d_final_state,
                     const GatedDeltaRuleGrads& grads) {
+  check_limits(problem);
   if (problem.num_sequences() * problem.HV == 0 || problem.V == 0) return;
   if (!grads.dq.defined() && !grads.dk.defined() && !grads.dv.defined() && !grads.dg.defined() &&
       !grads.dbeta.defined() && !grads.dh0.defined() && !grads.dtheta.defined())
