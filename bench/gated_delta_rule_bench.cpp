@@ -10,6 +10,9 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -201,7 +204,50 @@ void BM_GatedDeltaRuleChunkDevice(benchmark::State& state) {
                  (backward ? "/fwd+bwd" : "/fwd"));
 }
 
+// Decoding: one token (B = 1, T = 1, H = HV = 8, float32, ℓ2 norm in the kernel) through
+// fused_recurrent_gated_delta_rule with the state updated in place (64-byte aligned, as
+// LibTorch's tensors are), on `threads` threads; time per call. K = V = 2: the per-call overhead.
+void BM_GatedDeltaRuleDecode(benchmark::State& state) {
+  const int threads = static_cast<int>(state.range(0));
+  const std::int64_t D = state.range(1);
+  std::mt19937_64 rng(3);
+  const auto n = static_cast<std::size_t>(kB * kH * D), heads = static_cast<std::size_t>(kB * kH);
+  const std::vector<float> q = phasor::bench::normal(n, rng), k = phasor::bench::normal(n, rng),
+                           v = phasor::bench::normal(n, rng),
+                           g = phasor::bench::log_sigmoid_gates(heads, rng, 3.f), beta(heads, 0.5f);
+  std::vector<float> o(n, 0.f);
+  const std::size_t bytes = static_cast<std::size_t>(kB * kH * D * D) * sizeof(float);
+  std::unique_ptr<float, decltype(&std::free)> h(
+      static_cast<float*>(std::aligned_alloc(64, (bytes + 63) / 64 * 64)), &std::free);
+  std::memset(h.get(), 0, bytes);
+  phasor::GatedDeltaRuleParams params;
+  params.q = TensorView::of(q.data(), {kB, 1, kH, D});
+  params.k = TensorView::of(k.data(), {kB, 1, kH, D});
+  params.v = TensorView::of(v.data(), {kB, 1, kH, D});
+  params.g = TensorView::of(g.data(), {kB, 1, kH});
+  params.beta = TensorView::of(beta.data(), {kB, 1, kH});
+  params.use_qk_l2norm_in_kernel = true;
+  params.initial_state = TensorView::of(h.get(), {kB, kH, D, D});
+  const TensorView out = TensorView::of(o.data(), {kB, 1, kH, D});
+  phasor::set_num_threads(threads);
+  for (auto _ : state) {
+    phasor::gated_delta_rule_forward(params, Impl::recurrent, out, params.initial_state);
+    benchmark::ClobberMemory();
+  }
+  phasor::set_num_threads(0);
+  state.SetLabel("recurrent/" + std::to_string(threads) + " thread" + (threads > 1 ? "s" : "") +
+                 (D == 2 ? "/overhead" : ""));
+}
+
 const bool registered = [] {
+  benchmark::RegisterBenchmark("BM_GatedDeltaRuleDecode", BM_GatedDeltaRuleDecode)
+      ->ArgNames({"threads", "K"})
+      ->Args({1, 128})
+      ->Args({2, 128})
+      ->Args({1, 2})
+      ->Args({2, 2})
+      ->Unit(benchmark::kMicrosecond)
+      ->UseRealTime();
   using benchmark::RegisterBenchmark;
   phasor::bench::register_standard_grid(
       RegisterBenchmark("BM_GatedDeltaRuleForward", BM_GatedDeltaRuleForward),

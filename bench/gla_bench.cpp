@@ -10,6 +10,9 @@
 #include <benchmark/benchmark.h>
 
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -153,6 +156,41 @@ void BM_GlaChunkDevice(benchmark::State& state) {
                  (backward ? "/fwd+bwd" : "/fwd"));
 }
 
+// Decoding: one token (B = 1, T = 1, H = 8, float32) through fused_recurrent_gla with the state
+// updated in place (final_state = initial_state, 64-byte aligned as LibTorch's tensors are), as a
+// serving loop calls it, on `threads` threads (phasor::set_num_threads); time per call. K = V =
+// 128 is the model's shape; K = V = 2 leaves almost no arithmetic, so its time is the per-call
+// overhead (checks, dispatch, thread hand-off).
+void BM_GlaDecode(benchmark::State& state) {
+  const int threads = static_cast<int>(state.range(0));
+  const std::int64_t D = state.range(1);
+  std::mt19937_64 rng(3);
+  const auto n = static_cast<std::size_t>(kB * kH * D);
+  const std::vector<float> q = phasor::bench::normal(n, rng), k = phasor::bench::normal(n, rng),
+                           v = phasor::bench::normal(n, rng),
+                           g = phasor::bench::log_sigmoid_gates(n, rng, 3.f);
+  std::vector<float> o(n, 0.f);
+  const std::size_t bytes = static_cast<std::size_t>(kB * kH * D * D) * sizeof(float);
+  std::unique_ptr<float, decltype(&std::free)> h(
+      static_cast<float*>(std::aligned_alloc(64, (bytes + 63) / 64 * 64)), &std::free);
+  std::memset(h.get(), 0, bytes);
+  phasor::GlaParams params;
+  params.q = TensorView::of(q.data(), {kB, 1, kH, D});
+  params.k = TensorView::of(k.data(), {kB, 1, kH, D});
+  params.v = TensorView::of(v.data(), {kB, 1, kH, D});
+  params.g = TensorView::of(g.data(), {kB, 1, kH, D});
+  params.initial_state = TensorView::of(h.get(), {kB, kH, D, D});
+  const TensorView out = TensorView::of(o.data(), {kB, 1, kH, D});
+  phasor::set_num_threads(threads);
+  for (auto _ : state) {
+    phasor::gla_forward(params, Impl::recurrent, out, params.initial_state);
+    benchmark::ClobberMemory();
+  }
+  phasor::set_num_threads(0);
+  state.SetLabel("recurrent/" + std::to_string(threads) + " thread" + (threads > 1 ? "s" : "") +
+                 (D == 2 ? "/overhead" : ""));
+}
+
 // Rotation by Selective-RoPE-like angles: none / fused into the kernel / apply_rotary + op
 // (bench_util.h, Rotation). Same inputs as above; gradients include dθ.
 void BM_GlaRotationForward(benchmark::State& state) {
@@ -192,6 +230,14 @@ const bool registered = [] {
       RegisterBenchmark("BM_GlaRecurrentDevice", BM_GlaRecurrentDevice));
   phasor::bench::register_chunk_device_grid(
       RegisterBenchmark("BM_GlaChunkDevice", BM_GlaChunkDevice));
+  RegisterBenchmark("BM_GlaDecode", BM_GlaDecode)
+      ->ArgNames({"threads", "K"})
+      ->Args({1, 128})
+      ->Args({2, 128})
+      ->Args({1, 2})
+      ->Args({2, 2})
+      ->Unit(benchmark::kMicrosecond)
+      ->UseRealTime();
   phasor::bench::register_rotation_grid(
       RegisterBenchmark("BM_GlaRotationForward", BM_GlaRotationForward),
       {Impl::recurrent, Impl::chunk});

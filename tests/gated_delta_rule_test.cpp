@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <iostream>
 #include <limits>
@@ -713,6 +714,44 @@ TEST(GatedDeltaRuleKernels, DecodingTokenByTokenEqualsChunkForward) {
       const std::string what = std::string(to_string(dtype)) + (in_place ? " in place" : "");
       PHASOR_EXPECT_CLOSE(o.to(DType::float64), full.o, tol, what + " o");
       PHASOR_EXPECT_CLOSE(state.to(DType::float64), full.ht, tol, what + " final_state");
+    }
+  }
+}
+
+// Decoding with the state kept in final_state (aligned, in place) equals decoding through an owned
+// copy (misaligned), bit for bit, with final_state = initial_state and with separate buffers.
+TEST(GatedDeltaRuleKernels, StatesInPlaceEqualOwnedCopies) {
+  for (auto [K, V] : {std::pair<std::int64_t, std::int64_t>{16, 16}, {5, 3}}) {
+    Case c;
+    c.B = 2, c.T = 12, c.H = 2, c.HV = 4, c.K = K, c.V = V, c.gates = Gates::mixed;
+    const Data base = make_data(c);
+    for (DType dtype : {DType::float64, DType::float32}) {
+      const Tensor q = base.q.to(dtype), k = base.k.to(dtype), v = base.v.to(dtype);
+      const Tensor g = base.g.to(dtype), beta = base.beta.to(dtype);
+      std::vector<Tensor> outputs, states;
+      for (int mode = 0; mode < 4; ++mode) {  // {aligned, misaligned} × {aliased, separate}
+        const bool aligned = mode % 2 == 0, aliased = mode < 2;
+        testing::AlignedCopy state(base.h0.to(dtype), aligned), other(base.h0.to(dtype), aligned);
+        Tensor o({base.B, c.T, c.HV, c.V}, dtype);
+        for (std::int64_t t = 0; t < c.T; ++t) {
+          GatedDeltaRuleParams p;
+          p.q = step_view(q, t), p.k = step_view(k, t), p.v = step_view(v, t);
+          p.g = step_view(g, t), p.beta = step_view(beta, t);
+          p.initial_state = state.view;
+          p.use_qk_l2norm_in_kernel = true;
+          gated_delta_rule_forward(p, Impl::recurrent, step_view(o, t),
+                                   aliased ? state.view : other.view);
+          if (!aliased) std::swap(state.view, other.view);
+        }
+        outputs.push_back(o);
+        states.push_back(state.tensor());
+      }
+      for (int mode = 1; mode < 4; ++mode) {
+        SCOPED_TRACE(std::string(to_string(dtype)) + " K = " + std::to_string(K) + " mode " +
+                     std::to_string(mode));
+        EXPECT_TRUE(outputs[static_cast<std::size_t>(mode)].bit_equal(outputs[0]));
+        EXPECT_TRUE(states[static_cast<std::size_t>(mode)].bit_equal(states[0]));
+      }
     }
   }
 }

@@ -613,6 +613,43 @@ TEST(GlaKernels, DecodingOneTokenAtATimeMatchesChunkForward) {
   }
 }
 
+// Decoding with the state kept in final_state (aligned, in place) equals decoding through an owned
+// copy (misaligned), bit for bit, with final_state = initial_state and with separate buffers.
+TEST(GlaKernels, StatesInPlaceEqualOwnedCopies) {
+  for (auto [K, V] : {std::pair<std::int64_t, std::int64_t>{16, 16}, {5, 3}}) {
+    const std::int64_t B = 2, T = 12, H = 2;
+    const Inputs in64 = make_inputs({"in_place", B, T, H, K, V, Gates::realistic, 64}, 8);
+    for (DType dtype : {DType::float64, DType::float32}) {
+      const Tensor q = in64.q.to(dtype), k = in64.k.to(dtype), v = in64.v.to(dtype),
+                   g = in64.g.to(dtype);
+      std::vector<Tensor> outputs, states;
+      for (int mode = 0; mode < 4; ++mode) {  // {aligned, misaligned} × {aliased, separate}
+        const bool aligned = mode % 2 == 0, aliased = mode < 2;
+        testing::AlignedCopy state(in64.h0.to(dtype), aligned), other(in64.h0.to(dtype), aligned);
+        Tensor o({B, T, H, V}, dtype);
+        for (std::int64_t t = 0; t < T; ++t) {
+          GlaParams step;
+          step.q = token(q, t);
+          step.k = token(k, t);
+          step.v = token(v, t);
+          step.g = token(g, t);
+          step.initial_state = state.view;
+          gla_forward(step, Impl::recurrent, token(o, t), aliased ? state.view : other.view);
+          if (!aliased) std::swap(state.view, other.view);
+        }
+        outputs.push_back(o);
+        states.push_back(state.tensor());
+      }
+      for (int mode = 1; mode < 4; ++mode) {
+        SCOPED_TRACE(std::string(to_string(dtype)) + " K = " + std::to_string(K) + " mode " +
+                     std::to_string(mode));
+        EXPECT_TRUE(outputs[static_cast<std::size_t>(mode)].bit_equal(outputs[0]));
+        EXPECT_TRUE(states[static_cast<std::size_t>(mode)].bit_equal(states[0]));
+      }
+    }
+  }
+}
+
 // final_state aliasing initial_state for a whole sequence, in every implementation.
 TEST(GlaKernels, FinalStateMayAliasInitialState) {
   const Inputs in = make_inputs({"alias", 2, 30, 2, 4, 4, Gates::realistic, 8}, 4);

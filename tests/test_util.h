@@ -212,4 +212,27 @@ void expect_error(F&& fn, std::initializer_list<const char*> fragments) {
   }
 }
 
+// A copy of `x` at a chosen alignment: on a 64-byte boundary (the recurrent forward then keeps the
+// state in it, in place) or one element off it (it keeps an owned copy and stores at the end).
+struct AlignedCopy {
+  std::vector<unsigned char> storage;
+  TensorView view;
+  AlignedCopy(const Tensor& x, bool aligned) {
+    const std::size_t size = static_cast<std::size_t>(x.numel()) * element_size(x.dtype());
+    storage.resize(size + 128);
+    auto address = reinterpret_cast<std::uintptr_t>(storage.data());
+    const std::size_t offset = (64 - address % 64) % 64 + (aligned ? 0 : element_size(x.dtype()));
+    view = x.view();
+    view.data = storage.data() + offset;
+    std::memcpy(view.data, x.view().data, size);
+  }
+  Tensor tensor() const {
+    Tensor t(std::vector<std::int64_t>(view.sizes.begin(), view.sizes.begin() + view.rank),
+             view.dtype);
+    std::memcpy(t.view().data, view.data,
+                static_cast<std::size_t>(t.numel()) * element_size(t.dtype()));
+    return t;
+  }
+};
+
 }  // namespace phasor::testing

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdlib>
 #include <exception>
@@ -30,7 +31,42 @@ int default_num_threads() {
 std::atomic<int> g_requested{0};  // 0: default
 
 // Workers wait for a job; the calling thread takes part too. One job runs at a time (a mutex
-// serialises callers from different user threads).
+// serialises callers from different user threads). Between jobs a worker first spins on the job
+// counter for a while (spin_time), then sleeps on a condition variable; the caller likewise spins
+// for the workers' completion before sleeping. Decoding calls one op per token, a few microseconds
+// apart: a sleeping worker takes 10–20 µs to wake (futex, scheduler), more than the work it
+// would share, while a spinning one starts at once. The spin (50 µs) bounds the CPU burnt when no
+// job follows; PHASOR_SPIN_US (read once; 0 disables spinning) changes it, for programs whose other
+// thread pools need the cores between phasor's calls.
+std::chrono::microseconds spin_time() {
+  static const std::chrono::microseconds time = [] {
+    if (const char* env = std::getenv("PHASOR_SPIN_US")) {
+      char* end = nullptr;
+      const long us = std::strtol(env, &end, 10);
+      if (end != env && *end == '\0' && us >= 0 && us <= 1000000)
+        return std::chrono::microseconds(us);
+      throw Error(std::string("environment variable PHASOR_SPIN_US: expected an integer in "
+                              "[0, 1000000], got '") +
+                  env + "'");
+    }
+    return std::chrono::microseconds(50);
+  }();
+  return time;
+}
+
+// Spins until ready() or spin_time() has passed; true if ready.
+template <class Ready>
+bool spin_until(Ready&& ready) {
+  const auto deadline = std::chrono::steady_clock::now() + spin_time();
+  for (int i = 0;; ++i) {
+    if (ready()) return true;
+    if ((i & 63) == 63 && std::chrono::steady_clock::now() > deadline) return false;
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+  }
+}
+
 class Pool {
  public:
   static Pool& instance() {
@@ -46,15 +82,17 @@ class Pool {
       fn_ = &fn;
       n_ = n;
       next_.store(0);
-      active_workers_ = threads - 1;
-      pending_ = threads - 1;
+      active_workers_.store(threads - 1);
+      pending_.store(threads - 1);
       error_ = nullptr;
-      ++generation_;
+      generation_.fetch_add(1, std::memory_order_release);
     }
     cv_.notify_all();
-    work(/*participate=*/true);
-    std::unique_lock<std::mutex> lock(mutex_);
-    done_cv_.wait(lock, [&] { return pending_ == 0; });
+    work();
+    if (!spin_until([&] { return pending_.load(std::memory_order_acquire) == 0; })) {
+      std::unique_lock<std::mutex> lock(mutex_);
+      done_cv_.wait(lock, [&] { return pending_.load() == 0; });
+    }
     fn_ = nullptr;
     if (error_) std::rethrow_exception(error_);
   }
@@ -63,6 +101,7 @@ class Pool {
     {
       std::lock_guard<std::mutex> lock(mutex_);
       stop_ = true;
+      stop_flag_.store(true);
     }
     cv_.notify_all();
     for (auto& t : workers_) t.join();
@@ -79,19 +118,29 @@ class Pool {
   void loop(int index) {
     std::uint64_t seen = 0;
     for (;;) {
-      {
+      // A new job for this worker (jobs with fewer threads leave it out).
+      const auto mine = [&] {
+        return generation_.load(std::memory_order_acquire) != seen &&
+               index < active_workers_.load(std::memory_order_relaxed);
+      };
+      if (!spin_until([&] { return mine() || stop_flag_.load(std::memory_order_relaxed); })) {
         std::unique_lock<std::mutex> lock(mutex_);
-        cv_.wait(lock, [&] { return stop_ || (generation_ != seen && index < active_workers_); });
-        if (stop_) return;
-        seen = generation_;
+        cv_.wait(lock, [&] { return stop_ || mine(); });
       }
-      work(false);
-      std::lock_guard<std::mutex> lock(mutex_);
-      if (--pending_ == 0) done_cv_.notify_all();
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        if (stop_) return;
+        seen = generation_.load();
+      }
+      work();
+      if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+        std::lock_guard<std::mutex> lock(mutex_);
+        done_cv_.notify_all();
+      }
     }
   }
 
-  void work(bool /*participate*/) {
+  void work() {
     in_pool() = true;
     for (;;) {
       std::int64_t i = next_.fetch_add(1);
@@ -119,10 +168,11 @@ class Pool {
   const std::function<void(std::int64_t)>* fn_ = nullptr;
   std::int64_t n_ = 0;
   std::atomic<std::int64_t> next_{0};
-  int active_workers_ = 0;
-  int pending_ = 0;
-  std::uint64_t generation_ = 0;
+  std::atomic<int> active_workers_{0};
+  std::atomic<int> pending_{0};
+  std::atomic<std::uint64_t> generation_{0};
   bool stop_ = false;
+  std::atomic<bool> stop_flag_{false};
   std::exception_ptr error_;
 };
 
@@ -145,6 +195,19 @@ namespace detail {
 void parallel_for(std::int64_t n, const std::function<void(std::int64_t)>& fn) {
   if (n <= 0) return;
   int threads = static_cast<int>(std::min<std::int64_t>(num_threads(), n));
+  if (threads <= 1 || Pool::in_pool()) {
+    for (std::int64_t i = 0; i < n; ++i) fn(i);
+    return;
+  }
+  Pool::instance().run(n, threads, fn);
+}
+
+void parallel_for(std::int64_t n, std::int64_t work_per_item,
+                  const std::function<void(std::int64_t)>& fn) {
+  if (n <= 0) return;
+  const std::int64_t total = n * std::max<std::int64_t>(work_per_item, 1);
+  const std::int64_t useful = std::max<std::int64_t>(1, total / kWorkPerThread);
+  int threads = static_cast<int>(std::min<std::int64_t>({num_threads(), n, useful}));
   if (threads <= 1 || Pool::in_pool()) {
     for (std::int64_t i = 0; i < n; ++i) fn(i);
     return;

@@ -8,7 +8,9 @@
 #include <Eigen/Core>
 #include <cstdint>
 #include <cstring>
+#include <initializer_list>
 #include <type_traits>
+#include <utility>
 
 #include "common/check.h"
 #include "common/element_access.h"
@@ -119,6 +121,60 @@ template <class M>
 void store_state(const M& in, const TensorView& x, std::int64_t n, std::int64_t h) {
   const std::int64_t base = n * x.stride(0) + h * x.stride(1);
   slices_impl::store_2d(in, x, base, x.stride(2), x.stride(3));
+}
+
+// ---- states updated in place ----------------------------------------------------------------
+// A recurrent kernel may keep a (K × V) state in the caller's final_state instead of an owned
+// copy (decoding then reads and writes the state once rather than copying it in and out), when
+// the slice is laid out exactly as an owned Mat<S> is: compute dtype, contiguous rows, a start
+// aligned as Eigen aligns its own storage. Eigen then runs the same packet and scalar operations
+// on it as on owned storage, so results are bit-identical either way.
+template <class S>
+using StateMap = Eigen::Map<Mat<S>, Eigen::Unaligned>;
+
+// The byte range [first, last) a view can touch (empty for an empty view).
+inline std::pair<const unsigned char*, const unsigned char*> byte_range(const TensorView& x) {
+  const auto* base = static_cast<const unsigned char*>(x.data);
+  if (!x.defined() || x.numel() == 0) return {base, base};
+  std::int64_t lo = 0, hi = 0;
+  for (int d = 0; d < x.rank; ++d) {
+    const std::int64_t span = (x.size(d) - 1) * x.stride(d);
+    (span < 0 ? lo : hi) += span;
+  }
+  const auto size = static_cast<std::int64_t>(element_size(x.dtype));
+  return {base + lo * size, base + (hi + 1) * size};
+}
+inline bool overlaps(const TensorView& a, const TensorView& b) {
+  const auto [a0, a1] = byte_range(a);
+  const auto [b0, b1] = byte_range(b);
+  return a0 < b1 && b0 < a1;
+}
+inline bool same_view(const TensorView& a, const TensorView& b) {
+  if (a.data != b.data || a.dtype != b.dtype || a.rank != b.rank) return false;
+  for (int d = 0; d < a.rank; ++d)
+    if (a.size(d) != b.size(d) || a.stride(d) != b.stride(d)) return false;
+  return true;
+}
+
+// True when a kernel may keep its states in `final_state` while it runs: final_state overlaps
+// none of `inputs` (read while states are written) and initial_state is either the same view
+// (decoding in place) or disjoint from it.
+inline bool states_in_place_allowed(const TensorView& final_state, const TensorView& initial_state,
+                                    std::initializer_list<TensorView> inputs) {
+  if (!final_state.defined()) return false;
+  for (const TensorView& x : inputs)
+    if (x.defined() && overlaps(final_state, x)) return false;
+  return !initial_state.defined() || same_view(initial_state, final_state) ||
+         !overlaps(initial_state, final_state);
+}
+
+// x[n, h] as a StateMap when its layout allows the in-place update above, else null.
+template <class S>
+S* state_in_place(const TensorView& x, std::int64_t n, std::int64_t h) {
+  if (x.dtype != dtype_of<S>() || x.stride(3) != 1 || (x.size(2) > 1 && x.stride(2) != x.size(3)))
+    return nullptr;
+  S* p = static_cast<S*>(x.data) + n * x.stride(0) + h * x.stride(1);
+  return reinterpret_cast<std::uintptr_t>(p) % EIGEN_MAX_ALIGN_BYTES == 0 ? p : nullptr;
 }
 
 // The compute type of a floating storage dtype: float64 for float64, float32 for the others.

@@ -30,9 +30,9 @@ namespace {
 // same matrix):  r = v − a·S_{t−1}ᵀk,  S_t = a·S_{t−1} + k (β r)ᵀ,  and, if `out` is given,
 // out = S_tᵀ q̃. Two passes over the rows of S: the first forms S_{t−1}ᵀ k, the second updates
 // each row and accumulates the output while the row is in cache.
-template <class S>
-void advance(const Mat<S>& prev, Mat<S>& next, const S* k, const S* q, const RowVec<S>& v, S g,
-             S beta, RowVec<S>& scratch, RowVec<S>* out) {
+template <class S, class Prev, class Next>
+void advance(const Prev& prev, Next& next, const S* k, const S* q, const RowVec<S>& v, S g, S beta,
+             RowVec<S>& scratch, RowVec<S>* out) {
   const Eigen::Index K = prev.rows();
   const S a = std::exp(g);
   RowVec<S>& u = scratch;
@@ -49,15 +49,34 @@ void advance(const Mat<S>& prev, Mat<S>& next, const S* k, const S* q, const Row
 // Tokens are loaded (and outputs stored) this many at a time, so buffers stay small.
 constexpr std::int64_t kLoadBlock = 64;
 
+// in_place: the states may live in final_state (states_in_place_allowed, slices.h); each value
+// head's state is then updated there when its slice's layout allows (state_in_place), in an owned
+// matrix otherwise. Bit-identical either way.
 template <class S>
 void forward_item(const Problem& p, std::int64_t item, const TensorView& o,
-                  const TensorView& final_state) {
+                  const TensorView& final_state, bool in_place) {
   const std::int64_t n = p.item_sequence(item), h = p.item_head(item), G = p.group;
   const Sequence& s = p.sequences[static_cast<std::size_t>(n)];
   // Every initial state of the item is read before any final state is stored (they may alias).
-  std::vector<Mat<S>> states(static_cast<std::size_t>(G));
-  for (std::int64_t r = 0; r < G; ++r)
-    load_initial_state(p, n, h * G + r, states[static_cast<std::size_t>(r)]);
+  std::vector<Mat<S>> owned(static_cast<std::size_t>(G));
+  std::vector<StateMap<S>> states;
+  states.reserve(static_cast<std::size_t>(G));
+  std::vector<bool> mapped(static_cast<std::size_t>(G), false);
+  for (std::int64_t r = 0; r < G; ++r) {
+    const auto i = static_cast<std::size_t>(r);
+    S* target = in_place ? state_in_place<S>(final_state, n, h * G + r) : nullptr;
+    if (target == nullptr || !same_view(p.initial_state, final_state))
+      load_initial_state(p, n, h * G + r, owned[i]);
+    if (target != nullptr) {
+      mapped[i] = true;
+      states.emplace_back(target, p.K, p.V);
+    } else {
+      states.emplace_back(owned[i].data(), p.K, p.V);
+    }
+  }
+  for (std::int64_t r = 0; r < G; ++r)  // inputs of the in-place states (after every load)
+    if (mapped[static_cast<std::size_t>(r)] && !same_view(p.initial_state, final_state))
+      states[static_cast<std::size_t>(r)] = owned[static_cast<std::size_t>(r)];
   QKInputs<S> qk;
   ValueInputs<S> in;
   Mat<S> out;
@@ -70,7 +89,7 @@ void forward_item(const Problem& p, std::int64_t item, const TensorView& o,
           p, block_of(s, t0 + kLoadBlock, std::min(kLoadBlock, s.length - t0 - kLoadBlock)), h);
     for (std::int64_t r = 0; r < G; ++r) {
       load_values(p, block, h * G + r, in);
-      Mat<S>& state = states[static_cast<std::size_t>(r)];
+      StateMap<S>& state = states[static_cast<std::size_t>(r)];
       out.resize(block.length, p.V);
       for (std::int64_t t = 0; t < block.length; ++t) {
         v_row = in.v.row(t);
@@ -83,7 +102,8 @@ void forward_item(const Problem& p, std::int64_t item, const TensorView& o,
   }
   if (final_state.defined())
     for (std::int64_t r = 0; r < G; ++r)
-      store_state(states[static_cast<std::size_t>(r)], final_state, n, h * G + r);
+      if (!mapped[static_cast<std::size_t>(r)])
+        store_state(owned[static_cast<std::size_t>(r)], final_state, n, h * G + r);
 }
 
 // Backward of one segment of one value head. `states[j]` holds the state before token j of the
@@ -201,8 +221,13 @@ void backward_item(const Problem& p, std::int64_t item, const TensorView& d_o,
 void recurrent_forward(const Problem& p, const TensorView& o, const TensorView& final_state) {
   dispatch_float(p.q, [&](auto zero) {
     using S = decltype(zero);
-    parallel_for(p.num_items(),
-                 [&](std::int64_t item) { forward_item<S>(p, item, o, final_state); });
+    const bool in_place = states_in_place_allowed(final_state, p.initial_state,
+                                                  {p.q, p.k, p.v, p.g, p.beta, p.theta, o});
+    // An item: T_n tokens of G value heads, each ~4·K·V multiply-adds (on average).
+    const std::int64_t tokens = p.B * p.T / std::max<std::int64_t>(1, p.num_sequences());
+    const std::int64_t work = 4 * p.group * p.K * p.V * std::max<std::int64_t>(1, tokens);
+    parallel_for(p.num_items(), work,
+                 [&](std::int64_t item) { forward_item<S>(p, item, o, final_state, in_place); });
   });
 }
 

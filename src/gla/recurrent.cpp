@@ -4,7 +4,9 @@
 //
 // Forward: inputs are read in segments of chunk_size tokens into reused buffers; the state
 // (K × V) is updated one row (one key channel) at a time, and o_t accumulated from the same row
-// while it is in cache.
+// while it is in cache. The state is kept in final_state itself when its layout and aliasing
+// allow (state_in_place, slices.h): decoding with final_state = initial_state then touches the
+// state once per token instead of copying it in and out (bit-identical either way).
 //
 // Backward: the state is checkpointed at the start of every segment of chunk_size tokens (one
 // forward pass), then the segments are walked in reverse: each segment's states are recomputed
@@ -65,13 +67,11 @@ void advance(const Segment<S>& seg, std::int64_t t, State&& state) {
     state.row(a) = seg.decay(t, a) * state.row(a) + seg.k(t, a) * seg.v.row(t);
 }
 
-template <class S>
-void forward_item(const Problem& p, std::int64_t n, std::int64_t h, const TensorView& o,
-                  const TensorView& final_state) {
-  const Sequence& s = p.sequences[static_cast<std::size_t>(n)];
+// The tokens of sequence s, head h: S_t and o_t; `state` holds S_{start−1} on entry, S_end on exit.
+template <class S, class State>
+void forward_steps(const Problem& p, const Sequence& s, std::int64_t h, const TensorView& o,
+                   State& state) {
   const S scale = static_cast<S>(p.scale);
-  Mat<S> state = Mat<S>::Zero(p.K, p.V);
-  if (p.initial_state.defined()) load_state(p.initial_state, n, h, state);
   Segment<S> seg;
   Mat<S> out;
   for (std::int64_t offset = 0; offset < s.length; offset += p.chunk_size) {
@@ -89,6 +89,31 @@ void forward_item(const Problem& p, std::int64_t n, std::int64_t h, const Tensor
     }
     store_token_rows(out, o, part, h);
   }
+}
+
+// in_place: the state may live in final_state (states_in_place_allowed, slices.h).
+template <class S>
+void forward_item(const Problem& p, std::int64_t n, std::int64_t h, const TensorView& o,
+                  const TensorView& final_state, bool in_place) {
+  const Sequence& s = p.sequences[static_cast<std::size_t>(n)];
+  if (S* target = in_place ? state_in_place<S>(final_state, n, h) : nullptr) {
+    StateMap<S> state(target, p.K, p.V);
+    if (!p.initial_state.defined()) {
+      state.setZero();
+    } else if (!same_view(p.initial_state, final_state)) {
+      Mat<S> initial;
+      load_state(p.initial_state, n, h, initial);
+      state = initial;
+    }
+    forward_steps<S>(p, s, h, o, state);
+    return;
+  }
+  Mat<S> state;
+  if (p.initial_state.defined())
+    load_state(p.initial_state, n, h, state);
+  else
+    state.setZero(p.K, p.V);
+  forward_steps<S>(p, s, h, o, state);
   if (final_state.defined()) store_state(state, final_state, n, h);
 }
 
@@ -170,8 +195,13 @@ void backward_item(const Problem& p, std::int64_t n, std::int64_t h, const Tenso
 void recurrent_forward(const Problem& p, const TensorView& o, const TensorView& final_state) {
   dispatch_float(p.q, [&](auto zero) {
     using S = decltype(zero);
-    parallel_for(p.num_work_items(), [&](std::int64_t item) {
-      forward_item<S>(p, item / p.H, item % p.H, o, final_state);
+    const bool in_place =
+        states_in_place_allowed(final_state, p.initial_state, {p.q, p.k, p.v, p.g, p.theta, o});
+    // An item: T_n tokens of 2·K·V multiply-adds (on average over the sequences).
+    const std::int64_t tokens = p.B * p.T / std::max<std::int64_t>(1, p.num_sequences());
+    const std::int64_t work = 2 * p.K * p.V * std::max<std::int64_t>(1, tokens);
+    parallel_for(p.num_work_items(), work, [&](std::int64_t item) {
+      forward_item<S>(p, item / p.H, item % p.H, o, final_state, in_place);
     });
   });
 }
