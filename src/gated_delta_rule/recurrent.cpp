@@ -49,6 +49,19 @@ void advance(const Prev& prev, Next& next, const S* k, const S* q, const RowVec<
 // Tokens are loaded (and outputs stored) this many at a time, so buffers stay small.
 constexpr std::int64_t kLoadBlock = 64;
 
+// The buffers of forward_item, kept per thread across calls: decoding calls the forward once per
+// token, and allocating them afresh (about a dozen small allocations per value head) cost more
+// than the arithmetic of a small model's token.
+template <class S>
+struct ForwardScratch {
+  std::vector<Mat<S>> owned;
+  std::vector<StateMap<S>> states;
+  std::vector<char> mapped;
+  QKInputs<S> qk;
+  ValueInputs<S> in;
+  Mat<S> out;
+};
+
 // in_place: the states may live in final_state (states_in_place_allowed, slices.h); each value
 // head's state is then updated there when its slice's layout allows (state_in_place), in an owned
 // matrix otherwise. Bit-identical either way.
@@ -58,17 +71,19 @@ void forward_item(const Problem& p, std::int64_t item, const TensorView& o,
   const std::int64_t n = p.item_sequence(item), h = p.item_head(item), G = p.group;
   const Sequence& s = p.sequences[static_cast<std::size_t>(n)];
   // Every initial state of the item is read before any final state is stored (they may alias).
-  std::vector<Mat<S>> owned(static_cast<std::size_t>(G));
-  std::vector<StateMap<S>> states;
-  states.reserve(static_cast<std::size_t>(G));
-  std::vector<bool> mapped(static_cast<std::size_t>(G), false);
+  thread_local ForwardScratch<S> w;
+  auto& [owned, states, mapped, qk, in, out] = w;
+  RowVec<S> v_row, scratch, o_row;
+  if (owned.size() < static_cast<std::size_t>(G)) owned.resize(static_cast<std::size_t>(G));
+  states.clear();
+  mapped.assign(static_cast<std::size_t>(G), 0);
   for (std::int64_t r = 0; r < G; ++r) {
     const auto i = static_cast<std::size_t>(r);
     S* target = in_place ? state_in_place<S>(final_state, n, h * G + r) : nullptr;
     if (target == nullptr || !same_view(p.initial_state, final_state))
       load_initial_state(p, n, h * G + r, owned[i]);
     if (target != nullptr) {
-      mapped[i] = true;
+      mapped[i] = 1;
       states.emplace_back(target, p.K, p.V);
     } else {
       states.emplace_back(owned[i].data(), p.K, p.V);
@@ -77,10 +92,6 @@ void forward_item(const Problem& p, std::int64_t item, const TensorView& o,
   for (std::int64_t r = 0; r < G; ++r)  // inputs of the in-place states (after every load)
     if (mapped[static_cast<std::size_t>(r)] && !same_view(p.initial_state, final_state))
       states[static_cast<std::size_t>(r)] = owned[static_cast<std::size_t>(r)];
-  QKInputs<S> qk;
-  ValueInputs<S> in;
-  Mat<S> out;
-  RowVec<S> v_row, scratch, o_row;
   for (std::int64_t t0 = 0; t0 < s.length; t0 += kLoadBlock) {
     const Sequence block = block_of(s, t0, std::min(kLoadBlock, s.length - t0));
     load_qk(p, block, h, qk);
