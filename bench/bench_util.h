@@ -8,6 +8,8 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <initializer_list>
 #include <memory>
 #include <random>
@@ -77,6 +79,43 @@ inline void register_standard_grid(benchmark::internal::Benchmark* fast,
           [](benchmark::internal::Benchmark* b) { impl_and_length(b, {Impl::reference}, {1024}); })
       ->Unit(benchmark::kMillisecond)
       ->Iterations(1)
+      ->UseRealTime();
+}
+
+// ---- Decoding: one token per call, the state updated in place ---------------------------------
+// A zeroed float buffer of `count` elements on a 64-byte boundary, as LibTorch's tensors are (the
+// recurrent kernels then update the state in place).
+inline std::unique_ptr<float, decltype(&std::free)> aligned_state(std::size_t count) {
+  const std::size_t bytes = (count * sizeof(float) + 63) / 64 * 64;
+  std::unique_ptr<float, decltype(&std::free)> p(static_cast<float*>(std::aligned_alloc(64, bytes)),
+                                                 &std::free);
+  std::memset(p.get(), 0, bytes);
+  return p;
+}
+
+// Times `step()` (one decoded token) on `threads` threads, labelled "recurrent/<threads>";
+// K = V = 2 rows are labelled "/overhead" (almost no arithmetic: the per-call cost).
+template <class F>
+void time_decode(benchmark::State& state, int threads, std::int64_t dim, F&& step) {
+  phasor::set_num_threads(threads);
+  for (auto _ : state) {
+    step();
+    benchmark::ClobberMemory();
+  }
+  phasor::set_num_threads(0);
+  state.SetLabel("recurrent/" + std::to_string(threads) + " thread" + (threads > 1 ? "s" : "") +
+                 (dim == 2 ? "/overhead" : ""));
+}
+
+// Arguments (threads, K = V) of the decoding benchmarks: the model's K = V = 128 and the
+// overhead probe K = V = 2, on 1 and 2 threads.
+inline void register_decode_grid(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"threads", "K"})
+      ->Args({1, 128})
+      ->Args({2, 128})
+      ->Args({1, 2})
+      ->Args({2, 2})
+      ->Unit(benchmark::kMicrosecond)
       ->UseRealTime();
 }
 

@@ -10,9 +10,6 @@
 
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
-#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -216,10 +213,7 @@ void BM_GatedDeltaRuleDecode(benchmark::State& state) {
                            v = phasor::bench::normal(n, rng),
                            g = phasor::bench::log_sigmoid_gates(heads, rng, 3.f), beta(heads, 0.5f);
   std::vector<float> o(n, 0.f);
-  const std::size_t bytes = static_cast<std::size_t>(kB * kH * D * D) * sizeof(float);
-  std::unique_ptr<float, decltype(&std::free)> h(
-      static_cast<float*>(std::aligned_alloc(64, (bytes + 63) / 64 * 64)), &std::free);
-  std::memset(h.get(), 0, bytes);
+  const auto h = phasor::bench::aligned_state(static_cast<std::size_t>(kB * kH * D * D));
   phasor::GatedDeltaRuleParams params;
   params.q = TensorView::of(q.data(), {kB, 1, kH, D});
   params.k = TensorView::of(k.data(), {kB, 1, kH, D});
@@ -229,26 +223,15 @@ void BM_GatedDeltaRuleDecode(benchmark::State& state) {
   params.use_qk_l2norm_in_kernel = true;
   params.initial_state = TensorView::of(h.get(), {kB, kH, D, D});
   const TensorView out = TensorView::of(o.data(), {kB, 1, kH, D});
-  phasor::set_num_threads(threads);
-  for (auto _ : state) {
+  phasor::bench::time_decode(state, threads, D, [&] {
     phasor::gated_delta_rule_forward(params, Impl::recurrent, out, params.initial_state);
-    benchmark::ClobberMemory();
-  }
-  phasor::set_num_threads(0);
-  state.SetLabel("recurrent/" + std::to_string(threads) + " thread" + (threads > 1 ? "s" : "") +
-                 (D == 2 ? "/overhead" : ""));
+  });
 }
 
 const bool registered = [] {
-  benchmark::RegisterBenchmark("BM_GatedDeltaRuleDecode", BM_GatedDeltaRuleDecode)
-      ->ArgNames({"threads", "K"})
-      ->Args({1, 128})
-      ->Args({2, 128})
-      ->Args({1, 2})
-      ->Args({2, 2})
-      ->Unit(benchmark::kMicrosecond)
-      ->UseRealTime();
   using benchmark::RegisterBenchmark;
+  phasor::bench::register_decode_grid(
+      RegisterBenchmark("BM_GatedDeltaRuleDecode", BM_GatedDeltaRuleDecode));
   phasor::bench::register_standard_grid(
       RegisterBenchmark("BM_GatedDeltaRuleForward", BM_GatedDeltaRuleForward),
       RegisterBenchmark("BM_GatedDeltaRuleForward", BM_GatedDeltaRuleForward));

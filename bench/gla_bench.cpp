@@ -10,9 +10,6 @@
 #include <benchmark/benchmark.h>
 
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
-#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -170,10 +167,7 @@ void BM_GlaDecode(benchmark::State& state) {
                            v = phasor::bench::normal(n, rng),
                            g = phasor::bench::log_sigmoid_gates(n, rng, 3.f);
   std::vector<float> o(n, 0.f);
-  const std::size_t bytes = static_cast<std::size_t>(kB * kH * D * D) * sizeof(float);
-  std::unique_ptr<float, decltype(&std::free)> h(
-      static_cast<float*>(std::aligned_alloc(64, (bytes + 63) / 64 * 64)), &std::free);
-  std::memset(h.get(), 0, bytes);
+  const auto h = phasor::bench::aligned_state(static_cast<std::size_t>(kB * kH * D * D));
   phasor::GlaParams params;
   params.q = TensorView::of(q.data(), {kB, 1, kH, D});
   params.k = TensorView::of(k.data(), {kB, 1, kH, D});
@@ -181,14 +175,9 @@ void BM_GlaDecode(benchmark::State& state) {
   params.g = TensorView::of(g.data(), {kB, 1, kH, D});
   params.initial_state = TensorView::of(h.get(), {kB, kH, D, D});
   const TensorView out = TensorView::of(o.data(), {kB, 1, kH, D});
-  phasor::set_num_threads(threads);
-  for (auto _ : state) {
+  phasor::bench::time_decode(state, threads, D, [&] {
     phasor::gla_forward(params, Impl::recurrent, out, params.initial_state);
-    benchmark::ClobberMemory();
-  }
-  phasor::set_num_threads(0);
-  state.SetLabel("recurrent/" + std::to_string(threads) + " thread" + (threads > 1 ? "s" : "") +
-                 (D == 2 ? "/overhead" : ""));
+  });
 }
 
 // Rotation by Selective-RoPE-like angles: none / fused into the kernel / apply_rotary + op
@@ -230,14 +219,7 @@ const bool registered = [] {
       RegisterBenchmark("BM_GlaRecurrentDevice", BM_GlaRecurrentDevice));
   phasor::bench::register_chunk_device_grid(
       RegisterBenchmark("BM_GlaChunkDevice", BM_GlaChunkDevice));
-  RegisterBenchmark("BM_GlaDecode", BM_GlaDecode)
-      ->ArgNames({"threads", "K"})
-      ->Args({1, 128})
-      ->Args({2, 128})
-      ->Args({1, 2})
-      ->Args({2, 2})
-      ->Unit(benchmark::kMicrosecond)
-      ->UseRealTime();
+  phasor::bench::register_decode_grid(RegisterBenchmark("BM_GlaDecode", BM_GlaDecode));
   phasor::bench::register_rotation_grid(
       RegisterBenchmark("BM_GlaRotationForward", BM_GlaRotationForward),
       {Impl::recurrent, Impl::chunk});

@@ -746,12 +746,12 @@ TEST(GatedDeltaRuleKernels, StatesInPlaceEqualOwnedCopies) {
         outputs.push_back(o);
         states.push_back(state.tensor());
       }
-      for (int mode = 1; mode < 4; ++mode) {
-        SCOPED_TRACE(std::string(to_string(dtype)) + " K = " + std::to_string(K) + " mode " +
-                     std::to_string(mode));
-        EXPECT_TRUE(outputs[static_cast<std::size_t>(mode)].bit_equal(outputs[0]));
-        EXPECT_TRUE(states[static_cast<std::size_t>(mode)].bit_equal(states[0]));
-      }
+      const auto mode = [&](std::size_t i) {
+        return std::string(to_string(dtype)) + " K = " + std::to_string(K) +
+               (i % 2 == 0 ? " aligned" : " misaligned") + (i < 2 ? " aliased" : " separate");
+      };
+      testing::expect_all_bit_equal(outputs, [&](std::size_t i) { return "o, " + mode(i); });
+      testing::expect_all_bit_equal(states, [&](std::size_t i) { return "state, " + mode(i); });
     }
   }
 }

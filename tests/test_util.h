@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "phasor/common.h"
@@ -234,5 +235,12 @@ struct AlignedCopy {
     return t;
   }
 };
+
+// Every tensor of `results` equal, bit for bit, to the first (`label(i)` names result i).
+template <class Label>
+void expect_all_bit_equal(const std::vector<Tensor>& results, Label&& label) {
+  for (std::size_t i = 1; i < results.size(); ++i)
+    EXPECT_TRUE(results[i].bit_equal(results[0])) << label(i) << " differs from " << label(0);
+}
 
 }  // namespace phasor::testing
