@@ -2,9 +2,12 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <random>
+#include <string>
+#include <thread>
 #include <vector>
 
 #include "common/check.h"
@@ -262,6 +265,51 @@ TEST(Threads, ParallelForRunsEveryItemOnceAndPropagatesErrors) {
   set_num_threads(0);
   EXPECT_GE(num_threads(), 1);
   EXPECT_THROW(set_num_threads(-1), Error);
+}
+
+// The work-aware overload: every item once, and work too small for a hand-off stays on the
+// calling thread; many back-to-back jobs (the decoding pattern: workers still spinning from the
+// previous one) each run every item exactly once.
+TEST(Threads, ParallelForWithWorkEstimate) {
+  set_num_threads(2);
+  const std::thread::id caller = std::this_thread::get_id();
+  std::atomic<int> elsewhere{0};
+  std::vector<std::atomic<int>> hits(8);
+  detail::parallel_for(8, 16, [&](std::int64_t i) {  // 128 multiply-adds in all: one thread
+    hits[static_cast<std::size_t>(i)]++;
+    if (std::this_thread::get_id() != caller) elsewhere++;
+  });
+  EXPECT_EQ(elsewhere.load(), 0);
+  for (auto& h : hits) EXPECT_EQ(h.load(), 1);
+  for (int job = 0; job < 2000; ++job) {
+    std::vector<std::atomic<int>> count(5);
+    detail::parallel_for(5, detail::kWorkPerThread,
+                         [&](std::int64_t i) { count[static_cast<std::size_t>(i)]++; });
+    for (auto& c : count) ASSERT_EQ(c.load(), 1) << "job " << job;
+  }
+  set_num_threads(0);
+}
+
+// A malformed PHASOR_SPIN_US is a phasor::Error naming it, thrown on the calling thread (a fresh
+// process: the value is read once).
+TEST(ThreadsDeathTest, BadSpinEnvironmentIsAClearError) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        setenv("PHASOR_SPIN_US", "soon", 1);
+        set_num_threads(2);
+        try {
+          detail::parallel_for(4, [](std::int64_t) {});
+        } catch (const Error& e) {
+          const std::string what = e.what();
+          std::exit(what.find("PHASOR_SPIN_US") != std::string::npos &&
+                            what.find("'soon'") != std::string::npos
+                        ? 0
+                        : 2);
+        }
+        std::exit(3);
+      },
+      ::testing::ExitedWithCode(0), "");
 }
 
 }  // namespace

@@ -133,7 +133,9 @@ const char* to_string(RotaryLayout layout);  // "half_split" | "interleaved"
 // Threads. Kernels split work over (sequence, head) pairs; every pair is computed by one thread
 // in a fixed order, so results are bit-identical from run to run and for any thread count.
 // The default is the PHASOR_NUM_THREADS environment variable if set, else the number of hardware
-// threads. set_num_threads(0) restores the default.
+// threads. set_num_threads(0) restores the default. Calls too small to repay handing work to
+// another thread run on the calling thread; between calls the workers spin for up to 50 µs
+// before sleeping (the PHASOR_SPIN_US environment variable, read once; 0 sleeps at once).
 void set_num_threads(int num_threads);
 int num_threads();
 

@@ -76,6 +76,7 @@ class Pool {
 
   void run(std::int64_t n, int threads, const std::function<void(std::int64_t)>& fn) {
     std::lock_guard<std::mutex> serial(submit_mutex_);
+    spin_time();  // a bad PHASOR_SPIN_US throws here, on the caller's thread, before any worker
     ensure_workers(threads - 1);
     {
       std::lock_guard<std::mutex> lock(mutex_);
