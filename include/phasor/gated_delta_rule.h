@@ -26,8 +26,8 @@
 //                  it N = B.
 // The compute type is q's dtype (float32 accumulates in float32, float64 in float64), except for
 // Impl::reference, which always computes in float64 (16-bit inputs compute in float32). All views
-// on one device (phasor/common.h: Device); phasor/ops.h lists the implementations with CUDA kernels.
-// On a GPU device: fused_recurrent_gated_delta_rule (K ≤ 256) and chunk_gated_delta_rule
+// on one device (phasor/common.h: Device); phasor/ops.h lists the implementations with CUDA
+// kernels. On a GPU device: fused_recurrent_gated_delta_rule (K ≤ 256) and chunk_gated_delta_rule
 // (chunk_size 16, 32 or 64; any K, V; the chunk's triangular solve as the explicit inverse of M;
 // matrix products on tensor cores for bfloat16 / float16 q — each operand rounded to q's type,
 // whose error grows with the conditioning of M, so normalise q and k — and exact FMA tiles for

@@ -55,8 +55,7 @@ constexpr std::int64_t kLoadBlock = 64;
 template <class S>
 struct ForwardScratch {
   std::vector<Mat<S>> owned;
-  std::vector<StateMap<S>> states;
-  std::vector<char> mapped;
+  std::vector<StateMap<S>> states;  // over final_state's slices, or over `owned`
   QKInputs<S> qk;
   ValueInputs<S> in;
   Mat<S> out;
@@ -70,28 +69,22 @@ void forward_item(const Problem& p, std::int64_t item, const TensorView& o,
                   const TensorView& final_state, bool in_place) {
   const std::int64_t n = p.item_sequence(item), h = p.item_head(item), G = p.group;
   const Sequence& s = p.sequences[static_cast<std::size_t>(n)];
-  // Every initial state of the item is read before any final state is stored (they may alias).
+  // Owned states are stored only at the end, after every initial state has been read (they may
+  // alias). In-place states are final_state's own slices: initial_state is then either that
+  // same view (nothing to load) or disjoint from it (states_in_place_allowed).
   thread_local ForwardScratch<S> w;
-  auto& [owned, states, mapped, qk, in, out] = w;
+  auto& [owned, states, qk, in, out] = w;
   RowVec<S> v_row, scratch, o_row;
   if (owned.size() < static_cast<std::size_t>(G)) owned.resize(static_cast<std::size_t>(G));
   states.clear();
-  mapped.assign(static_cast<std::size_t>(G), 0);
+  const bool aliased = same_view(p.initial_state, final_state);
   for (std::int64_t r = 0; r < G; ++r) {
-    const auto i = static_cast<std::size_t>(r);
+    Mat<S>& mine = owned[static_cast<std::size_t>(r)];
     S* target = in_place ? state_in_place<S>(final_state, n, h * G + r) : nullptr;
-    if (target == nullptr || !same_view(p.initial_state, final_state))
-      load_initial_state(p, n, h * G + r, owned[i]);
-    if (target != nullptr) {
-      mapped[i] = 1;
-      states.emplace_back(target, p.K, p.V);
-    } else {
-      states.emplace_back(owned[i].data(), p.K, p.V);
-    }
+    if (target == nullptr || !aliased) load_initial_state(p, n, h * G + r, mine);
+    states.emplace_back(target != nullptr ? target : mine.data(), p.K, p.V);
+    if (target != nullptr && !aliased) states.back() = mine;
   }
-  for (std::int64_t r = 0; r < G; ++r)  // inputs of the in-place states (after every load)
-    if (mapped[static_cast<std::size_t>(r)] && !same_view(p.initial_state, final_state))
-      states[static_cast<std::size_t>(r)] = owned[static_cast<std::size_t>(r)];
   for (std::int64_t t0 = 0; t0 < s.length; t0 += kLoadBlock) {
     const Sequence block = block_of(s, t0, std::min(kLoadBlock, s.length - t0));
     load_qk(p, block, h, qk);
@@ -113,7 +106,7 @@ void forward_item(const Problem& p, std::int64_t item, const TensorView& o,
   }
   if (final_state.defined())
     for (std::int64_t r = 0; r < G; ++r)
-      if (!mapped[static_cast<std::size_t>(r)])
+      if (states[static_cast<std::size_t>(r)].data() == owned[static_cast<std::size_t>(r)].data())
         store_state(owned[static_cast<std::size_t>(r)], final_state, n, h * G + r);
 }
 
