@@ -691,6 +691,36 @@ TEST(GlaKernels, ThreadCountInvariance) {
   set_num_threads(0);
 }
 
+// The chunk kernels walk one (sequence, head) item per thread when the items keep every thread
+// busy, and parallelise over chunks when they do not (scans over chunks between the phases): one
+// thread runs the former on these cases, 2–8 threads the latter. Both must give the same bits,
+// with one item (T = 300 at chunk 2: 150 chunks, windows of at most 64 in the forward), a varlen
+// batch with empty and one-token sequences, rotation and strided views.
+TEST(GlaKernels, ChunkParallelScheduleIsBitIdentical) {
+  Case one_item{"one_item_150_chunks", 1, 300, 1, 6, 5, Gates::realistic, 2};
+  one_item.rotate = true;
+  one_item.running_phase = true;
+  Case varlen{"varlen", 1, 97, 1, 8, 4, Gates::mixed_channels, 8, {40, 0, 1, 56}};
+  varlen.strided = true;
+  Case two_heads{"two_heads_no_states", 1, 130, 2, 4, 7, Gates::strong, 16};
+  two_heads.initial_state = false;
+  two_heads.d_final_state = false;
+  for (const Case& c : {one_item, varlen, two_heads}) {
+    const Inputs in = make_inputs(c, 31);
+    for (DType dtype : {DType::float32, DType::float64}) {
+      SCOPED_TRACE(c.name + " " + to_string(dtype));
+      set_num_threads(1);
+      const Result by_item = run(in, Impl::chunk, dtype, dtype);
+      for (int threads : {2, 3, 8}) {
+        set_num_threads(threads);
+        expect_bit_equal(run(in, Impl::chunk, dtype, dtype), by_item,
+                         std::to_string(threads) + " threads");
+      }
+    }
+  }
+  set_num_threads(0);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Fused rotation by θ (GlaParams::theta).
 

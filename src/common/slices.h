@@ -190,4 +190,19 @@ decltype(auto) dispatch_float(const TensorView& x, F&& f) {
   return f(float{});
 }
 
+// Asks for the rows of the tokens of s in x[:, :, h, :] to be brought into cache. Rows of one head
+// are usually a whole token apart in memory (H · D elements, often a page or more), a pattern the
+// hardware prefetchers do not follow; kernels call this for the next block while they compute
+// the current one.
+inline void prefetch_block(const TensorView& x, const Sequence& s, std::int64_t h) {
+  if (!x.defined() || s.length <= 0 || x.size(3) <= 0) return;
+  const std::int64_t item = static_cast<std::int64_t>(element_size(x.dtype));
+  const char* base = static_cast<const char*>(x.data) +
+                     (s.batch * x.stride(0) + s.start * x.stride(1) + h * x.stride(2)) * item;
+  const std::int64_t row_bytes = ((x.size(3) - 1) * x.stride(3) + 1) * item;
+  for (std::int64_t t = 0; t < s.length; ++t)
+    for (std::int64_t byte = 0; byte < row_bytes; byte += 64)
+      __builtin_prefetch(base + t * x.stride(1) * item + byte);
+}
+
 }  // namespace phasor::detail

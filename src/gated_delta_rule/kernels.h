@@ -98,21 +98,6 @@ void store_block(const Mat<S>& in, const TensorView& x, const Sequence& b, std::
                                               Eigen::OuterStride<>(x.stride(1))) = in;
 }
 
-// Asks for the rows of block b of x[:, :, h, :] to be brought into cache. Rows of one head are
-// usually a whole token apart in memory (H · D elements, often a page or more), a pattern the
-// hardware prefetchers do not follow; kernels call this for the next block while they compute
-// the current one.
-inline void prefetch_block(const TensorView& x, const Sequence& b, std::int64_t h) {
-  if (!x.defined() || b.length <= 0 || x.size(3) <= 0) return;
-  const std::int64_t item = static_cast<std::int64_t>(element_size(x.dtype));
-  const char* base = static_cast<const char*>(x.data) +
-                     (b.batch * x.stride(0) + b.start * x.stride(1) + h * x.stride(2)) * item;
-  const std::int64_t row_bytes = ((x.size(3) - 1) * x.stride(3) + 1) * item;
-  for (std::int64_t t = 0; t < b.length; ++t)
-    for (std::int64_t byte = 0; byte < row_bytes; byte += 64)
-      __builtin_prefetch(base + t * x.stride(1) * item + byte);
-}
-
 // Prefetches block b of the inputs of work item (sequence, q/k head h): q, k, and v and `extra`
 // (d_o in the backward, or nothing) of its value heads.
 inline void prefetch_inputs(const Problem& p, const Sequence& b, std::int64_t h,

@@ -58,6 +58,8 @@
 #endif
 #include <Eigen/Core>
 #include <algorithm>
+#include <cmath>
+#include <vector>
 
 #include "common/parallel.h"
 #include "common/slices.h"
@@ -188,20 +190,27 @@ struct ChunkWork {
     out.noalias() += attn.template triangularView<Eigen::Lower>() * v;
   }
 
-  // state ← diag(P_last) state + (k ⊙ E)ᵀ v.
-  template <class State>
-  void advance_state(State&& state) {
+  // The chunk's own contribution to the state, L = (k ⊙ E)ᵀ v (K × V): S_next = diag(P_last)
+  // S_prev + L (carry_state). Expects gate_factors (E, P_last).
+  template <class Local>
+  void state_contribution(Local&& local) {
     k_e = (k.array() * suffix.array()).matrix();
-    state.array().colwise() *= p_last.transpose().array();
-    state.noalias() += k_e.transpose() * v;
+    local.noalias() = k_e.transpose() * v;
   }
 
-  // Gradients of the chunk given S_prev and dS (the gradient w.r.t. S_next); then replaces dS
-  // by the gradient w.r.t. S_prev. Expects load(…, d_o) and gate_factors() done.
-  template <class State>
-  void backward(const State& state_prev, Mat<S>& d_state) {
-    const std::int64_t K = q.cols();
+  // The chunk's own contribution to the state gradient, scale · Σ_i (q_i ⊙ P_i) do_iᵀ (K × V):
+  // dS_prev = diag(P_last) dS + it (carry_state). Expects load(…, d_o) and gate_factors().
+  template <class Local>
+  void state_gradient_contribution(Local&& local) {
     q_p = scale * (q.array() * prefix.array()).matrix();
+    local.noalias() = q_p.transpose() * d_out;
+  }
+
+  // Gradients of the chunk given S_prev and dS (the gradient w.r.t. S_next). Expects load(…, d_o)
+  // and gate_factors() done.
+  template <class State, class StateGrad>
+  void backward(const State& state_prev, const StateGrad& d_state) {
+    const std::int64_t K = q.cols();
     k_e = (k.array() * suffix.array()).matrix();
 
     d_attn.noalias() = d_out * v.transpose();
@@ -297,72 +306,276 @@ struct ChunkWork {
         dg.row(t) += acc;
       }
     }
-
-    // dS_prev = diag(P_last) dS + scale Σ_i (q_i ⊙ P_i) do_iᵀ.
-    d_state.array().colwise() *= p_last.transpose().array();
-    d_state.noalias() += q_p.transpose() * d_out;
   }
 };
+
+// Asks for the rows that ChunkWork::load(p, part, h, with_q, d_o) will read to be brought into
+// cache: by-item walks call it for the next chunk while computing the current one.
+void prefetch_chunk(const Problem& p, const Sequence& part, std::int64_t h, bool with_q,
+                    const TensorView& d_o) {
+  if (with_q) prefetch_block(p.q, part, h);
+  prefetch_block(p.k, part, h);
+  prefetch_block(p.v, part, h);
+  prefetch_block(p.g, part, h);
+  prefetch_block(p.theta, part, h);
+  prefetch_block(d_o, part, h);
+}
+
+// S ← diag(P_last) S + L, one rounding per element (fma): the state recurrence across chunks
+// (L = state_contribution) and, in reverse, the state gradient's (L =
+// state_gradient_contribution). With `previous`, previous ← the S it was called with; `local` may
+// be `previous` (the scans below keep each chunk's entering state where its L was).
+template <class S, class State, class Local, class Previous>
+void carry_state(State&& state, const RowVec<S>& p_last, const Local& local, Previous* previous) {
+  for (Eigen::Index i = 0; i < state.rows(); ++i) {
+    S* row = state.row(i).data();
+    const S* add = local.row(i).data();
+    S* keep = previous ? previous->row(i).data() : nullptr;
+    const S p = p_last(i);
+    for (Eigen::Index j = 0; j < state.cols(); ++j) {
+      const S l = add[j];
+      if (keep) keep[j] = row[j];
+      row[j] = std::fma(p, row[j], l);
+    }
+  }
+}
+template <class S, class State, class Local>
+void carry_state(State&& state, const RowVec<S>& p_last, const Local& local) {
+  carry_state<S>(state, p_last, local, static_cast<Mat<S>*>(nullptr));
+}
+
+// ---- Schedules ---------------------------------------------------------------------------------
+// Every chunk runs the same arithmetic in either schedule — its output from the state entering it,
+// its contribution L (K × V, a product into zeros) and the carry S ← diag(P_last) S + L — so the
+// two give bit-identical results and the choice between them (by thread count) never shows:
+//  * by item: each (sequence, head) pair is walked chunk by chunk on one thread (the state stays
+//    in cache); used when the items alone keep every thread busy.
+//  * by chunk: for few items (B = H = 1 at T = 65,536), the chunks of a window run in parallel in
+//    three phases — every chunk's L; per item, the scan of the carries, leaving each chunk's
+//    entering state where its L was; every chunk's output — with the backward's reverse scan for
+//    dS likewise.
+
+// The i-th chunk of a sequence as a Sequence, and the number of chunks.
+inline Sequence chunk_of(const Sequence& s, std::int64_t C, std::int64_t c) {
+  return subsequence(s, c * C, std::min(C, s.length - c * C));
+}
+inline std::int64_t num_chunks(const Sequence& s, std::int64_t C) {
+  return (s.length + C - 1) / C;
+}
+
+bool by_chunk(const Problem& p) {
+  const int threads = phasor::num_threads();
+  return threads > 1 && p.num_work_items() < 2 * threads;
+}
+
+// (item, chunk) pairs: for every item, its chunks in [first, first + count) that exist.
+struct ChunkUnit {
+  std::int64_t item, chunk;
+};
+std::vector<ChunkUnit> chunk_units(const Problem& p, std::int64_t first, std::int64_t count) {
+  std::vector<ChunkUnit> units;
+  for (std::int64_t item = 0; item < p.num_work_items(); ++item) {
+    const std::int64_t chunks = num_chunks(p.sequences[item / p.H], p.chunk_size);
+    for (std::int64_t c = first; c < std::min(chunks, first + count); ++c)
+      units.push_back({item, c});
+  }
+  return units;
+}
 
 template <class S>
 void forward_item(const Problem& p, std::int64_t n, std::int64_t h, const TensorView& o,
                   const TensorView& final_state) {
   const Sequence& s = p.sequences[static_cast<std::size_t>(n)];
-  Mat<S> state = Mat<S>::Zero(p.K, p.V);
+  Mat<S> state = Mat<S>::Zero(p.K, p.V), local(p.K, p.V);
   if (p.initial_state.defined()) load_state(p.initial_state, n, h, state);
   ChunkWork<S> work;
-  for (std::int64_t offset = 0; offset < s.length; offset += p.chunk_size) {
-    const Sequence part = subsequence(s, offset, std::min(p.chunk_size, s.length - offset));
+  const std::int64_t chunks = num_chunks(s, p.chunk_size);
+  for (std::int64_t c = 0; c < chunks; ++c) {
+    const Sequence part = chunk_of(s, p.chunk_size, c);
     work.load(p, part, h, /*with_q=*/true, TensorView{});
+    if (c + 1 < chunks) prefetch_chunk(p, chunk_of(s, p.chunk_size, c + 1), h, true, TensorView{});
     work.gate_factors();
     work.forward_output(state);
     store_token_rows(work.out, o, part, h);
-    work.advance_state(state);
+    work.state_contribution(local);
+    carry_state(state, work.p_last, local);
   }
   if (final_state.defined()) store_state(state, final_state, n, h);
+}
+
+// The chunk-parallel forward, a window of chunks at a time (bounded memory: one K × V block per
+// chunk of the window).
+template <class S>
+void forward_by_chunk(const Problem& p, const TensorView& o, const TensorView& final_state) {
+  const std::int64_t items = p.num_work_items(), K = p.K, V = p.V, C = p.chunk_size;
+  constexpr std::int64_t kWindowBytes = 16 << 20, kMaxWindow = 64;
+  const std::int64_t block_bytes = std::max<std::int64_t>(1, K * V * std::int64_t(sizeof(S)));
+  const std::int64_t window =
+      std::clamp<std::int64_t>(kWindowBytes / (items * block_bytes), 1, kMaxWindow);
+  std::int64_t max_chunks = 0;
+  std::vector<Mat<S>> states(static_cast<std::size_t>(items));
+  for (std::int64_t item = 0; item < items; ++item) {
+    max_chunks = std::max(max_chunks, num_chunks(p.sequences[item / p.H], C));
+    Mat<S>& state = states[static_cast<std::size_t>(item)];
+    state.setZero(K, V);
+    if (p.initial_state.defined()) load_state(p.initial_state, item / p.H, item % p.H, state);
+  }
+  Mat<S> blocks(items * window * K, V), p_lasts(items * window, K);
+  auto block = [&](std::int64_t item, std::int64_t c) {
+    return blocks.middleRows((item * window + c % window) * K, K);
+  };
+  for (std::int64_t first = 0; first < max_chunks; first += window) {
+    const std::vector<ChunkUnit> units = chunk_units(p, first, window);
+    parallel_for(static_cast<std::int64_t>(units.size()), [&](std::int64_t u) {
+      const ChunkUnit unit = units[static_cast<std::size_t>(u)];
+      thread_local ChunkWork<S> work;
+      work.load(p, chunk_of(p.sequences[unit.item / p.H], C, unit.chunk), unit.item % p.H,
+                /*with_q=*/false, TensorView{});
+      work.gate_factors(/*with_prefix=*/false);
+      work.state_contribution(block(unit.item, unit.chunk));
+      p_lasts.row(unit.item * window + unit.chunk % window) = work.p_last;
+    });
+    parallel_for(items, [&](std::int64_t item) {
+      const std::int64_t chunks = num_chunks(p.sequences[item / p.H], C);
+      for (std::int64_t c = first; c < std::min(chunks, first + window); ++c) {
+        auto entering = block(item, c);
+        const RowVec<S> p_last = p_lasts.row(item * window + c % window);
+        carry_state<S>(states[static_cast<std::size_t>(item)], p_last, entering, &entering);
+      }
+    });
+    parallel_for(static_cast<std::int64_t>(units.size()), [&](std::int64_t u) {
+      const ChunkUnit unit = units[static_cast<std::size_t>(u)];
+      thread_local ChunkWork<S> work;
+      const Sequence part = chunk_of(p.sequences[unit.item / p.H], C, unit.chunk);
+      work.load(p, part, unit.item % p.H, /*with_q=*/true, TensorView{});
+      work.gate_factors();
+      work.forward_output(block(unit.item, unit.chunk));
+      store_token_rows(work.out, o, part, unit.item % p.H);
+    });
+  }
+  if (final_state.defined())
+    for (std::int64_t item = 0; item < items; ++item)
+      store_state(states[static_cast<std::size_t>(item)], final_state, item / p.H, item % p.H);
+}
+
+// Gradients of one chunk from its entering state and dS (w.r.t. its leaving state), stored.
+template <class S, class State, class StateGrad>
+void chunk_gradients(const Problem& p, const Sequence& part, std::int64_t h, const GlaGrads& grads,
+                     const State& state_prev, const StateGrad& d_state, ChunkWork<S>& work) {
+  // dq', dk' (rotated frame) need turning back only if dq, dk or dθ is requested.
+  const bool unrotate =
+      p.theta.defined() && (grads.dq.defined() || grads.dk.defined() || grads.dtheta.defined());
+  work.backward(state_prev, d_state);
+  if (unrotate) {
+    work.unrotate(p.rotary_layout);
+    if (grads.dtheta.defined()) store_token_rows(work.dtheta, grads.dtheta, part, h);
+  }
+  if (grads.dq.defined()) store_token_rows(work.dq, grads.dq, part, h);
+  if (grads.dk.defined()) store_token_rows(work.dk, grads.dk, part, h);
+  if (grads.dv.defined()) store_token_rows(work.dv, grads.dv, part, h);
+  if (grads.dg.defined()) store_token_rows(work.dg, grads.dg, part, h);
 }
 
 template <class S>
 void backward_item(const Problem& p, std::int64_t n, std::int64_t h, const TensorView& d_o,
                    const TensorView& d_final_state, const GlaGrads& grads) {
   const Sequence& s = p.sequences[static_cast<std::size_t>(n)];
-  const std::int64_t C = p.chunk_size, K = p.K, V = p.V;
-  const std::int64_t num_chunks = (s.length + C - 1) / C;
+  const std::int64_t C = p.chunk_size, K = p.K, V = p.V, chunks = num_chunks(s, C);
   ChunkWork<S> work;
-  // dq', dk' (rotated frame) need turning back only if dq, dk or dθ is requested.
-  const bool unrotate =
-      p.theta.defined() && (grads.dq.defined() || grads.dk.defined() || grads.dtheta.defined());
+  Mat<S> local(K, V);
 
   // Pass 1: states[c] = the state before chunk c.
-  Mat<S> states(num_chunks * K, V);
+  Mat<S> states(chunks * K, V);
   Mat<S> state = Mat<S>::Zero(K, V);
   if (p.initial_state.defined()) load_state(p.initial_state, n, h, state);
-  for (std::int64_t c = 0; c < num_chunks; ++c) {
+  for (std::int64_t c = 0; c < chunks; ++c) {
     states.middleRows(c * K, K) = state;
-    const Sequence part = subsequence(s, c * C, std::min(C, s.length - c * C));
-    work.load(p, part, h, /*with_q=*/false, TensorView{});
+    work.load(p, chunk_of(s, C, c), h, /*with_q=*/false, TensorView{});
+    if (c + 1 < chunks) prefetch_chunk(p, chunk_of(s, C, c + 1), h, false, TensorView{});
     work.gate_factors(/*with_prefix=*/false);
-    work.advance_state(state);
+    work.state_contribution(local);
+    carry_state(state, work.p_last, local);
   }
 
   // Pass 2: chunks in reverse, carrying dS.
   Mat<S> d_state = Mat<S>::Zero(K, V);
   if (d_final_state.defined()) load_state(d_final_state, n, h, d_state);
-  for (std::int64_t c = num_chunks - 1; c >= 0; --c) {
-    const Sequence part = subsequence(s, c * C, std::min(C, s.length - c * C));
+  for (std::int64_t c = chunks - 1; c >= 0; --c) {
+    const Sequence part = chunk_of(s, C, c);
     work.load(p, part, h, /*with_q=*/true, d_o);
+    if (c > 0) prefetch_chunk(p, chunk_of(s, C, c - 1), h, true, d_o);
     work.gate_factors();
-    work.backward(states.middleRows(c * K, K), d_state);
-    if (unrotate) {
-      work.unrotate(p.rotary_layout);
-      if (grads.dtheta.defined()) store_token_rows(work.dtheta, grads.dtheta, part, h);
-    }
-    if (grads.dq.defined()) store_token_rows(work.dq, grads.dq, part, h);
-    if (grads.dk.defined()) store_token_rows(work.dk, grads.dk, part, h);
-    if (grads.dv.defined()) store_token_rows(work.dv, grads.dv, part, h);
-    if (grads.dg.defined()) store_token_rows(work.dg, grads.dg, part, h);
+    chunk_gradients(p, part, h, grads, states.middleRows(c * K, K), d_state, work);
+    work.state_gradient_contribution(local);
+    carry_state(d_state, work.p_last, local);
   }
   if (grads.dh0.defined()) store_state(d_state, grads.dh0, n, h);
+}
+
+// The chunk-parallel backward: the states before every chunk (a scan of the contributions), the
+// gradients w.r.t. the states after every chunk (a reverse scan), then every chunk's gradients.
+// Memory: two K × V blocks per chunk of every item (the by-item backward keeps one per chunk of
+// the items in flight).
+template <class S>
+void backward_by_chunk(const Problem& p, const TensorView& d_o, const TensorView& d_final_state,
+                       const GlaGrads& grads) {
+  const std::int64_t items = p.num_work_items(), K = p.K, V = p.V, C = p.chunk_size;
+  std::vector<std::int64_t> first(static_cast<std::size_t>(items + 1), 0);  // item's first block
+  for (std::int64_t item = 0; item < items; ++item)
+    first[item + 1] = first[item] + num_chunks(p.sequences[item / p.H], C);
+  const std::int64_t total = first[items];
+  Mat<S> states(total * K, V), d_states(total * K, V), p_lasts(total, K);
+  const std::vector<ChunkUnit> units = chunk_units(p, 0, total);
+  auto index = [&](const ChunkUnit& unit) { return first[unit.item] + unit.chunk; };
+
+  // Every chunk's L (into states) and P_last.
+  parallel_for(static_cast<std::int64_t>(units.size()), [&](std::int64_t u) {
+    const ChunkUnit unit = units[static_cast<std::size_t>(u)];
+    thread_local ChunkWork<S> work;
+    work.load(p, chunk_of(p.sequences[unit.item / p.H], C, unit.chunk), unit.item % p.H,
+              /*with_q=*/false, TensorView{});
+    work.gate_factors(/*with_prefix=*/false);
+    work.state_contribution(states.middleRows(index(unit) * K, K));
+    p_lasts.row(index(unit)) = work.p_last;
+  });
+  // Every chunk's dS-contribution (into d_states).
+  parallel_for(static_cast<std::int64_t>(units.size()), [&](std::int64_t u) {
+    const ChunkUnit unit = units[static_cast<std::size_t>(u)];
+    thread_local ChunkWork<S> work;
+    work.load(p, chunk_of(p.sequences[unit.item / p.H], C, unit.chunk), unit.item % p.H,
+              /*with_q=*/true, d_o);
+    work.gate_factors();
+    work.state_gradient_contribution(d_states.middleRows(index(unit) * K, K));
+  });
+  // The scans, per item: states[c] ← the state entering chunk c; d_states[c] ← dS leaving it.
+  parallel_for(items, [&](std::int64_t item) {
+    const std::int64_t n = item / p.H, h = item % p.H;
+    Mat<S> state = Mat<S>::Zero(K, V);
+    if (p.initial_state.defined()) load_state(p.initial_state, n, h, state);
+    for (std::int64_t b = first[item]; b < first[item + 1]; ++b) {
+      auto entering = states.middleRows(b * K, K);
+      const RowVec<S> p_last = p_lasts.row(b);
+      carry_state<S>(state, p_last, entering, &entering);
+    }
+    Mat<S> d_state = Mat<S>::Zero(K, V);
+    if (d_final_state.defined()) load_state(d_final_state, n, h, d_state);
+    for (std::int64_t b = first[item + 1] - 1; b >= first[item]; --b) {
+      auto leaving = d_states.middleRows(b * K, K);
+      const RowVec<S> p_last = p_lasts.row(b);
+      carry_state<S>(d_state, p_last, leaving, &leaving);
+    }
+    if (grads.dh0.defined()) store_state(d_state, grads.dh0, n, h);
+  });
+  parallel_for(static_cast<std::int64_t>(units.size()), [&](std::int64_t u) {
+    const ChunkUnit unit = units[static_cast<std::size_t>(u)];
+    thread_local ChunkWork<S> work;
+    const std::int64_t h = unit.item % p.H;
+    const Sequence part = chunk_of(p.sequences[unit.item / p.H], C, unit.chunk);
+    work.load(p, part, h, /*with_q=*/true, d_o);
+    work.gate_factors();
+    chunk_gradients(p, part, h, grads, states.middleRows(index(unit) * K, K),
+                    d_states.middleRows(index(unit) * K, K), work);
+  });
 }
 
 }  // namespace
@@ -370,6 +583,7 @@ void backward_item(const Problem& p, std::int64_t n, std::int64_t h, const Tenso
 void chunk_forward(const Problem& p, const TensorView& o, const TensorView& final_state) {
   dispatch_float(p.q, [&](auto zero) {
     using S = decltype(zero);
+    if (by_chunk(p)) return forward_by_chunk<S>(p, o, final_state);
     parallel_for(p.num_work_items(), [&](std::int64_t item) {
       forward_item<S>(p, item / p.H, item % p.H, o, final_state);
     });
@@ -380,6 +594,7 @@ void chunk_backward(const Problem& p, const TensorView& d_o, const TensorView& d
                     const GlaGrads& grads) {
   dispatch_float(p.q, [&](auto zero) {
     using S = decltype(zero);
+    if (by_chunk(p)) return backward_by_chunk<S>(p, d_o, d_final_state, grads);
     parallel_for(p.num_work_items(), [&](std::int64_t item) {
       backward_item<S>(p, item / p.H, item % p.H, d_o, d_final_state, grads);
     });
