@@ -816,6 +816,37 @@ TEST(GatedDeltaRuleKernels, BitIdenticalForAnyThreadCount) {
   }
 }
 
+// The chunk forward walks one item per thread when the items keep every thread busy, and
+// otherwise runs the chunks' state-independent parts in parallel and the recurrence in parallel
+// over (item, value head, value tile of 64 columns): one thread runs the former on these cases,
+// 2–8 threads the latter. Both must give the same bits: one item with V = 150 (three tiles, the
+// last 22 wide) over 130 chunks of 2 (windows of 64), grouped value heads with a varlen batch and
+// strided views, rotation.
+TEST(GatedDeltaRuleKernels, ChunkParallelScheduleIsBitIdentical) {
+  Case one_item;
+  one_item.T = 260, one_item.K = 6, one_item.V = 150, one_item.chunk_size = 2;
+  one_item.gates = Gates::mixed, one_item.rotation = true;
+  Case grouped;
+  grouped.T = 90, grouped.H = 1, grouped.HV = 2, grouped.K = 8, grouped.V = 70;
+  grouped.lengths = {30, 0, 1, 59}, grouped.layout = Layout::swapped, grouped.l2norm = false;
+  Case no_state = grouped;
+  no_state.initial_state = false, no_state.lengths = {}, no_state.layout = Layout::transposed;
+  for (const Case& c : {one_item, grouped, no_state}) {
+    const Data d = make_data(c);
+    for (DType dtype : {DType::float32, DType::float64}) {
+      set_num_threads(1);
+      const Result by_item = run(d, Impl::chunk, dtype, /*backward=*/false);
+      for (int threads : {2, 3, 8}) {
+        set_num_threads(threads);
+        const Result r = run(d, Impl::chunk, dtype, /*backward=*/false);
+        EXPECT_TRUE(r.o.bit_equal(by_item.o) && r.ht.bit_equal(by_item.ht))
+            << "V = " << c.V << ", " << to_string(dtype) << ", " << threads << " threads";
+      }
+    }
+  }
+  set_num_threads(0);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Fused rotation
 

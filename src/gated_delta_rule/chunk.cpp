@@ -40,6 +40,7 @@
 // PairAngles<float> (common/rotation.h) uses for the fused rotation.
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <vector>
 
@@ -81,7 +82,7 @@ struct ChunkState {
   Mat<S> pair;    // Γ_ij, lower triangle including the diagonal
   Mat<S> m;       // strictly lower part of M (its unit diagonal is implicit)
   Mat<S> attn;    // Q̃ Kᵀ ⊙ Γ, lower triangle including the diagonal
-  Mat<S> kq_s;    // [K S; Q̃ S] (forward), or K S alone (backward)
+  Mat<S> kq_s;    // K S
   Mat<S> u_new;   // U_new, L × V
   Mat<S> k_tail;  // diag(E) K
 
@@ -113,7 +114,7 @@ struct ChunkState {
   // Everything of the chunk that does not depend on the entering state: the gates, M of eq. (1)
   // and the gated intra-chunk attention matrix of eq. (3).
   void prepare(const ChunkGram<S>& gram, const ValueInputs<S>& in) {
-    L = in.v.rows();
+    L = in.g.size();
     compute_gates(in.g);
     m.setZero(L, L);  // only the strictly lower part is read (by the unit-triangular solves)
     attn.resize(L, L);
@@ -123,22 +124,12 @@ struct ChunkState {
     }
   }
 
-  // U_new, eq. (2): R = diag(β) (V − diag(γ) K S), then M U_new = R. With `with_qs`, Q̃ S is
-  // computed too (in kq_s.bottomRows(L), for eq. (3)).
-  void compute_u_new(const ChunkGram<S>& gram, const ValueInputs<S>& in, const Mat<S>& state,
-                     bool with_qs) {
-    if (with_qs)
-      kq_s.noalias() = gram.kq * state;
-    else
-      kq_s.noalias() = gram.kq.topRows(L) * state;
+  // U_new, eq. (2): R = diag(β) (V − diag(γ) K S), then M U_new = R (the backward's; the
+  // forward runs forward_tile).
+  void compute_u_new(const ChunkGram<S>& gram, const ValueInputs<S>& in, const Mat<S>& state) {
+    kq_s.noalias() = gram.kq.topRows(L) * state;
     u_new = in.beta.asDiagonal() * (in.v - gamma.asDiagonal() * kq_s.topRows(L));
     m.template triangularView<UnitLower>().solveInPlace(u_new);
-  }
-
-  // O rows of the chunk, eq. (3); needs compute_u_new(…, with_qs = true).
-  void output(Mat<S>& o) const {
-    o = gamma.asDiagonal() * kq_s.bottomRows(L);
-    o.noalias() += attn.template triangularView<Lower>() * u_new;
   }
 
   // S ← S_next, eq. (4); needs compute_u_new.
@@ -149,20 +140,113 @@ struct ChunkState {
   }
 };
 
+// ---- The forward, value tile by value tile --------------------------------------------------
+// Columns of the state (and of v, U_new, O) never mix in (2)–(4): the forward runs them in tiles of
+// kValueTile columns, each with its own K × width state. The tiles are fixed by V alone and every
+// tile runs the same code whichever schedule calls it, so the two schedules below give
+// bit-identical results and the choice between them (by thread count) never shows:
+//  * by item: one (sequence, q/k head) item per thread, chunk by chunk, every value head and tile
+//    of the chunk in turn; used when the items alone keep every thread busy.
+//  * by tile: for few items (B = H = 1 at T = 65,536), a window of chunks at a time: first every
+//    chunk's state-independent part (K Kᵀ, Q̃ Kᵀ, the gates, M, diag(E) K) in parallel over
+//    chunks, then the recurrence in parallel over (item, value head, tile).
+constexpr std::int64_t kValueTile = 64;
+
+struct ValueTile {
+  std::int64_t first, width;
+};
+inline std::int64_t num_value_tiles(std::int64_t V) {
+  return std::max<std::int64_t>(1, (V + kValueTile - 1) / kValueTile);
+}
+inline ValueTile value_tile(std::int64_t V, std::int64_t i) {
+  return {i * kValueTile, std::min(kValueTile, V - i * kValueTile)};
+}
+// Columns [first, first + width) of x's last dimension: the same tensor, narrowed.
+inline TensorView value_columns(const TensorView& x, const ValueTile& tile) {
+  TensorView t = x;
+  if (!t.defined()) return t;
+  const int last = x.rank - 1;
+  t.data = static_cast<unsigned char*>(x.data) +
+           tile.first * x.stride(last) * static_cast<std::int64_t>(element_size(x.dtype));
+  t.sizes[static_cast<std::size_t>(last)] = tile.width;
+  return t;
+}
+
+// One chunk's state-independent part for one value head: ChunkState's gates, M and the gated
+// attention (prepare) and diag(E) K.
+template <class S>
+void prepare_chunk(const Problem& p, const Sequence& block, std::int64_t hv, const QKInputs<S>& qk,
+                   const ChunkGram<S>& gram, ValueInputs<S>& in, ChunkState<S>& chunk) {
+  load_column(p.g, block, hv, in.g);
+  load_column(p.beta, block, hv, in.beta);
+  chunk.prepare(gram, in);
+  chunk.k_tail = chunk.tail.asDiagonal() * qk.k;
+}
+
+// Buffers of one value tile's step.
+template <class S>
+struct TileWork {
+  Mat<S> v, kq_s, u_new, out;
+};
+
+// Eqs. (2)–(4) for the value columns of `tile` of one chunk and value head: O's columns stored,
+// the tile's state advanced. Expects prepare_chunk.
+template <class S>
+void forward_tile(const Problem& p, const Sequence& block, std::int64_t hv, const ValueTile& tile,
+                  const ChunkGram<S>& gram, const ChunkState<S>& chunk, const Vec<S>& beta,
+                  const TensorView& o, Mat<S>& state, TileWork<S>& w) {
+  const std::int64_t L = chunk.L;
+  load_block(value_columns(p.v, tile), block, hv, w.v);
+  w.kq_s.noalias() = gram.kq * state;
+  w.u_new = beta.asDiagonal() * (w.v - chunk.gamma.asDiagonal() * w.kq_s.topRows(L));
+  chunk.m.template triangularView<UnitLower>().solveInPlace(w.u_new);
+  w.out = chunk.gamma.asDiagonal() * w.kq_s.bottomRows(L);
+  w.out.noalias() += chunk.attn.template triangularView<Lower>() * w.u_new;
+  store_block(w.out, value_columns(o, tile), block, hv);
+  state *= chunk.gamma(L - 1);
+  state.noalias() += chunk.k_tail.transpose() * w.u_new;
+}
+
+// The states of an item's value heads, tile by tile: states[r · tiles + i] is K × width.
+template <class S>
+std::vector<Mat<S>> load_tile_states(const Problem& p, std::int64_t n, std::int64_t h) {
+  const std::int64_t tiles = num_value_tiles(p.V);
+  std::vector<Mat<S>> states(static_cast<std::size_t>(p.group * tiles));
+  for (std::int64_t r = 0; r < p.group; ++r)
+    for (std::int64_t i = 0; i < tiles; ++i) {
+      const ValueTile tile = value_tile(p.V, i);
+      Mat<S>& state = states[static_cast<std::size_t>(r * tiles + i)];
+      if (p.initial_state.defined())
+        load_state(value_columns(p.initial_state, tile), n, h * p.group + r, state);
+      else
+        state = Mat<S>::Zero(p.K, tile.width);
+    }
+  return states;
+}
+template <class S>
+void store_tile_states(const Problem& p, std::int64_t n, std::int64_t h,
+                       const std::vector<Mat<S>>& states, const TensorView& final_state) {
+  if (!final_state.defined()) return;
+  const std::int64_t tiles = num_value_tiles(p.V);
+  for (std::int64_t r = 0; r < p.group; ++r)
+    for (std::int64_t i = 0; i < tiles; ++i)
+      store_state(states[static_cast<std::size_t>(r * tiles + i)],
+                  value_columns(final_state, value_tile(p.V, i)), n, h * p.group + r);
+}
+
 template <class S>
 void forward_item(const Problem& p, std::int64_t item, const TensorView& o,
                   const TensorView& final_state) {
   const std::int64_t n = p.item_sequence(item), h = p.item_head(item), G = p.group;
+  const std::int64_t tiles = num_value_tiles(p.V);
   const Sequence& s = p.sequences[static_cast<std::size_t>(n)];
   // Every initial state of the item is read before any final state is stored (they may alias).
-  std::vector<Mat<S>> states(static_cast<std::size_t>(G));
-  for (std::int64_t r = 0; r < G; ++r)
-    load_initial_state(p, n, h * G + r, states[static_cast<std::size_t>(r)]);
+  std::vector<Mat<S>> states = load_tile_states<S>(p, n, h);
   QKInputs<S> qk;
   ValueInputs<S> in;
   ChunkGram<S> gram;
   ChunkState<S> chunk;
-  Mat<S> out;
+  TileWork<S> work;
   for (std::int64_t t0 = 0; t0 < s.length; t0 += p.chunk_size) {
     const Sequence block = block_of(s, t0, std::min(p.chunk_size, s.length - t0));
     load_qk(p, block, h, qk);
@@ -172,18 +256,84 @@ void forward_item(const Problem& p, std::int64_t item, const TensorView& o,
           h);
     gram.compute(qk);
     for (std::int64_t r = 0; r < G; ++r) {
-      Mat<S>& state = states[static_cast<std::size_t>(r)];
-      load_values(p, block, h * G + r, in);
-      chunk.prepare(gram, in);
-      chunk.compute_u_new(gram, in, state, /*with_qs=*/true);
-      chunk.output(out);
-      store_block(out, o, block, h * G + r);
-      chunk.advance(qk, state);
+      prepare_chunk(p, block, h * G + r, qk, gram, in, chunk);
+      for (std::int64_t i = 0; i < tiles; ++i)
+        forward_tile(p, block, h * G + r, value_tile(p.V, i), gram, chunk, in.beta, o,
+                     states[static_cast<std::size_t>(r * tiles + i)], work);
     }
   }
-  if (final_state.defined())
-    for (std::int64_t r = 0; r < G; ++r)
-      store_state(states[static_cast<std::size_t>(r)], final_state, n, h * G + r);
+  store_tile_states(p, n, h, states, final_state);
+}
+
+bool by_tile(const Problem& p) {
+  const int threads = phasor::num_threads();
+  return threads > 1 && p.num_items() * p.group < 2 * threads;
+}
+
+// The by-tile forward (see above), a window of chunks at a time so that the stored
+// state-independent parts stay bounded (~16 MiB).
+template <class S>
+void forward_by_tile(const Problem& p, const TensorView& o, const TensorView& final_state) {
+  const std::int64_t items = p.num_items(), G = p.group, C = p.chunk_size, K = p.K;
+  const std::int64_t tiles = num_value_tiles(p.V);
+  const std::int64_t chunk_bytes =
+      static_cast<std::int64_t>(sizeof(S)) * (4 * C * K + 2 * C * C + G * (3 * C * C + C * K));
+  const std::int64_t window = std::clamp<std::int64_t>((16 << 20) / (items * chunk_bytes), 1, 64);
+  std::vector<std::vector<Mat<S>>> states(static_cast<std::size_t>(items));
+  std::int64_t max_chunks = 0;
+  auto chunks_of = [&](std::int64_t item) {
+    return (p.sequences[p.item_sequence(item)].length + C - 1) / C;
+  };
+  for (std::int64_t item = 0; item < items; ++item) {
+    states[static_cast<std::size_t>(item)] =
+        load_tile_states<S>(p, p.item_sequence(item), p.item_head(item));
+    max_chunks = std::max(max_chunks, chunks_of(item));
+  }
+  // Per (item, chunk of the window): its gram; per (item, chunk, value head): its ChunkState and β.
+  std::vector<ChunkGram<S>> grams(static_cast<std::size_t>(items * window));
+  std::vector<ChunkState<S>> chunks(static_cast<std::size_t>(items * window * G));
+  std::vector<Vec<S>> betas(chunks.size());
+  auto block_at = [&](std::int64_t item, std::int64_t c) {
+    const Sequence& s = p.sequences[p.item_sequence(item)];
+    return block_of(s, c * C, std::min(C, s.length - c * C));
+  };
+  for (std::int64_t first = 0; first < max_chunks; first += window) {
+    std::vector<std::array<std::int64_t, 2>> units;  // (item, chunk)
+    for (std::int64_t item = 0; item < items; ++item)
+      for (std::int64_t c = first; c < std::min(chunks_of(item), first + window); ++c)
+        units.push_back({item, c});
+    parallel_for(static_cast<std::int64_t>(units.size()), [&](std::int64_t u) {
+      const auto [item, c] = units[static_cast<std::size_t>(u)];
+      const std::int64_t h = p.item_head(item), slot = item * window + c - first;
+      thread_local QKInputs<S> qk;
+      thread_local ValueInputs<S> in;
+      const Sequence block = block_at(item, c);
+      load_qk(p, block, h, qk);
+      ChunkGram<S>& gram = grams[static_cast<std::size_t>(slot)];
+      gram.compute(qk);
+      for (std::int64_t r = 0; r < G; ++r) {
+        const auto at = static_cast<std::size_t>(slot * G + r);
+        prepare_chunk(p, block, h * G + r, qk, gram, in, chunks[at]);
+        betas[at] = in.beta;
+      }
+    });
+    parallel_for(items * G * tiles, [&](std::int64_t u) {
+      const std::int64_t item = u / (G * tiles), r = u / tiles % G, i = u % tiles;
+      const std::int64_t h = p.item_head(item);
+      thread_local TileWork<S> work;
+      Mat<S>& state =
+          states[static_cast<std::size_t>(item)][static_cast<std::size_t>(r * tiles + i)];
+      for (std::int64_t c = first; c < std::min(chunks_of(item), first + window); ++c) {
+        const std::int64_t slot = item * window + c - first;
+        const auto at = static_cast<std::size_t>(slot * G + r);
+        forward_tile(p, block_at(item, c), h * G + r, value_tile(p.V, i),
+                     grams[static_cast<std::size_t>(slot)], chunks[at], betas[at], o, state, work);
+      }
+    });
+  }
+  for (std::int64_t item = 0; item < items; ++item)
+    store_tile_states(p, p.item_sequence(item), p.item_head(item),
+                      states[static_cast<std::size_t>(item)], final_state);
 }
 
 // Reverse-mode buffers of one chunk.
@@ -336,7 +486,7 @@ void backward_item(const Problem& p, std::int64_t item, const TensorView& d_o,
         boundary[static_cast<std::size_t>(r * num_chunks + c)] = state;
         load_values(p, block, h * G + r, in);
         chunk.prepare(gram, in);
-        chunk.compute_u_new(gram, in, state, /*with_qs=*/false);
+        chunk.compute_u_new(gram, in, state);
         chunk.advance(qk, state);
       }
     }
@@ -360,7 +510,7 @@ void backward_item(const Problem& p, std::int64_t item, const TensorView& d_o,
       load_values(p, block, h * G + r, in);
       load_block(d_o, block, h * G + r, d_out);
       chunk.prepare(gram, in);
-      chunk.compute_u_new(gram, in, state, /*with_qs=*/false);
+      chunk.compute_u_new(gram, in, state);
       d.reset(block.length, p.V);
       backward_chunk(qk, gram, in, d_out, state, chunk, gr, dS[static_cast<std::size_t>(r)], dq, dk,
                      d);
@@ -378,6 +528,7 @@ void backward_item(const Problem& p, std::int64_t item, const TensorView& d_o,
 void chunk_forward(const Problem& p, const TensorView& o, const TensorView& final_state) {
   dispatch_float(p.q, [&](auto zero) {
     using S = decltype(zero);
+    if (by_tile(p)) return forward_by_tile<S>(p, o, final_state);
     parallel_for(p.num_items(),
                  [&](std::int64_t item) { forward_item<S>(p, item, o, final_state); });
   });
