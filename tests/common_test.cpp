@@ -1,6 +1,7 @@
 // Tests of the shared machinery: views, argument checks, cu_seqlens, threads.
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -202,6 +203,57 @@ TEST(Check, LogGatesMustBeNonPositive) {
   testing::expect_error([&] { check_gates(transposed); }, {"g[1, 0] = 5"});
 }
 
+// The host scan checks contiguous float32/float64 rows on the values' bits (a vectorised loop):
+// every special value must get the verdict of the plain comparison (value_ok), and in a large
+// tensor scanned in parallel blocks the first failing element in row-major order is reported.
+template <class T>
+void expect_bit_scan_matches_comparisons() {
+  const T inf = std::numeric_limits<T>::infinity(), nan = std::numeric_limits<T>::quiet_NaN();
+  const T specials[] = {T(0),
+                        -T(0),
+                        -inf,
+                        inf,
+                        nan,
+                        -nan,
+                        std::numeric_limits<T>::denorm_min(),
+                        -std::numeric_limits<T>::denorm_min(),
+                        std::numeric_limits<T>::max(),
+                        -std::numeric_limits<T>::max(),
+                        T(-1),
+                        T(1e-30)};
+  for (const detail::ValueRule rule : {detail::ValueRule::log_gate, detail::ValueRule::finite})
+    for (const T value : specials) {
+      SCOPED_TRACE(std::to_string(static_cast<double>(value)));
+      std::vector<T> row(37, T(-0.5));  // not a multiple of the vector width
+      row[29] = value;
+      detail::ValueChecks checks;
+      checks.add("x", TensorView::of(row.data(), {37}), rule);
+      const bool ok = detail::value_ok(rule, static_cast<double>(value));
+      if (ok)
+        EXPECT_NO_THROW(detail::check_values_on_host("op", checks));
+      else
+        testing::expect_error([&] { detail::check_values_on_host("op", checks); }, {"x[29]"});
+    }
+  std::vector<T> big(static_cast<std::size_t>(2000 * 3 * 64), T(-0.25));
+  const TensorView view = TensorView::of(big.data(), {1, 2000, 3, 64});
+  big[5000 * 64 + 7] = inf;  // row 5000, a later block
+  big[1300 * 64 + 63] = -nan;
+  big[1300 * 64 + 62] = T(-3);
+  detail::ValueChecks checks;
+  checks.add("g", view, detail::ValueRule::log_gate);
+  for (int threads : {1, 2, 3}) {
+    set_num_threads(threads);
+    testing::expect_error([&] { detail::check_values_on_host("op", checks); },
+                          {"g[0, 433, 1, 63]"});  // row 1300 = (433, 1)
+  }
+  set_num_threads(0);
+}
+
+TEST(Check, BitLevelScanMatchesComparisons) {
+  expect_bit_scan_matches_comparisons<float>();
+  expect_bit_scan_matches_comparisons<double>();
+}
+
 TEST(Check, FiniteValues) {
   Tensor slopes = Tensor::from({1, 3, 1}, {0.5, -2, INFINITY});
   detail::ValueChecks checks;
@@ -287,6 +339,30 @@ TEST(Threads, ParallelForWithWorkEstimate) {
                          [&](std::int64_t i) { count[static_cast<std::size_t>(i)]++; });
     for (auto& c : count) ASSERT_EQ(c.load(), 1) << "job " << job;
   }
+  set_num_threads(0);
+}
+
+// More threads than cores and jobs of varying width back to back: workers often wake after the
+// caller has taken every item (the job is then closed to them) or while a later job runs (they
+// join that one). Every item of every job still runs exactly once.
+TEST(Threads, LateWorkersJoinTheCurrentJobOrNone) {
+  set_num_threads(8);
+  for (int job = 0; job < 3000; ++job) {
+    const int items = 1 + job % 9;
+    if (job % 3 == 0) set_num_threads(2 + job % 7);
+    std::vector<std::atomic<int>> count(static_cast<std::size_t>(items));
+    detail::parallel_for(items, detail::kWorkPerThread * 4,
+                         [&](std::int64_t i) { count[static_cast<std::size_t>(i)]++; });
+    for (auto& c : count) ASSERT_EQ(c.load(), 1) << "job " << job;
+  }
+  // Items that take long enough for every worker to join: each runs once, on several threads.
+  set_num_threads(4);
+  std::vector<std::atomic<int>> count(64);
+  detail::parallel_for(64, [&](std::int64_t i) {
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+    count[static_cast<std::size_t>(i)]++;
+  });
+  for (auto& c : count) EXPECT_EQ(c.load(), 1);
   set_num_threads(0);
 }
 
