@@ -84,15 +84,21 @@ class Pool {
       n_ = n;
       next_.store(0);
       active_workers_.store(threads - 1);
-      pending_.store(threads - 1);
+      left_.store(0);
       error_ = nullptr;
+      gate_.store(kOpen, std::memory_order_release);
       generation_.fetch_add(1, std::memory_order_release);
     }
     cv_.notify_all();
     work();
-    if (!spin_until([&] { return pending_.load(std::memory_order_acquire) == 0; })) {
+    // Every item is taken. Close the job to latecomers and wait only for the workers that
+    // entered it (some may still be running an item): a worker that has not woken up by now —
+    // descheduled on a busy machine — is not waited for; it finds the job closed when it runs.
+    const std::int64_t entered = gate_.fetch_and(~kOpen, std::memory_order_acq_rel) & ~kOpen;
+    const auto all_left = [&] { return left_.load(std::memory_order_acquire) == entered; };
+    if (!spin_until(all_left)) {
       std::unique_lock<std::mutex> lock(mutex_);
-      done_cv_.wait(lock, [&] { return pending_.load() == 0; });
+      done_cv_.wait(lock, all_left);
     }
     fn_ = nullptr;
     if (error_) std::rethrow_exception(error_);
@@ -133,12 +139,23 @@ class Pool {
         if (stop_) return;
         seen = generation_.load();
       }
+      if (!enter()) continue;  // closed: the caller and the others took every item
       work();
-      if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
-        std::lock_guard<std::mutex> lock(mutex_);
-        done_cv_.notify_all();
+      left_.fetch_add(1, std::memory_order_acq_rel);
+      {
+        std::lock_guard<std::mutex> lock(mutex_);  // no lost wake-up: the caller waits under it
       }
+      done_cv_.notify_all();
     }
+  }
+
+  // Joins the current job if it is still open (counted in gate_, so the caller waits for this
+  // worker to leave).
+  bool enter() {
+    std::int64_t gate = gate_.load(std::memory_order_acquire);
+    while (gate & kOpen)
+      if (gate_.compare_exchange_weak(gate, gate + 1, std::memory_order_acq_rel)) return true;
+    return false;
   }
 
   void work() {
@@ -170,7 +187,11 @@ class Pool {
   std::int64_t n_ = 0;
   std::atomic<std::int64_t> next_{0};
   std::atomic<int> active_workers_{0};
-  std::atomic<int> pending_{0};
+  // gate_: kOpen while the job takes new workers, plus the number that entered it; left_: how
+  // many of those have finished.
+  static constexpr std::int64_t kOpen = std::int64_t(1) << 40;
+  std::atomic<std::int64_t> gate_{0};
+  std::atomic<std::int64_t> left_{0};
   std::atomic<std::uint64_t> generation_{0};
   bool stop_ = false;
   std::atomic<bool> stop_flag_{false};
