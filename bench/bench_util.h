@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "gemm_ceiling.h"
 #include "memory.h"
 #include "phasor/common.h"
 #include "phasor/device.h"
@@ -42,18 +43,36 @@ inline std::vector<float> log_sigmoid_gates(std::size_t n, std::mt19937_64& rng,
 // The timed loop of every benchmark: runs `call` once per iteration and reports tokens/s
 // (items_per_second), the implementation as the label, and the peak heap of one call as
 // "peak_MiB" (everything allocated on top of the caller's inputs and outputs, Eigen included).
+// Returns the wall time of the timed loop, in seconds (for report_flops).
 template <class F>
-void time_calls(benchmark::State& state, std::int64_t tokens, Impl impl, F&& call) {
+double time_calls(benchmark::State& state, std::int64_t tokens, Impl impl, F&& call) {
   std::int64_t peak = 0;
+  const auto start = std::chrono::steady_clock::now();
   for (auto _ : state) {
     reset_peak_heap();
     call();
     peak = std::max(peak, peak_heap_bytes());
     benchmark::ClobberMemory();
   }
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   state.SetItemsProcessed(state.iterations() * tokens);
   state.counters["peak_MiB"] = static_cast<double>(peak) / (1024.0 * 1024.0);
   state.SetLabel(to_string(impl));
+  return seconds;
+}
+
+// Reports the arithmetic rate of calls that do `flops_per_token` floating-point operations per
+// token (each op's count of the algorithm's products, stated beside it), timed by time_calls
+// (`seconds`): GFLOP/s, and of_gemm, that rate as a fraction of Eigen's float32 GEMM on as many
+// threads (gemm_ceiling.h). The timed loop's wall time includes the heap accounting (negligible
+// against a call of a millisecond or more).
+inline void report_flops(benchmark::State& state, double seconds, std::int64_t tokens_per_call,
+                         double flops_per_token) {
+  const double gflops = static_cast<double>(state.iterations()) *
+                        static_cast<double>(tokens_per_call) * flops_per_token / seconds / 1e9;
+  state.counters["GFLOP/s"] = gflops;
+  state.counters["of_gemm"] = gflops / gemm_ceiling_gflops(phasor::num_threads());
 }
 
 // Arguments (impl, T) for every impl in `impls` at every T in `lengths`.

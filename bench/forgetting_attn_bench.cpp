@@ -10,6 +10,8 @@
 //    also writes da, db), T ∈ {1024, 4096}, label "chunk/no_bias" or "chunk/grape_a_qk".
 //  - BM_FoxCacheDecode: the public ForgettingAttnCache, one step() call per token (T ≤ 4096;
 //    BM_FoxForward's recurrent rows are the same decoding without the per-call overhead).
+//  - BM_FoxCacheStep: one step() with 1k, 4k or 16k tokens already cached, on 1 and 2 threads
+//    (µs per token at that context length).
 //  - BM_FoxCacheDecodeDevice: the same decoding with the cache on a device: the CPU, the emulated
 //    GPU (the CUDA decode kernels run thread by thread, T = 64: a cost figure, not a speed) and,
 //    when the machine has one, a CUDA GPU (T ∈ {1024, 4096, 16384}, the CPU beside it); each
@@ -95,13 +97,24 @@ double mib(std::int64_t bytes) {
   return static_cast<double>(bytes) / (1024.0 * 1024.0);
 }
 
+// Floating-point operations per token of parallel_forgetting_attn over T causal tokens (2 per
+// multiply-add, per head; the gate bias and exp not counted): the forward's scores and weighted
+// values, (T + 1)(K + V) on average; the backward recomputes the scores and forms dV, dP, dQ, dK,
+// (T + 1)(3K + 2V) — as flash attention's.
+double fox_chunk_flops(std::int64_t T, bool backward) {
+  const double K = kK, V = kV, n = static_cast<double>(T) + 1;
+  return kH * (backward ? n * (4 * K + 3 * V) : n * (K + V));
+}
+
 void BM_FoxForward(benchmark::State& state) {
   const auto impl = static_cast<Impl>(state.range(0));
   Problem problem(state.range(1));
   const phasor::ForgettingAttnParams params = problem.params();
   const TensorView o = problem.v_view(problem.o), lse = problem.gate_view(problem.lse);
-  phasor::bench::time_calls(state, problem.T, impl,
-                            [&] { phasor::forgetting_attn_forward(params, impl, o, lse); });
+  const double seconds = phasor::bench::time_calls(
+      state, problem.T, impl, [&] { phasor::forgetting_attn_forward(params, impl, o, lse); });
+  if (impl == Impl::chunk)
+    phasor::bench::report_flops(state, seconds, problem.T, fox_chunk_flops(problem.T, false));
 }
 
 void BM_FoxForwardBackward(benchmark::State& state) {
@@ -111,10 +124,12 @@ void BM_FoxForwardBackward(benchmark::State& state) {
   const TensorView o = problem.v_view(problem.o), lse = problem.gate_view(problem.lse),
                    d_o = problem.v_view(problem.d_o);
   const phasor::ForgettingAttnGrads grads = problem.grads();
-  phasor::bench::time_calls(state, problem.T, impl, [&] {
+  const double seconds = phasor::bench::time_calls(state, problem.T, impl, [&] {
     phasor::forgetting_attn_forward(params, impl, o, lse);
     phasor::forgetting_attn_backward(params, impl, d_o, o, lse, grads);
   });
+  if (impl == Impl::chunk)
+    phasor::bench::report_flops(state, seconds, problem.T, fox_chunk_flops(problem.T, true));
 }
 
 // Rotation by Selective-RoPE-like angles: none / fused into the kernel / apply_rotary + op
@@ -232,6 +247,35 @@ void BM_FoxCacheDecode(benchmark::State& state) {
   state.counters["peak_MiB"] = mib(peak);
 }
 
+// One decoding step with `cached` tokens already in the cache (filled untimed, token by token),
+// on `threads` threads: what a serving loop pays per generated token at that context length.
+// Each timed step appends its token, so the cache grows by the 128 timed steps (the reported
+// cached_tokens is the mean over them).
+void BM_FoxCacheStep(benchmark::State& state) {
+  const int threads = static_cast<int>(state.range(0));
+  const std::int64_t cached = state.range(1), steps = 128;
+  Problem problem(cached + steps);
+  auto token = [&](const std::vector<float>& x, std::int64_t width, std::int64_t t) {
+    return width > 0 ? TensorView::of(x.data() + t * kH * width, {kB, 1, kH, width})
+                     : TensorView::of(x.data() + t * kH, {kB, 1, kH});
+  };
+  phasor::ForgettingAttnCache cache(kB, kH, kH, kK, kV);
+  auto step = [&](std::int64_t t) {
+    cache.step(token(problem.q, kK, t), token(problem.k, kK, t), token(problem.v, kV, t),
+               token(problem.g, 0, t), token(problem.o, kV, t));
+  };
+  phasor::set_num_threads(threads);
+  for (std::int64_t t = 0; t < cached; ++t) step(t);
+  std::int64_t t = cached;
+  for (auto _ : state) {
+    step(t++);
+    benchmark::ClobberMemory();
+  }
+  phasor::set_num_threads(0);
+  state.counters["cached_tokens"] = static_cast<double>(cached + state.iterations() / 2);
+  state.SetLabel("cache/" + std::to_string(threads) + " thread" + (threads > 1 ? "s" : ""));
+}
+
 void BM_FoxCacheDecodeDevice(benchmark::State& state) {
   const auto device = static_cast<phasor::Device>(state.range(0));
   Problem problem(state.range(1));
@@ -342,6 +386,12 @@ BENCHMARK(BM_FoxCacheDecode)
     ->Unit(benchmark::kMillisecond)
     ->MinTime(0.2)
     ->UseRealTime();
+BENCHMARK(BM_FoxCacheStep)->Apply([](auto* b) {
+  b->ArgNames({"threads", "cached"});
+  for (std::int64_t cached : {1024, 4096, 16384})
+    for (std::int64_t threads : {1, 2}) b->Args({threads, cached});
+  b->Iterations(128)->Unit(benchmark::kMicrosecond)->UseRealTime();
+});
 BENCHMARK(BM_FoxChunkDevice)->Apply(phasor::bench::register_device_grid);
 BENCHMARK(BM_FoxCacheDecodeDevice)->Apply([](auto* b) {
   b->ArgNames({"device", "T"});

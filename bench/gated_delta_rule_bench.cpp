@@ -80,13 +80,26 @@ struct Problem {
   }
 };
 
+// Floating-point operations per token of chunk_gated_delta_rule at chunk size L (2 per
+// multiply-add of the algorithm's products, per value head): the forward's [K; Q̃] S (4KV), state
+// update (2KV), the solve with M and the gated attention on U_new (2LV on average: (L − 1)V +
+// (L + 1)V) and K Kᵀ, Q̃ Kᵀ (2LK); the backward replays the states (4KV + LV + 2LK), recomputes
+// the chunk (2KV + LV + 2LK) and differentiates it (12KV + 4LV + 4LK).
+double gdn_chunk_flops(bool backward) {
+  const double K = kK, V = kV, L = 64;
+  const double forward = 6 * K * V + 2 * L * V + 2 * L * K;
+  return kH * (backward ? forward + 18 * K * V + 6 * L * V + 8 * L * K : forward);
+}
+
 void BM_GatedDeltaRuleForward(benchmark::State& state) {
   const auto impl = static_cast<Impl>(state.range(0));
   Problem problem(state.range(1));
   const phasor::GatedDeltaRuleParams params = problem.params();
   const TensorView o = problem.v_view(problem.o);
-  phasor::bench::time_calls(state, problem.T, impl,
-                            [&] { phasor::gated_delta_rule_forward(params, impl, o); });
+  const double seconds = phasor::bench::time_calls(
+      state, problem.T, impl, [&] { phasor::gated_delta_rule_forward(params, impl, o); });
+  if (impl == Impl::chunk)
+    phasor::bench::report_flops(state, seconds, problem.T, gdn_chunk_flops(false));
 }
 
 void BM_GatedDeltaRuleForwardBackward(benchmark::State& state) {
@@ -95,10 +108,12 @@ void BM_GatedDeltaRuleForwardBackward(benchmark::State& state) {
   const phasor::GatedDeltaRuleParams params = problem.params();
   const TensorView o = problem.v_view(problem.o), d_o = problem.v_view(problem.d_o);
   const phasor::GatedDeltaRuleGrads grads = problem.grads();
-  phasor::bench::time_calls(state, problem.T, impl, [&] {
+  const double seconds = phasor::bench::time_calls(state, problem.T, impl, [&] {
     phasor::gated_delta_rule_forward(params, impl, o);
     phasor::gated_delta_rule_backward(params, impl, d_o, {}, grads);
   });
+  if (impl == Impl::chunk)
+    phasor::bench::report_flops(state, seconds, problem.T, gdn_chunk_flops(true));
 }
 
 // Rotation by Selective-RoPE-like angles: none / fused into the kernel / apply_rotary + op

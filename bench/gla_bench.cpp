@@ -70,12 +70,26 @@ struct Problem {
   }
 };
 
+// Floating-point operations per token of chunk_gla at chunk size C (2 per multiply-add of the
+// algorithm's products, per head): the forward's inter-chunk output and state update (2 · 2KV) and
+// its causal intra-chunk scores and weighted values ((C + 1)(K + V) on average); the backward
+// replays the state (2KV), forms dq, dk, dv and dS from the states (4 · 2KV) and differentiates the
+// intra-chunk part (recomputed scores, dA, dq, dk, dv: (C + 1)(3K + 2V)).
+double gla_chunk_flops(bool backward) {
+  const double K = kK, V = kV, C = 64;
+  const double forward = 4 * K * V + (C + 1) * (K + V);
+  return kH * (backward ? forward + 10 * K * V + (C + 1) * (3 * K + 2 * V) : forward);
+}
+
 void BM_GlaForward(benchmark::State& state) {
   const auto impl = static_cast<Impl>(state.range(0));
   Problem problem(state.range(1));
   const phasor::GlaParams params = problem.params();
   const TensorView o = problem.v_view(problem.o);
-  phasor::bench::time_calls(state, problem.T, impl, [&] { phasor::gla_forward(params, impl, o); });
+  const double seconds = phasor::bench::time_calls(state, problem.T, impl,
+                                                   [&] { phasor::gla_forward(params, impl, o); });
+  if (impl == Impl::chunk)
+    phasor::bench::report_flops(state, seconds, problem.T, gla_chunk_flops(false));
 }
 
 void BM_GlaForwardBackward(benchmark::State& state) {
@@ -84,10 +98,12 @@ void BM_GlaForwardBackward(benchmark::State& state) {
   const phasor::GlaParams params = problem.params();
   const TensorView o = problem.v_view(problem.o), d_o = problem.v_view(problem.d_o);
   const phasor::GlaGrads grads = problem.grads();
-  phasor::bench::time_calls(state, problem.T, impl, [&] {
+  const double seconds = phasor::bench::time_calls(state, problem.T, impl, [&] {
     phasor::gla_forward(params, impl, o);
     phasor::gla_backward(params, impl, d_o, {}, grads);
   });
+  if (impl == Impl::chunk)
+    phasor::bench::report_flops(state, seconds, problem.T, gla_chunk_flops(true));
 }
 
 void BM_GlaRecurrentDevice(benchmark::State& state) {
