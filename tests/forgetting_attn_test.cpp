@@ -1542,6 +1542,34 @@ TEST(ForgettingAttnThreads, BitIdenticalForAnyThreadCount) {
   set_num_threads(0);
 }
 
+// With fewer items (sequence, key head) than twice the threads, the chunk forward runs the query
+// blocks of one item in parallel instead of one item per thread: one thread (the by-item walk)
+// and 2–8 threads (blocks in parallel) must give the same bits — one key head shared by three
+// query heads, a varlen batch, a window, slopes.
+TEST(ForgettingAttnThreads, BlockParallelForwardIsBitIdentical) {
+  std::mt19937_64 rng(12);
+  Problem p = make_problem({1, 150, 3, 1, 8, 6}, Gates::mixed, rng);
+  add_random_slopes(p, rng, 0.2);
+  p = p.to(DType::float32);
+  p.block_size = 16;
+  for (std::optional<std::int64_t> window : {std::optional<std::int64_t>{}, {50}}) {
+    p.window = window;
+    for (const std::vector<std::int64_t>& lengths :
+         {std::vector<std::int64_t>{}, std::vector<std::int64_t>{70, 0, 1, 79}}) {
+      p.cu = lengths.empty() ? Tensor() : testing::cu_seqlens(lengths);
+      set_num_threads(1);
+      const Forward one = run_forward(p, Impl::chunk);
+      for (int threads : {2, 3, 8}) {
+        set_num_threads(threads);
+        const Forward f = run_forward(p, Impl::chunk);
+        EXPECT_TRUE(f.o.bit_equal(one.o) && f.lse.bit_equal(one.lse))
+            << threads << " threads, " << lengths.size() << " packed sequences";
+      }
+    }
+  }
+  set_num_threads(0);
+}
+
 // ---- bad input ---------------------------------------------------------------------------------
 
 TEST(ForgettingAttnErrors, BadSlopeArgumentsNameTheArgument) {

@@ -237,37 +237,100 @@ void rotate_keys(const Problem& p, const Sequence& seq, std::int64_t h, Mat<S>& 
   }
 }
 
+// What a work item (sequence, key head) shares among its query heads and query blocks: its keys
+// (rotated, with θ) and values, and the key slopes.
 template <class S>
-void forward_typed(const Problem& p, const TensorView& o, const TensorView& lse) {
-  parallel_for(p.num_items(), [&](std::int64_t item) {
-    const Sequence& seq = p.sequences[static_cast<std::size_t>(item / p.H)];
-    const std::int64_t h = item % p.H, L = seq.length, B = p.block_size;
-    Mat<S> k, v, q, out;
-    Vec<S> out_lse;
-    Scratch<S> tmp;
-    BlockGates gates;
-    Slopes slopes;
+struct ItemKeys {
+  Mat<S> k, v;
+  Slopes slopes;  // b only; a is per query head
+
+  void load(const Problem& p, const Sequence& seq, std::int64_t h, PairAngles<S>& angles) {
     load_rows(p.k, seq, h, k);
     load_rows(p.v, seq, h, v);
     slopes.on = p.has_slopes();
     if (slopes.on) load_slopes(p.slope_k, seq, h, slopes.b);
-    PairAngles<S> angles;  // θ of key head h, for a piece of the sequence
     if (p.theta.defined()) rotate_keys(p, seq, h, k, angles);
+  }
+};
+
+// Per-thread buffers of one query block's forward.
+template <class S>
+struct BlockWork {
+  Mat<S> q, out;
+  Vec<S> out_lse;
+  Scratch<S> tmp;
+  PairAngles<S> angles;
+};
+
+// The forward of query block i0 of query head hq (key head h): o and lse rows stored. A block's
+// result depends on nothing but its inputs, so any schedule of the blocks gives the same bits.
+template <class S>
+void forward_query_block(const Problem& p, const Sequence& seq, std::int64_t h, std::int64_t hq,
+                         std::int64_t i0, const ItemKeys<S>& keys, const BlockGates& gates,
+                         const Slopes& slopes, const TensorView& o, const TensorView& lse,
+                         BlockWork<S>& w) {
+  const Sequence rows = rows_of(seq, i0, std::min(p.block_size, seq.length - i0));
+  load_rows(p.q, rows, hq, w.q);
+  if (p.theta.defined()) {
+    w.angles.load(p.theta, rows, h);
+    rotate_rows(w.q, w.angles, p.rotary_layout);
+  }
+  w.q *= static_cast<S>(p.scale);
+  forward_block(p, keys.k, keys.v, gates, slopes, i0, w.q, w.tmp, w.out, w.out_lse);
+  store_rows(w.out, o, rows, hq);
+  if (lse.defined()) store_column(w.out_lse, lse, rows, hq);
+}
+
+// Two schedules, the same blocks: one item per thread while the items keep every thread busy;
+// otherwise item after item, its (query head, query block) pairs in parallel — a long single
+// sequence (B = H = 1) or a few key heads shared by many query heads use every thread. Blocks
+// are handed out from the last (the most key blocks to visit) to the first, which balances the
+// causal triangle's uneven work.
+template <class S>
+void forward_typed(const Problem& p, const TensorView& o, const TensorView& lse) {
+  const int threads = phasor::num_threads();
+  if (threads > 1 && p.num_items() < 2 * threads) {
+    ItemKeys<S> keys;
+    PairAngles<S> angles;
+    std::vector<BlockGates> gates(static_cast<std::size_t>(p.group()));
+    std::vector<Slopes> slopes(gates.size());
+    for (std::int64_t item = 0; item < p.num_items(); ++item) {
+      const Sequence& seq = p.sequences[static_cast<std::size_t>(item / p.H)];
+      const std::int64_t h = item % p.H, G = p.group();
+      const std::int64_t blocks = (seq.length + p.block_size - 1) / p.block_size;
+      keys.load(p, seq, h, angles);
+      for (std::int64_t r = 0; r < G; ++r) {
+        gates[static_cast<std::size_t>(r)].load(p, seq, h * G + r);
+        Slopes& sl = slopes[static_cast<std::size_t>(r)];
+        sl.on = keys.slopes.on;
+        if (sl.on) {
+          load_slopes(p.slope_q, seq, h * G + r, sl.a);
+          sl.b = keys.slopes.b;
+        }
+      }
+      parallel_for(G * blocks, [&](std::int64_t u) {
+        const std::int64_t r = u % G, block = blocks - 1 - u / G;
+        thread_local BlockWork<S> work;
+        forward_query_block(p, seq, h, h * G + r, block * p.block_size, keys,
+                            gates[static_cast<std::size_t>(r)], slopes[static_cast<std::size_t>(r)],
+                            o, lse, work);
+      });
+    }
+    return;
+  }
+  parallel_for(p.num_items(), [&](std::int64_t item) {
+    const Sequence& seq = p.sequences[static_cast<std::size_t>(item / p.H)];
+    const std::int64_t h = item % p.H;
+    ItemKeys<S> keys;
+    BlockWork<S> work;
+    BlockGates gates;
+    keys.load(p, seq, h, work.angles);
+    Slopes slopes = keys.slopes;
     for (std::int64_t hq = h * p.group(); hq < (h + 1) * p.group(); ++hq) {
       gates.load(p, seq, hq);
       if (slopes.on) load_slopes(p.slope_q, seq, hq, slopes.a);
-      for (std::int64_t i0 = 0; i0 < L; i0 += B) {
-        const Sequence rows = rows_of(seq, i0, std::min(B, L - i0));
-        load_rows(p.q, rows, hq, q);
-        if (p.theta.defined()) {
-          angles.load(p.theta, rows, h);
-          rotate_rows(q, angles, p.rotary_layout);
-        }
-        q *= static_cast<S>(p.scale);
-        forward_block(p, k, v, gates, slopes, i0, q, tmp, out, out_lse);
-        store_rows(out, o, rows, hq);
-        if (lse.defined()) store_column(out_lse, lse, rows, hq);
-      }
+      for (std::int64_t i0 = 0; i0 < seq.length; i0 += p.block_size)
+        forward_query_block(p, seq, h, hq, i0, keys, gates, slopes, o, lse, work);
     }
   });
 }
