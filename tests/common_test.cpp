@@ -249,9 +249,35 @@ void expect_bit_scan_matches_comparisons() {
   set_num_threads(0);
 }
 
+// Every one of the 65,536 bit patterns of a 16-bit storage type, inside a vectorised row: the
+// bit-level scan's verdict must be value_ok's on the converted value.
+template <class T>
+void expect_every_16_bit_pattern_checked(DType dtype) {
+  const T fill = T::from_float(-0.5f);
+  for (const detail::ValueRule rule : {detail::ValueRule::log_gate, detail::ValueRule::finite})
+    for (std::uint32_t bits = 0; bits < 65536; ++bits) {
+      std::vector<T> row(70, fill);
+      row[40] = T::from_bits(static_cast<std::uint16_t>(bits));
+      TensorView view = TensorView::of(row.data(), {70});
+      ASSERT_EQ(view.dtype, dtype);
+      detail::ValueChecks checks;
+      checks.add("x", view, rule);
+      const bool ok = detail::value_ok(rule, static_cast<double>(row[40].to_float()));
+      bool passed = true;
+      try {
+        detail::check_values_on_host("op", checks);
+      } catch (const Error&) {
+        passed = false;
+      }
+      ASSERT_EQ(passed, ok) << "bits 0x" << std::hex << bits << ", rule " << static_cast<int>(rule);
+    }
+}
+
 TEST(Check, BitLevelScanMatchesComparisons) {
   expect_bit_scan_matches_comparisons<float>();
   expect_bit_scan_matches_comparisons<double>();
+  expect_every_16_bit_pattern_checked<bfloat16>(DType::bfloat16);
+  expect_every_16_bit_pattern_checked<float16>(DType::float16);
 }
 
 TEST(Check, FiniteValues) {

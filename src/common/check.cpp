@@ -136,30 +136,52 @@ void ValueChecks::add(const char* name, const TensorView& view, ValueRule rule) 
 
 namespace {
 
-// Whether every element of a row of n elements (stride `stride`) passes `rule`. A float32/float64
-// row with unit stride is checked on the values' bits, without early exit, so the loop vectorises
-// (GCC does not vectorise IEEE comparisons here); the caller looks for the failing element only if
-// this says false. With sign = the sign bit and inf = the bits of +inf:
+// The bit patterns of a storage type: the sign bit and +inf (exponent all ones, mantissa 0).
+template <class T>
+struct FloatBits;
+template <>
+struct FloatBits<float> {
+  using Bits = std::uint32_t;
+  static constexpr Bits sign = 0x80000000u, inf = 0x7F800000u;
+};
+template <>
+struct FloatBits<double> {
+  using Bits = std::uint64_t;
+  static constexpr Bits sign = 0x8000000000000000ull, inf = 0x7FF0000000000000ull;
+};
+template <>
+struct FloatBits<bfloat16> {
+  using Bits = std::uint16_t;
+  static constexpr Bits sign = 0x8000u, inf = 0x7F80u;
+};
+template <>
+struct FloatBits<float16> {
+  using Bits = std::uint16_t;
+  static constexpr Bits sign = 0x8000u, inf = 0x7C00u;
+};
+
+// Whether every element of a row of n elements (stride `stride`) passes `rule`. A row with unit
+// stride is checked on the values' bits, without early exit, so the loop vectorises (GCC does not
+// vectorise IEEE comparisons here, and 16-bit values need no conversion); the caller looks for the
+// failing element only if this says false. With sign = the sign bit and inf = the bits of +inf:
 //   log_gate: x ≤ 0 and not NaN  ⟺  bits = 0 (+0), or sign set and bits − sign ≤ inf (−0 … −inf)
 //   finite:   the exponent field is not all ones
 template <class T>
 bool row_ok(const T* row, std::int64_t n, std::int64_t stride, ValueRule rule) {
-  if constexpr (std::is_floating_point_v<T>) {
-    if (stride == 1) {
-      using Bits = std::conditional_t<sizeof(T) == 4, std::uint32_t, std::uint64_t>;
-      constexpr Bits sign = Bits(1) << (8 * sizeof(T) - 1);
-      constexpr Bits inf = sizeof(T) == 4 ? Bits(0x7F800000u) : Bits(0x7FF0000000000000ull);
-      Bits bad = 0;
-      for (std::int64_t e = 0; e < n; ++e) {
-        Bits u;
-        std::memcpy(&u, row + e, sizeof(T));
-        if (rule == ValueRule::log_gate)
-          bad |= Bits(u != 0) & Bits(u - sign > inf);
-        else
-          bad |= Bits((u & inf) == inf);
-      }
-      return bad == 0;
+  if (stride == 1) {
+    using Bits = typename FloatBits<T>::Bits;
+    constexpr Bits sign = FloatBits<T>::sign, inf = FloatBits<T>::inf;
+    static_assert(sizeof(Bits) == sizeof(T), "a storage type's bits");
+    std::uint32_t bad = 0;
+    for (std::int64_t e = 0; e < n; ++e) {
+      Bits u;
+      std::memcpy(&u, row + e, sizeof(T));
+      if (rule == ValueRule::log_gate)
+        bad |= std::uint32_t(u != 0) & std::uint32_t(Bits(u - sign) > inf);
+      else
+        bad |= std::uint32_t((u & inf) == inf);
     }
+    return bad == 0;
   }
   for (std::int64_t e = 0; e < n; ++e)
     if (!value_ok(rule, to_double(row[e * stride]))) return false;
