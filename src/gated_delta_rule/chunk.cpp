@@ -141,25 +141,35 @@ struct ChunkState {
 };
 
 // ---- The forward, value tile by value tile --------------------------------------------------
-// Columns of the state (and of v, U_new, O) never mix in (2)–(4): the forward runs them in tiles of
-// kValueTile columns, each with its own K × width state. The tiles are fixed by V alone and every
-// tile runs the same code whichever schedule calls it, so the two schedules below give
+// Columns of the state (and of v, U_new, O) never mix in (2)–(4): the forward runs them in value
+// tiles, each with its own K × width state — all V columns in one tile when the problem has
+// kFewValueHeads (sequence, value head) pairs or more, tiles of kValueTile columns when it has
+// fewer (then the tiles are what runs in parallel). The tiling depends on the problem alone and
+// every tile runs the same code whichever schedule calls it, so the two schedules below give
 // bit-identical results and the choice between them (by thread count) never shows:
 //  * by item: one (sequence, q/k head) item per thread, chunk by chunk, every value head and tile
 //    of the chunk in turn; used when the items alone keep every thread busy.
 //  * by tile: for few items (B = H = 1 at T = 65,536), a window of chunks at a time: first every
 //    chunk's state-independent part (K Kᵀ, Q̃ Kᵀ, the gates, M, diag(E) K) in parallel over
 //    chunks, then the recurrence in parallel over (item, value head, tile).
-constexpr std::int64_t kValueTile = 64;
+constexpr std::int64_t kValueTile = 64, kFewValueHeads = 8;
 
 struct ValueTile {
   std::int64_t first, width;
 };
-inline std::int64_t num_value_tiles(std::int64_t V) {
-  return std::max<std::int64_t>(1, (V + kValueTile - 1) / kValueTile);
+// Columns per value tile: splitting the products costs a few per cent (operands packed once per
+// tile), worth it only when the tiles are needed for parallelism.
+inline std::int64_t value_tile_width(const Problem& p) {
+  const bool few = p.num_items() * p.group < kFewValueHeads;
+  return std::max<std::int64_t>(1, few ? std::min(kValueTile, p.V) : p.V);
 }
-inline ValueTile value_tile(std::int64_t V, std::int64_t i) {
-  return {i * kValueTile, std::min(kValueTile, V - i * kValueTile)};
+inline std::int64_t num_value_tiles(const Problem& p) {
+  const std::int64_t width = value_tile_width(p);
+  return std::max<std::int64_t>(1, (p.V + width - 1) / width);
+}
+inline ValueTile value_tile(const Problem& p, std::int64_t i) {
+  const std::int64_t width = value_tile_width(p);
+  return {i * width, std::min(width, p.V - i * width)};
 }
 // Columns [first, first + width) of x's last dimension: the same tensor, narrowed.
 inline TensorView value_columns(const TensorView& x, const ValueTile& tile) {
@@ -210,11 +220,11 @@ void forward_tile(const Problem& p, const Sequence& block, std::int64_t hv, cons
 // The states of an item's value heads, tile by tile: states[r · tiles + i] is K × width.
 template <class S>
 std::vector<Mat<S>> load_tile_states(const Problem& p, std::int64_t n, std::int64_t h) {
-  const std::int64_t tiles = num_value_tiles(p.V);
+  const std::int64_t tiles = num_value_tiles(p);
   std::vector<Mat<S>> states(static_cast<std::size_t>(p.group * tiles));
   for (std::int64_t r = 0; r < p.group; ++r)
     for (std::int64_t i = 0; i < tiles; ++i) {
-      const ValueTile tile = value_tile(p.V, i);
+      const ValueTile tile = value_tile(p, i);
       Mat<S>& state = states[static_cast<std::size_t>(r * tiles + i)];
       if (p.initial_state.defined())
         load_state(value_columns(p.initial_state, tile), n, h * p.group + r, state);
@@ -227,18 +237,18 @@ template <class S>
 void store_tile_states(const Problem& p, std::int64_t n, std::int64_t h,
                        const std::vector<Mat<S>>& states, const TensorView& final_state) {
   if (!final_state.defined()) return;
-  const std::int64_t tiles = num_value_tiles(p.V);
+  const std::int64_t tiles = num_value_tiles(p);
   for (std::int64_t r = 0; r < p.group; ++r)
     for (std::int64_t i = 0; i < tiles; ++i)
       store_state(states[static_cast<std::size_t>(r * tiles + i)],
-                  value_columns(final_state, value_tile(p.V, i)), n, h * p.group + r);
+                  value_columns(final_state, value_tile(p, i)), n, h * p.group + r);
 }
 
 template <class S>
 void forward_item(const Problem& p, std::int64_t item, const TensorView& o,
                   const TensorView& final_state) {
   const std::int64_t n = p.item_sequence(item), h = p.item_head(item), G = p.group;
-  const std::int64_t tiles = num_value_tiles(p.V);
+  const std::int64_t tiles = num_value_tiles(p);
   const Sequence& s = p.sequences[static_cast<std::size_t>(n)];
   // Every initial state of the item is read before any final state is stored (they may alias).
   std::vector<Mat<S>> states = load_tile_states<S>(p, n, h);
@@ -258,7 +268,7 @@ void forward_item(const Problem& p, std::int64_t item, const TensorView& o,
     for (std::int64_t r = 0; r < G; ++r) {
       prepare_chunk(p, block, h * G + r, qk, gram, in, chunk);
       for (std::int64_t i = 0; i < tiles; ++i)
-        forward_tile(p, block, h * G + r, value_tile(p.V, i), gram, chunk, in.beta, o,
+        forward_tile(p, block, h * G + r, value_tile(p, i), gram, chunk, in.beta, o,
                      states[static_cast<std::size_t>(r * tiles + i)], work);
     }
   }
@@ -275,7 +285,7 @@ bool by_tile(const Problem& p) {
 template <class S>
 void forward_by_tile(const Problem& p, const TensorView& o, const TensorView& final_state) {
   const std::int64_t items = p.num_items(), G = p.group, C = p.chunk_size, K = p.K;
-  const std::int64_t tiles = num_value_tiles(p.V);
+  const std::int64_t tiles = num_value_tiles(p);
   const std::int64_t chunk_bytes =
       static_cast<std::int64_t>(sizeof(S)) * (4 * C * K + 2 * C * C + G * (3 * C * C + C * K));
   const std::int64_t window = std::clamp<std::int64_t>((16 << 20) / (items * chunk_bytes), 1, 64);
@@ -326,7 +336,7 @@ void forward_by_tile(const Problem& p, const TensorView& o, const TensorView& fi
       for (std::int64_t c = first; c < std::min(chunks_of(item), first + window); ++c) {
         const std::int64_t slot = item * window + c - first;
         const auto at = static_cast<std::size_t>(slot * G + r);
-        forward_tile(p, block_at(item, c), h * G + r, value_tile(p.V, i),
+        forward_tile(p, block_at(item, c), h * G + r, value_tile(p, i),
                      grams[static_cast<std::size_t>(slot)], chunks[at], betas[at], o, state, work);
       }
     });
