@@ -123,17 +123,15 @@ struct Slopes {
   Vec<double> a, b;
 };
 
-// Logits of the tile (query rows i0.., key rows j0..j0 + nJ):
+// Adds the gate bias (and slopes, and the causal and window masks) of the tile (query rows i0..,
+// key rows j0..j0 + nJ) to its products (scale q_i)·k_j, which `logits` (nI × nJ) holds:
 //   ℓ_ij = (scale q_i)·k_j + Σ_{s ∈ (j, i]} g_s − (i − j)(a_i + b_j);
 //   −inf where j > i or i − j ≥ window.
-template <class S>
-void tile_logits(const Mat<S>& q_scaled, const Mat<S>& k, const BlockGates& gates,
-                 const Slopes& slopes, std::int64_t window, std::int64_t i0, std::int64_t j0,
-                 std::int64_t nJ, double gap, Mat<S>& logits) {
-  const std::int64_t nI = q_scaled.rows();
+template <class S, class Logits>
+void add_tile_bias(const BlockGates& gates, const Slopes& slopes, std::int64_t window,
+                   std::int64_t i0, std::int64_t j0, std::int64_t nJ, double gap, Logits&& logits) {
+  const std::int64_t nI = logits.rows();
   const S neg_inf = -std::numeric_limits<S>::infinity();
-  logits.resize(nI, nJ);
-  logits.noalias() = q_scaled * k.middleRows(j0, nJ).transpose();
   for (std::int64_t r = 0; r < nI; ++r) {
     const std::int64_t i = i0 + r;
     // Columns before first_col are outside the window.
@@ -169,6 +167,16 @@ void tile_logits(const Mat<S>& q_scaled, const Mat<S>& k, const BlockGates& gate
   }
 }
 
+// The logits of the tile: the products, then add_tile_bias.
+template <class S>
+void tile_logits(const Mat<S>& q_scaled, const Mat<S>& k, const BlockGates& gates,
+                 const Slopes& slopes, std::int64_t window, std::int64_t i0, std::int64_t j0,
+                 std::int64_t nJ, double gap, Mat<S>& logits) {
+  logits.resize(q_scaled.rows(), nJ);
+  logits.noalias() = q_scaled * k.middleRows(j0, nJ).transpose();
+  add_tile_bias<S>(gates, slopes, window, i0, j0, nJ, gap, logits);
+}
+
 // exp(logits − offset_r) row by row, with masked (−inf) logits giving exactly 0 (Eigen's
 // vectorised exp only flushes to the smallest normal number in float64). The exp runs row by
 // row on contiguous memory so that Eigen vectorises it (neither a column broadcast over a
@@ -185,13 +193,27 @@ void masked_exp(const Mat<S>& logits, const Vec<S>& row_offset, Mat<S>& out) {
     if (in[i] == neg_inf) result[i] = S(0);
 }
 
+// A visible key block of a query block: its first key, length and gate gap (walk_key_blocks).
+struct KeyBlock {
+  std::int64_t j0, nJ;
+  double gap;
+};
+
 // Per-thread tiles.
 template <class S>
 struct Scratch {
   Mat<S> logits, probs, dprobs, dlogits;
+  std::vector<KeyBlock> visible;
 };
 
-// Forward of one query block: o (nI × V) and lse (nI) by the online softmax over the key blocks.
+// The forward takes the visible key blocks in runs of up to kKeysPerRun consecutive keys: one
+// product (scale Q_I) K_runᵀ and one P V_run per run, each block of the run then biased and masked
+// as a tile of its own. Products of 64 × 128 by 128 × 64 spend much of their time packing
+// operands; a run packs the query block once and makes the products large enough for Eigen's GEMM
+// to run near its peak. The online softmax steps once per run.
+constexpr std::int64_t kKeysPerRun = 1024;
+
+// Forward of one query block: o (nI × V) and lse (nI) by the online softmax over the key runs.
 template <class S>
 void forward_block(const Problem& p, const Mat<S>& k, const Mat<S>& v, const BlockGates& gates,
                    const Slopes& slopes, std::int64_t i0, const Mat<S>& q_scaled, Scratch<S>& tmp,
@@ -200,8 +222,25 @@ void forward_block(const Problem& p, const Mat<S>& k, const Mat<S>& v, const Blo
   Vec<S> row_max = Vec<S>::Constant(nI, -std::numeric_limits<S>::infinity());
   Vec<S> row_sum = Vec<S>::Zero(nI), rescale(nI);
   out = Mat<S>::Zero(nI, p.V);  // the accumulator A
+  // The visible key blocks, diagonal first (descending j0: each run is a contiguous key range).
+  tmp.visible.clear();
   walk_key_blocks(gates, p.window, i0, [&](std::int64_t j0, std::int64_t nJ, double gap) {
-    tile_logits(q_scaled, k, gates, slopes, p.window, i0, j0, nJ, gap, tmp.logits);
+    tmp.visible.push_back({j0, nJ, gap});
+  });
+  for (std::size_t first = 0; first < tmp.visible.size();) {
+    std::size_t last = first;  // the run is visible[first .. last]
+    while (last + 1 < tmp.visible.size() &&
+           tmp.visible[first].j0 + tmp.visible[first].nJ - tmp.visible[last + 1].j0 <= kKeysPerRun)
+      ++last;
+    const std::int64_t lo = tmp.visible[last].j0,
+                       n = tmp.visible[first].j0 + tmp.visible[first].nJ - lo;
+    tmp.logits.resize(nI, n);
+    tmp.logits.noalias() = q_scaled * k.middleRows(lo, n).transpose();
+    for (std::size_t b = first; b <= last; ++b) {
+      const KeyBlock& kb = tmp.visible[b];
+      add_tile_bias<S>(gates, slopes, p.window, i0, kb.j0, kb.nJ, kb.gap,
+                       tmp.logits.middleCols(kb.j0 - lo, kb.nJ));
+    }
     for (std::int64_t r = 0; r < nI; ++r) {
       const S new_max = std::max(row_max[r], tmp.logits.row(r).maxCoeff());
       // The diagonal tile comes first and always holds j = i, so new_max is finite from then on;
@@ -212,8 +251,9 @@ void forward_block(const Problem& p, const Mat<S>& k, const Mat<S>& v, const Blo
     masked_exp(tmp.logits, row_max, tmp.probs);
     row_sum = rescale.cwiseProduct(row_sum) + tmp.probs.rowwise().sum();
     out = rescale.asDiagonal() * out;
-    out.noalias() += tmp.probs * v.middleRows(j0, nJ);
-  });
+    out.noalias() += tmp.probs * v.middleRows(lo, n);
+    first = last + 1;
+  }
   out = row_sum.cwiseInverse().asDiagonal() * out;
   out_lse = row_max.array() + row_sum.array().log();
 }
