@@ -101,6 +101,29 @@ inline void register_standard_grid(benchmark::internal::Benchmark* fast,
       ->UseRealTime();
 }
 
+// ---- Long single sequences ----------------------------------------------------------------------
+// B = H = 1, T = 65,536, K = V = 128: one (sequence, head) item, so threads help only by splitting
+// it (the chunk kernels' by-chunk schedules). Arguments (threads, backward).
+inline void register_long_sequence_grid(benchmark::internal::Benchmark* b, bool with_backward) {
+  b->ArgNames({"threads", "bwd"});
+  for (std::int64_t backward : {0, 1}) {
+    if (backward && !with_backward) continue;
+    for (std::int64_t threads : {1, 2}) b->Args({threads, backward});
+  }
+  b->Unit(benchmark::kMillisecond)->MinTime(0.5)->UseRealTime();
+}
+
+// Runs time_calls on `threads` threads, labelled "chunk/<threads> thread(s)[/fwd+bwd]".
+template <class F>
+void time_long_sequence(benchmark::State& state, int threads, bool backward, std::int64_t T,
+                        F&& call) {
+  phasor::set_num_threads(threads);
+  time_calls(state, T, Impl::chunk, call);
+  phasor::set_num_threads(0);
+  state.SetLabel("chunk/" + std::to_string(threads) + " thread" + (threads > 1 ? "s" : "") +
+                 (backward ? "/fwd+bwd" : "/fwd"));
+}
+
 // ---- Decoding: one token per call, the state updated in place ---------------------------------
 // A zeroed float buffer of `count` elements on a 64-byte boundary, as LibTorch's tensors are (the
 // recurrent kernels then update the state in place).

@@ -132,6 +132,29 @@ void BM_FoxForwardBackward(benchmark::State& state) {
     phasor::bench::report_flops(state, seconds, problem.T, fox_chunk_flops(problem.T, true));
 }
 
+// One long sequence: B = H = 1 (parallel_forgetting_attn forward, 1 and 2 threads). T = 16,384
+// (attention is quadratic: 65,536 tokens would take ~10 s a call on one thread).
+void BM_FoxLongSequence(benchmark::State& state) {
+  const int threads = static_cast<int>(state.range(0));
+  constexpr std::int64_t T = 16384;
+  const auto n = static_cast<std::size_t>(T * kK);
+  std::mt19937_64 rng(9);
+  const std::vector<float> q = phasor::bench::normal(n, rng), k = phasor::bench::normal(n, rng),
+                           v = phasor::bench::normal(n, rng),
+                           g = phasor::bench::log_sigmoid_gates(static_cast<std::size_t>(T), rng,
+                                                                5.f);
+  std::vector<float> o(n), lse(static_cast<std::size_t>(T));
+  auto view = [](const std::vector<float>& x) { return TensorView::of(x.data(), {1, T, 1, kK}); };
+  phasor::ForgettingAttnParams p;
+  p.q = view(q);
+  p.k = view(k);
+  p.v = view(v);
+  p.g = TensorView::of(g.data(), {1, T, 1});
+  phasor::bench::time_long_sequence(state, threads, false, T, [&] {
+    phasor::forgetting_attn_forward(p, Impl::chunk, view(o), TensorView::of(lse.data(), {1, T, 1}));
+  });
+}
+
 // Rotation by Selective-RoPE-like angles: none / fused into the kernel / apply_rotary + op
 // (bench_util.h, Rotation), chunk kernel; label "chunk/<rotation>". Gradients include dθ.
 void BM_FoxRotationForward(benchmark::State& state) {
@@ -386,6 +409,9 @@ BENCHMARK(BM_FoxCacheDecode)
     ->Unit(benchmark::kMillisecond)
     ->MinTime(0.2)
     ->UseRealTime();
+BENCHMARK(BM_FoxLongSequence)->Apply([](auto* b) {
+  phasor::bench::register_long_sequence_grid(b, false);
+});
 BENCHMARK(BM_FoxCacheStep)->Apply([](auto* b) {
   b->ArgNames({"threads", "cached"});
   for (std::int64_t cached : {1024, 4096, 16384})

@@ -116,6 +116,30 @@ void BM_GatedDeltaRuleForwardBackward(benchmark::State& state) {
     phasor::bench::report_flops(state, seconds, problem.T, gdn_chunk_flops(true));
 }
 
+// One long sequence: B = H = 1, T = 65,536 (chunk_gated_delta_rule forward, 1 and 2 threads).
+void BM_GatedDeltaRuleLongSequence(benchmark::State& state) {
+  const int threads = static_cast<int>(state.range(0));
+  constexpr std::int64_t T = 65536;
+  const auto n = static_cast<std::size_t>(T * kK);
+  std::mt19937_64 rng(9);
+  const std::vector<float> q = phasor::bench::normal(n, rng), k = phasor::bench::normal(n, rng),
+                           v = phasor::bench::normal(n, rng),
+                           g = phasor::bench::log_sigmoid_gates(static_cast<std::size_t>(T), rng,
+                                                                3.f);
+  std::vector<float> beta = phasor::bench::normal(static_cast<std::size_t>(T), rng), o(n);
+  for (auto& e : beta) e = 1.f / (1.f + std::exp(-e));
+  auto view = [](const std::vector<float>& x) { return TensorView::of(x.data(), {1, T, 1, kK}); };
+  phasor::GatedDeltaRuleParams p;
+  p.q = view(q);
+  p.k = view(k);
+  p.v = view(v);
+  p.g = TensorView::of(g.data(), {1, T, 1});
+  p.beta = TensorView::of(beta.data(), {1, T, 1});
+  p.use_qk_l2norm_in_kernel = true;
+  phasor::bench::time_long_sequence(
+      state, threads, false, T, [&] { phasor::gated_delta_rule_forward(p, Impl::chunk, view(o)); });
+}
+
 // Rotation by Selective-RoPE-like angles: none / fused into the kernel / apply_rotary + op
 // (bench_util.h, Rotation); label "<impl>/<rotation>". Gradients include dθ.
 void BM_GatedDeltaRuleRotationForward(benchmark::State& state) {
@@ -245,6 +269,8 @@ void BM_GatedDeltaRuleDecode(benchmark::State& state) {
 
 const bool registered = [] {
   using benchmark::RegisterBenchmark;
+  phasor::bench::register_long_sequence_grid(
+      RegisterBenchmark("BM_GatedDeltaRuleLongSequence", BM_GatedDeltaRuleLongSequence), false);
   phasor::bench::register_decode_grid(
       RegisterBenchmark("BM_GatedDeltaRuleDecode", BM_GatedDeltaRuleDecode));
   phasor::bench::register_standard_grid(

@@ -196,6 +196,35 @@ void BM_GlaDecode(benchmark::State& state) {
   });
 }
 
+// One long sequence: B = H = 1, T = 65,536 (chunk_gla, forward and forward + backward, 1 and 2
+// threads).
+void BM_GlaLongSequence(benchmark::State& state) {
+  const int threads = static_cast<int>(state.range(0));
+  const bool backward = state.range(1) != 0;
+  constexpr std::int64_t T = 65536;
+  const auto n = static_cast<std::size_t>(T * kK);
+  std::mt19937_64 rng(9);
+  const std::vector<float> q = phasor::bench::normal(n, rng), k = phasor::bench::normal(n, rng),
+                           v = phasor::bench::normal(n, rng), d_o = phasor::bench::normal(n, rng),
+                           g = phasor::bench::log_sigmoid_gates(n, rng, 3.f);
+  std::vector<float> o(n), dq(n), dk(n), dv(n), dg(n);
+  auto view = [](const std::vector<float>& x) { return TensorView::of(x.data(), {1, T, 1, kK}); };
+  phasor::GlaParams p;
+  p.q = view(q);
+  p.k = view(k);
+  p.v = view(v);
+  p.g = view(g);
+  phasor::GlaGrads grads;
+  grads.dq = view(dq);
+  grads.dk = view(dk);
+  grads.dv = view(dv);
+  grads.dg = view(dg);
+  phasor::bench::time_long_sequence(state, threads, backward, T, [&] {
+    phasor::gla_forward(p, Impl::chunk, view(o));
+    if (backward) phasor::gla_backward(p, Impl::chunk, view(d_o), {}, grads);
+  });
+}
+
 // Rotation by Selective-RoPE-like angles: none / fused into the kernel / apply_rotary + op
 // (bench_util.h, Rotation). Same inputs as above; gradients include dθ.
 void BM_GlaRotationForward(benchmark::State& state) {
@@ -236,6 +265,8 @@ const bool registered = [] {
   phasor::bench::register_chunk_device_grid(
       RegisterBenchmark("BM_GlaChunkDevice", BM_GlaChunkDevice));
   phasor::bench::register_decode_grid(RegisterBenchmark("BM_GlaDecode", BM_GlaDecode));
+  phasor::bench::register_long_sequence_grid(
+      RegisterBenchmark("BM_GlaLongSequence", BM_GlaLongSequence), true);
   phasor::bench::register_rotation_grid(
       RegisterBenchmark("BM_GlaRotationForward", BM_GlaRotationForward),
       {Impl::recurrent, Impl::chunk});
