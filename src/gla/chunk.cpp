@@ -20,6 +20,9 @@
 // Inside a diagonal block, D_ij for j = i, i−1, … is the running product of exp(g_s) (at most
 // c − 1 factors, each ≤ 1).
 //
+// State recurrence: S_next = diag(P_last) S_prev + L with the chunk's own contribution
+// L = (k ⊙ E)ᵀ v, so the states before the chunks are a scan of the L's (computed in parallel over
+// chunks when there are few (sequence, head) items; see "Schedules" below).
 // Backward: a first pass stores the state before every chunk (O(T/C · K·V) memory); the chunks
 // are then walked in reverse carrying dS (the gradient of the loss w.r.t. S_next):
 //   dS_prev = diag(P_last) dS + scale · Σ_i (q_i ⊙ P_i) do_iᵀ
