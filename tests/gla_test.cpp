@@ -402,6 +402,11 @@ std::vector<Case> kernel_cases() {
       {"varlen", 1, 53, 2, 4, 5, Gates::realistic, 16, {5, 0, 1, 17, 0, 30}},
       {"varlen_strong", 1, 53, 1, 4, 5, Gates::strong, 16, {1, 0, 40, 12}},
       {"varlen_trailing_empty", 1, 19, 1, 3, 3, Gates::zeros, 8, {19, 0}},
+      // V = 16, 48, 128: the recurrent forward's float32 step with o in registers (AVX-512).
+      {"V16_strong", 1, 40, 2, 5, 16, Gates::strong, 16},
+      {"V48_mixed_channels", 1, 33, 1, 7, 48, Gates::mixed_channels, 8, {20, 0, 13}},
+      {"V128_T1", 2, 1, 1, 3, 128, Gates::realistic, 64},
+      {"V128", 1, 21, 2, 9, 128, Gates::zeros, 16},
   };
   Case no_state{"no_initial_state", 2, 29, 2, 5, 4, Gates::realistic, 8};
   no_state.initial_state = false;
