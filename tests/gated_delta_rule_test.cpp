@@ -478,6 +478,13 @@ std::vector<Case> adversarial_cases() {
     c.T = 30, c.l2norm = false, c.scale = 0.3, c.beta_lo = c.beta_hi = 2.0, c.key_std = 0.9;
   });
   add("T_0", [](Case& c) { c.B = 2, c.T = 0; });
+  // V = 16, 48, 128: the recurrent forward's float32 step in registers (AVX-512).
+  add("V_48_beta_two", [](Case& c) {
+    c.T = 33, c.K = 7, c.V = 48, c.HV = 2, c.H = 1, c.l2norm = false, c.beta_lo = c.beta_hi = 2.0;
+  });
+  add("V_128_mixed_gates",
+      [](Case& c) { c.B = 2, c.T = 12, c.K = 5, c.V = 128, c.gates = Gates::mixed; });
+  add("V_16_varlen", [](Case& c) { c.lengths = {9, 0, 1, 14}, c.K = 16, c.V = 16; });
   add("swapped_layout", [](Case& c) {
     c.B = 2, c.T = 19, c.H = 2, c.HV = 4, c.layout = Layout::swapped, c.chunk_size = 8;
   });

@@ -18,7 +18,11 @@
 // PairAngles<float> (common/rotation.h) uses for the fused rotation.
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #include <cmath>
+#include <type_traits>
 #include <vector>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 #include "common/parallel.h"
 #include "gated_delta_rule/kernels.h"
@@ -45,6 +49,66 @@ void advance(const Prev& prev, Next& next, const S* k, const S* q, const RowVec<
     if (out) out->noalias() += q[i] * next.row(i);
   }
 }
+
+#if defined(__AVX512F__)
+// advance() in float32 with the state updated in place and the output given, for V = 16 · NP
+// columns (V ≤ 128): S_{t−1}ᵀ k, β r and o are held in registers (NP packets each) across all K
+// rows, so each pass reads (and the second writes) every state packet once, with no vector
+// stored and reloaded per row. Same operations, in the same order per element, as advance().
+template <int NP>
+void advance_in_registers(float* state, std::int64_t K, const float* k, const float* q,
+                          const float* v, float a, float beta, float* out) {
+  __m512 u[NP], acc[NP];
+  for (int j = 0; j < NP; ++j) u[j] = _mm512_setzero_ps();
+  for (std::int64_t i = 0; i < K; ++i) {
+    const __m512 key = _mm512_set1_ps(k[i]);
+    for (int j = 0; j < NP; ++j)
+      u[j] = _mm512_fmadd_ps(key, _mm512_loadu_ps(state + i * 16 * NP + 16 * j), u[j]);
+  }
+  const __m512 decay = _mm512_set1_ps(a), scale = _mm512_set1_ps(beta);
+  for (int j = 0; j < NP; ++j) {
+    u[j] = _mm512_mul_ps(scale, _mm512_fnmadd_ps(decay, u[j], _mm512_loadu_ps(v + 16 * j)));
+    acc[j] = _mm512_setzero_ps();
+  }
+  for (std::int64_t i = 0; i < K; ++i) {
+    float* row = state + i * 16 * NP;
+    const __m512 key = _mm512_set1_ps(k[i]), query = _mm512_set1_ps(q[i]);
+    for (int j = 0; j < NP; ++j) {
+      const __m512 updated =
+          _mm512_fmadd_ps(decay, _mm512_loadu_ps(row + 16 * j), _mm512_mul_ps(key, u[j]));
+      _mm512_storeu_ps(row + 16 * j, updated);
+      acc[j] = _mm512_fmadd_ps(query, updated, acc[j]);
+    }
+  }
+  for (int j = 0; j < NP; ++j) _mm512_storeu_ps(out + 16 * j, acc[j]);
+}
+
+using AdvanceInRegisters = void (*)(float*, std::int64_t, const float*, const float*, const float*,
+                                    float, float, float*);
+// The step for V columns, or null where advance() runs (V not a multiple of 16, or > 128).
+inline AdvanceInRegisters advance_in_registers_for(std::int64_t V) {
+  switch (V) {
+    case 16:
+      return advance_in_registers<1>;
+    case 32:
+      return advance_in_registers<2>;
+    case 48:
+      return advance_in_registers<3>;
+    case 64:
+      return advance_in_registers<4>;
+    case 80:
+      return advance_in_registers<5>;
+    case 96:
+      return advance_in_registers<6>;
+    case 112:
+      return advance_in_registers<7>;
+    case 128:
+      return advance_in_registers<8>;
+    default:
+      return nullptr;
+  }
+}
+#endif
 
 // Tokens are loaded (and outputs stored) this many at a time, so buffers stay small.
 constexpr std::int64_t kLoadBlock = 64;
@@ -95,6 +159,17 @@ void forward_item(const Problem& p, std::int64_t item, const TensorView& o,
       load_values(p, block, h * G + r, in);
       StateMap<S>& state = states[static_cast<std::size_t>(r)];
       out.resize(block.length, p.V);
+#if defined(__AVX512F__)
+      if constexpr (std::is_same_v<S, float>) {
+        if (const AdvanceInRegisters step = advance_in_registers_for(p.V)) {
+          for (std::int64_t t = 0; t < block.length; ++t)
+            step(state.data(), p.K, qk.k.data() + t * p.K, qk.q.data() + t * p.K, &in.v(t, 0),
+                 std::exp(in.g(t)), in.beta(t), &out(t, 0));
+          store_block(out, o, block, h * G + r);
+          continue;
+        }
+      }
+#endif
       for (std::int64_t t = 0; t < block.length; ++t) {
         v_row = in.v.row(t);
         advance<S>(state, state, qk.k.data() + t * p.K, qk.q.data() + t * p.K, v_row, in.g(t),
