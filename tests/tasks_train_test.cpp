@@ -571,6 +571,55 @@ TEST(Training, WeightDecayOnMatricesOnly) {
   std::filesystem::remove(tc.checkpoint_path);
 }
 
+TEST(Training, TimeBreakdown) {
+  ModelConfig mc = tiny("gla");
+  mc.vocab_size = 32;
+  TrainConfig tc;
+  tc.steps = 3;
+  tc.batch_size = 2;
+  tc.log_every = 0;
+  tc.eval_every = 2;
+  // Without an OpTimer: the phases only.
+  LanguageModel plain(mc);
+  EXPECT_FALSE(OpTimer::active());
+  const TrainResult a = train(plain, tc, mqar_stream(2, 1));
+  EXPECT_EQ(a.time.steps, 3);
+  EXPECT_FALSE(a.time.ops_timed);
+  EXPECT_EQ(a.time.forward_kernels_s, 0.0);
+  EXPECT_EQ(a.time.backward_ops_s, 0.0);
+  // With one: the forward and backward passes split into phasor kernels and other ops.
+  LanguageModel timed(mc);
+  TrainResult b;
+  {
+    OpTimer timer;
+    EXPECT_TRUE(OpTimer::active());
+    expect_error([] { OpTimer second; }, {"OpTimer", "one OpTimer per thread"});
+    b = train(timed, tc, mqar_stream(2, 1));
+  }
+  EXPECT_FALSE(OpTimer::active());
+  const TimeBreakdown& t = b.time;
+  EXPECT_EQ(t.steps, 3);
+  EXPECT_TRUE(t.ops_timed);
+  for (double s :
+       {t.data_s, t.forward_s, t.backward_s, t.optimizer_s, t.metrics_s, t.eval_s, t.other_s,
+        t.forward_kernels_s, t.forward_ops_s, t.backward_kernels_s, t.backward_ops_s})
+    EXPECT_GE(s, 0.0);
+  EXPECT_GT(t.forward_kernels_s, 0.0);
+  EXPECT_GT(t.backward_kernels_s, 0.0);
+  EXPECT_GT(t.forward_ops_s, 0.0);
+  EXPECT_GT(t.eval_s, 0.0);
+  EXPECT_LE(t.forward_kernels_s + t.forward_ops_s, t.forward_s);
+  EXPECT_LE(t.backward_kernels_s + t.backward_ops_s, t.backward_s);
+  const double sum = t.data_s + t.forward_s + t.backward_s + t.optimizer_s + t.metrics_s +
+                     t.eval_s + t.checkpoint_s + t.other_s;
+  EXPECT_LE(sum, b.wall_time_s);
+  EXPECT_GT(sum, 0.5 * b.wall_time_s);
+  nlohmann::json j = t;
+  EXPECT_EQ(j.at("steps"), 3);
+  EXPECT_TRUE(j.contains("forward_kernels_s"));
+  EXPECT_FALSE(nlohmann::json(a.time).contains("forward_kernels_s"));
+}
+
 TEST(Training, EvaluateInPassesAndBatchesWithoutTargets) {
   ModelConfig mc = tiny("fox", "rope");
   mc.vocab_size = 32;

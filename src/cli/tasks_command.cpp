@@ -198,6 +198,8 @@ struct RunOptions {
   bool resume = false;
   int threads = 0;
   bool quiet = false;
+  std::int64_t stop_at_step = 0;
+  bool profile = false;
 };
 
 int run_run(const RunOptions& o) {
@@ -206,6 +208,9 @@ int run_run(const RunOptions& o) {
   try {  // a bad config is bad input (exit 2); failures while running are not (exit 1)
     if (o.threads < 0)
       throw InputError("argument '--threads': expected ≥ 0, got " + std::to_string(o.threads));
+    if (o.stop_at_step < 0)
+      throw InputError("argument '--stop-at-step': expected ≥ 0, got " +
+                       std::to_string(o.stop_at_step));
     config = tasks::load_experiment_config(o.config_path);
   } catch (const InputError& e) {
     std::fprintf(stderr, "%s%s\n", prefix.c_str(), e.what());
@@ -219,9 +224,12 @@ int run_run(const RunOptions& o) {
   options.resume = o.resume;
   options.threads = o.threads;
   options.progress = !o.quiet;
+  options.stop_at_step = o.stop_at_step;
+  options.profile = o.profile;
   try {
     const nlohmann::json results = tasks::run_experiment(config, options);
     std::fputs(tasks::format_result_table(results).c_str(), stdout);
+    if (o.profile) std::fputs(("\n" + tasks::format_time_table(results)).c_str(), stdout);
     std::printf("results: %s/results.json, results.csv, accuracy_vs_length.png, loss.png\n",
                 options.out_dir.c_str());
     return 0;
@@ -275,6 +283,12 @@ int run_tasks(int argc, char** argv) {
                 "their checkpoints");
   run->add_option("--threads", r.threads, "threads (default 0: all cores)");
   run->add_flag("--quiet", r.quiet, "no progress lines on stderr");
+  run->add_option("--stop-at-step", r.stop_at_step,
+                  "stop every run after this step, as train.stop_at_step (default 0: the "
+                  "config's); for speed measurements");
+  run->add_flag("--profile", r.profile,
+                "time phasor's kernels and LibTorch's ops during training and print each run's "
+                "time per step by phase (also results.json: runs[].time_breakdown)");
 
   try {
     app.parse(argc, argv);

@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <regex>
 #include <set>
 #include <sstream>
@@ -519,6 +520,7 @@ json run_experiment(const ExperimentConfig& config, const ExperimentOptions& opt
         tc.checkpoint_path = ckpt_path.string();
         if (tc.checkpoint_every == 0)
           tc.checkpoint_every = std::max<std::int64_t>(1, tc.steps / 10);
+        if (options.stop_at_step > 0) tc.stop_at_step = options.stop_at_step;
         const bool resumed = options.resume && fs::exists(ckpt_path);
         if (resumed) tc.resume_from = ckpt_path.string();
 
@@ -532,8 +534,11 @@ json run_experiment(const ExperimentConfig& config, const ExperimentOptions& opt
         };
         torch::manual_seed(seed);
         LanguageModel model(arm.model);
+        std::optional<OpTimer> op_timer;
+        if (options.profile) op_timer.emplace();
         const TrainResult result =
             train(model, tc, data, eval, options.progress ? stderr_progress(label) : ProgressFn{});
+        op_timer.reset();
 
         json record = {{"arm", arm.name},
                        {"setup", setup},
@@ -547,6 +552,7 @@ json run_experiment(const ExperimentConfig& config, const ExperimentOptions& opt
                        {"resumed", resumed},
                        {"wall_time_s", result.wall_time_s},
                        {"tokens_per_s", result.tokens_per_s},
+                       {"time_breakdown", result.time},
                        {"losses", result.losses},
                        {"train_accuracies", result.train_accuracies}};
         json evals = json::array();
@@ -831,6 +837,46 @@ std::string format_result_table(const json& results) {
   t += fmt::format("\n{} runs ({:.1f} s of training) in {:.1f} s on {} threads\n",
                    results["runs"].size(), num(results["train_time_s"]),
                    num(results["wall_time_s"]), results["machine"]["threads"].get<int>());
+  return t;
+}
+
+std::string format_time_table(const json& results) {
+  std::size_t w = 3;
+  for (const json& run : results["runs"])
+    w = std::max(
+        w, run_stem(run["arm"].get<std::string>(), num(run["lr"]), run["seed"].get<std::uint64_t>())
+               .size());
+  std::string t = fmt::format(
+      "{}: training time per step in ms; forward and backward split into phasor kernels / other "
+      "LibTorch ops / the rest when timed (--profile)\n",
+      results["name"].get<std::string>());
+  t += fmt::format(
+      "{:<{}}  {:>6}  {:>8}  {:>7}  {:>6}  {:>6} {:>17}  {:>6} {:>17}  {:>6}  {:>7}  {:>6}\n",
+      "run", w, "steps", "tok/s", "ms/step", "data", "fwd", "kern/ops/rest", "bwd", "kern/ops/rest",
+      "optim", "metrics", "other");
+  for (const json& run : results["runs"]) {
+    if (!run.contains("time_breakdown")) continue;
+    const json& b = run["time_breakdown"];
+    const double steps = num(b["steps"]);
+    if (!(steps > 0)) continue;
+    const auto ms = [&](const char* key) { return 1e3 * num(b[key]) / steps; };
+    const double fwd = ms("forward_s"), bwd = ms("backward_s");
+    const auto split = [&](double total, const char* kernels, const char* ops) {
+      if (!b.contains(kernels)) return std::string("-");
+      const double k = ms(kernels), o = ms(ops);
+      return fmt::format("{:.2f}/{:.2f}/{:.2f}", k, o, total - k - o);
+    };
+    const double per_step = ms("data_s") + fwd + bwd + ms("optimizer_s") + ms("metrics_s") +
+                            ms("eval_s") + ms("checkpoint_s") + ms("other_s");
+    t += fmt::format(
+        "{:<{}}  {:>6}  {:>8.0f}  {:>7.2f}  {:>6.2f}  {:>6.2f} {:>17}  {:>6.2f} {:>17}  {:>6.2f}  "
+        "{:>7.2f}  {:>6.2f}\n",
+        run_stem(run["arm"].get<std::string>(), num(run["lr"]), run["seed"].get<std::uint64_t>()),
+        w, static_cast<std::int64_t>(steps), num(run["tokens_per_s"]), per_step, ms("data_s"), fwd,
+        split(fwd, "forward_kernels_s", "forward_ops_s"), bwd,
+        split(bwd, "backward_kernels_s", "backward_ops_s"), ms("optimizer_s"), ms("metrics_s"),
+        ms("eval_s") + ms("checkpoint_s") + ms("other_s"));
+  }
   return t;
 }
 
