@@ -571,6 +571,52 @@ TEST(Training, WeightDecayOnMatricesOnly) {
   std::filesystem::remove(tc.checkpoint_path);
 }
 
+TEST(Training, TheHeadRunsOnTheScoredPositionsOnly) {
+  // train() applies the final norm and the head to the scored positions alone (MQAR: 4 of 16
+  // here). Its first step must be that of the full forward: the same loss, and AdamW's first
+  // update p − lr·g / (|g| + eps) from the same gradient g (float64; the gradient sums differ
+  // only in order).
+  ModelConfig mc = tiny("gla", "selective_rope");
+  mc.vocab_size = 32;
+  torch::manual_seed(11);
+  LanguageModel full(mc);
+  torch::manual_seed(11);
+  LanguageModel trained(mc);
+  const Batch batch = mqar_stream(8, 4)(1);
+  const at::Tensor x = inputs_tensor(batch);
+  ASSERT_LT(std::count_if(batch.targets.begin(), batch.targets.end(),
+                          [](std::int64_t t) { return t != kIgnoreIndex; }),
+            static_cast<std::ptrdiff_t>(batch.targets.size() / 2));
+  EXPECT_TRUE(at::equal(full->forward(x), full->logits(full->hidden(x))));
+
+  const at::Tensor logits = full->forward(x);
+  const at::Tensor loss = at::cross_entropy_loss(logits.reshape({-1, mc.vocab_size}),
+                                                 targets_tensor(batch).reshape({-1}), {},
+                                                 at::Reduction::Mean, kIgnoreIndex);
+  loss.backward();
+
+  TrainConfig tc;
+  tc.steps = 1;
+  tc.batch_size = batch.rows;
+  tc.log_every = 0;
+  tc.grad_clip = 0;
+  tc.weight_decay = 0;
+  const TrainResult r = train(trained, tc, [&batch](std::int64_t) { return batch; });
+  ASSERT_EQ(r.losses.size(), 1u);
+  EXPECT_NEAR(r.losses[0], loss.item<double>(), 1e-12);
+  const double lr = learning_rate(tc, 1);
+  const auto before = full->named_parameters(), after = trained->named_parameters();
+  std::int64_t moved = 0;
+  for (const auto& p : before) {
+    const at::Tensor g = p.value().grad();
+    ASSERT_TRUE(g.defined()) << p.key();
+    const at::Tensor expected = p.value().detach() - lr * g / (g.abs() + tc.adam_eps);
+    EXPECT_TRUE(at::allclose(after[p.key()], expected, 1e-9, 1e-12)) << p.key();
+    moved += g.ne(0).sum().item<std::int64_t>();
+  }
+  EXPECT_GT(moved, 100);
+}
+
 TEST(Training, TimeBreakdown) {
   ModelConfig mc = tiny("gla");
   mc.vocab_size = 32;

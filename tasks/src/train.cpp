@@ -82,9 +82,47 @@ at::Tensor loss_of(const at::Tensor& logits, const at::Tensor& targets) {
                                 at::Reduction::Mean, kIgnoreIndex);
 }
 
-Metrics metrics_of(const at::Tensor& logits, const Batch& batch) {
-  const at::Tensor pred = logits.detach().argmax(-1).contiguous();
-  return evaluate(pred.data_ptr<std::int64_t>(), batch.targets.data(), batch.rows, batch.cols);
+// The logits and targets a training step's loss and accuracy read: those of the scored positions
+// (targets ≠ −100). The other positions add exactly zero to the loss's gradient (cross-entropy
+// with ignore_index), and the accuracy does not look at their predictions, so the head — a
+// [rows, V] matmul and softmax — runs on the scored rows alone (MQAR scores 4 of 64 positions).
+// Row by row the same numbers as the full forward; the head's weight gradient sums fewer exact
+// zeros. When every position is scored, the plain forward.
+struct ScoredLogits {
+  at::Tensor logits;   // [N, V] of the scored positions, or [B, T, V] when all are scored
+  at::Tensor targets;  // matching int64 targets
+  at::Tensor index;    // [N] flat positions b·T + t of the scored rows (undefined: all)
+};
+
+ScoredLogits scored_logits(LanguageModel& model, const at::Tensor& inputs, const Batch& batch,
+                           const at::Tensor& targets) {
+  ScoredLogits out;
+  std::vector<std::int64_t> index;
+  index.reserve(batch.targets.size());
+  for (std::size_t i = 0; i < batch.targets.size(); ++i)
+    if (batch.targets[i] != kIgnoreIndex) index.push_back(static_cast<std::int64_t>(i));
+  if (index.size() == batch.targets.size()) {
+    out.logits = model->forward(inputs);
+    out.targets = targets;
+    return out;
+  }
+  out.index =
+      torch::from_blob(index.data(), {static_cast<std::int64_t>(index.size())}, at::kLong).clone();
+  const at::Tensor h = model->hidden(inputs);
+  out.logits = model->logits(h.reshape({-1, h.size(-1)}).index_select(0, out.index));
+  out.targets = targets.reshape({-1}).index_select(0, out.index);
+  return out;
+}
+
+Metrics metrics_of(const ScoredLogits& s, const Batch& batch) {
+  const at::Tensor pred = s.logits.detach().argmax(-1).contiguous();
+  const std::int64_t* p = pred.data_ptr<std::int64_t>();
+  if (!s.index.defined()) return evaluate(p, batch.targets.data(), batch.rows, batch.cols);
+  // Unscored positions get −100, which evaluate() never compares.
+  std::vector<std::int64_t> all(batch.targets.size(), kIgnoreIndex);
+  const std::int64_t* at = s.index.data_ptr<std::int64_t>();
+  for (std::int64_t i = 0; i < s.index.numel(); ++i) all[static_cast<std::size_t>(at[i])] = p[i];
+  return evaluate(all.data(), batch.targets.data(), batch.rows, batch.cols);
 }
 
 double metric_of(const TrainConfig& c, double token, double sequence) {
@@ -638,8 +676,8 @@ TrainResult train(LanguageModel& model, const TrainConfig& config, const BatchFn
     lap(tb.data_s);
     op_lap(unused_ops, unused_kernels);
 
-    const at::Tensor logits = model->forward(inputs);
-    const at::Tensor loss = loss_of(logits, targets);
+    const ScoredLogits scored = scored_logits(model, inputs, batch, targets);
+    const at::Tensor loss = loss_of(scored.logits, scored.targets);
     const double loss_value = loss.item<double>();
     lap(tb.forward_s);
     op_lap(tb.forward_ops_s, tb.forward_kernels_s);
@@ -661,7 +699,7 @@ TrainResult train(LanguageModel& model, const TrainConfig& config, const BatchFn
     optimizer->step();
     lap(tb.optimizer_s);
 
-    const Metrics m = metrics_of(logits, batch);
+    const Metrics m = metrics_of(scored, batch);
     h.step = step;
     h.losses.push_back(loss_value);
     h.train_accuracies.push_back(m.token_accuracy);
