@@ -1,11 +1,13 @@
 // `phasor tasks ...`: the synthetic-task harness from the command line.
 //   phasor tasks sample TASK [options] --out batch.pt   one batch of a generator, for torch.load
 //   phasor tasks run CONFIG.json [--out DIR] [...]      the experiment runner (tasks/experiment.h)
+#include <malloc.h>
 #include <torch/torch.h>
 #include <CLI/CLI.hpp>
 
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <map>
 #include <optional>
@@ -202,6 +204,19 @@ struct RunOptions {
   bool profile = false;
 };
 
+// Training allocates and frees the same tensors of a few hundred KiB every step. By default
+// glibc's malloc gives such blocks back to the kernel (mmap above its dynamic threshold, heap top
+// trimmed above M_TRIM_THRESHOLD), so every step faulted fresh zero pages back in: ~4,000 page
+// faults per step of the quick suite's models, 443k → 58k for a 100-step A3 run, system time
+// 1.3 → 0.7 s. Blocks up to 32 MiB (glibc's largest mmap threshold) now stay in the heap and the
+// heap is trimmed only above 512 MiB free; the cost is that the peak stays reserved. Where the
+// environment sets either (MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_), it is left alone.
+void keep_freed_memory() {
+  if (std::getenv("MALLOC_MMAP_THRESHOLD_") || std::getenv("MALLOC_TRIM_THRESHOLD_")) return;
+  mallopt(M_MMAP_THRESHOLD, 32 << 20);
+  mallopt(M_TRIM_THRESHOLD, 512 << 20);
+}
+
 int run_run(const RunOptions& o) {
   const std::string prefix = "phasor tasks run: ";
   tasks::ExperimentConfig config;
@@ -226,6 +241,7 @@ int run_run(const RunOptions& o) {
   options.progress = !o.quiet;
   options.stop_at_step = o.stop_at_step;
   options.profile = o.profile;
+  keep_freed_memory();
   try {
     const nlohmann::json results = tasks::run_experiment(config, options);
     std::fputs(tasks::format_result_table(results).c_str(), stdout);
