@@ -199,6 +199,7 @@ struct RunOptions {
   std::string out_dir;
   bool resume = false;
   int threads = 0;
+  int kernel_threads = -1;
   bool quiet = false;
   std::int64_t stop_at_step = 0;
   bool profile = false;
@@ -223,6 +224,9 @@ int run_run(const RunOptions& o) {
   try {  // a bad config is bad input (exit 2); failures while running are not (exit 1)
     if (o.threads < 0)
       throw InputError("argument '--threads': expected ≥ 0, got " + std::to_string(o.threads));
+    if (o.kernel_threads < -1)
+      throw InputError("argument '--kernel-threads': expected ≥ 0, got " +
+                       std::to_string(o.kernel_threads));
     if (o.stop_at_step < 0)
       throw InputError("argument '--stop-at-step': expected ≥ 0, got " +
                        std::to_string(o.stop_at_step));
@@ -238,6 +242,7 @@ int run_run(const RunOptions& o) {
   options.out_dir = o.out_dir.empty() ? config.name : o.out_dir;
   options.resume = o.resume;
   options.threads = o.threads;
+  options.kernel_threads = o.kernel_threads;
   options.progress = !o.quiet;
   options.stop_at_step = o.stop_at_step;
   options.profile = o.profile;
@@ -297,7 +302,11 @@ int run_tasks(int argc, char** argv) {
   run->add_flag("--resume", r.resume,
                 "skip the runs finished in the output folder, continue interrupted ones from "
                 "their checkpoints");
-  run->add_option("--threads", r.threads, "threads (default 0: all cores)");
+  run->add_option("--threads", r.threads,
+                  "threads of LibTorch's ops and phasor's kernels (default 0: LibTorch 1, phasor "
+                  "all cores)");
+  run->add_option("--kernel-threads", r.kernel_threads,
+                  "phasor's kernel threads, overriding --threads (0: all cores)");
   run->add_flag("--quiet", r.quiet, "no progress lines on stderr");
   run->add_option("--stop-at-step", r.stop_at_step,
                   "stop every run after this step, as train.stop_at_step (default 0: the "

@@ -124,10 +124,14 @@ ExperimentConfig parse_experiment_config(const nlohmann::json& config);
 ExperimentConfig load_experiment_config(const std::string& path);
 
 struct ExperimentOptions {
-  std::string out_dir;   // created if missing
-  bool resume = false;   // skip finished runs, continue interrupted ones
-  int threads = 0;       // at::set_num_threads and phasor::set_num_threads; 0: every core
-  bool progress = true;  // per-run progress lines on stderr
+  std::string out_dir;  // created if missing
+  bool resume = false;  // skip finished runs, continue interrupted ones
+  // Threads of LibTorch's ops (at::set_num_threads) and, unless kernel_threads ≥ 0, of phasor's
+  // kernels (phasor::set_num_threads). 0: LibTorch 1, phasor's default (every core, or
+  // PHASOR_NUM_THREADS) — the fastest split for the harness's small models (experiment.cpp).
+  int threads = 0;
+  int kernel_threads = -1;  // phasor's kernel threads; −1: as `threads`; 0: phasor's default
+  bool progress = true;     // per-run progress lines on stderr
   // Stop every run after this step as if interrupted (train.stop_at_step; 0: the config's), e.g.
   // to measure speed on a short run; --resume continues such runs later.
   std::int64_t stop_at_step = 0;
