@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -274,10 +275,13 @@ TEST(TasksExperiment, MqarAndCopyTasks) {
   c["task"] = {{"name", "copy"}, {"context", 32},          {"min_len", 1},
                {"max_len", 4},   {"eval_lengths", {2, 8}}, {"eval_batch", 8}};
   options.out_dir = fresh_dir("copy").string();
-  options.threads = 0;  // every core
+  options.threads = 0;  // LibTorch's ops on one thread, phasor's kernels on every core
   const json k = run_experiment(parse_experiment_config(c), options);
-  EXPECT_EQ(k["machine"]["threads"].get<unsigned>(),
-            std::max(1u, std::thread::hardware_concurrency()));
+  EXPECT_EQ(k["machine"]["threads"].get<unsigned>(), 1u);
+  if (std::getenv("PHASOR_NUM_THREADS") == nullptr) {
+    EXPECT_EQ(k["machine"]["kernel_threads"].get<unsigned>(),
+              std::max(1u, std::thread::hardware_concurrency()));
+  }
   EXPECT_EQ(k["reference_length"].get<int>(), 4);
   ASSERT_EQ(k["runs"][0]["eval_by_length"].size(), 3u);
   for (const json& e : k["runs"][0]["eval_by_length"]) {

@@ -571,6 +571,101 @@ TEST(Training, WeightDecayOnMatricesOnly) {
   std::filesystem::remove(tc.checkpoint_path);
 }
 
+TEST(Training, TheHeadRunsOnTheScoredPositionsOnly) {
+  // train() applies the final norm and the head to the scored positions alone (MQAR: 4 of 16
+  // here). Its first step must be that of the full forward: the same loss, and AdamW's first
+  // update p − lr·g / (|g| + eps) from the same gradient g (float64; the gradient sums differ
+  // only in order).
+  ModelConfig mc = tiny("gla", "selective_rope");
+  mc.vocab_size = 32;
+  torch::manual_seed(11);
+  LanguageModel full(mc);
+  torch::manual_seed(11);
+  LanguageModel trained(mc);
+  const Batch batch = mqar_stream(8, 4)(1);
+  const at::Tensor x = inputs_tensor(batch);
+  ASSERT_LT(std::count_if(batch.targets.begin(), batch.targets.end(),
+                          [](std::int64_t t) { return t != kIgnoreIndex; }),
+            static_cast<std::ptrdiff_t>(batch.targets.size() / 2));
+  EXPECT_TRUE(at::equal(full->forward(x), full->logits(full->hidden(x))));
+
+  const at::Tensor logits = full->forward(x);
+  const at::Tensor loss = at::cross_entropy_loss(logits.reshape({-1, mc.vocab_size}),
+                                                 targets_tensor(batch).reshape({-1}), {},
+                                                 at::Reduction::Mean, kIgnoreIndex);
+  loss.backward();
+
+  TrainConfig tc;
+  tc.steps = 1;
+  tc.batch_size = batch.rows;
+  tc.log_every = 0;
+  tc.grad_clip = 0;
+  tc.weight_decay = 0;
+  const TrainResult r = train(trained, tc, [&batch](std::int64_t) { return batch; });
+  ASSERT_EQ(r.losses.size(), 1u);
+  EXPECT_NEAR(r.losses[0], loss.item<double>(), 1e-12);
+  const double lr = learning_rate(tc, 1);
+  const auto before = full->named_parameters(), after = trained->named_parameters();
+  std::int64_t moved = 0;
+  for (const auto& p : before) {
+    const at::Tensor g = p.value().grad();
+    ASSERT_TRUE(g.defined()) << p.key();
+    const at::Tensor expected = p.value().detach() - lr * g / (g.abs() + tc.adam_eps);
+    EXPECT_TRUE(at::allclose(after[p.key()], expected, 1e-9, 1e-12)) << p.key();
+    moved += g.ne(0).sum().item<std::int64_t>();
+  }
+  EXPECT_GT(moved, 100);
+}
+
+TEST(Training, TimeBreakdown) {
+  ModelConfig mc = tiny("gla");
+  mc.vocab_size = 32;
+  TrainConfig tc;
+  tc.steps = 3;
+  tc.batch_size = 2;
+  tc.log_every = 0;
+  tc.eval_every = 2;
+  // Without an OpTimer: the phases only.
+  LanguageModel plain(mc);
+  EXPECT_FALSE(OpTimer::active());
+  const TrainResult a = train(plain, tc, mqar_stream(2, 1));
+  EXPECT_EQ(a.time.steps, 3);
+  EXPECT_FALSE(a.time.ops_timed);
+  EXPECT_EQ(a.time.forward_kernels_s, 0.0);
+  EXPECT_EQ(a.time.backward_ops_s, 0.0);
+  // With one: the forward and backward passes split into phasor kernels and other ops.
+  LanguageModel timed(mc);
+  TrainResult b;
+  {
+    OpTimer timer;
+    EXPECT_TRUE(OpTimer::active());
+    expect_error([] { OpTimer second; }, {"OpTimer", "one OpTimer per thread"});
+    b = train(timed, tc, mqar_stream(2, 1));
+  }
+  EXPECT_FALSE(OpTimer::active());
+  const TimeBreakdown& t = b.time;
+  EXPECT_EQ(t.steps, 3);
+  EXPECT_TRUE(t.ops_timed);
+  for (double s :
+       {t.data_s, t.forward_s, t.backward_s, t.optimizer_s, t.metrics_s, t.eval_s, t.other_s,
+        t.forward_kernels_s, t.forward_ops_s, t.backward_kernels_s, t.backward_ops_s})
+    EXPECT_GE(s, 0.0);
+  EXPECT_GT(t.forward_kernels_s, 0.0);
+  EXPECT_GT(t.backward_kernels_s, 0.0);
+  EXPECT_GT(t.forward_ops_s, 0.0);
+  EXPECT_GT(t.eval_s, 0.0);
+  EXPECT_LE(t.forward_kernels_s + t.forward_ops_s, t.forward_s);
+  EXPECT_LE(t.backward_kernels_s + t.backward_ops_s, t.backward_s);
+  const double sum = t.data_s + t.forward_s + t.backward_s + t.optimizer_s + t.metrics_s +
+                     t.eval_s + t.checkpoint_s + t.other_s;
+  EXPECT_LE(sum, b.wall_time_s);
+  EXPECT_GT(sum, 0.5 * b.wall_time_s);
+  nlohmann::json j = t;
+  EXPECT_EQ(j.at("steps"), 3);
+  EXPECT_TRUE(j.contains("forward_kernels_s"));
+  EXPECT_FALSE(nlohmann::json(a.time).contains("forward_kernels_s"));
+}
+
 TEST(Training, EvaluateInPassesAndBatchesWithoutTargets) {
   ModelConfig mc = tiny("fox", "rope");
   mc.vocab_size = 32;

@@ -5,6 +5,7 @@
 #include <torch/autograd.h>
 
 #include <ATen/ATen.h>
+#include <ATen/record_function.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -184,9 +185,14 @@ cuda::Stream current_torch_stream();
 #endif
 
 // Runs a core call; a phasor::Error becomes a c10::Error with the same message. Settles the
-// staged copies of the compute device: outputs back on success, all freed either way.
+// staged copies of the compute device: outputs back on success, all freed either way. The call
+// is a RecordFunction user scope named "phasor::kernel" (kKernelScope), so that LibTorch's
+// profiler and RecordFunction observers (phasor::tasks::OpTimer) see the time spent in phasor's
+// kernels; without an observer the scope costs a check of a thread-local flag.
+inline constexpr const char* kKernelScope = "phasor::kernel";
 template <class F>
 inline void rethrow_as_torch(F&& f) {
+  RECORD_USER_SCOPE(kKernelScope);
   try {
 #if PHASOR_TORCH_CUDA
     cuda::StreamGuard stream(current_torch_stream());

@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <regex>
 #include <set>
 #include <sstream>
@@ -470,13 +471,14 @@ json run_experiment(const ExperimentConfig& config, const ExperimentOptions& opt
   if (ec || !fs::is_directory(ckpt_dir))
     fail("run_experiment", "out_dir", "a folder that can be created",
          in_quotes(out.string()) + " (" + ec.message() + ")");
-  // threads = 0: every core. ATen's own default is not that everywhere (Debian's LibTorch 1.13
-  // starts with 1 intra-op thread here), so it is set explicitly either way.
-  const int threads = options.threads > 0
-                          ? options.threads
-                          : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
-  at::set_num_threads(threads);
-  phasor::set_num_threads(options.threads);
+  // threads = 0: LibTorch's ops on the calling thread, phasor's kernels on every core. The ops of
+  // these small models (hidden 64, 2,048 tokens a step) are too short to gain from a second
+  // thread — handing them out cost more than it saved — while the kernels split well over
+  // (sequence, head) pairs: on 2 cores this split trained every arm of the quick suite as fast as
+  // or faster than two threads for both (1.2x geometric mean; README, "Training speed"). ATen's
+  // count is set explicitly either way (its default differs between builds).
+  at::set_num_threads(options.threads > 0 ? options.threads : 1);
+  phasor::set_num_threads(options.kernel_threads >= 0 ? options.kernel_threads : options.threads);
   const TaskSpec& task = config.task;
   const std::int64_t ref = task.reference_length();
 
@@ -519,6 +521,7 @@ json run_experiment(const ExperimentConfig& config, const ExperimentOptions& opt
         tc.checkpoint_path = ckpt_path.string();
         if (tc.checkpoint_every == 0)
           tc.checkpoint_every = std::max<std::int64_t>(1, tc.steps / 10);
+        if (options.stop_at_step > 0) tc.stop_at_step = options.stop_at_step;
         const bool resumed = options.resume && fs::exists(ckpt_path);
         if (resumed) tc.resume_from = ckpt_path.string();
 
@@ -532,8 +535,11 @@ json run_experiment(const ExperimentConfig& config, const ExperimentOptions& opt
         };
         torch::manual_seed(seed);
         LanguageModel model(arm.model);
+        std::optional<OpTimer> op_timer;
+        if (options.profile) op_timer.emplace();
         const TrainResult result =
             train(model, tc, data, eval, options.progress ? stderr_progress(label) : ProgressFn{});
+        op_timer.reset();
 
         json record = {{"arm", arm.name},
                        {"setup", setup},
@@ -547,6 +553,7 @@ json run_experiment(const ExperimentConfig& config, const ExperimentOptions& opt
                        {"resumed", resumed},
                        {"wall_time_s", result.wall_time_s},
                        {"tokens_per_s", result.tokens_per_s},
+                       {"time_breakdown", result.time},
                        {"losses", result.losses},
                        {"train_accuracies", result.train_accuracies}};
         json evals = json::array();
@@ -657,6 +664,7 @@ json run_experiment(const ExperimentConfig& config, const ExperimentOptions& opt
                   {"eval_lengths", task.eval_lengths},
                   {"machine",
                    {{"threads", at::get_num_threads()},
+                    {"kernel_threads", phasor::num_threads()},
                     {"hardware_concurrency", std::thread::hardware_concurrency()}}},
                   {"wall_time_s", wall},
                   {"train_time_s", train_time},
@@ -828,9 +836,53 @@ std::string format_result_table(const json& results) {
       t += fmt::format("  {:>8.3f}", num(l["reference_sequence_accuracy"]));
     t += "\n";
   }
-  t += fmt::format("\n{} runs ({:.1f} s of training) in {:.1f} s on {} threads\n",
+  const json& machine = results["machine"];
+  t += fmt::format("\n{} runs ({:.1f} s of training) in {:.1f} s on {} threads",
                    results["runs"].size(), num(results["train_time_s"]),
-                   num(results["wall_time_s"]), results["machine"]["threads"].get<int>());
+                   num(results["wall_time_s"]), machine["threads"].get<int>());
+  if (machine.contains("kernel_threads"))
+    t += fmt::format(" ({} for phasor's kernels)", machine["kernel_threads"].get<int>());
+  t += "\n";
+  return t;
+}
+
+std::string format_time_table(const json& results) {
+  std::size_t w = 3;
+  for (const json& run : results["runs"])
+    w = std::max(
+        w, run_stem(run["arm"].get<std::string>(), num(run["lr"]), run["seed"].get<std::uint64_t>())
+               .size());
+  std::string t = fmt::format(
+      "{}: training time per step in ms; forward and backward split into phasor kernels / other "
+      "LibTorch ops / the rest when timed (--profile)\n",
+      results["name"].get<std::string>());
+  t += fmt::format(
+      "{:<{}}  {:>6}  {:>8}  {:>7}  {:>6}  {:>6} {:>17}  {:>6} {:>17}  {:>6}  {:>7}  {:>6}\n",
+      "run", w, "steps", "tok/s", "ms/step", "data", "fwd", "kern/ops/rest", "bwd", "kern/ops/rest",
+      "optim", "metrics", "other");
+  for (const json& run : results["runs"]) {
+    if (!run.contains("time_breakdown")) continue;
+    const json& b = run["time_breakdown"];
+    const double steps = num(b["steps"]);
+    if (!(steps > 0)) continue;
+    const auto ms = [&](const char* key) { return 1e3 * num(b[key]) / steps; };
+    const double fwd = ms("forward_s"), bwd = ms("backward_s");
+    const auto split = [&](double total, const char* kernels, const char* ops) {
+      if (!b.contains(kernels)) return std::string("-");
+      const double k = ms(kernels), o = ms(ops);
+      return fmt::format("{:.2f}/{:.2f}/{:.2f}", k, o, total - k - o);
+    };
+    const double per_step = ms("data_s") + fwd + bwd + ms("optimizer_s") + ms("metrics_s") +
+                            ms("eval_s") + ms("checkpoint_s") + ms("other_s");
+    t += fmt::format(
+        "{:<{}}  {:>6}  {:>8.0f}  {:>7.2f}  {:>6.2f}  {:>6.2f} {:>17}  {:>6.2f} {:>17}  {:>6.2f}  "
+        "{:>7.2f}  {:>6.2f}\n",
+        run_stem(run["arm"].get<std::string>(), num(run["lr"]), run["seed"].get<std::uint64_t>()),
+        w, static_cast<std::int64_t>(steps), num(run["tokens_per_s"]), per_step, ms("data_s"), fwd,
+        split(fwd, "forward_kernels_s", "forward_ops_s"), bwd,
+        split(bwd, "backward_kernels_s", "backward_ops_s"), ms("optimizer_s"), ms("metrics_s"),
+        ms("eval_s") + ms("checkpoint_s") + ms("other_s"));
+  }
   return t;
 }
 

@@ -595,6 +595,14 @@ LanguageModelImpl::LanguageModelImpl(ModelConfig config) : config_(std::move(con
 }
 
 at::Tensor LanguageModelImpl::forward(const at::Tensor& tokens) {
+  return logits(hidden(tokens));
+}
+
+at::Tensor LanguageModelImpl::logits(const at::Tensor& hidden) {
+  return at::linear(rms_norm(hidden, norm_weight, config_.norm_eps), head_weight);
+}
+
+at::Tensor LanguageModelImpl::hidden(const at::Tensor& tokens) {
   const std::string op = "LanguageModel";
   if (!tokens.defined()) fail(op, "tokens", "an int64 tensor [B, T]", "an undefined tensor");
   std::ostringstream shape;
@@ -610,7 +618,7 @@ at::Tensor LanguageModelImpl::forward(const at::Tensor& tokens) {
          "ids in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
   at::Tensor x = at::embedding(embedding, tokens);
   for (auto& block : blocks) x = block->forward(x);
-  return at::linear(rms_norm(x, norm_weight, config_.norm_eps), head_weight);
+  return x;
 }
 
 std::int64_t LanguageModelImpl::num_parameters() const {

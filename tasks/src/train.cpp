@@ -1,6 +1,7 @@
 // Training of the task harness (phasor/tasks/train.h).
 #include "phasor/tasks/train.h"
 
+#include <ATen/record_function.h>
 #include <torch/torch.h>
 
 #include <unistd.h>
@@ -9,6 +10,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <iomanip>
 #include <mutex>
@@ -80,9 +82,47 @@ at::Tensor loss_of(const at::Tensor& logits, const at::Tensor& targets) {
                                 at::Reduction::Mean, kIgnoreIndex);
 }
 
-Metrics metrics_of(const at::Tensor& logits, const Batch& batch) {
-  const at::Tensor pred = logits.detach().argmax(-1).contiguous();
-  return evaluate(pred.data_ptr<std::int64_t>(), batch.targets.data(), batch.rows, batch.cols);
+// The logits and targets a training step's loss and accuracy read: those of the scored positions
+// (targets ≠ −100). The other positions add exactly zero to the loss's gradient (cross-entropy
+// with ignore_index), and the accuracy does not look at their predictions, so the head — a
+// [rows, V] matmul and softmax — runs on the scored rows alone (MQAR scores 4 of 64 positions).
+// Row by row the same numbers as the full forward; the head's weight gradient sums fewer exact
+// zeros. When every position is scored, the plain forward.
+struct ScoredLogits {
+  at::Tensor logits;   // [N, V] of the scored positions, or [B, T, V] when all are scored
+  at::Tensor targets;  // matching int64 targets
+  at::Tensor index;    // [N] flat positions b·T + t of the scored rows (undefined: all)
+};
+
+ScoredLogits scored_logits(LanguageModel& model, const at::Tensor& inputs, const Batch& batch,
+                           const at::Tensor& targets) {
+  ScoredLogits out;
+  std::vector<std::int64_t> index;
+  index.reserve(batch.targets.size());
+  for (std::size_t i = 0; i < batch.targets.size(); ++i)
+    if (batch.targets[i] != kIgnoreIndex) index.push_back(static_cast<std::int64_t>(i));
+  if (index.size() == batch.targets.size()) {
+    out.logits = model->forward(inputs);
+    out.targets = targets;
+    return out;
+  }
+  out.index =
+      torch::from_blob(index.data(), {static_cast<std::int64_t>(index.size())}, at::kLong).clone();
+  const at::Tensor h = model->hidden(inputs);
+  out.logits = model->logits(h.reshape({-1, h.size(-1)}).index_select(0, out.index));
+  out.targets = targets.reshape({-1}).index_select(0, out.index);
+  return out;
+}
+
+Metrics metrics_of(const ScoredLogits& s, const Batch& batch) {
+  const at::Tensor pred = s.logits.detach().argmax(-1).contiguous();
+  const std::int64_t* p = pred.data_ptr<std::int64_t>();
+  if (!s.index.defined()) return evaluate(p, batch.targets.data(), batch.rows, batch.cols);
+  // Unscored positions get −100, which evaluate() never compares.
+  std::vector<std::int64_t> all(batch.targets.size(), kIgnoreIndex);
+  const std::int64_t* at = s.index.data_ptr<std::int64_t>();
+  for (std::int64_t i = 0; i < s.index.numel(); ++i) all[static_cast<std::size_t>(at[i])] = p[i];
+  return evaluate(all.data(), batch.targets.data(), batch.rows, batch.cols);
 }
 
 double metric_of(const TrainConfig& c, double token, double sequence) {
@@ -487,6 +527,94 @@ ProgressFn stderr_progress(const std::string& label) {
   };
 }
 
+// ---- time breakdown -----------------------------------------------------------------------------
+
+void to_json(nlohmann::json& j, const TimeBreakdown& t) {
+  j = nlohmann::json{{"steps", t.steps},
+                     {"data_s", t.data_s},
+                     {"forward_s", t.forward_s},
+                     {"backward_s", t.backward_s},
+                     {"optimizer_s", t.optimizer_s},
+                     {"metrics_s", t.metrics_s},
+                     {"eval_s", t.eval_s},
+                     {"checkpoint_s", t.checkpoint_s},
+                     {"other_s", t.other_s}};
+  if (t.ops_timed) {
+    j["forward_kernels_s"] = t.forward_kernels_s;
+    j["forward_ops_s"] = t.forward_ops_s;
+    j["backward_kernels_s"] = t.backward_kernels_s;
+    j["backward_ops_s"] = t.backward_ops_s;
+  }
+}
+
+namespace {
+
+// The OpTimer's state on its thread: nesting depth of the recorded ranges and the time summed in
+// outermost ranges and in phasor's kernel scopes. Other threads (ATen's intra-op workers) are not
+// observed: their work lies inside an outermost op of this thread.
+struct OpTimerState {
+  bool active = false;
+  int depth = 0;
+  double ops_s = 0.0, kernels_s = 0.0;
+};
+thread_local OpTimerState op_timer_state;
+
+// The scope name of phasor's kernel calls in the LibTorch layer (src/torch/layer_util.h).
+constexpr const char* kKernelScope = "phasor::kernel";
+
+struct OpSpan : at::ObserverContext {
+  std::chrono::steady_clock::time_point start;
+  bool outermost = false, kernel = false;
+};
+
+std::unique_ptr<at::ObserverContext> op_start(const at::RecordFunction& fn) {
+  OpTimerState& st = op_timer_state;
+  if (!st.active) return nullptr;
+  auto span = std::make_unique<OpSpan>();
+  span->outermost = st.depth++ == 0;
+  span->kernel = std::strcmp(fn.name(), kKernelScope) == 0;
+  span->start = std::chrono::steady_clock::now();
+  return span;
+}
+
+void op_end(const at::RecordFunction&, at::ObserverContext* ctx) {
+  if (!ctx) return;
+  const auto* span = static_cast<const OpSpan*>(ctx);
+  const double s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - span->start).count();
+  OpTimerState& st = op_timer_state;
+  --st.depth;
+  if (span->outermost) st.ops_s += s;
+  if (span->kernel) st.kernels_s += s;
+}
+
+}  // namespace
+
+OpTimer::OpTimer() {
+  if (op_timer_state.active) fail("OpTimer", "this", "one OpTimer per thread", "a second one");
+  op_timer_state = OpTimerState{};
+  op_timer_state.active = true;
+  handle_ = at::addGlobalCallback(
+      at::RecordFunctionCallback(op_start, op_end)
+          .scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION,
+                   at::RecordScope::USER_SCOPE}));
+}
+
+OpTimer::~OpTimer() {
+  at::removeCallback(handle_);
+  op_timer_state.active = false;
+}
+
+double OpTimer::ops_s() {
+  return op_timer_state.ops_s;
+}
+double OpTimer::kernels_s() {
+  return op_timer_state.kernels_s;
+}
+bool OpTimer::active() {
+  return op_timer_state.active;
+}
+
 // ---- training -----------------------------------------------------------------------------------
 
 TrainResult train(LanguageModel& model, const TrainConfig& config, const BatchFn& data,
@@ -513,7 +641,29 @@ TrainResult train(LanguageModel& model, const TrainConfig& config, const BatchFn
   const auto params = model->parameters();
   bool done = h.stopped_early || h.diverged;
 
+  // The time breakdown: each phase's wall time is added to its field (lap), and with an OpTimer
+  // the time of ops and kernels inside the forward and backward phases (op_lap).
+  TimeBreakdown tb;
+  tb.ops_timed = OpTimer::active();
+  auto mark = std::chrono::steady_clock::now();
+  auto lap = [&mark](double& phase) {
+    const auto now = std::chrono::steady_clock::now();
+    phase += std::chrono::duration<double>(now - mark).count();
+    mark = now;
+  };
+  double ops_mark = 0.0, kernels_mark = 0.0;
+  auto op_lap = [&](double& ops, double& kernels) {
+    if (!tb.ops_timed) return;
+    const double o = OpTimer::ops_s(), k = OpTimer::kernels_s();
+    ops += (o - ops_mark) - (k - kernels_mark);
+    kernels += k - kernels_mark;
+    ops_mark = o, kernels_mark = k;
+  };
+  double unused_ops = 0.0, unused_kernels = 0.0;
+
   for (std::int64_t step = first; step <= last && !done; ++step) {
+    lap(tb.other_s);
+    op_lap(unused_ops, unused_kernels);
     const Batch batch = data(step);
     check_batch(batch, model->config(), "train");
     // A batch without targets has no loss (the mean over nothing is NaN), which must not be
@@ -522,27 +672,40 @@ TrainResult train(LanguageModel& model, const TrainConfig& config, const BatchFn
                     [](std::int64_t t) { return t == kIgnoreIndex; }))
       fail("train", "batch", "at least one scored target (≠ −100)",
            "a batch of step " + std::to_string(step) + " without any");
-    const at::Tensor logits = model->forward(inputs_tensor(batch));
-    const at::Tensor loss = loss_of(logits, targets_tensor(batch));
+    const at::Tensor inputs = inputs_tensor(batch), targets = targets_tensor(batch);
+    lap(tb.data_s);
+    op_lap(unused_ops, unused_kernels);
+
+    const ScoredLogits scored = scored_logits(model, inputs, batch, targets);
+    const at::Tensor loss = loss_of(scored.logits, scored.targets);
     const double loss_value = loss.item<double>();
+    lap(tb.forward_s);
+    op_lap(tb.forward_ops_s, tb.forward_kernels_s);
     if (!std::isfinite(loss_value)) {
       // No update from a non-finite loss: the parameters stay those of the last good step.
       h.diverged = true;
       break;
     }
     optimizer->zero_grad();
+    lap(tb.optimizer_s);
+    op_lap(unused_ops, unused_kernels);
     loss.backward();
+    lap(tb.backward_s);
+    op_lap(tb.backward_ops_s, tb.backward_kernels_s);
     if (config.grad_clip > 0) torch::nn::utils::clip_grad_norm_(params, config.grad_clip);
     const double lr = learning_rate(config, step);
     for (auto& group : optimizer->param_groups())
       static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
     optimizer->step();
+    lap(tb.optimizer_s);
 
-    const Metrics m = metrics_of(logits, batch);
+    const Metrics m = metrics_of(scored, batch);
     h.step = step;
     h.losses.push_back(loss_value);
     h.train_accuracies.push_back(m.token_accuracy);
     tokens += batch.rows * batch.cols;
+    ++tb.steps;
+    lap(tb.metrics_s);
 
     const bool eval_now =
         step == config.steps || (config.eval_every > 0 && step % config.eval_every == 0);
@@ -567,12 +730,16 @@ TrainResult train(LanguageModel& model, const TrainConfig& config, const BatchFn
         h.stopped_early = step < config.steps;
         done = true;
       }
+      lap(tb.eval_s);
     }
     const bool checkpoint_now =
         !config.checkpoint_path.empty() &&
         ((config.checkpoint_every > 0 && step % config.checkpoint_every == 0) || step == last ||
          done);
-    if (checkpoint_now) save_checkpoint(config.checkpoint_path, model, *optimizer, config, h);
+    if (checkpoint_now) {
+      save_checkpoint(config.checkpoint_path, model, *optimizer, config, h);
+      lap(tb.checkpoint_s);
+    }
 
     if (progress && config.log_every > 0 &&
         (step % config.log_every == 0 || step == last || done)) {
@@ -591,10 +758,14 @@ TrainResult train(LanguageModel& model, const TrainConfig& config, const BatchFn
       progress(p);
     }
   }
-  if (h.diverged && !config.checkpoint_path.empty())
+  lap(tb.other_s);
+  if (h.diverged && !config.checkpoint_path.empty()) {
     save_checkpoint(config.checkpoint_path, model, *optimizer, config, h);
+    lap(tb.checkpoint_s);
+  }
 
   TrainResult r;
+  r.time = tb;
   r.final_step = h.step;
   r.losses = std::move(h.losses);
   r.train_accuracies = std::move(h.train_accuracies);

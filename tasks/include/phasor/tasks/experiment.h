@@ -49,8 +49,9 @@
 // Output folder:
 //   results.json    the config, the machine (threads), the wall time, every run (losses,
 //                   periodic evaluations, per-length token / sequence accuracy, loss and
-//                   cumulative sequence-accuracy curve, copy: char_accuracy) and the summary
-//                   (best lr per arm, means)
+//                   cumulative sequence-accuracy curve, copy: char_accuracy, tokens_per_s and
+//                   time_breakdown: train.h's TimeBreakdown) and the summary (best lr per arm,
+//                   means)
 //   results.csv     one row per arm × lr × seed × eval length (and MQAR eval point); the last
 //                   column, num_kv_pairs, is empty for the other tasks
 //   accuracy_vs_length.png, token_accuracy_vs_length.png   per arm: best lr, mean over seeds
@@ -123,10 +124,20 @@ ExperimentConfig parse_experiment_config(const nlohmann::json& config);
 ExperimentConfig load_experiment_config(const std::string& path);
 
 struct ExperimentOptions {
-  std::string out_dir;   // created if missing
-  bool resume = false;   // skip finished runs, continue interrupted ones
-  int threads = 0;       // at::set_num_threads and phasor::set_num_threads; 0: every core
-  bool progress = true;  // per-run progress lines on stderr
+  std::string out_dir;  // created if missing
+  bool resume = false;  // skip finished runs, continue interrupted ones
+  // Threads of LibTorch's ops (at::set_num_threads) and, unless kernel_threads ≥ 0, of phasor's
+  // kernels (phasor::set_num_threads). 0: LibTorch 1, phasor's default (every core, or
+  // PHASOR_NUM_THREADS) — the fastest split for the harness's small models (experiment.cpp).
+  int threads = 0;
+  int kernel_threads = -1;  // phasor's kernel threads; −1: as `threads`; 0: phasor's default
+  bool progress = true;     // per-run progress lines on stderr
+  // Stop every run after this step as if interrupted (train.stop_at_step; 0: the config's), e.g.
+  // to measure speed on a short run; --resume continues such runs later.
+  std::int64_t stop_at_step = 0;
+  // Time LibTorch ops and phasor kernels during training (an OpTimer), so that each run's
+  // "time_breakdown" in results.json splits its forward and backward passes (format_time_table).
+  bool profile = false;
 };
 
 // Runs the grid, writes the output folder, returns results.json's contents.
@@ -136,5 +147,10 @@ nlohmann::json run_experiment(const ExperimentConfig& config, const ExperimentOp
 // sequence accuracy at each evaluation length, then the mean accuracy at the reference length for
 // every lr of every arm.
 std::string format_result_table(const nlohmann::json& results);
+
+// The training-speed table printed by `phasor tasks run --profile`: per run, training tokens/s
+// and the milliseconds per step of each phase of its "time_breakdown" (train.h's TimeBreakdown;
+// forward and backward split into phasor kernels, other LibTorch ops and the rest when timed).
+std::string format_time_table(const nlohmann::json& results);
 
 }  // namespace phasor::tasks

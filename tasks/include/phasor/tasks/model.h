@@ -170,6 +170,11 @@ class LanguageModelImpl : public torch::nn::Module {
   explicit LanguageModelImpl(ModelConfig config);
   // tokens: [B, T ≥ 1] int64 on the CPU, ids in [0, V) → logits [B, T, V] in the config's dtype.
   at::Tensor forward(const at::Tensor& tokens);
+  // forward in two parts, forward(t) = logits(hidden(t)): the blocks' output [B, T, D], and the
+  // final RMSNorm and head applied row by row to hidden states [..., D] → [..., V]. Training
+  // applies the head to the scored positions only.
+  at::Tensor hidden(const at::Tensor& tokens);
+  at::Tensor logits(const at::Tensor& hidden);
 
   const ModelConfig& config() const { return config_; }
   std::int64_t num_parameters() const;

@@ -121,6 +121,47 @@ struct EvalRecord {
   std::int64_t step = 0;
   double loss = 0.0, token_accuracy = 0.0, sequence_accuracy = 0.0;
 };
+// Where the wall time of a train() call went, summed over its steps (seconds). The phases
+// partition the call: their sum is wall_time_s up to the set-up before the first step.
+struct TimeBreakdown {
+  std::int64_t steps = 0;     // steps taken by this call
+  double data_s = 0.0;        // the batch: generation, checks, input and target tensors
+  double forward_s = 0.0;     // the model's forward pass and the loss
+  double backward_s = 0.0;    // loss.backward()
+  double optimizer_s = 0.0;   // zero_grad, gradient clipping, the AdamW step
+  double metrics_s = 0.0;     // the step's training accuracy (argmax) and history
+  double eval_s = 0.0;        // periodic evaluations
+  double checkpoint_s = 0.0;  // checkpoint writes
+  double other_s = 0.0;       // progress reports and the rest of the loop
+  // Only while an OpTimer is alive on the training thread (else false and zeros): how much of
+  // forward_s and backward_s ran inside phasor's kernels ("phasor::kernel" scopes of the LibTorch
+  // layer) and inside the other LibTorch ops (outermost dispatched ops and autograd nodes, minus
+  // the kernels). The rest of those phases is the C++ between ops (autograd graph bookkeeping,
+  // the layers' own code). The timing itself adds about a microsecond per op.
+  bool ops_timed = false;
+  double forward_kernels_s = 0.0, forward_ops_s = 0.0;
+  double backward_kernels_s = 0.0, backward_ops_s = 0.0;
+};
+void to_json(nlohmann::json& j, const TimeBreakdown& t);
+
+// Times the LibTorch ops and phasor kernels run on the thread that creates it (a RecordFunction
+// observer, as LibTorch's profiler uses), for TimeBreakdown's kernel / op split; removed again by
+// the destructor. One at a time per thread.
+class OpTimer {
+ public:
+  OpTimer();
+  ~OpTimer();
+  OpTimer(const OpTimer&) = delete;
+  OpTimer& operator=(const OpTimer&) = delete;
+  // Seconds so far on this thread in outermost ops and in phasor kernels (any depth).
+  static double ops_s();
+  static double kernels_s();
+  static bool active();  // an OpTimer is alive on this thread
+
+ private:
+  std::uint64_t handle_ = 0;
+};
+
 struct TrainResult {
   std::int64_t final_step = 0;           // last completed step
   std::vector<double> losses;            // training loss of steps 1 … final_step
@@ -133,6 +174,7 @@ struct TrainResult {
   // The metric the target is about (target_metric): of the last evaluation, else the last
   // training batch's token accuracy; and the best over the evaluations.
   double final_accuracy = 0.0, best_accuracy = 0.0;
+  TimeBreakdown time;  // where wall_time_s went
 };
 // Trains `model` (already built, e.g. after torch::manual_seed) for config.steps steps, or until
 // early stopping / divergence / stop_at_step. With resume_from, the model's parameters, the
