@@ -101,6 +101,26 @@ inline void register_standard_grid(benchmark::internal::Benchmark* fast,
       ->UseRealTime();
 }
 
+// ---- Input dtype: float32 against bfloat16 ----------------------------------------------------
+// x rounded to bfloat16 (to nearest even).
+inline std::vector<bfloat16> to_bfloat16(const std::vector<float>& x) {
+  std::vector<bfloat16> out(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) out[i] = bfloat16::from_float(x[i]);
+  return out;
+}
+
+// Arguments (bf16, T): the chunk forward at T = 4096 with float32 inputs and with the same
+// inputs in bfloat16 (outputs float32 in both), labelled by time_dtype.
+inline void register_dtype_grid(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"bf16", "T"})->Args({0, 4096})->Args({1, 4096});
+  b->Unit(benchmark::kMillisecond)->MinTime(0.5)->UseRealTime();
+}
+template <class F>
+void time_dtype(benchmark::State& state, bool bf16, std::int64_t T, F&& call) {
+  time_calls(state, T, Impl::chunk, call);
+  state.SetLabel(bf16 ? "chunk/bfloat16 inputs" : "chunk/float32 inputs");
+}
+
 // ---- Long single sequences ----------------------------------------------------------------------
 // B = H = 1, T = 65,536, K = V = 128: one (sequence, head) item, so threads help only by splitting
 // it (the chunk kernels' by-chunk schedules). Arguments (threads, backward).

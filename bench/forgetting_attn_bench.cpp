@@ -132,6 +132,27 @@ void BM_FoxForwardBackward(benchmark::State& state) {
     phasor::bench::report_flops(state, seconds, problem.T, fox_chunk_flops(problem.T, true));
 }
 
+// parallel_forgetting_attn forward with the benchmark's inputs in float32 or rounded to bfloat16
+// (computing in float32 either way; o and lse float32).
+void BM_FoxInputDtype(benchmark::State& state) {
+  const bool bf16 = state.range(0) != 0;
+  Problem problem(state.range(1));
+  phasor::ForgettingAttnParams params = problem.params();
+  const std::vector<phasor::bfloat16> q = phasor::bench::to_bfloat16(problem.q),
+                                      k = phasor::bench::to_bfloat16(problem.k),
+                                      v = phasor::bench::to_bfloat16(problem.v),
+                                      g = phasor::bench::to_bfloat16(problem.g);
+  if (bf16) {
+    params.q = TensorView::of(q.data(), {kB, problem.T, kH, kK});
+    params.k = TensorView::of(k.data(), {kB, problem.T, kH, kK});
+    params.v = TensorView::of(v.data(), {kB, problem.T, kH, kV});
+    params.g = TensorView::of(g.data(), {kB, problem.T, kH});
+  }
+  const TensorView o = problem.v_view(problem.o), lse = problem.gate_view(problem.lse);
+  phasor::bench::time_dtype(state, bf16, problem.T,
+                            [&] { phasor::forgetting_attn_forward(params, Impl::chunk, o, lse); });
+}
+
 // One long sequence: B = H = 1 (parallel_forgetting_attn forward, 1 and 2 threads). T = 16,384
 // (attention is quadratic: 65,536 tokens would take ~10 s a call on one thread).
 void BM_FoxLongSequence(benchmark::State& state) {
@@ -409,6 +430,7 @@ BENCHMARK(BM_FoxCacheDecode)
     ->Unit(benchmark::kMillisecond)
     ->MinTime(0.2)
     ->UseRealTime();
+BENCHMARK(BM_FoxInputDtype)->Apply(phasor::bench::register_dtype_grid);
 BENCHMARK(BM_FoxLongSequence)->Apply([](auto* b) {
   phasor::bench::register_long_sequence_grid(b, false);
 });

@@ -116,6 +116,29 @@ void BM_GatedDeltaRuleForwardBackward(benchmark::State& state) {
     phasor::bench::report_flops(state, seconds, problem.T, gdn_chunk_flops(true));
 }
 
+// chunk_gated_delta_rule forward with the benchmark's inputs in float32 or rounded to bfloat16
+// (computing in float32 either way; o float32).
+void BM_GatedDeltaRuleInputDtype(benchmark::State& state) {
+  const bool bf16 = state.range(0) != 0;
+  Problem problem(state.range(1));
+  phasor::GatedDeltaRuleParams params = problem.params();
+  const std::vector<phasor::bfloat16> q = phasor::bench::to_bfloat16(problem.q),
+                                      k = phasor::bench::to_bfloat16(problem.k),
+                                      v = phasor::bench::to_bfloat16(problem.v),
+                                      g = phasor::bench::to_bfloat16(problem.g),
+                                      beta = phasor::bench::to_bfloat16(problem.beta);
+  if (bf16) {
+    params.q = TensorView::of(q.data(), {kB, problem.T, kH, kK});
+    params.k = TensorView::of(k.data(), {kB, problem.T, kH, kK});
+    params.v = TensorView::of(v.data(), {kB, problem.T, kH, kV});
+    params.g = TensorView::of(g.data(), {kB, problem.T, kH});
+    params.beta = TensorView::of(beta.data(), {kB, problem.T, kH});
+  }
+  const TensorView o = problem.v_view(problem.o);
+  phasor::bench::time_dtype(state, bf16, problem.T,
+                            [&] { phasor::gated_delta_rule_forward(params, Impl::chunk, o); });
+}
+
 // One long sequence: B = H = 1, T = 65,536 (chunk_gated_delta_rule forward, 1 and 2 threads).
 void BM_GatedDeltaRuleLongSequence(benchmark::State& state) {
   const int threads = static_cast<int>(state.range(0));
@@ -271,6 +294,8 @@ const bool registered = [] {
   using benchmark::RegisterBenchmark;
   phasor::bench::register_long_sequence_grid(
       RegisterBenchmark("BM_GatedDeltaRuleLongSequence", BM_GatedDeltaRuleLongSequence), false);
+  phasor::bench::register_dtype_grid(
+      RegisterBenchmark("BM_GatedDeltaRuleInputDtype", BM_GatedDeltaRuleInputDtype));
   phasor::bench::register_decode_grid(
       RegisterBenchmark("BM_GatedDeltaRuleDecode", BM_GatedDeltaRuleDecode));
   phasor::bench::register_standard_grid(

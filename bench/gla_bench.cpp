@@ -196,6 +196,27 @@ void BM_GlaDecode(benchmark::State& state) {
   });
 }
 
+// chunk_gla forward with the benchmark's inputs in float32 or rounded to bfloat16 (computing in
+// float32 either way; o float32).
+void BM_GlaInputDtype(benchmark::State& state) {
+  const bool bf16 = state.range(0) != 0;
+  Problem problem(state.range(1));
+  phasor::GlaParams params = problem.params();
+  const std::vector<phasor::bfloat16> q = phasor::bench::to_bfloat16(problem.q),
+                                      k = phasor::bench::to_bfloat16(problem.k),
+                                      v = phasor::bench::to_bfloat16(problem.v),
+                                      g = phasor::bench::to_bfloat16(problem.g);
+  if (bf16) {
+    params.q = TensorView::of(q.data(), {kB, problem.T, kH, kK});
+    params.k = TensorView::of(k.data(), {kB, problem.T, kH, kK});
+    params.v = TensorView::of(v.data(), {kB, problem.T, kH, kV});
+    params.g = TensorView::of(g.data(), {kB, problem.T, kH, kK});
+  }
+  const TensorView o = problem.v_view(problem.o);
+  phasor::bench::time_dtype(state, bf16, problem.T,
+                            [&] { phasor::gla_forward(params, Impl::chunk, o); });
+}
+
 // One long sequence: B = H = 1, T = 65,536 (chunk_gla, forward and forward + backward, 1 and 2
 // threads).
 void BM_GlaLongSequence(benchmark::State& state) {
@@ -267,6 +288,7 @@ const bool registered = [] {
   phasor::bench::register_decode_grid(RegisterBenchmark("BM_GlaDecode", BM_GlaDecode));
   phasor::bench::register_long_sequence_grid(
       RegisterBenchmark("BM_GlaLongSequence", BM_GlaLongSequence), true);
+  phasor::bench::register_dtype_grid(RegisterBenchmark("BM_GlaInputDtype", BM_GlaInputDtype));
   phasor::bench::register_rotation_grid(
       RegisterBenchmark("BM_GlaRotationForward", BM_GlaRotationForward),
       {Impl::recurrent, Impl::chunk});
