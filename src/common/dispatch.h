@@ -21,7 +21,8 @@
 #define PHASOR_ON_GPU(device, call) \
   ((device) == ::phasor::Device::cuda ? ::phasor::cuda::call : ::phasor::emulated::call)
 #else
-#define PHASOR_ON_GPU(device, call) (::phasor::emulated::call)
+// (device is still evaluated, so that a build without CUDA has no unused-parameter warnings.)
+#define PHASOR_ON_GPU(device, call) (static_cast<void>(device), ::phasor::emulated::call)
 #endif
 
 namespace phasor::detail {
