@@ -131,7 +131,10 @@ enum class RotaryLayout : std::uint8_t { half_split, interleaved };
 const char* to_string(RotaryLayout layout);  // "half_split" | "interleaved"
 
 // Threads. Kernels split work over (sequence, head) pairs; every pair is computed by one thread
-// in a fixed order, so results are bit-identical from run to run and for any thread count.
+// in a fixed order, so results are bit-identical from run to run and for any thread count. With
+// fewer pairs than twice the threads, the chunk kernels also split a pair along the sequence, by
+// boundaries that do not depend on the thread count (chunks, value tiles, query blocks), so the
+// results stay bit-identical.
 // The default is the PHASOR_NUM_THREADS environment variable if set, else the number of hardware
 // threads. set_num_threads(0) restores the default. Calls too small to repay handing work to
 // another thread run on the calling thread; between calls the workers spin for up to 50 µs
