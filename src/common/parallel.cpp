@@ -237,5 +237,17 @@ void parallel_for(std::int64_t n, std::int64_t work_per_item,
   Pool::instance().run(n, threads, fn);
 }
 
+bool split_items(std::int64_t items) {
+  const int threads = num_threads();
+  return threads > 1 && items < 2 * static_cast<std::int64_t>(threads);
+}
+
+std::int64_t window_chunks(std::int64_t items, std::int64_t bytes_per_chunk) {
+  constexpr std::int64_t kWindowBytes = std::int64_t(16) << 20, kMaxWindow = 64;
+  const std::int64_t per_window =
+      std::max<std::int64_t>(1, items) * std::max<std::int64_t>(1, bytes_per_chunk);
+  return std::clamp<std::int64_t>(kWindowBytes / per_window, 1, kMaxWindow);
+}
+
 }  // namespace detail
 }  // namespace phasor

@@ -20,4 +20,14 @@ constexpr std::int64_t kWorkPerThread = 1 << 14;  // ~1 µs of vector work: one 
 void parallel_for(std::int64_t n, std::int64_t work_per_item,
                   const std::function<void(std::int64_t)>& fn);
 
+// Whether a kernel whose work comes as `items` independent (sequence, head) items should also
+// split each item along the sequence: the items alone cannot keep every thread busy (fewer than
+// two per thread). Kernels that do so split by boundaries fixed by the problem (chunks, value
+// tiles, query blocks), never by the thread count, so only their schedule depends on this.
+bool split_items(std::int64_t items);
+
+// Chunks per window of a by-chunk schedule that keeps `bytes_per_chunk` for every chunk of every
+// item in flight: at most ~16 MiB in all, between 1 and 64 chunks.
+std::int64_t window_chunks(std::int64_t items, std::int64_t bytes_per_chunk);
+
 }  // namespace phasor::detail

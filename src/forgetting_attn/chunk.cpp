@@ -328,8 +328,7 @@ void forward_query_block(const Problem& p, const Sequence& seq, std::int64_t h, 
 // causal triangle's uneven work.
 template <class S>
 void forward_typed(const Problem& p, const TensorView& o, const TensorView& lse) {
-  const int threads = phasor::num_threads();
-  if (threads > 1 && p.num_items() < 2 * threads) {
+  if (split_items(p.num_items())) {
     ItemKeys<S> keys;
     PairAngles<S> angles;
     std::vector<BlockGates> gates(static_cast<std::size_t>(p.group()));

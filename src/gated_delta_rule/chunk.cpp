@@ -275,11 +275,6 @@ void forward_item(const Problem& p, std::int64_t item, const TensorView& o,
   store_tile_states(p, n, h, states, final_state);
 }
 
-bool by_tile(const Problem& p) {
-  const int threads = phasor::num_threads();
-  return threads > 1 && p.num_items() * p.group < 2 * threads;
-}
-
 // The by-tile forward (see above), a window of chunks at a time so that the stored
 // state-independent parts stay bounded (~16 MiB).
 template <class S>
@@ -288,7 +283,7 @@ void forward_by_tile(const Problem& p, const TensorView& o, const TensorView& fi
   const std::int64_t tiles = num_value_tiles(p);
   const std::int64_t chunk_bytes =
       static_cast<std::int64_t>(sizeof(S)) * (4 * C * K + 2 * C * C + G * (3 * C * C + C * K));
-  const std::int64_t window = std::clamp<std::int64_t>((16 << 20) / (items * chunk_bytes), 1, 64);
+  const std::int64_t window = window_chunks(items, chunk_bytes);
   std::vector<std::vector<Mat<S>>> states(static_cast<std::size_t>(items));
   std::int64_t max_chunks = 0;
   auto chunks_of = [&](std::int64_t item) {
@@ -538,7 +533,7 @@ void backward_item(const Problem& p, std::int64_t item, const TensorView& d_o,
 void chunk_forward(const Problem& p, const TensorView& o, const TensorView& final_state) {
   dispatch_float(p.q, [&](auto zero) {
     using S = decltype(zero);
-    if (by_tile(p)) return forward_by_tile<S>(p, o, final_state);
+    if (split_items(p.num_items() * p.group)) return forward_by_tile<S>(p, o, final_state);
     parallel_for(p.num_items(),
                  [&](std::int64_t item) { forward_item<S>(p, item, o, final_state); });
   });

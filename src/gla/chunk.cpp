@@ -366,14 +366,14 @@ inline std::int64_t num_chunks(const Sequence& s, std::int64_t C) {
   return (s.length + C - 1) / C;
 }
 
-bool by_chunk(const Problem& p) {
-  const int threads = phasor::num_threads();
-  return threads > 1 && p.num_work_items() < 2 * threads;
-}
-
 // (item, chunk) pairs: for every item, its chunks in [first, first + count) that exist.
 struct ChunkUnit {
   std::int64_t item, chunk;
+
+  Sequence part(const Problem& p) const {
+    return chunk_of(p.sequences[item / p.H], p.chunk_size, chunk);
+  }
+  std::int64_t head(const Problem& p) const { return item % p.H; }
 };
 std::vector<ChunkUnit> chunk_units(const Problem& p, std::int64_t first, std::int64_t count) {
   std::vector<ChunkUnit> units;
@@ -411,10 +411,7 @@ void forward_item(const Problem& p, std::int64_t n, std::int64_t h, const Tensor
 template <class S>
 void forward_by_chunk(const Problem& p, const TensorView& o, const TensorView& final_state) {
   const std::int64_t items = p.num_work_items(), K = p.K, V = p.V, C = p.chunk_size;
-  constexpr std::int64_t kWindowBytes = 16 << 20, kMaxWindow = 64;
-  const std::int64_t block_bytes = std::max<std::int64_t>(1, K * V * std::int64_t(sizeof(S)));
-  const std::int64_t window =
-      std::clamp<std::int64_t>(kWindowBytes / (items * block_bytes), 1, kMaxWindow);
+  const std::int64_t window = window_chunks(items, K * V * static_cast<std::int64_t>(sizeof(S)));
   std::int64_t max_chunks = 0;
   std::vector<Mat<S>> states(static_cast<std::size_t>(items));
   for (std::int64_t item = 0; item < items; ++item) {
@@ -432,8 +429,7 @@ void forward_by_chunk(const Problem& p, const TensorView& o, const TensorView& f
     parallel_for(static_cast<std::int64_t>(units.size()), [&](std::int64_t u) {
       const ChunkUnit unit = units[static_cast<std::size_t>(u)];
       thread_local ChunkWork<S> work;
-      work.load(p, chunk_of(p.sequences[unit.item / p.H], C, unit.chunk), unit.item % p.H,
-                /*with_q=*/false, TensorView{});
+      work.load(p, unit.part(p), unit.head(p), /*with_q=*/false, TensorView{});
       work.gate_factors(/*with_prefix=*/false);
       work.state_contribution(block(unit.item, unit.chunk));
       p_lasts.row(unit.item * window + unit.chunk % window) = work.p_last;
@@ -449,11 +445,10 @@ void forward_by_chunk(const Problem& p, const TensorView& o, const TensorView& f
     parallel_for(static_cast<std::int64_t>(units.size()), [&](std::int64_t u) {
       const ChunkUnit unit = units[static_cast<std::size_t>(u)];
       thread_local ChunkWork<S> work;
-      const Sequence part = chunk_of(p.sequences[unit.item / p.H], C, unit.chunk);
-      work.load(p, part, unit.item % p.H, /*with_q=*/true, TensorView{});
+      work.load(p, unit.part(p), unit.head(p), /*with_q=*/true, TensorView{});
       work.gate_factors();
       work.forward_output(block(unit.item, unit.chunk));
-      store_token_rows(work.out, o, part, unit.item % p.H);
+      store_token_rows(work.out, o, unit.part(p), unit.head(p));
     });
   }
   if (final_state.defined())
@@ -531,24 +526,15 @@ void backward_by_chunk(const Problem& p, const TensorView& d_o, const TensorView
   const std::vector<ChunkUnit> units = chunk_units(p, 0, total);
   auto index = [&](const ChunkUnit& unit) { return first[unit.item] + unit.chunk; };
 
-  // Every chunk's L (into states) and P_last.
+  // Every chunk's L (into states), P_last and dS-contribution (into d_states), from one load.
   parallel_for(static_cast<std::int64_t>(units.size()), [&](std::int64_t u) {
     const ChunkUnit unit = units[static_cast<std::size_t>(u)];
     thread_local ChunkWork<S> work;
-    work.load(p, chunk_of(p.sequences[unit.item / p.H], C, unit.chunk), unit.item % p.H,
-              /*with_q=*/false, TensorView{});
-    work.gate_factors(/*with_prefix=*/false);
-    work.state_contribution(states.middleRows(index(unit) * K, K));
-    p_lasts.row(index(unit)) = work.p_last;
-  });
-  // Every chunk's dS-contribution (into d_states).
-  parallel_for(static_cast<std::int64_t>(units.size()), [&](std::int64_t u) {
-    const ChunkUnit unit = units[static_cast<std::size_t>(u)];
-    thread_local ChunkWork<S> work;
-    work.load(p, chunk_of(p.sequences[unit.item / p.H], C, unit.chunk), unit.item % p.H,
-              /*with_q=*/true, d_o);
+    work.load(p, unit.part(p), unit.head(p), /*with_q=*/true, d_o);
     work.gate_factors();
+    work.state_contribution(states.middleRows(index(unit) * K, K));
     work.state_gradient_contribution(d_states.middleRows(index(unit) * K, K));
+    p_lasts.row(index(unit)) = work.p_last;
   });
   // The scans, per item: states[c] ← the state entering chunk c; d_states[c] ← dS leaving it.
   parallel_for(items, [&](std::int64_t item) {
@@ -572,11 +558,9 @@ void backward_by_chunk(const Problem& p, const TensorView& d_o, const TensorView
   parallel_for(static_cast<std::int64_t>(units.size()), [&](std::int64_t u) {
     const ChunkUnit unit = units[static_cast<std::size_t>(u)];
     thread_local ChunkWork<S> work;
-    const std::int64_t h = unit.item % p.H;
-    const Sequence part = chunk_of(p.sequences[unit.item / p.H], C, unit.chunk);
-    work.load(p, part, h, /*with_q=*/true, d_o);
+    work.load(p, unit.part(p), unit.head(p), /*with_q=*/true, d_o);
     work.gate_factors();
-    chunk_gradients(p, part, h, grads, states.middleRows(index(unit) * K, K),
+    chunk_gradients(p, unit.part(p), unit.head(p), grads, states.middleRows(index(unit) * K, K),
                     d_states.middleRows(index(unit) * K, K), work);
   });
 }
@@ -586,7 +570,7 @@ void backward_by_chunk(const Problem& p, const TensorView& d_o, const TensorView
 void chunk_forward(const Problem& p, const TensorView& o, const TensorView& final_state) {
   dispatch_float(p.q, [&](auto zero) {
     using S = decltype(zero);
-    if (by_chunk(p)) return forward_by_chunk<S>(p, o, final_state);
+    if (split_items(p.num_work_items())) return forward_by_chunk<S>(p, o, final_state);
     parallel_for(p.num_work_items(), [&](std::int64_t item) {
       forward_item<S>(p, item / p.H, item % p.H, o, final_state);
     });
@@ -597,7 +581,7 @@ void chunk_backward(const Problem& p, const TensorView& d_o, const TensorView& d
                     const GlaGrads& grads) {
   dispatch_float(p.q, [&](auto zero) {
     using S = decltype(zero);
-    if (by_chunk(p)) return backward_by_chunk<S>(p, d_o, d_final_state, grads);
+    if (split_items(p.num_work_items())) return backward_by_chunk<S>(p, d_o, d_final_state, grads);
     parallel_for(p.num_work_items(), [&](std::int64_t item) {
       backward_item<S>(p, item / p.H, item % p.H, d_o, d_final_state, grads);
     });
