@@ -24,6 +24,7 @@
 #include <immintrin.h>
 #endif
 
+#include "common/packets.h"
 #include "common/parallel.h"
 #include "gated_delta_rule/kernels.h"
 
@@ -83,31 +84,6 @@ void advance_in_registers(float* state, std::int64_t K, const float* k, const fl
   for (int j = 0; j < NP; ++j) _mm512_storeu_ps(out + 16 * j, acc[j]);
 }
 
-using AdvanceInRegisters = void (*)(float*, std::int64_t, const float*, const float*, const float*,
-                                    float, float, float*);
-// The step for V columns, or null where advance() runs (V not a multiple of 16, or > 128).
-inline AdvanceInRegisters advance_in_registers_for(std::int64_t V) {
-  switch (V) {
-    case 16:
-      return advance_in_registers<1>;
-    case 32:
-      return advance_in_registers<2>;
-    case 48:
-      return advance_in_registers<3>;
-    case 64:
-      return advance_in_registers<4>;
-    case 80:
-      return advance_in_registers<5>;
-    case 96:
-      return advance_in_registers<6>;
-    case 112:
-      return advance_in_registers<7>;
-    case 128:
-      return advance_in_registers<8>;
-    default:
-      return nullptr;
-  }
-}
 #endif
 
 // Tokens are loaded (and outputs stored) this many at a time, so buffers stay small.
@@ -161,10 +137,13 @@ void forward_item(const Problem& p, std::int64_t item, const TensorView& o,
       out.resize(block.length, p.V);
 #if defined(__AVX512F__)
       if constexpr (std::is_same_v<S, float>) {
-        if (const AdvanceInRegisters step = advance_in_registers_for(p.V)) {
+        const bool stepped = with_packets_of_16(p.V, [&](auto packets) {
           for (std::int64_t t = 0; t < block.length; ++t)
-            step(state.data(), p.K, qk.k.data() + t * p.K, qk.q.data() + t * p.K, &in.v(t, 0),
-                 std::exp(in.g(t)), in.beta(t), &out(t, 0));
+            advance_in_registers<decltype(packets)::value>(
+                state.data(), p.K, qk.k.data() + t * p.K, qk.q.data() + t * p.K, &in.v(t, 0),
+                std::exp(in.g(t)), in.beta(t), &out(t, 0));
+        });
+        if (stepped) {
           store_block(out, o, block, h * G + r);
           continue;
         }

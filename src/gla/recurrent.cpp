@@ -33,6 +33,7 @@
 #include <immintrin.h>
 #endif
 
+#include "common/packets.h"
 #include "common/parallel.h"
 #include "common/slices.h"
 #include "gla/kernels.h"
@@ -99,31 +100,6 @@ void step_in_registers(float* state, std::int64_t K, const float* decay, const f
   for (int j = 0; j < NP; ++j) _mm512_storeu_ps(out + 16 * j, acc[j]);
 }
 
-using StepInRegisters = void (*)(float*, std::int64_t, const float*, const float*, const float*,
-                                 const float*, float*);
-// The step for V columns, or null where the generic loop runs (V not a multiple of 16, or > 128).
-inline StepInRegisters step_in_registers_for(std::int64_t V) {
-  switch (V) {
-    case 16:
-      return step_in_registers<1>;
-    case 32:
-      return step_in_registers<2>;
-    case 48:
-      return step_in_registers<3>;
-    case 64:
-      return step_in_registers<4>;
-    case 80:
-      return step_in_registers<5>;
-    case 96:
-      return step_in_registers<6>;
-    case 112:
-      return step_in_registers<7>;
-    case 128:
-      return step_in_registers<8>;
-    default:
-      return nullptr;
-  }
-}
 #endif
 
 // The tokens of sequence s, head h: S_t and o_t; `state` holds S_{start−1} on entry, S_end on exit.
@@ -141,13 +117,15 @@ void forward_steps(const Problem& p, const Sequence& s, std::int64_t h, const Te
 #if defined(__AVX512F__)
     if constexpr (std::is_same_v<S, float>) {
       // The state is K × V, rows contiguous (Mat or StateMap of one): see step_in_registers.
-      if (const StepInRegisters step = step_in_registers_for(p.V)) {
-        q_scaled.resize(p.K);
+      const bool stepped = with_packets_of_16(p.V, [&](auto packets) {
         for (std::int64_t t = 0; t < part.length; ++t) {
           q_scaled = scale * seg.q.row(t).transpose();
-          step(state.data(), p.K, &seg.decay(t, 0), &seg.k(t, 0), &seg.v(t, 0), q_scaled.data(),
-               &out(t, 0));
+          step_in_registers<decltype(packets)::value>(state.data(), p.K, &seg.decay(t, 0),
+                                                      &seg.k(t, 0), &seg.v(t, 0), q_scaled.data(),
+                                                      &out(t, 0));
         }
+      });
+      if (stepped) {
         store_token_rows(out, o, part, h);
         continue;
       }
