@@ -102,11 +102,17 @@ inline void register_standard_grid(benchmark::internal::Benchmark* fast,
 }
 
 // ---- Input dtype: float32 against bfloat16 ----------------------------------------------------
-// x rounded to bfloat16 (to nearest even).
-inline std::vector<bfloat16> to_bfloat16(const std::vector<float>& x) {
-  std::vector<bfloat16> out(x.size());
-  for (std::size_t i = 0; i < x.size(); ++i) out[i] = bfloat16::from_float(x[i]);
-  return out;
+// A bfloat16 copy (rounded to nearest even) of the contiguous float32 tensor x, held in
+// `storage`: a view of the same shape.
+inline TensorView bfloat16_copy(const TensorView& x, std::vector<bfloat16>& storage) {
+  const auto n = static_cast<std::size_t>(x.numel());
+  const float* data = static_cast<const float*>(x.data);
+  storage.resize(n);
+  for (std::size_t i = 0; i < n; ++i) storage[i] = bfloat16::from_float(data[i]);
+  TensorView copy = x;
+  copy.data = storage.data();
+  copy.dtype = DType::bfloat16;
+  return copy;
 }
 
 // Arguments (bf16, T): the chunk forward at T = 4096 with float32 inputs and with the same

@@ -122,17 +122,13 @@ void BM_GatedDeltaRuleInputDtype(benchmark::State& state) {
   const bool bf16 = state.range(0) != 0;
   Problem problem(state.range(1));
   phasor::GatedDeltaRuleParams params = problem.params();
-  const std::vector<phasor::bfloat16> q = phasor::bench::to_bfloat16(problem.q),
-                                      k = phasor::bench::to_bfloat16(problem.k),
-                                      v = phasor::bench::to_bfloat16(problem.v),
-                                      g = phasor::bench::to_bfloat16(problem.g),
-                                      beta = phasor::bench::to_bfloat16(problem.beta);
+  std::vector<phasor::bfloat16> q16, k16, v16, g16, beta16;  // the bfloat16 copies
   if (bf16) {
-    params.q = TensorView::of(q.data(), {kB, problem.T, kH, kK});
-    params.k = TensorView::of(k.data(), {kB, problem.T, kH, kK});
-    params.v = TensorView::of(v.data(), {kB, problem.T, kH, kV});
-    params.g = TensorView::of(g.data(), {kB, problem.T, kH});
-    params.beta = TensorView::of(beta.data(), {kB, problem.T, kH});
+    params.q = phasor::bench::bfloat16_copy(params.q, q16);
+    params.k = phasor::bench::bfloat16_copy(params.k, k16);
+    params.v = phasor::bench::bfloat16_copy(params.v, v16);
+    params.g = phasor::bench::bfloat16_copy(params.g, g16);
+    params.beta = phasor::bench::bfloat16_copy(params.beta, beta16);
   }
   const TensorView o = problem.v_view(problem.o);
   phasor::bench::time_dtype(state, bf16, problem.T,
