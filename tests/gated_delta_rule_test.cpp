@@ -753,12 +753,7 @@ TEST(GatedDeltaRuleKernels, StatesInPlaceEqualOwnedCopies) {
         outputs.push_back(o);
         states.push_back(state.tensor());
       }
-      const auto mode = [&](std::size_t i) {
-        return std::string(to_string(dtype)) + " K = " + std::to_string(K) +
-               (i % 2 == 0 ? " aligned" : " misaligned") + (i < 2 ? " aliased" : " separate");
-      };
-      testing::expect_all_bit_equal(outputs, [&](std::size_t i) { return "o, " + mode(i); });
-      testing::expect_all_bit_equal(states, [&](std::size_t i) { return "state, " + mode(i); });
+      testing::expect_in_place_runs_bit_equal(outputs, states, dtype, K);
     }
   }
 }

@@ -243,4 +243,17 @@ void expect_all_bit_equal(const std::vector<Tensor>& results, Label&& label) {
     EXPECT_TRUE(results[i].bit_equal(results[0])) << label(i) << " differs from " << label(0);
 }
 
+// The in-place decoding tests' four runs of one dtype and K (aligned or misaligned state buffer,
+// final_state aliasing initial_state or separate): outputs and states of run i against run 0.
+inline void expect_in_place_runs_bit_equal(const std::vector<Tensor>& outputs,
+                                           const std::vector<Tensor>& states, DType dtype,
+                                           std::int64_t K) {
+  const auto mode = [&](std::size_t i) {
+    return std::string(to_string(dtype)) + " K = " + std::to_string(K) +
+           (i % 2 == 0 ? " aligned" : " misaligned") + (i < 2 ? " aliased" : " separate");
+  };
+  expect_all_bit_equal(outputs, [&](std::size_t i) { return "o, " + mode(i); });
+  expect_all_bit_equal(states, [&](std::size_t i) { return "state, " + mode(i); });
+}
+
 }  // namespace phasor::testing
