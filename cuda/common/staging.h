@@ -12,6 +12,7 @@
 #include <memory>
 #include <vector>
 
+#include "common/view_extent.h"
 #include "simt/simt.h"
 
 namespace phasor::PHASOR_BACKEND {
@@ -42,24 +43,6 @@ PHASOR_GLOBAL void copy_kernel(TensorView from, TensorView to) {
   }
 }
 
-// The bytes [first, last) a view can touch.
-struct Extent {
-  const char* first;
-  const char* last;
-};
-Extent extent_of(const TensorView& v) {
-  const auto* base = static_cast<const char*>(v.data);
-  std::int64_t span = 0;
-  for (int k = 0; k < v.rank; ++k) span += (v.size(k) - 1) * v.stride(k);
-  const auto bytes = static_cast<std::int64_t>(element_size(v.dtype));
-  return {base, base + (span + 1) * bytes};
-}
-bool overlap(const TensorView& a, const TensorView& b) {
-  if (a.numel() == 0 || b.numel() == 0) return false;
-  const Extent x = extent_of(a), y = extent_of(b);
-  return x.first < y.last && y.first < x.last;
-}
-
 // Inputs staged into workspace copies, kept for the call.
 class Staging {
  public:
@@ -67,7 +50,8 @@ class Staging {
   // `input`, or a contiguous copy of it when it overlaps one of `outputs`.
   TensorView operator()(const TensorView& input, std::initializer_list<TensorView> outputs) {
     bool clash = false;
-    for (const TensorView& out : outputs) clash = clash || (input.defined() && overlap(input, out));
+    for (const TensorView& out : outputs)
+      clash = clash || (input.defined() && detail::overlaps(input, out));
     if (!clash) return input;
     const std::int64_t count = input.numel();
     buffers_.push_back(std::make_unique<simt::Workspace>(

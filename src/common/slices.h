@@ -14,6 +14,7 @@
 
 #include "common/check.h"
 #include "common/element_access.h"
+#include "common/view_extent.h"
 #include "phasor/common.h"
 
 namespace phasor::detail {
@@ -147,30 +148,6 @@ void store_state(const M& in, const TensorView& x, std::int64_t n, std::int64_t 
 // on it as on owned storage, so results are bit-identical either way.
 template <class S>
 using StateMap = Eigen::Map<Mat<S>, Eigen::Unaligned>;
-
-// The byte range [first, last) a view can touch (empty for an empty view).
-inline std::pair<const unsigned char*, const unsigned char*> byte_range(const TensorView& x) {
-  const auto* base = static_cast<const unsigned char*>(x.data);
-  if (!x.defined() || x.numel() == 0) return {base, base};
-  std::int64_t lo = 0, hi = 0;
-  for (int d = 0; d < x.rank; ++d) {
-    const std::int64_t span = (x.size(d) - 1) * x.stride(d);
-    (span < 0 ? lo : hi) += span;
-  }
-  const auto size = static_cast<std::int64_t>(element_size(x.dtype));
-  return {base + lo * size, base + (hi + 1) * size};
-}
-inline bool overlaps(const TensorView& a, const TensorView& b) {
-  const auto [a0, a1] = byte_range(a);
-  const auto [b0, b1] = byte_range(b);
-  return a0 < b1 && b0 < a1;
-}
-inline bool same_view(const TensorView& a, const TensorView& b) {
-  if (a.data != b.data || a.dtype != b.dtype || a.rank != b.rank) return false;
-  for (int d = 0; d < a.rank; ++d)
-    if (a.size(d) != b.size(d) || a.stride(d) != b.stride(d)) return false;
-  return true;
-}
 
 // True when a kernel may keep its states in `final_state` while it runs: final_state overlaps
 // none of `inputs` (read while states are written) and initial_state is either the same view
