@@ -18,7 +18,7 @@
 #include <sstream>
 #include <thread>
 
-#include "common/check.h"
+#include "check.h"
 #include "phasor/common.h"
 #include "phasor/tasks/plot.h"
 
@@ -27,7 +27,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
-using phasor::detail::fail;
+using detail::fail;
 
 constexpr const char* kOp = "experiment config";
 

@@ -14,12 +14,12 @@
 #include <tuple>
 #include <vector>
 
-#include "common/check.h"
+#include "check.h"
 
 namespace phasor::tasks {
 namespace {
 
-using phasor::detail::fail;
+using detail::fail;
 constexpr const char* kOp = "write_line_plot_png";
 
 struct Rgb {
