@@ -16,6 +16,7 @@ packages=(
   libbenchmark-dev
   libcli11-dev libfmt-dev nlohmann-json3-dev
   libcairo2-dev          # PNG plots of the task harness (tasks/src/plot.cpp)
+  zlib1g-dev             # CRC-32 checksums of the task harness's checkpoints (tasks/src/train.cpp)
   clang-format
 )
 missing=()

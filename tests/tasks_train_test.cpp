@@ -11,12 +11,14 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <iterator>
 #include <map>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include <unistd.h>
+#include <zlib.h>
 
 #include "phasor/tasks/data.h"
 #include "phasor/tasks/model.h"
@@ -421,8 +423,12 @@ void collect(torch::serialize::InputArchive& ar, const std::string& prefix,
 // compare.
 std::map<std::string, std::string> optimizer_contents(const std::string& path,
                                                       std::map<std::string, at::Tensor>& tensors) {
+  // The payload, a LibTorch archive, follows the checkpoint's 32-byte header (train.h).
+  std::ifstream in(path, std::ios::binary);
+  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_GT(bytes.size(), 32u);
   torch::serialize::InputArchive ar, opt;
-  ar.load_from(path);
+  ar.load_from(bytes.data() + 32, bytes.size() - 32);
   ar.read("optimizer", opt);
   std::map<std::string, std::string> values, renamed;
   std::map<std::string, at::Tensor> raw;
@@ -823,8 +829,8 @@ TEST(Training, CheckpointErrors) {
                {"checkpoint", "'path'", path, "no such file"});
   std::ofstream(path) << "not a checkpoint";
   expect_error([&] { train(model, tc, mqar_stream(2, 1)); },
-               {"checkpoint", "'path'", path, "corrupt"});
-  expect_error([&] { load_model(path); }, {"checkpoint", path, "corrupt"});
+               {"checkpoint", "'path'", path, "not a phasor task checkpoint"});
+  expect_error([&] { load_model(path); }, {"checkpoint", path, "not a phasor task checkpoint"});
   // A real checkpoint, then a truncated copy of it.
   mc.vocab_size = 32;
   LanguageModel m32(mc);
@@ -835,7 +841,7 @@ TEST(Training, CheckpointErrors) {
   EXPECT_EQ(nlohmann::json(checkpoint_model_config(path)), nlohmann::json(mc));
   const auto size = std::filesystem::file_size(path);
   std::filesystem::resize_file(path, size / 2);
-  expect_error([&] { checkpoint_step(path); }, {"checkpoint", path, "corrupt"});
+  expect_error([&] { checkpoint_step(path); }, {"checkpoint", path, "truncated"});
   train(m32, tc, mqar_stream(2, 1));
   // Another model config or another trajectory: named differences.
   ModelConfig other = mc;
@@ -857,6 +863,175 @@ TEST(Training, CheckpointErrors) {
   tc.checkpoint_path.clear();
   expect_error([&] { train(small, tc, mqar_stream(2, 1)); },
                {"train", "'batch'", "vocab_size = 16", "vocab_size 32"});
+  std::filesystem::remove(path);
+}
+
+// ---- checkpoint files ---------------------------------------------------------------------------
+
+std::string file_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+void put_file(const std::string& path, const std::string& bytes) {
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+}
+
+std::uint32_t crc(const std::string& s, std::size_t from, std::size_t n) {
+  return static_cast<std::uint32_t>(
+      crc32_z(crc32_z(0, Z_NULL, 0), reinterpret_cast<const Bytef*>(s.data() + from), n));
+}
+
+void put_le(std::string& s, std::size_t at, std::uint64_t v, int bytes) {
+  for (int i = 0; i < bytes; ++i) s[at + i] = static_cast<char>((v >> (8 * i)) & 0xff);
+}
+
+// A checkpoint container as train.h describes it, written here independently of train.cpp: the
+// 32-byte header (magic, version, reserved, payload length, payload CRC-32, header CRC-32) with
+// valid checksums around any payload, and any claimed length and version.
+std::string container(const std::string& payload, std::uint32_t version = 2,
+                      std::uint64_t claimed_length = ~std::uint64_t{0}) {
+  std::string b(32, '\0');
+  b.replace(0, 8, "PHSRCKPT");
+  put_le(b, 8, version, 4);
+  put_le(b, 16, claimed_length == ~std::uint64_t{0} ? payload.size() : claimed_length, 8);
+  b += payload;
+  put_le(b, 24, crc(b, 32, payload.size()), 4);
+  put_le(b, 28, crc(b, 0, 28), 4);
+  return b;
+}
+
+// The bytes of a LibTorch archive with the given entries.
+std::string archive_bytes(const std::function<void(torch::serialize::OutputArchive&)>& fill) {
+  torch::serialize::OutputArchive ar;
+  fill(ar);
+  std::ostringstream out;
+  ar.save_to(out);
+  return out.str();
+}
+
+// What verify_checkpoint says about `bytes` written to `path` ("ok" when it accepts them).
+std::string verdict(const std::string& path, const std::string& bytes) {
+  put_file(path, bytes);
+  try {
+    verify_checkpoint(path);
+    return "ok";
+  } catch (const phasor::Error& e) {
+    return e.what();
+  }
+}
+
+// verify_checkpoint and every reader refuse truncated, bit-flipped, empty, foreign, old-format,
+// forged and misplaced files with the file named and the problem said; the container is what
+// train.h documents (a container built here around the same payload is accepted).
+TEST(Training, CheckpointVerification) {
+  ModelConfig mc = tiny("gla");
+  mc.vocab_size = 32;
+  TrainConfig tc;
+  tc.steps = 3;
+  tc.batch_size = 2;
+  tc.log_every = 0;
+  const std::string path = temp_path("verify.ckpt");
+  tc.checkpoint_path = path;
+  LanguageModel model(mc);
+  train(model, tc, mqar_stream(2, 1));
+  const std::string good = file_bytes(path);
+  ASSERT_GT(good.size(), 1000u);
+
+  const CheckpointInfo info = verify_checkpoint(path);
+  EXPECT_EQ(info.format_version, 2u);
+  EXPECT_EQ(info.payload_bytes, good.size() - 32);
+  EXPECT_EQ(info.payload_crc32, crc(good, 32, good.size() - 32));
+  EXPECT_EQ(info.step, 3);
+  EXPECT_EQ(nlohmann::json(info.model_config), nlohmann::json(mc));
+  EXPECT_EQ(info.train_config.steps, 3);
+  EXPECT_EQ(info.train_config.checkpoint_path, path);
+  EXPECT_EQ(good.compare(0, 8, "PHSRCKPT"), 0);
+  EXPECT_EQ(container(good.substr(32)), good);  // the documented layout, byte for byte
+  EXPECT_EQ(file_bytes(path + ".tmp." + std::to_string(::getpid())), "");  // none left
+
+  const std::string named =
+      "checkpoint: argument 'path': expected a valid phasor task "
+      "checkpoint, got '" +
+      path + "' (";
+  const auto expect_refused = [&](const std::string& bytes, const std::string& problem,
+                                  const std::string& what) {
+    const std::string v = verdict(path, bytes);
+    EXPECT_EQ(v.rfind(named, 0), 0u) << what << ": " << v;
+    EXPECT_NE(v.find(problem), std::string::npos) << what << ": " << v;
+  };
+
+  // Truncated anywhere: in the magic, the header, right after it, in the payload, one byte short.
+  for (const std::size_t keep :
+       {std::size_t{1}, std::size_t{7}, std::size_t{8}, std::size_t{20}, std::size_t{31},
+        std::size_t{32}, std::size_t{33}, good.size() / 2, good.size() - 1})
+    expect_refused(good.substr(0, keep), "truncated", "truncated to " + std::to_string(keep));
+  expect_refused("", "an empty file", "empty");
+  expect_refused(good + "x", "1 unexpected bytes after the payload", "one byte appended");
+
+  // One flipped byte anywhere: the magic, each header field, the payload's start, middle, end.
+  const std::vector<std::pair<std::size_t, std::string>> flips = {
+      {0, "does not start with \"PHSRCKPT\""},
+      {7, "does not start with"},
+      {8, "corrupt header"},
+      {13, "corrupt header"},
+      {17, "corrupt header"},
+      {23, "corrupt header"},
+      {25, "corrupt header"},
+      {31, "corrupt header"},
+      {32, "checksum"},
+      {100, "checksum"},
+      {good.size() / 2, "checksum"},
+      {good.size() - 1, "checksum"}};
+  for (const auto& [at, problem] : flips) {
+    std::string bad = good;
+    bad[at] = static_cast<char>(bad[at] ^ 0x20);
+    expect_refused(bad, problem, "byte " + std::to_string(at) + " flipped");
+  }
+  expect_refused("GARBAGE!" + std::string(100, '\0'), "not a phasor task checkpoint",
+                 "wrong magic");
+  expect_refused(good.substr(32), "old format 1 without checksum", "format 1 (the bare archive)");
+  expect_refused(good.substr(32), "checkpoint format changed", "format 1 (the bare archive)");
+
+  // Forged headers with valid checksums: a length of 10^12 bytes (compared with the file's size,
+  // not allocated), another version, payloads LibTorch cannot read or that lack entries.
+  expect_refused(container(good.substr(32), 2, 1000000000000ULL),
+                 "of the 1000000000000 payload bytes its header announces", "huge length");
+  expect_refused(container(good.substr(32), 3), "format version 3; this build reads version 2",
+                 "version 3");
+  expect_refused(container(std::string(500, 'z')), "corrupt contents", "not an archive");
+  const std::string tag_only = archive_bytes([](torch::serialize::OutputArchive& ar) {
+    ar.write("format", c10::IValue(std::string("phasor.tasks.checkpoint/2")));
+  });
+  expect_refused(container(tag_only), "no entry 'model_config'", "a tag and nothing else");
+  const std::string old_tag = archive_bytes([](torch::serialize::OutputArchive& ar) {
+    ar.write("format", c10::IValue(std::string("phasor.tasks.checkpoint/1")));
+  });
+  expect_refused(container(old_tag), "format tag 'phasor.tasks.checkpoint/1'", "old tag");
+  const std::string no_tag =
+      archive_bytes([](torch::serialize::OutputArchive& ar) { ar.write("x", torch::zeros({1})); });
+  expect_refused(container(no_tag), "no entry 'format'", "no tag");
+
+  // A directory or nothing where the file should be.
+  const std::string folder = temp_path("folder.ckpt");
+  std::filesystem::create_directories(folder);
+  expect_error([&] { verify_checkpoint(folder); }, {named.substr(0, 60), folder, "a directory"});
+  std::filesystem::remove(folder);
+  expect_error([&] { verify_checkpoint(folder); }, {folder, "no such file"});
+
+  // Every reader verifies: resuming, the step, the config, loading the model.
+  std::string flipped = good;
+  flipped[good.size() / 3] = static_cast<char>(flipped[good.size() / 3] ^ 1);
+  put_file(path, flipped);
+  tc.checkpoint_path.clear();
+  tc.resume_from = path;
+  LanguageModel other(mc);
+  expect_error([&] { train(other, tc, mqar_stream(2, 1)); }, {path, "checksum"});
+  expect_error([&] { checkpoint_step(path); }, {path, "checksum"});
+  expect_error([&] { checkpoint_model_config(path); }, {path, "checksum"});
+  expect_error([&] { load_model(path); }, {path, "checksum"});
+  put_file(path, good);
+  EXPECT_EQ(train(other, tc, mqar_stream(2, 1)).final_step, 3);
   std::filesystem::remove(path);
 }
 

@@ -12,12 +12,18 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <iomanip>
+#include <memory>
 #include <mutex>
+#include <set>
 #include <sstream>
 #include <utility>
 
+#include <zlib.h>
+
 #include "check.h"
+#include "phasor/tasks/files.h"
 
 namespace phasor::tasks {
 
@@ -25,7 +31,7 @@ using detail::fail;
 
 namespace {
 
-constexpr const char* kFormat = "phasor.tasks.checkpoint/1";
+constexpr const char* kFormat = "phasor.tasks.checkpoint/2";  // the archive's tag
 
 std::string quoted(const std::string& s) {
   return "'" + s + "'";
@@ -171,6 +177,61 @@ nlohmann::json train_json(const TrainConfig& c) {
   return j;
 }
 
+// The checkpoint file (format 2, train.h): a 32-byte header, then the payload, a LibTorch archive.
+//   bytes  0.. 7  magic "PHSRCKPT"
+//   bytes  8..11  format version, 2 (little-endian, as every field)
+//   bytes 12..15  0 (reserved)
+//   bytes 16..23  payload length in bytes
+//   bytes 24..27  CRC-32 (zlib) of the payload
+//   bytes 28..31  CRC-32 of bytes 0..27
+// The reader checks the header against the file's size and both checksums before LibTorch reads
+// a byte of the payload, so a truncated, torn or bit-flipped file is refused by name, and a length
+// field claiming 10^12 bytes is compared with the file's real size, never allocated.
+constexpr char kMagic[8] = {'P', 'H', 'S', 'R', 'C', 'K', 'P', 'T'};
+constexpr std::uint32_t kFormatVersion = 2;
+constexpr std::size_t kHeaderBytes = 32;
+
+std::uint32_t crc32_of(const char* data, std::size_t size) {
+  const uLong initial = crc32_z(0L, Z_NULL, 0);
+  return static_cast<std::uint32_t>(
+      crc32_z(initial, reinterpret_cast<const Bytef*>(data), static_cast<z_size_t>(size)));
+}
+
+void put_le(std::string& s, std::size_t at, std::uint64_t value, int bytes) {
+  for (int i = 0; i < bytes; ++i) s[at + i] = static_cast<char>((value >> (8 * i)) & 0xff);
+}
+
+std::uint64_t get_le(const std::string& s, std::size_t at, int bytes) {
+  std::uint64_t v = 0;
+  for (int i = 0; i < bytes; ++i)
+    v |= static_cast<std::uint64_t>(static_cast<unsigned char>(s[at + i])) << (8 * i);
+  return v;
+}
+
+std::string hex32(std::uint32_t v) {
+  char buf[16];
+  std::snprintf(buf, sizeof buf, "0x%08x", v);
+  return buf;
+}
+
+// Every refusal of a checkpoint: the file and the problem.
+[[noreturn]] void refuse(const std::string& path, const std::string& problem) {
+  fail("checkpoint", "path", "a valid phasor task checkpoint", quoted(path) + " (" + problem + ")");
+}
+
+// Runs f, turning LibTorch's and nlohmann's exceptions about the payload's contents into a
+// refusal naming the file (phasor::Error passes through).
+template <class F>
+auto reading(const std::string& path, F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const c10::Error& e) {
+    refuse(path, "corrupt contents: " + first_line(e.what_without_backtrace()));
+  } catch (const nlohmann::json::exception& e) {
+    refuse(path, std::string("corrupt config: ") + e.what());
+  }
+}
+
 void save_checkpoint(const std::string& path, LanguageModel& model, torch::optim::AdamW& optimizer,
                      const TrainConfig& config, const History& h) {
   torch::serialize::OutputArchive ar;
@@ -198,66 +259,180 @@ void save_checkpoint(const std::string& path, LanguageModel& model, torch::optim
   optimizer.save(o);
   ar.write("model", m);
   ar.write("optimizer", o);
-  // Write next to the target and rename: an interrupted save leaves the previous checkpoint.
-  const std::string tmp = path + ".tmp";
+  // The header's room, then the archive, then the header with the payload's length and checksum.
+  std::string bytes(kHeaderBytes, '\0');
   try {
-    ar.save_to(tmp);
+    ar.save_to([&bytes](const void* data, std::size_t size) {
+      bytes.append(static_cast<const char*>(data), size);
+      return size;
+    });
   } catch (const c10::Error& e) {
-    fail("checkpoint", "checkpoint_path", "a writable path",
+    fail("checkpoint", "checkpoint_path", "a checkpoint LibTorch can serialise",
          quoted(path) + " (" + first_line(e.what_without_backtrace()) + ")");
   }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec)
-    fail("checkpoint", "checkpoint_path", "a writable path",
-         quoted(path) + " (" + ec.message() + ")");
+  const std::uint64_t payload = bytes.size() - kHeaderBytes;
+  bytes.replace(0, sizeof kMagic, kMagic, sizeof kMagic);
+  put_le(bytes, 8, kFormatVersion, 4);
+  put_le(bytes, 16, payload, 8);
+  put_le(bytes, 24, crc32_of(bytes.data() + kHeaderBytes, payload), 4);
+  put_le(bytes, 28, crc32_of(bytes.data(), 28), 4);
+  // Atomic and durable (files.h): a run killed mid-write keeps its previous checkpoint.
+  write_file_atomically(path, bytes, "checkpoint", "checkpoint_path");
 }
 
-// Opens a checkpoint and checks its format tag; errors name the path and the problem.
-torch::serialize::InputArchive open_checkpoint(const std::string& path) {
+// A checkpoint file whose header and checksums were verified, with its payload opened as a
+// LibTorch archive (which reads from `payload`: it must stay alive and in place, hence the
+// unique_ptr of open_checkpoint).
+struct CheckpointFile {
+  std::string payload;
+  torch::serialize::InputArchive archive;
+  CheckpointInfo info;
+};
+
+// The payload of the checkpoint at `path`, after the checks of the header and of the checksums.
+std::string verified_payload(const std::string& path, CheckpointInfo& info) {
+  namespace fs = std::filesystem;
   std::error_code ec;
-  if (!std::filesystem::is_regular_file(path, ec))
-    fail("checkpoint", "path", "an existing checkpoint file", quoted(path) + " (no such file)");
-  torch::serialize::InputArchive ar;
-  try {
-    ar.load_from(path);
+  const fs::file_status status = fs::status(path, ec);
+  if (!fs::exists(status)) refuse(path, "no such file");
+  if (fs::is_directory(status)) refuse(path, "a directory, not a checkpoint file");
+  if (!fs::is_regular_file(status)) refuse(path, "not a regular file");
+  std::ifstream in(path, std::ios::binary);
+  if (!in) refuse(path, std::string("cannot open it: ") + std::strerror(errno));
+  in.seekg(0, std::ios::end);
+  const std::streamoff end = in.tellg();
+  in.seekg(0, std::ios::beg);
+  if (!in || end < 0) refuse(path, "cannot read its size");
+  const auto size = static_cast<std::uint64_t>(end);
+  if (size == 0) refuse(path, "an empty file");
+  std::string header(static_cast<std::size_t>(std::min<std::uint64_t>(size, kHeaderBytes)), '\0');
+  if (!in.read(&header[0], static_cast<std::streamsize>(header.size())))
+    refuse(path, "cannot read its header");
+  // Format 1 was the bare LibTorch archive, a zip file.
+  if (header.compare(0, 4, std::string("PK\x03\x04", 4)) == 0)
+    refuse(path,
+           "a checkpoint of the old format 1 without checksum: the checkpoint format changed to " +
+               std::to_string(kFormatVersion) +
+               "; train the run again (without --resume, or into a new folder)");
+  // (A file shorter than the magic but starting like it is a truncated checkpoint.)
+  const std::size_t magic_bytes = std::min(header.size(), sizeof kMagic);
+  if (header.compare(0, magic_bytes, kMagic, magic_bytes) != 0)
+    refuse(path, "not a phasor task checkpoint: it does not start with \"PHSRCKPT\"");
+  if (size < kHeaderBytes)
+    refuse(path, "truncated: " + std::to_string(size) + " bytes, less than the " +
+                     std::to_string(kHeaderBytes) + "-byte header");
+  const auto header_crc = static_cast<std::uint32_t>(get_le(header, 28, 4));
+  if (crc32_of(header.data(), 28) != header_crc)
+    refuse(path, "corrupt header: its checksum does not match");
+  info.format_version = static_cast<std::uint32_t>(get_le(header, 8, 4));
+  if (info.format_version != kFormatVersion)
+    refuse(path, "format version " + std::to_string(info.format_version) +
+                     "; this build reads version " + std::to_string(kFormatVersion));
+  info.payload_bytes = get_le(header, 16, 8);
+  info.payload_crc32 = static_cast<std::uint32_t>(get_le(header, 24, 4));
+  const std::uint64_t present = size - kHeaderBytes;
+  if (info.payload_bytes > present)
+    refuse(path, "truncated: " + std::to_string(present) + " of the " +
+                     std::to_string(info.payload_bytes) + " payload bytes its header announces");
+  if (info.payload_bytes < present)
+    refuse(path, std::to_string(present - info.payload_bytes) +
+                     " unexpected bytes after the payload of " +
+                     std::to_string(info.payload_bytes) + " bytes");
+  std::string payload(static_cast<std::size_t>(present), '\0');
+  if (present > 0 && !in.read(&payload[0], static_cast<std::streamsize>(present)))
+    refuse(path, "cannot read its payload");
+  const std::uint32_t crc = crc32_of(payload.data(), payload.size());
+  if (crc != info.payload_crc32)
+    refuse(path, "corrupt: the payload's checksum " + hex32(crc) + " does not match the stored " +
+                     hex32(info.payload_crc32));
+  return payload;
+}
+
+// Opens a checkpoint: verified payload, archive, format tag.
+std::unique_ptr<CheckpointFile> open_checkpoint(const std::string& path) {
+  auto f = std::make_unique<CheckpointFile>();
+  f->payload = verified_payload(path, f->info);
+  reading(path, [&] {
+    f->archive.load_from(f->payload.data(), f->payload.size());
     c10::IValue format;
-    ar.read("format", format);
+    if (!f->archive.try_read("format", format)) refuse(path, "no entry 'format'");
     if (!format.isString() || format.toStringRef() != kFormat)
-      fail("checkpoint", "path", std::string("a checkpoint of format ") + kFormat,
-           quoted(path) + " (format " + (format.isString() ? format.toStringRef() : "?") + ")");
-  } catch (const c10::Error& e) {
-    fail("checkpoint", "path", "a readable phasor task checkpoint",
-         quoted(path) + " (corrupt or not a checkpoint: " + first_line(e.what_without_backtrace()) +
-             ")");
-  }
-  return ar;
-}
-
-template <class F>
-auto reading(const std::string& path, F&& f) -> decltype(f()) {
-  try {
-    return f();
-  } catch (const c10::Error& e) {
-    fail("checkpoint", "path", "a complete phasor task checkpoint",
-         quoted(path) + " (corrupt: " + first_line(e.what_without_backtrace()) + ")");
-  } catch (const nlohmann::json::exception& e) {
-    fail("checkpoint", "path", "a complete phasor task checkpoint",
-         quoted(path) + " (corrupt config: " + e.what() + ")");
-  }
+      refuse(path, std::string("format tag ") +
+                       (format.isString() ? quoted(format.toStringRef()) : "of another type") +
+                       "; this build reads '" + kFormat + "'");
+    return 0;
+  });
+  return f;
 }
 
 std::string read_string(torch::serialize::InputArchive& ar, const char* key) {
   c10::IValue v;
-  ar.read(key, v);
+  TORCH_CHECK(ar.try_read(key, v), "no entry '", key, "'");
   TORCH_CHECK(v.isString(), "entry '", key, "' is not a string");
   return v.toStringRef();
 }
 
-at::Tensor read_tensor(torch::serialize::InputArchive& ar, const char* key) {
+// A 1-d tensor entry of the given dtype.
+at::Tensor read_tensor(torch::serialize::InputArchive& ar, const char* key, at::ScalarType dtype) {
   at::Tensor t;
-  ar.read(key, t);
+  TORCH_CHECK(ar.try_read(key, t), "no entry '", key, "'");
+  TORCH_CHECK(t.defined() && t.dim() == 1 && t.scalar_type() == dtype, "entry '", key,
+              "' is not a 1-d tensor of ", c10::toString(dtype));
   return t;
+}
+
+// Everything of a checkpoint but the model's parameters and the optimizer's state (checked to be
+// there), read and checked for consistency.
+struct Contents {
+  nlohmann::json model_config, train_config;
+  History history;
+  at::Tensor rng;
+};
+
+Contents read_contents(CheckpointFile& f, const std::string& path) {
+  Contents c = reading(path, [&] {
+    auto& ar = f.archive;
+    Contents r;
+    r.model_config = nlohmann::json::parse(read_string(ar, "model_config"));
+    r.train_config = nlohmann::json::parse(read_string(ar, "train_config"));
+    History& h = r.history;
+    const at::Tensor step = read_tensor(ar, "step", at::kLong);
+    TORCH_CHECK(step.numel() == 1, "entry 'step' has ", step.numel(), " elements, not 1");
+    h.step = step.item<std::int64_t>();
+    const at::Tensor flags = read_tensor(ar, "flags", at::kLong);
+    TORCH_CHECK(flags.numel() == 2, "entry 'flags' has ", flags.numel(), " elements, not 2");
+    h.stopped_early = flags[0].item<std::int64_t>() != 0;
+    h.diverged = flags[1].item<std::int64_t>() != 0;
+    h.losses = doubles_of(read_tensor(ar, "losses", at::kDouble));
+    h.train_accuracies = doubles_of(read_tensor(ar, "train_accuracies", at::kDouble));
+    const auto evals = doubles_of(read_tensor(ar, "evals", at::kDouble));
+    TORCH_CHECK(evals.size() % 4 == 0, "entry 'evals' has ", evals.size(),
+                " values, not a multiple of 4");
+    for (std::size_t i = 0; i < evals.size(); i += 4)
+      h.evals.push_back(
+          {static_cast<std::int64_t>(evals[i]), evals[i + 1], evals[i + 2], evals[i + 3]});
+    TORCH_CHECK(h.step >= 0 && h.losses.size() == static_cast<std::size_t>(h.step) &&
+                    h.train_accuracies.size() == h.losses.size(),
+                "inconsistent step ", h.step, " and history of ", h.losses.size(), " losses and ",
+                h.train_accuracies.size(), " accuracies");
+    r.rng = read_tensor(ar, "rng", at::kByte);
+    torch::serialize::InputArchive sub;
+    TORCH_CHECK(ar.try_read("model", sub), "no entry 'model'");
+    TORCH_CHECK(ar.try_read("optimizer", sub), "no entry 'optimizer'");
+    return r;
+  });
+  return c;
+}
+
+// The model config of a checkpoint, refused by name if it is not a valid one.
+ModelConfig model_config_of(const Contents& c, const std::string& path) {
+  try {
+    return c.model_config.get<ModelConfig>();
+  } catch (const Error& e) {
+    refuse(path, std::string("its model config is invalid: ") + e.what());
+  } catch (const nlohmann::json::exception& e) {
+    refuse(path, std::string("its model config is invalid: ") + e.what());
+  }
 }
 
 // Keys whose values differ between two JSON objects, "a, b".
@@ -277,49 +452,37 @@ std::string differing_keys(const nlohmann::json& a, const nlohmann::json& b) {
 
 History resume(const std::string& path, LanguageModel& model, torch::optim::AdamW& optimizer,
                const TrainConfig& config) {
-  auto ar = open_checkpoint(path);
-  return reading(path, [&] {
-    const auto stored_model = nlohmann::json::parse(read_string(ar, "model_config"));
-    const auto current_model = nlohmann::json::parse(model_json(model->config()).dump());
-    if (stored_model != current_model)
-      fail("train", "resume_from", "a checkpoint of the same model config",
-           quoted(path) + " differing in " + differing_keys(stored_model, current_model));
-    const auto stored_train = nlohmann::json::parse(read_string(ar, "train_config"));
-    const auto current_train = nlohmann::json::parse(train_json(config).dump());
-    nlohmann::json a = nlohmann::json::object(), b = nlohmann::json::object();
-    for (const char* k : kTrajectoryKeys) {
-      if (stored_train.contains(k)) a[k] = stored_train.at(k);
-      b[k] = current_train.at(k);
-    }
-    if (a != b)
-      fail("train", "resume_from", "a checkpoint with the same training trajectory settings",
-           quoted(path) + " differing in " + differing_keys(a, b));
-    History h;
-    h.step = read_tensor(ar, "step").item<std::int64_t>();
-    const at::Tensor flags = read_tensor(ar, "flags");
-    h.stopped_early = flags[0].item<std::int64_t>() != 0;
-    h.diverged = flags[1].item<std::int64_t>() != 0;
-    h.losses = doubles_of(read_tensor(ar, "losses"));
-    h.train_accuracies = doubles_of(read_tensor(ar, "train_accuracies"));
-    const auto evals = doubles_of(read_tensor(ar, "evals"));
-    for (std::size_t i = 0; i + 3 < evals.size(); i += 4)
-      h.evals.push_back(
-          {static_cast<std::int64_t>(evals[i]), evals[i + 1], evals[i + 2], evals[i + 3]});
-    TORCH_CHECK(h.step >= 0 && h.step <= config.steps &&
-                    h.losses.size() == static_cast<std::size_t>(h.step) &&
-                    h.train_accuracies.size() == h.losses.size() && evals.size() % 4 == 0,
-                "inconsistent step ", h.step, " and history of ", h.losses.size(), " losses");
+  const auto f = open_checkpoint(path);
+  Contents c = read_contents(*f, path);
+  const auto current_model = nlohmann::json::parse(model_json(model->config()).dump());
+  if (c.model_config != current_model)
+    fail("train", "resume_from", "a checkpoint of the same model config",
+         quoted(path) + " differing in " + differing_keys(c.model_config, current_model));
+  if (!c.train_config.is_object()) refuse(path, "its train config is not a JSON object");
+  const auto current_train = nlohmann::json::parse(train_json(config).dump());
+  nlohmann::json a = nlohmann::json::object(), b = nlohmann::json::object();
+  for (const char* k : kTrajectoryKeys) {
+    if (c.train_config.contains(k)) a[k] = c.train_config.at(k);
+    b[k] = current_train.at(k);
+  }
+  if (a != b)
+    fail("train", "resume_from", "a checkpoint with the same training trajectory settings",
+         quoted(path) + " differing in " + differing_keys(a, b));
+  if (c.history.step > config.steps)
+    refuse(path, "step " + std::to_string(c.history.step) + " beyond the run's " +
+                     std::to_string(config.steps) + " steps");
+  reading(path, [&] {
     torch::serialize::InputArchive m, o;
-    ar.read("model", m);
-    ar.read("optimizer", o);
+    f->archive.read("model", m);
+    f->archive.read("optimizer", o);
     model->load(m);
     optimizer.load(o);
-    const at::Tensor rng = read_tensor(ar, "rng");
     at::Generator gen = at::detail::getDefaultCPUGenerator();
     std::lock_guard<std::mutex> lock(gen.mutex());
-    gen.set_state(rng);
-    return h;
+    gen.set_state(c.rng);
+    return 0;
   });
+  return std::move(c.history);
 }
 
 std::string duration(double s) {
@@ -790,26 +953,40 @@ TrainResult train(LanguageModel& model, const TrainConfig& config, const BatchFn
 
 // ---- checkpoints --------------------------------------------------------------------------------
 
+CheckpointInfo verify_checkpoint(const std::string& path) {
+  const auto f = open_checkpoint(path);
+  const Contents c = read_contents(*f, path);
+  CheckpointInfo info = f->info;
+  info.step = c.history.step;
+  info.model_config = model_config_of(c, path);
+  try {
+    info.train_config = c.train_config.get<TrainConfig>();
+  } catch (const Error& e) {
+    refuse(path, std::string("its train config is invalid: ") + e.what());
+  } catch (const nlohmann::json::exception& e) {
+    refuse(path, std::string("its train config is invalid: ") + e.what());
+  }
+  if (info.step > info.train_config.steps)
+    refuse(path, "step " + std::to_string(info.step) + " beyond the run's " +
+                     std::to_string(info.train_config.steps) + " steps");
+  return info;
+}
+
 ModelConfig checkpoint_model_config(const std::string& path) {
-  auto ar = open_checkpoint(path);
-  return reading(path, [&] {
-    ModelConfig c;
-    from_json(nlohmann::json::parse(read_string(ar, "model_config")), c);
-    return c;
-  });
+  return verify_checkpoint(path).model_config;
 }
 
 std::int64_t checkpoint_step(const std::string& path) {
-  auto ar = open_checkpoint(path);
-  return reading(path, [&] { return read_tensor(ar, "step").item<std::int64_t>(); });
+  return verify_checkpoint(path).step;
 }
 
 LanguageModel load_model(const std::string& path) {
-  LanguageModel model(checkpoint_model_config(path));
-  auto ar = open_checkpoint(path);
+  const auto f = open_checkpoint(path);
+  const Contents c = read_contents(*f, path);
+  LanguageModel model(model_config_of(c, path));
   reading(path, [&] {
     torch::serialize::InputArchive m;
-    ar.read("model", m);
+    f->archive.read("model", m);
     model->load(m);
     return 0;
   });

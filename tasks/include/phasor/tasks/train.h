@@ -56,7 +56,7 @@ struct TrainConfig {
   std::int64_t log_every = 10;          // progress every n steps (0: never)
   std::int64_t checkpoint_every = 0;    // save every n steps (0: never; also saved at the end
                                         // whenever checkpoint_path is set)
-  std::string checkpoint_path;          // where checkpoints are written (atomically)
+  std::string checkpoint_path;          // where checkpoints are written (atomically, checksummed)
   std::string resume_from;              // a checkpoint to continue from (must exist)
   // Stop after this step as if interrupted (0: run to `steps`); the schedule still spans `steps`.
   // For time-sliced runs, and for the resume test.
@@ -184,8 +184,33 @@ TrainResult train(LanguageModel& model, const TrainConfig& config, const BatchFn
                   const EvalFn& eval = {}, const ProgressFn& progress = {});
 
 // ---- checkpoints --------------------------------------------------------------------------------
-// The model config stored in a checkpoint, and the model rebuilt from it with its parameters.
-// Missing / unreadable / non-phasor files raise phasor::Error naming the path and the problem.
+// A checkpoint file (format 2) is a 32-byte header — the magic "PHSRCKPT", the format version 2,
+// the payload's length and its CRC-32 (zlib), and the CRC-32 of the header itself — followed by
+// the payload, a LibTorch archive (format tag "phasor.tasks.checkpoint/2") of the model and train
+// configs, the step, the history, torch's generator state, the parameters and AdamW's state.
+// train() writes it atomically and durably (files.h: temporary file, fsync, rename), so a run
+// killed while saving keeps its previous checkpoint. Every reader below verifies the header against
+// the file's size and both checksums before LibTorch reads the payload.
+struct CheckpointInfo {
+  std::uint32_t format_version = 0;  // 2
+  std::uint64_t payload_bytes = 0;   // the LibTorch archive after the header
+  std::uint32_t payload_crc32 = 0;
+  std::int64_t step = 0;  // the last completed training step
+  ModelConfig model_config;
+  TrainConfig train_config;
+};
+// Reads and checks a whole checkpoint without loading it into a model: the header, the size, both
+// checksums, the format tag, every entry's presence and type, the configs and the history's
+// consistency with the step. Anything else raises phasor::Error "checkpoint: argument 'path':
+// expected a valid phasor task checkpoint, got '<path>' (<problem>)", the problem being: no such
+// file, a directory, an empty file, truncated, unexpected bytes after the payload, not a phasor
+// task checkpoint (magic), corrupt header / payload (checksum mismatch), another format version
+// or tag (format 1, the bare archive without checksum, is refused as "the old format 1"),
+// corrupt contents (a missing or mistyped entry), an invalid config. Memory is bounded by the
+// file's real size whatever its header claims.
+CheckpointInfo verify_checkpoint(const std::string& path);
+// The model config stored in a checkpoint, its step, and the model rebuilt from it with its
+// parameters; the same checks and errors as verify_checkpoint.
 ModelConfig checkpoint_model_config(const std::string& path);
 std::int64_t checkpoint_step(const std::string& path);
 LanguageModel load_model(const std::string& path);
