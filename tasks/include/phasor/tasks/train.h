@@ -27,6 +27,7 @@
 #include <cstdint>
 #include <functional>
 #include <limits>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -186,14 +187,17 @@ TrainResult train(LanguageModel& model, const TrainConfig& config, const BatchFn
 // ---- checkpoints --------------------------------------------------------------------------------
 // A checkpoint file (format 2) is a 32-byte header — the magic "PHSRCKPT", the format version 2,
 // the payload's length and its CRC-32 (zlib), and the CRC-32 of the header itself — followed by
-// the payload, a LibTorch archive (format tag "phasor.tasks.checkpoint/2") of the model and train
-// configs, the step, the history, torch's generator state, the parameters and AdamW's state.
-// train() writes it atomically and durably (files.h: temporary file, fsync, rename), so a run
-// killed while saving keeps its previous checkpoint. Every reader below verifies the header against
-// the file's size and both checksums before LibTorch reads the payload.
+// the payload: named entries (texts and tensors; layout in train.cpp) with the format tag
+// "phasor.tasks.checkpoint/2", the model and train configs, the step, the history, torch's
+// generator state, the model's parameters and buffers, and AdamW's options and state. train()
+// writes it atomically and durably (files.h: temporary file, fsync, rename), so a run killed while
+// saving keeps its previous checkpoint. Every reader below verifies the header against the file's
+// size and both checksums before it parses the payload, and parses it with bounds checks (no
+// LibTorch archive loader), so no file can crash the reader or make it allocate more than the
+// file's size.
 struct CheckpointInfo {
   std::uint32_t format_version = 0;  // 2
-  std::uint64_t payload_bytes = 0;   // the LibTorch archive after the header
+  std::uint64_t payload_bytes = 0;   // the entries after the header
   std::uint32_t payload_crc32 = 0;
   std::int64_t step = 0;  // the last completed training step
   ModelConfig model_config;
@@ -205,7 +209,7 @@ struct CheckpointInfo {
 // expected a valid phasor task checkpoint, got '<path>' (<problem>)", the problem being: no such
 // file, a directory, an empty file, truncated, unexpected bytes after the payload, not a phasor
 // task checkpoint (magic), corrupt header / payload (checksum mismatch), another format version
-// or tag (format 1, the bare archive without checksum, is refused as "the old format 1"),
+// or tag (format 1, a bare LibTorch archive without checksum, is refused as "the old format 1"),
 // corrupt contents (a missing or mistyped entry), an invalid config. Memory is bounded by the
 // file's real size whatever its header claims.
 CheckpointInfo verify_checkpoint(const std::string& path);
@@ -214,6 +218,13 @@ CheckpointInfo verify_checkpoint(const std::string& path);
 ModelConfig checkpoint_model_config(const std::string& path);
 std::int64_t checkpoint_step(const std::string& path);
 LanguageModel load_model(const std::string& path);
+// Every tensor entry of a checkpoint by name, after verify_checkpoint's checks: "step", "flags",
+// "losses", "train_accuracies", "evals", "rng", "param/<name>", "buffer/<name>" (the model's, as
+// named_parameters / named_buffers name them), "adamw/<group>/params" (the group's parameter
+// count), "adamw/<group>/options" (lr, beta1, beta2, eps, weight_decay, amsgrad) and
+// "adamw/<group>/<index>/{step,exp_avg,exp_avg_sq[,max_exp_avg_sq]}" (the state of the group's
+// index-th parameter, once stepped).
+std::map<std::string, at::Tensor> checkpoint_tensors(const std::string& path);
 
 // ---- learning-rate grid -------------------------------------------------------------------------
 struct GridRun {
