@@ -14,7 +14,9 @@
      now, a run record, results.json), so that the kill lands inside that write with certainty;
      the temporary file still being there after the kill proves it;
    - random kills: after a random delay from the start of the process (without the write delay:
-     these meet the harness's real timing, landing in training, evaluation, start-up or a write).
+     these meet the harness's real timing, landing in training, evaluation, start-up or a write),
+     but no later than the 1st to 5th checkpoint or record the invocation completes (watched in
+     the folder), so that however loaded the machine, the grid is not finished by a few kills.
 3. A last --resume without kill finishes the grid. Its results.json and results.csv must equal
    the uninterrupted run's byte for byte (so must the PNG plots), and no temporary file may be
    left behind (the runner removes those of killed writers).
@@ -100,6 +102,24 @@ def temp_files(out, pid=None):
     return found
 
 
+def renamed_files(out):
+    """The checkpoints and run records in checkpoints/ with their inode: a rename of a new
+    version over one gives it a new inode, which tells the script that a write completed."""
+    folder = os.path.join(out, "checkpoints")
+    stamps = {}
+    try:
+        with os.scandir(folder) as entries:
+            for e in entries:
+                if e.name.endswith((".ckpt", ".json")):
+                    try:
+                        stamps[e.name] = e.inode()
+                    except FileNotFoundError:
+                        pass
+    except FileNotFoundError:
+        pass
+    return stamps
+
+
 def kind_of(temp_path):
     """What a temporary file was going to become: checkpoint, run record or a results file."""
     name = re.sub(r"\.tmp\.\d+$", "", os.path.basename(temp_path))
@@ -156,7 +176,7 @@ print(f"uninterrupted: {uninterrupted_s:.1f} s; an invocation with nothing to tr
 
 # ---- 2. the killed and resumed run -------------------------------------------------------------
 # Kills until --kills of them have landed: checkpoint-write kills (aimed at the `skip`+1-th
-# checkpoint write from the start, skip drawn from 0..6) alternating with random ones, the 7th kill
+# checkpoint write from the start, skip drawn from 0..8) alternating with random ones, the 7th kill
 # aimed at a run record's write and the last but one at results.json's; once every run has
 # finished there are no checkpoint writes left to aim at, and random kills take their turns. An
 # invocation that finishes before its kill is not counted as a kill.
@@ -184,18 +204,23 @@ while kills < args.kills and attempt < 3 * args.kills:
     elif kills == 6 and not grid_finished():
         target = "run record"
     elif kills % 2 == 0 and not grid_finished():
-        target, skip = "checkpoint", rng.randint(0, 6)
+        target, skip = "checkpoint", rng.randint(0, 8)
     else:
         target, skip = "random", None
     # The write delay only where a kill aims at a write: random kills meet the real timing.
     proc = start(killed, WRITE_DELAY_MS if target != "random" else 0)
     began = time.monotonic()
     if target == "random":
-        # From the middle of the start-up (mostly loading LibTorch) to a tenth of the training
-        # past it: the kills land in the start-up, the training, evaluations or writes, and the
-        # grid still needs many invocations to finish.
-        delay = rng.uniform(0.5 * startup_s, startup_s + 0.1 * training_s)
-        while proc.poll() is None and time.monotonic() - began < delay:
+        # From the middle of the start-up (mostly loading LibTorch) to half the training past
+        # it, cut at the limit-th completed write: the kills land in the start-up, the training,
+        # evaluations or writes, and the grid still needs many invocations to finish.
+        delay = rng.uniform(0.5 * startup_s, startup_s + 0.5 * training_s)
+        limit = rng.randint(1, 5)
+        stamps, completed = renamed_files(killed), 0
+        while proc.poll() is None and time.monotonic() - began < delay and completed < limit:
+            now = renamed_files(killed)
+            completed += sum(1 for name, inode in now.items() if stamps.get(name) != inode)
+            stamps = now
             time.sleep(0.002)
     else:
         seen = set()
