@@ -18,6 +18,9 @@ packages=(
   libcairo2-dev          # PNG plots of the task harness (tasks/src/plot.cpp)
   zlib1g-dev             # CRC-32 checksums of the task harness's checkpoints (tasks/src/train.cpp)
   clang-format
+  # The sanitizer and fuzzing builds (CMakePresets.json asan / tsan, scripts/sanitize.sh,
+  # scripts/fuzz.sh): clang with its sanitizer runtimes and libFuzzer.
+  clang libclang-rt-dev
 )
 missing=()
 for p in "${packages[@]}"; do
