@@ -33,9 +33,16 @@ std::string dims_string(std::initializer_list<Dim> dims) {
   return s.str();
 }
 
+std::string strides_string(const TensorView& x) {
+  std::string s = "[";
+  for (int d = 0; d < x.rank; ++d) s += (d ? ", " : "") + std::to_string(x.stride(d));
+  return s + "]";
+}
+
 void check_defined_float(const std::string& op, const std::string& name, const TensorView& x,
                          Device device) {
   if (!x.defined()) fail(op, name, "a tensor", "none");
+  check_view(op, name, x);
   if (x.device != device)
     fail(op, name, std::string("a tensor on ") + to_string(device) + " (the device of the call)",
          std::string("a tensor on ") + to_string(x.device));
@@ -47,13 +54,63 @@ void check_defined_float(const std::string& op, const std::string& name, const T
 
 }  // namespace
 
+void check_view(const std::string& op, const std::string& name, const TensorView& x) {
+  if (!x.defined()) return;
+  if (x.rank > TensorView::kMaxRank)
+    fail(op, name, "a tensor of rank <= 4", "rank " + std::to_string(x.rank));
+  bool empty = false;
+  for (int d = 0; d < x.rank; ++d) {
+    if (x.size(d) < 0) fail(op, name, "non-negative sizes", "shape " + x.shape_string());
+    empty = empty || x.size(d) == 0;
+  }
+  // The product of the sizes, zeros counted as ones, at most 2^62: then every product of some of
+  // its sizes (B·H, N·H, …, which the kernels form also for an empty view) fits in int64, with
+  // room for the kernels' rounding up to whole chunks and blocks (T + C − 1 with C ≤ T).
+  std::int64_t product = 1;
+  for (int d = 0; d < x.rank; ++d)
+    if (__builtin_mul_overflow(product, std::max<std::int64_t>(x.size(d), 1), &product) ||
+        product > kMaxViewProduct)
+      fail(
+          op, name,
+          empty ? "sizes whose product without the zeros is at most 2^62" : "at most 2^62 elements",
+          "shape " + x.shape_string());
+  // The offsets of the first and last index along each dimension, summed: the extremes of every
+  // offset of the view. The byte offsets are those times the element size. An empty view has no
+  // element, but the kernels still form offsets along its other dimensions (b·stride + h·stride
+  // of a slice with no columns), so those must fit as well: a dimension of size 0 adds nothing.
+  const auto element_bytes = static_cast<std::int64_t>(element_size(x.dtype));
+  std::int64_t lo = 0, hi = 0, bytes;
+  bool overflow = false;
+  for (int d = 0; d < x.rank; ++d) {
+    std::int64_t span;
+    overflow =
+        overflow ||
+        __builtin_mul_overflow(std::max<std::int64_t>(x.size(d) - 1, 0), x.stride(d), &span) ||
+        __builtin_add_overflow(span < 0 ? lo : hi, span, span < 0 ? &lo : &hi);
+  }
+  // The bytes [lo·size, (hi + 1)·size): the end of the last element must be representable too
+  // (byte_range in common/view_extent.h computes it).
+  overflow = overflow || __builtin_mul_overflow(lo, element_bytes, &bytes) ||
+             __builtin_add_overflow(hi, 1, &hi) ||
+             __builtin_mul_overflow(hi, element_bytes, &bytes);
+  if (overflow)
+    fail(op, name, "sizes and strides whose element and byte offsets fit in int64",
+         "shape " + x.shape_string() + " with strides " + strides_string(x));
+}
+
 Device call_device(const std::string& op, const std::string& name, const TensorView& x,
                    bool gpu_capable) {
   if (!x.defined()) fail(op, name, "a tensor", "none");
   if (!gpu_capable && x.device != Device::cpu)
     fail(op, name, "a tensor on the cpu (" + op + " has no CUDA kernel)",
          std::string("a tensor on ") + to_string(x.device));
-  if (x.device == Device::cuda) require_device(Device::cuda, op);
+  if (x.device == Device::cuda && (!cuda_is_built() || cuda_device_count() == 0))
+    fail(op, name,
+         "a tensor on a device this process can compute on (cuda needs the CUDA backend and a GPU)",
+         std::string("a tensor on device cuda (") +
+             (cuda_is_built() ? "no CUDA device is available"
+                              : "this build of phasor has no CUDA backend") +
+             ")");
   return x.device;
 }
 
@@ -99,6 +156,7 @@ Sequences sequences(const std::string& op, const TensorView& cu, std::int64_t B,
     fail(op, "cu_seqlens",
          std::string("a tensor on ") + to_string(device) + " (the device of the call)",
          std::string("a tensor on ") + to_string(cu.device));
+  check_view(op, "cu_seqlens", cu);
   if (cu.dtype != DType::int32 && cu.dtype != DType::int64)
     fail(op, "cu_seqlens", "dtype int32 or int64", std::string("dtype ") + to_string(cu.dtype));
   if (cu.rank != 1 || cu.size(0) < 2)

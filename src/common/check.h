@@ -40,6 +40,15 @@ struct Dim {
 Device call_device(const std::string& op, const std::string& name, const TensorView& x,
                    bool gpu_capable);
 
+// A defined view must describe memory before anything indexes it: rank ≤ 4, sizes ≥ 0, a product
+// of the sizes (zeros counted as ones, so also of an empty view's other sizes) of at most
+// kMaxViewProduct = 2^62, and element and byte offsets ((size − 1)·stride summed over the
+// dimensions of size > 0, times the element size; also for an empty view, whose slices the kernels
+// still address) that fit in int64 — so that no index or count the kernels and checks compute from
+// one view's sizes overflows. Every check of a tensor argument below starts with it.
+inline constexpr std::int64_t kMaxViewProduct = std::int64_t{1} << 62;
+void check_view(const std::string& op, const std::string& name, const TensorView& x);
+
 // `x` must be defined, on `device`, of a floating dtype (float32, float64, bfloat16, float16), and
 // have exactly these dimensions.
 void check_float_tensor(const std::string& op, const std::string& name, const TensorView& x,

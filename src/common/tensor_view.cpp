@@ -84,6 +84,7 @@ bool TensorView::is_contiguous() const {
 
 std::string TensorView::shape_string() const {
   if (!defined()) return "undefined";
+  if (rank > kMaxRank) return "rank " + std::to_string(rank);  // malformed: no sizes past 4
   std::ostringstream s;
   s << '[';
   for (int d = 0; d < rank; ++d) s << (d ? ", " : "") << size(d);
