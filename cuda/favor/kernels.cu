@@ -628,6 +628,8 @@ struct Runner {
   }
   void dw(const DwSource<A>& first, const DwSource<A>& second, const TensorView& dw) const {
     const std::int64_t heads_w = dm.w_per_head ? dm.H : 1;
+    // An empty dw (per-head w with H = 0) has nothing to write: a launch would have a grid of 0.
+    if (heads_w * dm.m * dm.d == 0) return;
     const std::int64_t segments = std::max<std::int64_t>(1, ceil_div(dm.B * dm.T, kSegment));
     const std::int64_t count = segments * heads_w * dm.m * dm.d;
     simt::Workspace work(static_cast<std::size_t>(count) * sizeof(A), stream);

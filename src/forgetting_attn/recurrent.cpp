@@ -60,19 +60,13 @@ constexpr double kNegInf = -std::numeric_limits<double>::infinity();
 template <class S>
 class KvCache {
  public:
+  // The slots grow with the tokens seen, up to the window's window − 1: a window far longer than
+  // the sequence (any int64, e.g. 10^12) costs no more memory than no window.
   KvCache(std::int64_t K, std::int64_t V, std::int64_t group, std::int64_t window)
       : capacity_(window == kNoWindow ? -1 : window - 1),
         keys_(0, K),
         values_(0, V),
-        decay_(group, 0) {
-    if (capacity_ > 0) {
-      keys_.resize(capacity_, K);
-      values_.resize(capacity_, V);
-      decay_.resize(group, capacity_);
-      slope_k_.resize(static_cast<std::size_t>(capacity_));
-      position_.resize(static_cast<std::size_t>(capacity_));
-    }
-  }
+        decay_(group, 0) {}
 
   // Token t: q (group × K) for the query heads of the group, k (1 × K), v (1 × V), g (group)
   // the log gates of t. Writes o (group × V) and lse (group), then caches the token.
@@ -130,18 +124,17 @@ class KvCache {
   void append(const Mat<S>& k, const Mat<S>& v, double b) {
     if (capacity_ == 0) return;  // window 1: a token only ever sees itself
     std::int64_t slot;
-    if (capacity_ < 0) {  // unbounded: grow by doubling
+    if (capacity_ < 0 || cached_ < capacity_) {  // room left: grow by doubling, up to the window
       slot = cached_++;
       if (slot == keys_.rows()) {
-        const std::int64_t rows = std::max<std::int64_t>(16, 2 * keys_.rows());
+        std::int64_t rows = std::max<std::int64_t>(16, 2 * keys_.rows());
+        if (capacity_ > 0) rows = std::min(rows, capacity_);
         keys_.conservativeResize(rows, keys_.cols());
         values_.conservativeResize(rows, values_.cols());
         decay_.conservativeResize(decay_.rows(), rows);
         slope_k_.resize(static_cast<std::size_t>(rows));
         position_.resize(static_cast<std::size_t>(rows));
       }
-    } else if (cached_ < capacity_) {
-      slot = cached_++;
     } else {  // full ring: overwrite the oldest token (it leaves the window)
       slot = next_;
       next_ = (next_ + 1) % capacity_;
@@ -171,6 +164,9 @@ void forward_typed(const Problem& p, const TensorView& o, const TensorView& lse)
   parallel_for(p.num_items(), [&](std::int64_t item) {
     const Sequence& seq = p.sequences[static_cast<std::size_t>(item / p.H)];
     const std::int64_t h = item % p.H, L = seq.length, G = p.group();
+    // An empty sequence has no output row (and the blocks below would take columns of 0-row
+    // matrices, a null pointer plus an offset).
+    if (L == 0) return;
     Mat<S> k, v;
     load_rows(p.k, seq, h, k);
     load_rows(p.v, seq, h, v);
@@ -225,6 +221,7 @@ void backward_typed(const Problem& p, const TensorView& d_o, const TensorView& o
   parallel_for(p.num_items(), [&](std::int64_t item) {
     const Sequence& seq = p.sequences[static_cast<std::size_t>(item / p.H)];
     const std::int64_t h = item % p.H, L = seq.length;
+    if (L == 0) return;  // no row of any gradient belongs to an empty sequence
     Mat<S> k, v, q, dout, out;
     Vec<S> saved_lse, logits, probs, dlogits;
     Vec<double> g, a, b;

@@ -50,6 +50,26 @@ using Eigen::Lower;
 using Eigen::UnitLower;
 using Eigen::UnitUpper;
 
+// Eigen's triangular products and solvers take a reference to each operand's first element, which
+// an empty matrix (K = 0 or V = 0: no key or value columns) does not have. These do the same work
+// without touching an empty operand: a product with one adds nothing or is zero, a system with no
+// right-hand-side columns has nothing to solve.
+template <class Dst, class Tri, class Rhs>
+void add_triangular_product(Dst& dst, const Tri& tri, const Rhs& rhs) {
+  if (tri.rows() > 0 && rhs.size() > 0) dst.noalias() += tri * rhs;
+}
+template <class Tri, class A, class B>
+void assign_product(Tri&& triangle, const A& a, const B& b) {
+  if (a.size() > 0 && b.size() > 0)
+    triangle = a * b;
+  else
+    triangle.setZero();
+}
+template <class Tri, class X>
+void solve_in_place(const Tri& triangle, X& x) {
+  if (x.size() > 0) triangle.solveInPlace(x);
+}
+
 // What one chunk shares among the value heads of a q/k head: [K; Q̃] (2L × K) and the lower
 // triangles of K Kᵀ and Q̃ Kᵀ (the rest of those is never read).
 template <class S>
@@ -63,8 +83,8 @@ struct ChunkGram {
     kq.bottomRows(L) = in.q;
     kk.resize(L, L);
     qk.resize(L, L);
-    kk.template triangularView<Lower>() = in.k * in.k.transpose();
-    qk.template triangularView<Lower>() = in.q * in.k.transpose();
+    assign_product(kk.template triangularView<Lower>(), in.k, in.k.transpose());
+    assign_product(qk.template triangularView<Lower>(), in.q, in.k.transpose());
   }
 };
 
@@ -125,7 +145,7 @@ struct ChunkState {
   void compute_u_new(const ChunkGram<S>& gram, const ValueInputs<S>& in, const Mat<S>& state) {
     kq_s.noalias() = gram.kq.topRows(L) * state;
     u_new = in.beta.asDiagonal() * (in.v - gamma.asDiagonal() * kq_s.topRows(L));
-    m.template triangularView<UnitLower>().solveInPlace(u_new);
+    solve_in_place(m.template triangularView<UnitLower>(), u_new);
   }
 
   // S ← S_next, eq. (4); needs compute_u_new.
@@ -205,9 +225,9 @@ void forward_tile(const Problem& p, const Sequence& block, std::int64_t hv, cons
   load_block(value_columns(p.v, tile), block, hv, w.v);
   w.kq_s.noalias() = gram.kq * state;
   w.u_new = beta.asDiagonal() * (w.v - chunk.gamma.asDiagonal() * w.kq_s.topRows(L));
-  chunk.m.template triangularView<UnitLower>().solveInPlace(w.u_new);
+  solve_in_place(chunk.m.template triangularView<UnitLower>(), w.u_new);
   w.out = chunk.gamma.asDiagonal() * w.kq_s.bottomRows(L);
-  w.out.noalias() += chunk.attn.template triangularView<Lower>() * w.u_new;
+  add_triangular_product(w.out, chunk.attn.template triangularView<Lower>(), w.u_new);
   store_block(w.out, value_columns(o, tile), block, hv);
   state *= chunk.gamma(L - 1);
   state.noalias() += chunk.k_tail.transpose() * w.u_new;
@@ -378,21 +398,21 @@ void backward_chunk(const QKInputs<S>& qk, const ChunkGram<S>& gram, const Value
 
   // (3) O = diag(γ) Q̃ S + lower_incl(Q̃ Kᵀ ⊙ Γ) U_new. The Q̃ S term is handled with the K S
   // term below, through [K; diag(γ) Q̃] and [∂/∂(K S); dO].
-  gr.du.noalias() += c.attn.template triangularView<Lower>().transpose() * d_out;
+  add_triangular_product(gr.du, c.attn.template triangularView<Lower>().transpose(), d_out);
   gr.dattn.resize(L, L);
-  gr.dattn.template triangularView<Lower>() = d_out * c.u_new.transpose();
+  assign_product(gr.dattn.template triangularView<Lower>(), d_out, c.u_new.transpose());
   for (std::int64_t i = 0; i < L; ++i) {
     for (std::int64_t j = 0; j < i; ++j) gr.weight(i, j) = gr.dattn(i, j) * c.attn(i, j);
     for (std::int64_t j = 0; j <= i; ++j) gr.dattn(i, j) *= c.pair(i, j);
   }
-  dq.noalias() += gr.dattn.template triangularView<Lower>() * Kc;
-  dk.noalias() += gr.dattn.template triangularView<Lower>().transpose() * Qc;
+  add_triangular_product(dq, gr.dattn.template triangularView<Lower>(), Kc);
+  add_triangular_product(dk, gr.dattn.template triangularView<Lower>().transpose(), Qc);
 
   // (2) M U_new = R: Y = M⁻ᵀ dU_new = dR, −dM = Y U_newᵀ (strictly lower part).
-  c.m.transpose().template triangularView<UnitUpper>().solveInPlace(gr.du);
+  solve_in_place(c.m.transpose().template triangularView<UnitUpper>(), gr.du);
   const Mat<S>& Y = gr.du;
   gr.dm.resize(L, L);
-  gr.dm.template triangularView<Lower>() = Y * c.u_new.transpose();
+  assign_product(gr.dm.template triangularView<Lower>(), Y, c.u_new.transpose());
   // R = diag(β) (V − diag(γ) K S): dV = diag(β) Y, dβ_i = (V − γ K S)_i · Y_i,
   // dγ_i = −β_i (K S)_i · Y_i, ∂/∂(K S) = −diag(βγ) Y.
   d.dv = beta.asDiagonal() * Y;
@@ -431,8 +451,8 @@ void backward_chunk(const QKInputs<S>& qk, const ChunkGram<S>& gram, const Value
     gr.dm(i, i) = 0;
   }
   // K Kᵀ: dK += (dA + dAᵀ) K with dA strictly lower.
-  dk.noalias() += gr.dm.template triangularView<Lower>() * Kc;
-  dk.noalias() += gr.dm.template triangularView<Lower>().transpose() * Kc;
+  add_triangular_product(dk, gr.dm.template triangularView<Lower>(), Kc);
+  add_triangular_product(dk, gr.dm.template triangularView<Lower>().transpose(), Kc);
 
   // Gates. g_s enters γ_i for i ≥ s, E_j for j < s and Γ_ij for j < s ≤ i; each factor passes
   // (its gradient × its value) to every gate of its segment. All sums stay within the chunk.

@@ -68,8 +68,9 @@ TensorView check_head_param_grad(const std::string& op, const char* name, const 
 // z: [B, T, H, K].
 void check_z(const std::string& op, const TensorView& z, bool even_k) {
   detail::check_float_rank(op, "z", z, 4, "[B, T, H, K]");
-  if (even_k && z.size(3) % 2 != 0)
-    detail::fail(op, "z", "an even head dimension K (K/2 rotation pairs)",
+  // (K = 0 would leave Cayley-STRING's (I + S) an empty system, which Eigen's LU cannot take.)
+  if (even_k && (z.size(3) % 2 != 0 || z.size(3) < 2))
+    detail::fail(op, "z", "a positive even head dimension K (K/2 ≥ 1 rotation pairs)",
                  "K = " + str(z.size(3)) + " in " + z.shape_string());
   if (!even_k && z.size(3) < 1)
     detail::fail(op, "z", "a head dimension K ≥ 1", "K = " + str(z.size(3)));

@@ -189,13 +189,22 @@ struct CayleyHead {
   Eigen::PartialPivLU<ColMat<S>> lu;
 };
 
+// x = M⁻¹ rhs for an LU of M (or of its transpose). An empty right-hand side (no tokens) has the
+// empty solution: Eigen's permutation product would still take its rows, each a null pointer plus
+// an offset.
+template <class S, class LU, class Rhs>
+ColMat<S> lu_solve(const LU& lu, const Rhs& rhs) {
+  if (rhs.size() == 0) return ColMat<S>(rhs.rows(), rhs.cols());
+  return lu.solve(rhs);
+}
+
 // Wᵀ = (I + S)⁻¹ Zᵀ (K × T, tokens as columns) of sequence b, head h.
 template <class S>
 ColMat<S> solve_tokens(const CayleyHead<S>& head, const TensorView& z, std::int64_t b,
                        std::int64_t h) {
   Mat<S> Z;
   load_rows(z, Sequence{b, 0, z.size(1)}, h, Z);
-  return head.lu.solve(Z.transpose());
+  return lu_solve<S>(head.lu, Z.transpose());
 }
 
 template <class S>
@@ -259,7 +268,7 @@ void cayley_backward_t(const CayleyProblem& p, const TensorView& dy, const Cayle
     load_rows(du.view, Sequence{b, 0, T}, h, DU);
     const ColMat<S> DUt = DU.transpose();
     const ColMat<S> DWt = DUt + hd.S_ * DUt;  // (I − S)ᵀ = I + S
-    const ColMat<S> DZt = hd.lu.transpose().solve(DWt);
+    const ColMat<S> DZt = lu_solve<S>(hd.lu.transpose(), DWt);
     if (g.dz.defined()) store_rows(Mat<S>(DZt.transpose()), g.dz, Sequence{b, 0, T}, h);
     if (want_dA) {
       const ColMat<S> Wt = solve_tokens(hd, p.z, b, h);
