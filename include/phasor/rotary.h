@@ -83,7 +83,7 @@ struct RopeAnglesParams {
   std::int64_t B = 1, T = 0;
   std::int64_t head_dim = 0;  // K (even)
   double base = 10000.0;      // must be finite and > 0
-  std::int64_t offset = 0;    // position of each sequence's first token (decoding), ≥ 0
+  std::int64_t offset = 0;    // position of each sequence's first token (decoding), in [0, 2^53]
   TensorView cu_seqlens;      // optional [N + 1]
 };
 void rope_angles(const RopeAnglesParams& params, Impl impl, const TensorView& theta);

@@ -2,6 +2,7 @@
 // implementation on the call's device (common/dispatch.h).
 //
 // Every check happens here, before any kernel runs, so a bad call never writes to an output.
+#include <algorithm>
 #include <string>
 
 #include "common/check.h"
@@ -68,6 +69,10 @@ Problem make_problem(const std::string& op, const ForgettingAttnParams& params, 
     detail::fail(op, "block_size", "16, 32 or 64 on a GPU device",
                  std::to_string(params.block_size));
   p.block_size = params.block_size;
+  // On the cpu a block longer than the batch is the whole sequence; clamping keeps the tiles'
+  // counts (length + block_size − 1) far from overflow for huge values.
+  if (p.device == Device::cpu && impl == Impl::chunk)
+    p.block_size = std::max<std::int64_t>(1, std::min<std::int64_t>(params.block_size, p.T));
   // θ is per key head: query head hq is rotated by the angles of its key head hq / (HQ / H).
   detail::check_theta(op, params.theta, p.B, p.T, p.H, p.K, "H (key heads)", p.device);
   p.theta = params.theta;

@@ -5,6 +5,7 @@
 
 #include "common/eigen.h"  // first: see there
 
+#include <algorithm>
 #include <string>
 
 #include "common/check.h"
@@ -58,6 +59,11 @@ Problem make_problem(const std::string& op, const GatedDeltaRuleParams& params,
   p.scale = detail::resolve_scale(op, params.scale, p.K);
   if (uses_chunk_size) detail::check_positive(op, "chunk_size", params.chunk_size);
   p.chunk_size = params.chunk_size;
+  // On the cpu a chunk longer than the batch is the whole sequence; clamping keeps the kernels'
+  // chunk counts (length + chunk_size − 1) far from overflow for huge values. (The GPU kernels
+  // take 16, 32 or 64, checked below.)
+  if (p.device == Device::cpu && uses_chunk_size)
+    p.chunk_size = std::max<std::int64_t>(1, std::min<std::int64_t>(params.chunk_size, p.T));
   // The GPU chunk kernels are built for chunks of 16, 32 and 64 tokens.
   if (op == op_name(Op::gated_delta_rule, Impl::chunk) && p.device != Device::cpu &&
       params.chunk_size != 16 && params.chunk_size != 32 && params.chunk_size != 64)

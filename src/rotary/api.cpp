@@ -130,7 +130,9 @@ void rope_angles(const RopeAnglesParams& params, Impl impl, const TensorView& th
                  std::to_string(params.head_dim));
   if (!std::isfinite(params.base) || params.base <= 0)
     detail::fail(op, "base", "a finite positive base", std::to_string(params.base));
-  if (params.offset < 0) detail::fail(op, "offset", "offset ≥ 0", std::to_string(params.offset));
+  // Positions offset + t are exact in float64 up to 2^53, and offset + t cannot overflow then.
+  if (params.offset < 0 || params.offset > (std::int64_t{1} << 53))
+    detail::fail(op, "offset", "offset in [0, 2^53]", std::to_string(params.offset));
   if (params.B < 0 || params.T < 0)
     detail::fail(op, "B, T", "non-negative sizes",
                  "B = " + std::to_string(params.B) + ", T = " + std::to_string(params.T));

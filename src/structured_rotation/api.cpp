@@ -42,7 +42,7 @@ ApplyProblem validate_apply(const std::string& op, const StructuredRotationParam
   p.C = params.coefficients.size(0);
   p.m = params.coefficients.size(1);
   if (p.C < 1) detail::fail(op, "coefficients", "at least one generator (C ≥ 1)", "C = 0");
-  if (2 * p.m > p.K)
+  if (p.m > p.K / 2)  // 2m > K without overflow (m may be up to 2^62)
     detail::fail(op, "coefficients",
                  "at most K/2 planes (m ≤ " + std::to_string(p.K / 2) +
                      " for K = " + std::to_string(p.K) + ")",
