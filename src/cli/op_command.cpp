@@ -8,15 +8,13 @@
 #include <cstdio>
 #include <fstream>
 #include <iterator>
-#include <map>
 #include <optional>
-#include <set>
-#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "cli/commands.h"
+#include "cli/op_inputs.h"
 #include "phasor/device.h"
 #include "phasor/ops.h"
 #include "phasor/torch.h"
@@ -24,90 +22,12 @@
 namespace phasor::cli {
 namespace {
 
-// Bad input given by the user: printed as is, exit status 2.
-struct InputError : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
-
-// The ops `phasor op` runs. Names come from the core's table (phasor/ops.h): an op's own name, or
-// the name of one of its implementations (fla's, e.g. chunk_gla), which implies the impl.
-bool runs(Op op) {
-  return op == Op::gla || op == Op::gated_delta_rule || op == Op::forgetting_attn;
-}
-
-// The accepted names: all of them, or only those that imply the implementation.
-std::string joined_op_names(bool implementation_names_only = false) {
-  std::string s;
-  for (const OpInfo& info : all_ops()) {
-    if (!runs(info.op)) continue;
-    if (!implementation_names_only) s += (s.empty() ? "" : ", ") + std::string(info.name);
-    for (const char* name : info.impl_names) s += (s.empty() ? "" : ", ") + std::string(name);
-  }
-  return s;
-}
-
-// The keys each op reads from the input dict. `do`/`dht` request the backward pass.
-std::set<std::string> allowed_keys(Op op) {
-  switch (op) {
-    case Op::gla:
-      return {"q", "k", "v", "g", "initial_state", "cu_seqlens", "theta", "do", "dht"};
-    case Op::gated_delta_rule:
-      return {"q", "k", "v", "g", "beta", "initial_state", "cu_seqlens", "theta", "do", "dht"};
-    case Op::forgetting_attn:
-      return {"q", "k", "v", "g", "cu_seqlens", "theta", "do"};
-    default:  // not run by `phasor op` (runs() is false)
-      return {};
-  }
-}
-
 std::vector<char> read_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in)
     throw InputError("argument '--in': expected a readable file, got '" + path +
                      "' (cannot be opened)");
   return std::vector<char>(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
-
-// Loads the dict of named tensors written by Python's torch.save (zip format, the default since
-// torch 1.6; torch::pickle_load reads it).
-std::map<std::string, at::Tensor> read_inputs(const std::string& path, Op op) {
-  const std::vector<char> bytes = read_file(path);
-  c10::IValue value;
-  try {
-    value = torch::pickle_load(bytes);
-  } catch (const c10::Error& e) {
-    std::string why = e.what_without_backtrace();
-    // LibTorch 1.13's C++ unpickler lacks the SETITEM opcode ('s', 0x73), which Python's pickle
-    // uses for a dict of exactly one entry; every op needs several tensors anyway.
-    if (why.find("0x73") != std::string::npos)
-      why +=
-          " (a dict with a single entry cannot be read by LibTorch 1.13; give all the op's "
-          "inputs)";
-    throw InputError("argument '--in': expected a file written by torch.save, got '" + path +
-                     "', which cannot be read: " + why);
-  }
-  if (!value.isGenericDict())
-    throw InputError("argument '--in': expected a dict of named tensors, got a " + value.tagKind() +
-                     " in '" + path + "'");
-  const std::set<std::string> allowed = allowed_keys(op);
-  std::map<std::string, at::Tensor> tensors;
-  for (const auto& entry : value.toGenericDict()) {
-    if (!entry.key().isString())
-      throw InputError("argument '--in': expected string keys, got a key of type " +
-                       entry.key().tagKind());
-    const std::string key = entry.key().toStringRef();
-    if (!allowed.count(key)) {
-      std::string names;
-      for (const auto& k : allowed) names += (names.empty() ? "" : ", ") + k;
-      throw InputError("argument '" + key + "': expected one of the keys " + names +
-                       ", got an unknown key '" + key + "' in '" + path + "'");
-    }
-    if (!entry.value().isTensor())
-      throw InputError("argument '" + key + "': expected a tensor, got a " +
-                       entry.value().tagKind());
-    tensors[key] = entry.value().toTensor();
-  }
-  return tensors;
 }
 
 void write_outputs(const std::string& path,
@@ -120,12 +40,6 @@ void write_outputs(const std::string& path,
   if (!out)
     throw InputError("argument '--out': expected a writable path, got '" + path +
                      "' (cannot be written)");
-}
-
-std::string shape_of(const at::Tensor& t) {
-  std::ostringstream s;
-  s << t.sizes();
-  return s.str();
 }
 
 // The options of one run.
@@ -187,109 +101,17 @@ int run(const Options& opt) {
   require_device(device, "argument '--device'");
   const ComputeDeviceGuard on_device(device);
 
-  std::map<std::string, at::Tensor> in = read_inputs(opt.in_path, op);
-  auto required = [&](const std::string& key) -> at::Tensor& {
-    auto it = in.find(key);
-    if (it == in.end())
-      throw InputError("argument '" + key + "': expected a tensor under key '" + key + "' in '" +
-                       opt.in_path + "', got none");
-    return it->second;
-  };
-  auto optional = [&](const std::string& key) -> c10::optional<at::Tensor> {
-    auto it = in.find(key);
-    if (it == in.end()) return c10::nullopt;
-    return it->second;
-  };
-
-  // Differentiable inputs: with `do`, each floating one becomes a leaf that requires grad, and
-  // its gradient is written as "d" + its name (initial_state → dh0).
-  const bool backward = in.count("do") > 0;
-  if (in.count("dht") && !backward)
-    throw InputError(
-        "argument 'dht': expected together with 'do' (the backward pass), got 'dht' "
-        "alone");
-  if (in.count("dht") && !opt.output_final_state)
-    throw InputError(
-        "argument 'dht': expected only with --output-final-state (it is the "
-        "gradient of final_state), got it without");
-  std::vector<std::pair<std::string, std::string>> differentiable = {
-      {"q", "dq"}, {"k", "dk"}, {"v", "dv"}, {"g", "dg"}};
-  if (op == Op::gated_delta_rule) differentiable.push_back({"beta", "dbeta"});
-  if (op != Op::forgetting_attn) differentiable.push_back({"initial_state", "dh0"});
-  differentiable.push_back({"theta", "dtheta"});
-  if (opt.rotary_interleaved && !in.count("theta"))
-    throw InputError(
-        "argument '--rotary-interleaved': expected together with 'theta' in the input (it selects "
-        "how theta rotates q and k), got it without");
-  const RotaryLayout layout =
+  OpSettings settings;
+  settings.impl = impl;
+  if (opt.scale) settings.scale = *opt.scale;
+  settings.chunk_size = opt.chunk_size.value_or(64);
+  if (opt.window_size) settings.window_size = *opt.window_size;
+  settings.output_final_state = opt.output_final_state;
+  settings.use_qk_l2norm = opt.use_qk_l2norm;
+  settings.rotary_layout =
       opt.rotary_interleaved ? RotaryLayout::interleaved : RotaryLayout::half_split;
-  for (const char* key : {"q", "k", "v", "g"}) required(key);
-  if (op == Op::gated_delta_rule) required("beta");
-  if (backward)
-    for (const auto& differentiable_input : differentiable) {
-      auto it = in.find(differentiable_input.first);
-      // Non-floating inputs are left alone: the op rejects them, naming the argument.
-      if (it != in.end() && it->second.is_floating_point())
-        it->second = it->second.detach().requires_grad_(true);
-    }
-
-  const std::int64_t chunk_size = opt.chunk_size.value_or(64);
-  c10::optional<double> scale;
-  if (opt.scale) scale = *opt.scale;
-  at::Tensor o;
-  c10::optional<at::Tensor> final_state;
-  switch (op) {
-    case Op::gla:
-      std::tie(o, final_state) = phasor::gla(
-          in["q"], in["k"], in["v"], in["g"], impl, scale, optional("initial_state"),
-          opt.output_final_state, optional("cu_seqlens"), chunk_size, optional("theta"), layout);
-      break;
-    case Op::gated_delta_rule:
-      std::tie(o, final_state) = phasor::gated_delta_rule(
-          in["q"], in["k"], in["v"], in["g"], in["beta"], impl, scale, optional("initial_state"),
-          opt.output_final_state, optional("cu_seqlens"), opt.use_qk_l2norm, chunk_size,
-          optional("theta"), layout);
-      break;
-    case Op::forgetting_attn: {
-      c10::optional<std::int64_t> window;
-      if (opt.window_size) window = *opt.window_size;
-      o = phasor::forgetting_attn(in["q"], in["k"], in["v"], in["g"], impl, scale, window,
-                                  optional("cu_seqlens"), chunk_size, optional("theta"), layout);
-      break;
-    }
-    default:  // runs() admitted only the ops above
-      throw InputError("argument 'NAME': '" + opt.name + "' is not run by phasor op");
-  }
-
-  std::vector<std::pair<std::string, at::Tensor>> outputs = {{"o", o}};
-  if (final_state) outputs.push_back({"final_state", *final_state});
-
-  if (backward) {
-    // The incoming gradients must match the outputs they belong to.
-    auto incoming = [&](const std::string& key, const at::Tensor& output, const char* output_name) {
-      const at::Tensor& grad = in.at(key);
-      if (!grad.is_floating_point())
-        throw InputError("argument '" + key + "': expected a floating dtype, got " +
-                         std::string(c10::toString(grad.scalar_type())));
-      if (grad.sizes() != output.sizes())
-        throw InputError("argument '" + key + "': expected shape " + shape_of(output) +
-                         " (that of " + output_name + "), got " + shape_of(grad));
-      return grad.to(output.scalar_type());
-    };
-    std::vector<at::Tensor> roots = {o}, root_grads = {incoming("do", o, "o")};
-    if (in.count("dht")) {
-      roots.push_back(*final_state);
-      root_grads.push_back(incoming("dht", *final_state, "final_state"));
-    }
-    torch::autograd::backward(roots, root_grads);
-    for (const auto& [key, grad_name] : differentiable) {
-      auto it = in.find(key);
-      if (it == in.end()) continue;
-      const at::Tensor grad = it->second.grad();
-      // A gradient no path reached is zero (autograd leaves it undefined).
-      outputs.push_back({grad_name, grad.defined() ? grad : at::zeros_like(it->second)});
-    }
-  }
+  const auto outputs = run_on_inputs(
+      op, settings, read_inputs(read_file(opt.in_path), op, opt.in_path), opt.in_path);
   write_outputs(opt.out_path, outputs);
   return 0;
 }
