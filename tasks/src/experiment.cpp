@@ -59,12 +59,16 @@ class Reader {
     if (!has(key)) fail(kOp, at(key), "a value (required)", "nothing");
     return get(key);
   }
-  std::int64_t integer(const std::string& key, std::int64_t fallback, std::int64_t minimum) {
+  std::int64_t integer(const std::string& key, std::int64_t fallback, std::int64_t minimum,
+                       std::int64_t maximum = kMaxSequenceLength) {
     if (!has(key)) return fallback;
     const json& v = get(key);
     if (!v.is_number_integer()) fail(kOp, at(key), "an integer", given(v));
+    if (v.is_number_unsigned() && v.get<std::uint64_t>() > static_cast<std::uint64_t>(maximum))
+      fail(kOp, at(key), "≤ " + std::to_string(maximum), given(v));
     const auto x = v.get<std::int64_t>();
     if (x < minimum) fail(kOp, at(key), "≥ " + std::to_string(minimum), std::to_string(x));
+    if (x > maximum) fail(kOp, at(key), "≤ " + std::to_string(maximum), std::to_string(x));
     return x;
   }
   double number(const std::string& key, double fallback) {
@@ -90,8 +94,9 @@ class Reader {
       fail(kOp, at(key), "a non-empty array of positive integers", given(v));
     std::vector<std::int64_t> out;
     for (std::size_t i = 0; i < v.size(); ++i) {
-      if (!v[i].is_number_integer() || v[i].get<std::int64_t>() < 1)
-        fail(kOp, at(key) + "[" + std::to_string(i) + "]", "a positive integer", given(v[i]));
+      if (!v[i].is_number_integer() || v[i].get<std::int64_t>() < 1 ||
+          v[i].get<std::int64_t>() > kMaxSequenceLength)
+        fail(kOp, at(key) + "[" + std::to_string(i) + "]", "an integer in [1, 2^20]", given(v[i]));
       out.push_back(v[i].get<std::int64_t>());
     }
     return out;
@@ -147,7 +152,7 @@ TaskSpec parse_task(const json& j) {
     fail(kOp, r.at("name"), "one of " + join(task_names()), in_quotes(t.name));
   if (t.name == "mqar") {
     t.mqar.num_kv_pairs = r.integer("num_kv_pairs", t.mqar.num_kv_pairs, 1);
-    t.mqar.vocab_size = r.integer("vocab_size", t.mqar.vocab_size, 2);
+    t.mqar.vocab_size = r.integer("vocab_size", t.mqar.vocab_size, 2, kMaxVocabSize);
     t.mqar.power_a = r.number("power_a", t.mqar.power_a);
     t.mqar.random_filler = r.boolean("random_filler", t.mqar.random_filler);
     if (r.has("eval_points")) {
@@ -160,8 +165,9 @@ TaskSpec parse_task(const json& j) {
         const json& e = v[i];
         if (!e.is_array() || e.size() != 2 || !e[0].is_number_integer() ||
             !e[1].is_number_integer() || e[0].get<std::int64_t>() < 1 ||
-            e[1].get<std::int64_t>() < 1)
-          fail(kOp, at, "a pair [length, num_kv_pairs] of positive integers", given(e));
+            e[1].get<std::int64_t>() < 1 || e[0].get<std::int64_t>() > kMaxSequenceLength ||
+            e[1].get<std::int64_t>() > kMaxSequenceLength)
+          fail(kOp, at, "a pair [length, num_kv_pairs] of integers in [1, 2^20]", given(e));
         TaskSpec::MqarPoint p{e[0].get<std::int64_t>(), e[1].get<std::int64_t>()};
         MqarConfig c = t.mqar;
         c.seq_len = p.length;
@@ -208,7 +214,7 @@ TaskSpec parse_task(const json& j) {
   }
   if (!r.has("eval_lengths")) fail(kOp, r.at("eval_lengths"), "a value (required)", "nothing");
   t.eval_lengths = r.lengths("eval_lengths");
-  t.eval_batch = r.integer("eval_batch", t.eval_batch, 1);
+  t.eval_batch = r.integer("eval_batch", t.eval_batch, 1, kMaxBatchTokens);
   r.finish();
 
   // Every length must be valid for the generator: try a one-row batch of each.
@@ -242,6 +248,15 @@ TaskSpec parse_task(const json& j) {
            std::to_string(t.eval_lengths[i]) + " twice");
   if (!seen.count(t.reference_length())) t.eval_lengths.push_back(t.reference_length());
   std::sort(t.eval_lengths.begin(), t.eval_lengths.end());
+  // The evaluation batches: eval_batch rows of the longest evaluation row (every factor ≤ 2^26).
+  std::int64_t longest = t.eval_lengths.back();
+  for (const auto& p : t.mqar_eval_points) longest = std::max(longest, p.length);
+  if (t.name == "copy") longest = 2 * longest + 3;
+  if (t.eval_batch * longest > kMaxBatchTokens)
+    fail(kOp, r.at("eval_batch"),
+         "at most 2^26 tokens per evaluation batch (eval_batch × the longest evaluation row of " +
+             std::to_string(longest) + " tokens)",
+         std::to_string(t.eval_batch));
   return t;
 }
 
@@ -266,15 +281,27 @@ ModelConfig parse_model(json base, const json& overrides, const std::string& pat
   if (c.vocab_size < vocab_size)
     fail(kOp, path + ".vocab_size", "≥ the task's vocabulary (" + std::to_string(vocab_size) + ")",
          std::to_string(c.vocab_size));
-  // Build it once: the layer factories check their options only then.
+  // Build it once: the layer factories check their options only then. One block is enough (they
+  // are all alike) and bounds what parsing allocates; the model's parameter count follows from it.
+  std::int64_t total = 0, block = 0;
   try {
-    LanguageModel probe(c);
+    ModelConfig one_block = c;
+    one_block.num_layers = 1;
+    LanguageModel probe(one_block);
+    for (const auto& p : probe->named_parameters()) {
+      total += p.value().numel();
+      if (p.key().rfind("block0.", 0) == 0) block += p.value().numel();
+    }
   } catch (const Error& e) {
     rethrow_at(path, e);
   } catch (const c10::Error& e) {
     throw Error(std::string(kOp) + ": argument '" + path +
                 "': expected a model that builds, got: " + e.what_without_backtrace());
   }
+  const std::int64_t parameters = total + (c.num_layers - 1) * block;  // ≤ 2^27 + 1023 · 2^26
+  if (parameters > kMaxModelParameters)
+    fail(kOp, path, "a model of at most 2^27 parameters",
+         std::to_string(parameters) + " (" + std::to_string(block) + " per block)");
   return c;
 }
 
@@ -423,6 +450,14 @@ ExperimentConfig parse_experiment_config(const json& j) {
   } catch (const Error& e) {
     rethrow_at("config.train", e);
   }
+  // The training batches: batch_size rows of the longest training row (copy: `context` tokens).
+  const std::int64_t longest_row =
+      x.task.name == "copy" ? x.task.copy.context : x.task.reference_length();
+  if (x.train.batch_size * longest_row > kMaxBatchTokens)
+    fail(kOp, "config.train.batch_size",
+         "at most 2^26 tokens per training batch (batch_size × the longest training row of " +
+             std::to_string(longest_row) + " tokens)",
+         std::to_string(x.train.batch_size));
 
   const json& lrs = r.required("lr_grid");
   if (!lrs.is_array() || lrs.empty())
@@ -456,6 +491,10 @@ ExperimentConfig parse_experiment_config(const json& j) {
 
 ExperimentConfig load_experiment_config(const std::string& path) {
   return parse_experiment_config(read_json_file(path));
+}
+
+ExperimentConfig parse_experiment_config_text(const std::string& text, const std::string& source) {
+  return parse_experiment_config(parse_json_text(text, source));
 }
 
 ExperimentOutput run_experiment(const ExperimentConfig& config, const ExperimentOptions& options) {

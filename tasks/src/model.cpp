@@ -95,6 +95,16 @@ auto build_layer(const std::string& op, F&& f) -> decltype(f()) {
   }
 }
 
+// The harness's models are small: a layer option may not ask for a weight matrix of more than
+// kMaxLayerWeights elements (rows × cols, in double so that no product overflows; a non-positive
+// size passes here and is refused by the layer). Checked before the layer is built, so that no
+// config makes the probe build at parse time (experiment.h) allocate a giant matrix.
+void check_weights(const std::string& op, const char* key, double rows, double cols) {
+  if (!(rows * cols <= static_cast<double>(kMaxLayerWeights)))
+    fail(op, key, "a size giving weight matrices of at most 2^22 elements",
+         "a " + std::to_string(rows) + " × " + std::to_string(cols) + " matrix");
+}
+
 // ---- built-in position encodings ----------------------------------------------------------------
 
 PositionEncoding no_position(const ModelConfig& c) {
@@ -127,6 +137,9 @@ PositionEncoding selective_rope_position(const ModelConfig& c) {
   s.spectrum_base(r.number("spectrum_base", s.spectrum_base()));
   s.learnable_omega(r.boolean("learnable_omega", s.learnable_omega()));
   r.finish();
+  const auto D = static_cast<double>(c.hidden_size);
+  check_weights(op, "rank", D, static_cast<double>(s.rank()));
+  check_weights(op, "conv_size", D, static_cast<double>(s.conv_size()));
   return p;
 }
 
@@ -191,6 +204,13 @@ Mixer gla_mixer(const ModelConfig& c, const PositionEncoding& pe) {
   o.fused_rotation(r.boolean("fused_rotation", o.fused_rotation()));
   o.rotary_layout(layout_from(op, r.string("rotary_layout", "half_split")));
   r.finish();
+  const auto D = static_cast<double>(c.hidden_size), key_dim = D * o.expand_k(),
+             value_dim = D * o.expand_v();
+  check_weights(op, "expand_k", D, key_dim);
+  check_weights(op, "expand_v", D, value_dim);
+  check_weights(op, "gate_low_rank_dim", D + key_dim, static_cast<double>(o.gate_low_rank_dim()));
+  if (o.use_short_conv())
+    check_weights(op, "conv_size", key_dim + value_dim, static_cast<double>(o.conv_size()));
   o.norm_eps(c.norm_eps).pos_encoding(pe.kind).rope_theta(pe.rope_theta);
   o.selective_rope(pe.selective_rope);
   o.rotation(pe.rotation);
@@ -214,6 +234,14 @@ Mixer gated_deltanet_mixer(const ModelConfig& c, const PositionEncoding& pe) {
   o.fused_rotation(r.boolean("fused_rotation", o.fused_rotation()));
   o.rotary_layout(layout_from(op, r.string("rotary_layout", "half_split")));
   r.finish();
+  const auto D = static_cast<double>(c.hidden_size),
+             key_dim = static_cast<double>(c.num_heads) * static_cast<double>(head_dim),
+             value_dim = static_cast<double>(o.num_v_heads().value_or(c.num_heads)) *
+                         static_cast<double>(head_dim) * o.expand_v();
+  check_weights(op, "head_dim", D, key_dim);
+  check_weights(op, "num_v_heads", D, value_dim);
+  if (o.use_short_conv())
+    check_weights(op, "conv_size", 2 * key_dim + value_dim, static_cast<double>(o.conv_size()));
   // β = σ(·) ∈ (0, 1), or 2σ(·) ∈ (0, 2) (allow_neg_eigval: the transition I − βkkᵀ may then
   // have the negative eigenvalue 1 − β, which state tracking needs; Grazzi et al. 2024).
   o.allow_neg_eigval(c.beta_range == 2);
@@ -266,6 +294,9 @@ Mixer performer_mixer(const ModelConfig& c, const PositionEncoding& pe) {
   o.chunk_size(r.integer("chunk_size", o.chunk_size()));
   o.rotary_layout(layout_from(op, r.string("rotary_layout", "half_split")));
   r.finish();
+  // The random features: num_features × head_dim per head (H·head_dim = hidden_size).
+  check_weights(op, "num_features", static_cast<double>(c.hidden_size),
+                static_cast<double>(o.num_features()));
   o.causal(true).pos_encoding(pe.kind).rope_theta(pe.rope_theta);
   o.selective_rope(pe.selective_rope);
   return wrap(build_layer(op, [&] { return nn::PerformerAttention(o); }));
@@ -427,7 +458,10 @@ void from_json(const nlohmann::json& j, ModelConfig& c) {
   out.num_heads = r.integer("num_heads", out.num_heads);
   out.mixer = r.string("mixer", out.mixer);
   out.pos_encoding = r.string("pos_encoding", out.pos_encoding);
-  out.beta_range = static_cast<int>(r.integer("beta_range", out.beta_range));
+  const std::int64_t beta_range = r.integer("beta_range", out.beta_range);
+  if (beta_range != 1 && beta_range != 2)  // before narrowing: 2^32 + 1 must not pass as 1
+    fail(op, "beta_range", "1 (β ∈ (0, 1)) or 2 (β ∈ (0, 2))", std::to_string(beta_range));
+  out.beta_range = static_cast<int>(beta_range);
   out.mlp = r.boolean("mlp", out.mlp);
   out.mlp_activation = r.string("mlp_activation", out.mlp_activation);
   out.mlp_expansion = r.integer("mlp_expansion", out.mlp_expansion);
@@ -464,6 +498,25 @@ void validate(const ModelConfig& c) {
   if (c.mlp_activation != "swiglu" && c.mlp_activation != "gelu")
     fail(op, "mlp_activation", "'swiglu' or 'gelu'", quoted(c.mlp_activation));
   if (c.mlp) positive("mlp_expansion", c.mlp_expansion);
+  auto at_most = [&](const char* name, std::int64_t v, std::int64_t limit, const char* limit_text) {
+    if (v > limit) fail(op, name, std::string("at most ") + limit_text, std::to_string(v));
+  };
+  at_most("vocab_size", c.vocab_size, kMaxVocabSize, "2^24");
+  at_most("hidden_size", c.hidden_size, kMaxHiddenSize, "2^16");
+  at_most("num_layers", c.num_layers, kMaxLayers, "1024");
+  if (c.mlp) at_most("mlp_expansion", c.mlp_expansion, kMaxMlpExpansion, "64");
+  // Each factor is bounded above, so these products fit in int64.
+  const std::int64_t D = c.hidden_size,
+                     mlp = c.mlp ? (c.mlp_activation == "swiglu" ? 3 : 2) * c.mlp_expansion * D * D
+                                 : 0,
+                     parameters = 2 * c.vocab_size * D + c.num_layers * (mlp + 4 * D * D);
+  if (parameters > kMaxModelParameters)
+    fail(op, "config",
+         "at most 2^27 parameters in the embedding, head, MLP and mixer projections "
+         "(2·vocab_size·hidden_size + num_layers·(MLP + 4·hidden_size²))",
+         std::to_string(parameters) + " (vocab_size " + std::to_string(c.vocab_size) +
+             ", hidden_size " + std::to_string(D) + ", num_layers " + std::to_string(c.num_layers) +
+             ")");
   if (!(c.norm_eps > 0.0) || !std::isfinite(c.norm_eps))
     fail(op, "norm_eps", "a positive finite number", std::to_string(c.norm_eps));
   if (!(c.init_std > 0.0) || !std::isfinite(c.init_std))
@@ -481,11 +534,22 @@ nlohmann::json read_json_file(const std::string& path) {
   if (!in) fail("read_json_file", "path", "a readable JSON file", quoted(path) + " (cannot open)");
   std::stringstream buffer;
   buffer << in.rdbuf();
+  return parse_json_text(buffer.str(), path);
+}
+
+nlohmann::json parse_json_text(const std::string& text, const std::string& source) {
+  const auto not_too_deep = [&](int depth, nlohmann::json::parse_event_t, nlohmann::json&) {
+    if (depth > kMaxJsonDepth)
+      fail("read_json_file", "path",
+           "JSON nested at most " + std::to_string(kMaxJsonDepth) + " levels deep",
+           quoted(source) + " (deeper)");
+    return true;
+  };
   try {
-    return nlohmann::json::parse(buffer.str());
-  } catch (const nlohmann::json::parse_error& e) {
+    return nlohmann::json::parse(text, not_too_deep);
+  } catch (const nlohmann::json::exception& e) {  // parse_error, and out_of_range for 1e99999
     fail("read_json_file", "path", "a valid JSON file",
-         quoted(path) + " (" + std::string(e.what()) + ")");
+         quoted(source) + " (" + std::string(e.what()) + ")");
   }
 }
 

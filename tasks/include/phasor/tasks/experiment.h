@@ -87,6 +87,14 @@
 
 namespace phasor::tasks {
 
+// Size limits of a config, checked when it is parsed (before anything is generated or built):
+// every sequence length (train_lengths, eval_lengths, eval_points, copy's context and string
+// lengths) at most kMaxSequenceLength tokens, the MQAR vocabulary at most kMaxVocabSize
+// (model.h), and a batch — train.batch_size rows of the longest training row, eval_batch rows of
+// the longest evaluation row (copy: 2·length + 3 tokens) — at most kMaxBatchTokens tokens.
+inline constexpr std::int64_t kMaxSequenceLength = std::int64_t{1} << 20;
+inline constexpr std::int64_t kMaxBatchTokens = std::int64_t{1} << 26;
+
 struct TaskSpec {
   std::string name;  // mqar | copy | parity | s2 | a3 | s3 | s5
   MqarConfig mqar;
@@ -131,6 +139,9 @@ struct ExperimentConfig {
 // reported before anything trains). Throws phasor::Error with the key path.
 ExperimentConfig parse_experiment_config(const nlohmann::json& config);
 ExperimentConfig load_experiment_config(const std::string& path);
+// From JSON text (`source` names it in messages): also a phasor::Error for text that is not JSON.
+ExperimentConfig parse_experiment_config_text(const std::string& text,
+                                              const std::string& source = "config");
 
 struct ExperimentOptions {
   std::string out_dir;  // created if missing

@@ -54,6 +54,20 @@
 
 namespace phasor::tasks {
 
+// Size limits of a ModelConfig (validate): a config asking for more is refused with a
+// phasor::Error before anything is allocated. The embedding, the head, the MLP weights and the
+// mixers' four D × D projections — 2·V·D + num_layers·((3 or 2)·mlp_expansion + 4)·D² — count
+// against kMaxModelParameters (2^27: 512 MiB in float32); the experiment runner also counts the
+// parameters of a one-block probe model against it (experiment.h).
+inline constexpr std::int64_t kMaxVocabSize = std::int64_t{1} << 24;
+inline constexpr std::int64_t kMaxHiddenSize = std::int64_t{1} << 16;
+inline constexpr std::int64_t kMaxLayers = 1024;
+inline constexpr std::int64_t kMaxMlpExpansion = 64;
+inline constexpr std::int64_t kMaxModelParameters = std::int64_t{1} << 27;
+// A layer option (expand_k, head_dim, num_features, rank, conv_size, …) may not make one weight
+// matrix of a mixer or position encoding exceed this many elements (checked when it is built).
+inline constexpr std::int64_t kMaxLayerWeights = std::int64_t{1} << 22;
+
 struct ModelConfig {
   std::int64_t vocab_size = 0;  // V (> 0; no default: it is the task's)
   std::int64_t hidden_size = 128;
@@ -102,6 +116,10 @@ void validate(const ModelConfig& config);
 // The parsed contents of a JSON file; a missing or unparsable file raises phasor::Error naming
 // the path (and, for a parse error, the byte where it failed).
 nlohmann::json read_json_file(const std::string& path);
+// The same for JSON text named `source` in messages. Text nested deeper than kMaxJsonDepth
+// arrays / objects is refused too (the checks that print or compare values recurse).
+inline constexpr int kMaxJsonDepth = 64;
+nlohmann::json parse_json_text(const std::string& text, const std::string& source);
 
 // Reads the keys of a JSON options object for `op`, remembering which were used, so that
 // finish() can reject the others (typos must not silently fall back to defaults).

@@ -37,11 +37,15 @@
 
 namespace phasor::tasks {
 
+// Size limits of a TrainConfig (validate): the history keeps a loss and an accuracy per step.
+inline constexpr std::int64_t kMaxSteps = std::int64_t{1} << 24;
+inline constexpr std::int64_t kMaxBatchSize = std::int64_t{1} << 20;
+
 struct TrainConfig {
-  std::int64_t steps = 1000;  // total optimizer steps (the schedule's length)
-  std::int64_t batch_size = 32;
-  double lr = 1e-3;           // peak learning rate
-  double weight_decay = 0.1;  // AdamW decoupled decay, on matrices only (see train.cpp)
+  std::int64_t steps = 1000;     // total optimizer steps (the schedule's length), ≤ kMaxSteps
+  std::int64_t batch_size = 32;  // ≤ kMaxBatchSize
+  double lr = 1e-3;              // peak learning rate
+  double weight_decay = 0.1;     // AdamW decoupled decay, on matrices only (see train.cpp)
   double beta1 = 0.9, beta2 = 0.98, adam_eps = 1e-8;
   // Linear warmup over warmup_steps (if ≥ 0) or else warmup_fraction · steps, then cosine decay
   // from lr to min_lr_ratio · lr at the last step.
