@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# Coverage-guided fuzzing of phasor's parsers and argument validation (tests/fuzz/, libFuzzer
+# under ASan + UBSan).
+#
+#   scripts/fuzz.sh [SECONDS_PER_TARGET]      (default 60)
+#   FUZZ_TARGETS="op_args_fuzz" scripts/fuzz.sh 300     (a subset)
+#
+# Configures and builds build-fuzz/ (clang, -fsanitize=address,undefined, libFuzzer's coverage
+# instrumentation everywhere) when needed, then for every target, one at a time:
+#   1. replays its committed inputs — tests/fuzz/corpus/<target>/ and tests/fuzz/regressions/<target>/
+#      — once each: any failure stops the script;
+#   2. fuzzes for SECONDS_PER_TARGET with -rss_limit_mb=4096 (also the limit of any one
+#      allocation) and -timeout=25, starting from those inputs and writing new interesting ones to
+#      build-fuzz/fuzz-out/<target>/corpus/ (never to the committed corpus); a crash lands in
+#      build-fuzz/fuzz-out/<target>/ as crash-<sha1> (or leak-, timeout-, oom-).
+# Prints per target the executions, executions per second, coverage (libFuzzer's cov: edges and
+# ft: features), new inputs and crashes; exits non-zero if any target crashed.
+# A crash input, once fixed, belongs in tests/fuzz/regressions/<target>/ (replayed by step 1 and
+# by the fuzz build's ctest).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+seconds=${1:-60}
+if ! [[ $seconds =~ ^[0-9]+$ ]] || ((seconds < 1)); then
+  echo "usage: scripts/fuzz.sh [SECONDS_PER_TARGET ≥ 1] (got '$seconds')" >&2
+  exit 2
+fi
+all_targets=(op_args_fuzz op_inputs_fuzz task_config_fuzz checkpoint_fuzz)
+read -r -a targets <<<"${FUZZ_TARGETS:-${all_targets[*]}}"
+
+bash scripts/install-deps.sh
+build=build-fuzz
+# CMakePresets.json's asan preset (clang, RelWithDebInfo at -O1 -g, no CUDA backend, ucontext
+# fibers, PHASOR_BUILD_FUZZERS=ON) in build-fuzz/, with its CMAKE_CXX_FLAGS plus
+# _GLIBCXX_ASSERTIONS (bounds-checked std::array / std::vector operator[] in the library too).
+flags="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fsanitize=fuzzer-no-link"
+flags+=" -D_GLIBCXX_ASSERTIONS"
+launcher=()
+command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+if [[ ! -f $build/CMakeCache.txt ]]; then
+  cmake --preset asan -B "$build" "-DCMAKE_CXX_FLAGS=$flags" "${launcher[@]}" \
+    -DPHASOR_BUILD_TESTS=OFF >/dev/null
+fi
+cmake --build "$build" -j "$(nproc)" --target "${targets[@]}"
+
+# Sanitizers as in the asan preset's tests: stop at the first report, with a stack. libFuzzer
+# checks each input for leaks; an allocation above -rss_limit_mb is reported as out-of-memory.
+export ASAN_OPTIONS=${ASAN_OPTIONS:-abort_on_error=1:detect_leaks=1:strict_string_checks=1}
+export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+out=$build/fuzz-out
+# The crash, leak, timeout and out-of-memory inputs libFuzzer has written to a folder.
+artifacts() { find "$1" -maxdepth 1 -type f -regex '.*/\(crash\|leak\|timeout\|oom\)-.*' | wc -l; }
+failed=0
+summary=()
+for target in "${targets[@]}"; do
+  bin=$build/tests/fuzz/$target
+  inputs=(tests/fuzz/corpus/"$target")
+  [[ -d tests/fuzz/regressions/$target ]] && inputs+=(tests/fuzz/regressions/"$target")
+  mkdir -p "$out/$target/corpus"
+  echo "== $target: replaying ${inputs[*]}"
+  "$bin" -runs=0 -rss_limit_mb=4096 -timeout=25 "${inputs[@]}" >"$out/$target/replay.log" 2>&1 || {
+    tail -40 "$out/$target/replay.log" >&2
+    echo "$target: a committed input fails (log: $out/$target/replay.log)" >&2
+    exit 1
+  }
+  echo "== $target: fuzzing for ${seconds}s"
+  before=$(artifacts "$out/$target")
+  log=$out/$target/fuzz.log
+  status=0
+  dict=()
+  [[ -f tests/fuzz/$target.dict ]] && dict=(-dict="tests/fuzz/$target.dict")
+  "$bin" "$out/$target/corpus" "${inputs[@]}" "${dict[@]}" -max_total_time="$seconds" \
+    -rss_limit_mb=4096 -timeout=25 -print_final_stats=1 -artifact_prefix="$out/$target/" \
+    >"$log" 2>&1 || status=$?
+  runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
+  rate=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$log" | tail -1)
+  new=$(sed -n 's/^stat::new_units_added: *//p' "$log" | tail -1)
+  cov=$(grep -o 'cov: [0-9]* ft: [0-9]*' "$log" | tail -1 || true)
+  crashes=$(($(artifacts "$out/$target") - before))
+  if ((status != 0)); then
+    crashes=$((crashes > 0 ? crashes : 1))
+    failed=1
+    grep -m1 -A30 -E 'ERROR: (AddressSanitizer|libFuzzer|LeakSanitizer)|runtime error|_fuzz: ' \
+      "$log" >&2 || tail -40 "$log" >&2
+    echo "$target: CRASH (log: $log)" >&2
+  fi
+  summary+=("$(printf '%-17s %10s execs %8s exec/s  %-22s %6s new  %s crashes' "$target" \
+    "${runs:-?}" "${rate:-?}" "${cov:-cov: ?}" "${new:-?}" "$crashes")")
+done
+echo "== fuzzing summary (${seconds}s per target)"
+printf '%s\n' "${summary[@]}"
+exit $failed
