@@ -96,7 +96,8 @@ class Reader {
     for (std::size_t i = 0; i < v.size(); ++i) {
       if (!v[i].is_number_integer() || v[i].get<std::int64_t>() < 1 ||
           v[i].get<std::int64_t>() > kMaxSequenceLength)
-        fail(kOp, at(key) + "[" + std::to_string(i) + "]", "an integer in [1, 2^20]", given(v[i]));
+        fail(kOp, at(key) + "[" + std::to_string(i) + "]", "a positive integer (at most 2^20)",
+             given(v[i]));
       out.push_back(v[i].get<std::int64_t>());
     }
     return out;
@@ -165,9 +166,11 @@ TaskSpec parse_task(const json& j) {
         const json& e = v[i];
         if (!e.is_array() || e.size() != 2 || !e[0].is_number_integer() ||
             !e[1].is_number_integer() || e[0].get<std::int64_t>() < 1 ||
-            e[1].get<std::int64_t>() < 1 || e[0].get<std::int64_t>() > kMaxSequenceLength ||
+            e[1].get<std::int64_t>() < 1)
+          fail(kOp, at, "a pair [length, num_kv_pairs] of positive integers", given(e));
+        if (e[0].get<std::int64_t>() > kMaxSequenceLength ||
             e[1].get<std::int64_t>() > kMaxSequenceLength)
-          fail(kOp, at, "a pair [length, num_kv_pairs] of integers in [1, 2^20]", given(e));
+          fail(kOp, at, "a length and num_kv_pairs of at most 2^20", given(e));
         TaskSpec::MqarPoint p{e[0].get<std::int64_t>(), e[1].get<std::int64_t>()};
         MqarConfig c = t.mqar;
         c.seq_len = p.length;
