@@ -17,6 +17,9 @@ packages=(
   libcli11-dev libfmt-dev nlohmann-json3-dev
   libcairo2-dev          # PNG plots of the task harness (tasks/src/plot.cpp)
   clang-format
+  # The sanitizer and fuzzing builds (CMakePresets.json asan / tsan, scripts/sanitize.sh,
+  # scripts/fuzz.sh): clang with its sanitizer runtimes and libFuzzer.
+  clang libclang-rt-dev
 )
 missing=()
 for p in "${packages[@]}"; do

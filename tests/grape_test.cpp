@@ -3,10 +3,8 @@
 // group law, orthogonality and det = +1, relative logits, RoPE as the special case), optimized vs
 // reference kernels (float32/float64, adversarial inputs), central finite-difference gradients of
 // every learnable input in float64 (including ν → 0), and errors for bad input.
-//
-// GCC 12 reports false -Wmaybe-uninitialized warnings inside Eigen's AVX-512 kernels (this test
-// is compiled with -march=native, see tests/CMakeLists.txt); silence them before any include.
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include "common/eigen.h"  // first: see there
+
 #include "phasor/grape.h"
 
 #include <gtest/gtest.h>

@@ -4,6 +4,8 @@
 // in float64 for every learnable input, and the paper's theorems as tests: the relative law,
 // orthogonality and det = +1, commuting generators, separability, RoPE as the special case S = 0,
 // the FFT path against a dense matrix exponential (Eigen MatrixFunctions).
+#include "common/eigen.h"  // first: see there
+
 #include "phasor/string_rotation.h"
 
 #include <gtest/gtest.h>

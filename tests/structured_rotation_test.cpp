@@ -4,6 +4,8 @@
 // stability bound (measured on random instances, with a counterexample to the printed η_mix),
 // the optimized kernel against the float64 reference, finite-difference gradients, errors, and the
 // paper's typos (each shown by a test of the mathematics).
+#include "common/eigen.h"  // first: see there
+
 #include "phasor/structured_rotation.h"
 
 #include <gtest/gtest.h>

@@ -22,10 +22,10 @@
 //                                          recurrent kernel).
 // <op> is "favor_features" or "favor_attention". Work is split over (sequence, head) pairs, each
 // computed by one thread in a fixed order: results are bit-identical for any thread count.
-// Dtypes: float32, float64, bfloat16 or float16 for every floating argument (they may differ; 16-bit
-// values are converted to float32 on load); the optimized kernels
-// compute in the dtype of x (features) or q (attention), the reference in float64. All views on
-// the CPU. Every requested output element is written (overwritten, never accumulated into).
+// Dtypes: float32, float64, bfloat16 or float16 for every floating argument (they may differ;
+// 16-bit values are converted to float32 on load); the optimized kernels compute in the dtype of x
+// (features) or q (attention), the reference in float64. All views on the CPU. Every requested
+// output element is written (overwritten, never accumulated into).
 #pragma once
 
 #include <cstdint>

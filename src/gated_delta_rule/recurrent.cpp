@@ -11,12 +11,8 @@
 // checkpoint replay and the backward walk alike; the backward walk's angles also serve to unrotate
 // the block's dq, dk and give its dθ (store_qk_grads).
 
-// GCC 12 reports false -Wmaybe-uninitialized warnings inside Eigen's AVX-512 kernels
-// (-march=native); silence them for this file before any header pulls in the intrinsics.
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-// Likewise a false -Wuninitialized inside Eigen's AVX-512 float sin/cos (psincos_float), which
-// PairAngles<float> (common/rotation.h) uses for the fused rotation.
-#pragma GCC diagnostic ignored "-Wuninitialized"
+#include "common/eigen.h"  // first: see there
+
 #include <cmath>
 #include <type_traits>
 #include <vector>
