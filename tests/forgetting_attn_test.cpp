@@ -24,6 +24,7 @@
 
 #include "phasor/forgetting_attn.h"
 #include "phasor/rotary.h"
+#include "phasor/testing/cases.h"
 #include "phasor/testing/gtest.h"
 #include "phasor/testing/layout.h"
 #include "phasor/testing/random.h"
@@ -635,9 +636,9 @@ TEST(ForgettingAttnKernels, EmptyProblems) {
 
 // ---- long sequences ----------------------------------------------------------------------------
 
-TEST(ForgettingAttnLong, Sequence65536WithWindow) {
+TEST(ForgettingAttnLong, Sequence65536WithWindow) {  // 4,096 with PHASOR_TEST_SIZE=small
   std::mt19937_64 rng(7);
-  Problem p = make_problem({1, 65536, 1, 1, 16, 16}, Gates::mixed, rng);
+  Problem p = make_problem({1, testing::long_sequence_length(), 1, 1, 16, 16}, Gates::mixed, rng);
   p.window = 256;
   p = p.to(DType::float32);
   const Forward chunk = run_forward(p, Impl::chunk);

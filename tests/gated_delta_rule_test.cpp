@@ -19,6 +19,7 @@
 
 #include "phasor/gated_delta_rule.h"
 #include "phasor/rotary.h"
+#include "phasor/testing/cases.h"
 #include "phasor/testing/gtest.h"
 #include "phasor/testing/layout.h"
 #include "phasor/testing/random.h"
@@ -585,7 +586,7 @@ TEST(GatedDeltaRuleKernels, MixedDtypes) {
 
 TEST(GatedDeltaRuleKernels, LongSequence) {
   Case c;
-  c.T = 65536, c.H = 1, c.HV = 1, c.K = 16, c.V = 16, c.chunk_size = 64;
+  c.T = testing::long_sequence_length(), c.H = 1, c.HV = 1, c.K = 16, c.V = 16, c.chunk_size = 64;
   c.gates = Gates::realistic;
   const auto start = std::chrono::steady_clock::now();
   Data d = make_data(c);
@@ -604,7 +605,7 @@ TEST(GatedDeltaRuleKernels, LongSequence) {
   const Result recurrent32 = run(d, Impl::recurrent, DType::float32);
   expect_close(chunk32, truth, 1e-5, "chunk float32");
   expect_close(recurrent32, truth, 1e-5, "recurrent float32");
-  std::cout << "[ long ] T = 65536 relative RMS vs recurrent float64: chunk float64 o "
+  std::cout << "[ long ] T = " << c.T << " relative RMS vs recurrent float64: chunk float64 o "
             << testing::rel_rms(chunk64.o, truth.o) << ", dk "
             << testing::rel_rms(chunk64.dk, truth.dk) << ", dg "
             << testing::rel_rms(chunk64.dg, truth.dg) << "; chunk float32 o "

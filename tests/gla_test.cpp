@@ -18,6 +18,7 @@
 
 #include "phasor/gla.h"
 #include "phasor/rotary.h"
+#include "phasor/testing/cases.h"
 #include "phasor/testing/gtest.h"
 #include "phasor/testing/layout.h"
 #include "phasor/testing/random.h"
@@ -451,7 +452,7 @@ TEST(GlaKernels, PartialGradientsAndOptionalOutputs) {
 // A long sequence: T = 65,536 with realistic gates plus strong and zero ones.
 
 TEST(GlaKernels, LongSequenceChunkMatchesRecurrent) {
-  const std::int64_t T = 65536, K = 16, V = 16;
+  const std::int64_t T = testing::long_sequence_length(), K = 16, V = 16;
   Case c{"long", 1, T, 1, K, V, Gates::realistic, 64};
   Inputs in = make_inputs(c, 2024);
   std::mt19937_64 rng(5);
@@ -467,8 +468,8 @@ TEST(GlaKernels, LongSequenceChunkMatchesRecurrent) {
   const Result recurrent64 = run(in, Impl::recurrent, DType::float64, DType::float64);
   const Result chunk64 = run(in, Impl::chunk, DType::float64, DType::float64);
   expect_close(chunk64, recurrent64, 1e-10);
-  std::printf("T = 65536, float64 chunk vs recurrent: worst relative RMS %.2g\n",
-              worst_error(chunk64, recurrent64));
+  std::printf("T = %lld, float64 chunk vs recurrent: worst relative RMS %.2g\n",
+              static_cast<long long>(T), worst_error(chunk64, recurrent64));
   // The reference forward (cheap) confirms the recurrent one.
   GlaParams params;
   params.q = in.q.view();
@@ -485,8 +486,8 @@ TEST(GlaKernels, LongSequenceChunkMatchesRecurrent) {
     SCOPED_TRACE(std::string("float32 ") + to_string(impl));
     const Result r32 = run(in, impl, DType::float32, DType::float32);
     expect_close(r32, recurrent64, 1e-5);
-    std::printf("T = 65536, float32 %s vs float64: worst relative RMS %.2g\n", to_string(impl),
-                worst_error(r32, recurrent64));
+    std::printf("T = %lld, float32 %s vs float64: worst relative RMS %.2g\n",
+                static_cast<long long>(T), to_string(impl), worst_error(r32, recurrent64));
   }
 }
 

@@ -18,6 +18,7 @@
 
 #include "phasor/emulator.h"
 #include "phasor/rotary.h"
+#include "phasor/testing/cases.h"
 #include "phasor/testing/gpu_gtest.h"
 #include "phasor/testing/random.h"
 
@@ -158,7 +159,7 @@ TEST_P(RotaryGpu, SelectivePhasesMatchCpuAndReference) {
 TEST_P(RotaryGpu, SelectivePhasesLongSequenceFloat32) {
   const Device device = GetParam();
   PHASOR_SKIP_WITHOUT_GPU(device);
-  PhaseInputs in = make_phases(5, 1, 65536, 1, 4, false, true);
+  PhaseInputs in = make_phases(5, 1, testing::long_sequence_length(), 1, 4, false, true);
   // Increments with a positive mean, as positions: the phase grows to ~6.5·10⁴.
   for (std::int64_t i = 0; i < in.phi.numel(); ++i) in.phi.set(i, 1.0 + 0.37 * in.phi.at(i));
   const PhaseOutputs ref = reference_phases(in, DType::float32);

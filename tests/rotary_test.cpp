@@ -11,6 +11,7 @@
 #include <random>
 #include <vector>
 
+#include "phasor/testing/cases.h"
 #include "phasor/testing/gtest.h"
 #include "phasor/testing/random.h"
 
@@ -230,7 +231,7 @@ TEST(RotaryPhases, DecodingContinuation) {
 // float64 reference (a float32 running sum of O(1) increments drifts far beyond that).
 TEST(RotaryPhases, LongSequenceFloat32) {
   std::mt19937_64 rng(5);
-  const std::int64_t T = 65536, H = 1, R = 8;
+  const std::int64_t T = testing::long_sequence_length(), H = 1, R = 8;
   PhaseCase c = make_phase_case(rng, 1, T, H, R, false, true, {}, 1.0, DType::float32);
   // Increments with a positive mean, as positions: the phase grows to ~6·10⁴.
   for (std::int64_t i = 0; i < c.phi.numel(); ++i) c.phi.set(i, 1.0 + 0.37 * c.phi.at(i));

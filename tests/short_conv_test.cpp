@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "phasor/short_conv.h"
+#include "phasor/testing/cases.h"
 #include "phasor/testing/gtest.h"
 #include "phasor/testing/layout.h"
 #include "phasor/testing/random.h"
@@ -227,7 +228,7 @@ TEST(ShortConvKernel, StridedViewsAndMixedDtypes) {
 }
 
 TEST(ShortConvKernel, LongSequence) {
-  const Case c{"long", 1, 65536, 16, 4, {}, true, true, true};
+  const Case c{"long", 1, testing::long_sequence_length(), 16, 4, {}, true, true, true};
   const Inputs in = make_inputs(c, 3);
   const Forward rf = run_forward(in, Impl::reference, DType::float64);
   const Backward rb = run_backward(in, Impl::reference, DType::float64);

@@ -171,6 +171,9 @@ void forward_typed(const Problem& p, const TensorView& o, const TensorView& lse)
   parallel_for(p.num_items(), [&](std::int64_t item) {
     const Sequence& seq = p.sequences[static_cast<std::size_t>(item / p.H)];
     const std::int64_t h = item % p.H, L = seq.length, G = p.group();
+    // An empty sequence has no output rows; and Eigen's col(r) of an empty matrix offsets a null
+    // pointer (undefined behaviour, found by UBSan).
+    if (L == 0) return;
     Mat<S> k, v;
     load_rows(p.k, seq, h, k);
     load_rows(p.v, seq, h, v);

@@ -183,7 +183,9 @@ struct ChunkWork {
     q_p = scale * (q.array() * prefix.array()).matrix();
     out.noalias() = q_p * state;
     intra_attention();
-    out.noalias() += attn.template triangularView<Eigen::Lower>() * v;
+    // Eigen's triangular product reads element (0, 0) of its operands even when the product is
+    // empty (V = 0): a null reference, undefined behaviour (found by UBSan). Nothing to add then.
+    if (v.cols() > 0) out.noalias() += attn.template triangularView<Eigen::Lower>() * v;
   }
 
   // The chunk's own contribution to the state, L = (k ⊙ E)ᵀ v (K × V): S_next = diag(P_last)
@@ -267,7 +269,8 @@ struct ChunkWork {
         }
       }
     }
-    dv.noalias() += attn.template triangularView<Eigen::Lower>().transpose() * d_out;
+    if (d_out.cols() > 0)  // V = 0: nothing to add (see forward_output)
+      dv.noalias() += attn.template triangularView<Eigen::Lower>().transpose() * d_out;
     dq = dq_inter + dq_off + dq_diag;
     dk = dk_state + dk_off + dk_diag;
 
