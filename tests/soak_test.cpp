@@ -40,8 +40,10 @@
 #include "phasor/forgetting_attn.h"
 #include "phasor/gated_delta_rule.h"
 #include "phasor/gla.h"
+#include "phasor/grape.h"
 #include "phasor/rotary.h"
 #include "phasor/short_conv.h"
+#include "phasor/string_rotation.h"
 #include "test_util.h"
 
 namespace phasor {
@@ -472,7 +474,8 @@ double base_tolerance(DType in) {
 // dtype, then every fast implementation, finite and within `tolerance(problem, dtype)` of it.
 // run(problem, impl, in, out) → Results; problem.rounded(dtype) → the problem with every floating
 // input rounded; problem.planted names an argument holding an invalid value ("" for none);
-// floors(problem, expected) → the magnitudes of the terms of each result (see relative_error);
+// floors(problem, expected, dtype) → the magnitudes of the terms of each result (see
+// relative_error) for a run in dtype;
 // also_check(problem, actual, what): an op's own checks of a fast implementation's results.
 struct NoMoreChecks {
   template <class... Args>
@@ -485,11 +488,11 @@ void check_implementations(Context& ctx, Rng& r, const Problem& p, Run&& run,
   for (const DtypeRun d : dtype_runs(r)) {
     const Problem pr = p.rounded(d.in);
     const std::optional<Results> expected =
-        attempt(ctx, p.planted, label(Impl::reference, DType::float64, DType::float64),
+        attempt(ctx, p.planted, std::string("reference on ") + to_string(d.in) + "-rounded inputs",
                 [&] { return run(pr, Impl::reference, DType::float64, DType::float64); });
     if (expected && !check_finite(ctx, *expected, "reference")) return;
     const std::vector<Tensor> expected_floors =
-        expected ? floors(pr, *expected) : std::vector<Tensor>();
+        expected ? floors(pr, *expected, d.in) : std::vector<Tensor>();
     for (Impl impl : fast) {
       const std::string what = label(impl, d.in, d.out);
       const std::optional<Results> actual =
@@ -577,7 +580,7 @@ Tensor pair_norms(const Tensor& x, RotaryLayout layout) {
 
 // No floors: plain relative RMS for every result.
 template <class Problem>
-std::vector<Tensor> no_floors(const Problem&, const Results& results) {
+std::vector<Tensor> no_floors(const Problem&, const Results& results, DType) {
   return std::vector<Tensor>(results.size());
 }
 
@@ -687,7 +690,7 @@ Results run_gla(const GlaProblem& p, Impl impl, DType in, DType out) {
 
 // The magnitude of every result's terms: GLA is a sum of products weighted by decays ≥ 0, so the
 // reference on |q'|, |k'|, |v|, |h0|, |do|, |dht| (q', k' rotated explicitly) sums |terms|.
-std::vector<Tensor> gla_terms(const GlaProblem& p, const Results&) {
+std::vector<Tensor> gla_terms(const GlaProblem& p, const Results&, DType) {
   GlaProblem a = p;
   if (p.theta.defined()) {
     a.q = rotated(p.q, p.theta, p.layout);
@@ -907,7 +910,7 @@ Tensor through_l2_norm(const Tensor& x_hat, const Tensor& d_hat, const std::vect
 // true norm, giving E_t. Each result's scale follows from the formula that produces it (o_t =
 // scale S_tᵀq, dq = scale S_t do, dv = β dS kᵀ, …), spread evenly over its elements; the gradients
 // of q and k then go back through the normalisation and the rotation by their own terms.
-std::vector<Tensor> gdn_terms(const GdnProblem& p, const Results& expected) {
+std::vector<Tensor> gdn_terms(const GdnProblem& p, const Results& expected, DType) {
   const std::int64_t K = p.K, V = p.V, H = p.H, HV = p.HV, group = p.HV / p.H, T = p.T;
   const Tensor q_rot = p.theta.defined() ? rotated(p.q, p.theta, p.layout) : p.q,
                k_rot = p.theta.defined() ? rotated(p.k, p.theta, p.layout) : p.k;
@@ -1358,7 +1361,7 @@ void soak_fox(Context& ctx, Rng& r, bool long_sequence) {
   check_implementations(
       ctx, r, p, run_fox, {Impl::recurrent, Impl::chunk},
       [&](const FoxProblem&, DType in) { return fox_tolerance(in, kappa); },
-      [&](const FoxProblem& pr, const Results&) {
+      [&](const FoxProblem& pr, const Results&, DType) {
         FoxTerms terms = fox_terms(pr);
         kappa = terms.kappa;
         return terms.floors;
@@ -1509,7 +1512,9 @@ void soak_short_conv(Context& ctx, Rng& r, bool long_sequence) {
       [&](const ShortConvProblem&, DType in) {
         return base_tolerance(in) + (in == DType::float64 ? 1.1e-16 : 6e-8) * kappa;
       },
-      [&](const ShortConvProblem& pr, const Results&) { return short_conv_terms(pr, kappa); });
+      [&](const ShortConvProblem& pr, const Results&, DType) {
+        return short_conv_terms(pr, kappa);
+      });
 }
 
 TEST(Soak, ShortConv) {
@@ -1603,7 +1608,7 @@ Results run_phases(const PhasesProblem& p, Impl impl, DType in, DType out) {
 }
 
 // Sums of products: the reference on |inputs| sums |terms|.
-std::vector<Tensor> phases_terms(const PhasesProblem& p, const Results&) {
+std::vector<Tensor> phases_terms(const PhasesProblem& p, const Results&, DType) {
   PhasesProblem a = p;
   for (Tensor* t : {&a.phi, &a.omega, &a.theta0, &a.d_theta, &a.d_final}) *t = absolute(*t);
   std::vector<Tensor> floors;
@@ -1749,7 +1754,7 @@ Results run_rotary(const RotaryProblem& p, Impl impl, DType in, DType out) {
 
 // y and dx are rotations: each element's terms are bounded by its pair's norm; dθ = dy_b y_a −
 // dy_a y_b by the product of the pairs' norms.
-std::vector<Tensor> rotary_terms(const RotaryProblem& p, const Results&) {
+std::vector<Tensor> rotary_terms(const RotaryProblem& p, const Results&, DType) {
   Tensor theta = Tensor::zeros({p.B, p.T, p.H, p.K / 2});  // the heads' angles, for the shapes
   return {pair_norms(p.x, p.layout), pair_norms(p.dy, p.layout),
           rotation_floor(theta, p.x, p.dy, Tensor::zeros({p.B, p.T, p.H, p.K}),
@@ -1771,6 +1776,488 @@ TEST(Soak, ApplyRotaryLongSequence) {
   soak(
       "ApplyRotaryLongSequence", [](Context& ctx, Rng& r) { soak_rotary(ctx, r, true); },
       long_iterations());
+}
+
+// ---------------------------------------------------------------------------------------------
+// The rotation encodings and FAVOR+: the scale of the errors from the results' sensitivity.
+//
+// Their results are not sums of products with a sign-free form, and a model of each formula's
+// errors would be as long as the kernels. Instead the scale is measured: the float64 reference is
+// run again on the inputs perturbed by a relative 1e-6 in random directions, and |Δresult| / 1e-6
+// is each result's sensitivity to a relative change of its inputs — the forward error that any
+// algorithm with an input-sized backward error makes, times 1/eps (Higham, "Accuracy and Stability
+// of Numerical Algorithms", §1.6). A kernel that loses more than its inputs' rounding (an
+// unstable formula: 1 − cos x for small x, a cancelling difference of intermediates) fails the
+// bound; a problem that is itself ill-conditioned (angles of 1e15 radians, nearly parallel planes)
+// gets the large scale it deserves.
+
+// Problems here list their floating inputs (pointers into themselves) with inputs().
+template <class Problem>
+Problem rounded_inputs(const Problem& p, DType dtype) {
+  Problem q = p;
+  for (Tensor* t : q.inputs()) *t = rounded(*t, dtype);
+  return q;
+}
+
+// The perturbation is 1e-13 for float64 runs and 1e-6 for the others: a few hundred times the
+// rounding of each, so that the finite difference is not the reference's own noise, and not much
+// more (a strongly nonlinear result saturates: beyond some size a perturbation changes it by
+// no more than its own magnitude, and the ratio would understate the sensitivity to rounding).
+template <class Problem, class Run>
+std::vector<Tensor> sensitivity(const Problem& p, Run&& run, const Results& expected, DType in) {
+  const double kDelta = in == DType::float64 ? 1e-13 : 1e-6;
+  std::vector<Tensor> floors(expected.size());
+  for (std::size_t i = 0; i < expected.size(); ++i)
+    if (expected[i].value.defined()) floors[i] = Tensor::zeros(expected[i].value.shape());
+  for (std::uint64_t draw = 1; draw <= 2; ++draw) {
+    Problem q = p;
+    std::mt19937_64 rng(draw);
+    std::uniform_real_distribution<double> unit(-1.0, 1.0);
+    for (Tensor* t : q.inputs())
+      if (t->defined())
+        for (std::int64_t i = 0; i < t->numel(); ++i)
+          t->set(i, t->at(i) * (1 + kDelta * unit(rng)));
+    const Results moved = run(q, Impl::reference, DType::float64, DType::float64);
+    for (std::size_t i = 0; i < expected.size(); ++i)
+      for (std::int64_t e = 0; floors[i].defined() && e < floors[i].numel(); ++e) {
+        const double change = std::fabs(moved[i].value.at(e) - expected[i].value.at(e)) / kDelta;
+        floors[i].set(e, std::max(floors[i].at(e), std::isfinite(change) ? change : kInf));
+      }
+  }
+  return floors;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Multiplicative GRAPE (phasor/grape.h): the single plane and the learned subspace basis.
+
+struct GrapeProblem {
+  std::int64_t B = 1, T = 1, H = 1, K = 1;
+  bool ab_per_head = false, positions_per_head = false;
+  Tensor z, a, b, omega, positions, dy;
+  std::string planted;
+
+  std::vector<Tensor*> inputs() { return {&z, &a, &b, &omega, &positions, &dy}; }
+  GrapeProblem rounded(DType dtype) const { return rounded_inputs(*this, dtype); }
+};
+
+GrapeProblem draw_grape(Context& ctx, Rng& r, bool long_sequence) {
+  GrapeProblem p;
+  p.T = long_sequence ? 65536 : r.pick<std::int64_t>({0, 1, 2, r.integer(3, 80)});
+  p.B = long_sequence ? 1 : r.integer(1, 2);
+  p.H = long_sequence ? 1 : r.integer(1, 3);
+  p.K = r.pick<std::int64_t>({1, 2, 3, r.integer(4, long_sequence ? 4 : 40)});
+  p.ab_per_head = r.chance(0.5);
+  p.positions_per_head = r.chance(0.5);
+  const std::vector<std::int64_t> ab_shape =
+      p.ab_per_head ? std::vector<std::int64_t>{p.H, p.K} : std::vector<std::int64_t>{p.K};
+  const double mz = draw_magnitude(r), ma = r.pick({1e-4, 1.0, 1e4}), mb = r.pick({1e-4, 1.0, 1e4});
+  const double mpos = r.pick({1.0, 1e4, long_sequence ? 65536.0 : 80.0}),
+               momega = r.pick({1e-3, 1.0, 1e2});
+  p.z = extreme_values({p.B, p.T, p.H, p.K}, r, mz);
+  p.a = extreme_values(ab_shape, r, ma);
+  p.b = extreme_values(ab_shape, r, mb);
+  // Degenerate planes: b parallel to a (ν = 0 exactly, G = I), nearly parallel, or a = 0.
+  const int plane = static_cast<int>(r.integer(0, 5));
+  if (plane == 0 || plane == 1)
+    for (std::int64_t i = 0; i < p.b.numel(); ++i)
+      p.b.set(i, 3.0 * p.a.at(i) + (plane == 1 ? 1e-7 * ma * r.normal() : 0.0));
+  if (plane == 2) p.a.fill(0.0);
+  p.omega = extreme_values({p.H}, r, momega);
+  p.positions = extreme_values(p.positions_per_head ? std::vector<std::int64_t>{p.B, p.T, p.H}
+                                                    : std::vector<std::int64_t>{p.B, p.T},
+                               r, mpos);
+  p.dy = extreme_values({p.B, p.T, p.H, p.K}, r, draw_magnitude(r, 1e2));
+  ctx.describe() << "B=" << p.B << " T=" << p.T << " H=" << p.H << " K=" << p.K
+                 << (p.ab_per_head ? " a,b per head" : " a,b shared")
+                 << (p.positions_per_head ? " positions per head" : "") << " |z|~" << mz << " |a|~"
+                 << ma << " |b|~" << mb << " plane=" << plane << " |positions|~" << mpos
+                 << " |omega|~" << momega;
+  return p;
+}
+
+Results run_grape(const GrapeProblem& p, Impl impl, DType in, DType out) {
+  const Tensor z = p.z.to(in), a = p.a.to(in), b = p.b.to(in), omega = p.omega.to(in),
+               positions = p.positions.to(in), dy = p.dy.to(in);
+  GrapeParams params;
+  params.z = z.view();
+  params.a = a.view();
+  params.b = b.view();
+  params.omega = omega.view();
+  params.positions = positions.view();
+  Tensor y = nan_buffer(p.z.shape(), out);
+  grape_forward(params, impl, y.view());
+  Tensor dz = nan_buffer(p.z.shape(), out), da = nan_buffer(p.a.shape(), out),
+         db = nan_buffer(p.b.shape(), out), d_omega = nan_buffer(p.omega.shape(), out),
+         d_positions = nan_buffer(p.positions.shape(), out);
+  GrapeGrads grads;
+  grads.dz = dz.view();
+  grads.da = da.view();
+  grads.db = db.view();
+  grads.d_omega = d_omega.view();
+  grads.d_positions = d_positions.view();
+  grape_backward(params, impl, dy.view(), grads);
+  return {{"y", y},   {"dz", dz},           {"da", da},
+          {"db", db}, {"d_omega", d_omega}, {"d_positions", d_positions}};
+}
+
+// The larger of two scales per element: `floors` and `more` (undefined: none).
+void take_larger(std::vector<Tensor>& floors, const std::vector<Tensor>& more) {
+  for (std::size_t i = 0; i < floors.size() && i < more.size(); ++i) {
+    if (!more[i].defined()) continue;
+    if (!floors[i].defined()) {
+      floors[i] = more[i];
+      continue;
+    }
+    for (std::int64_t e = 0; e < floors[i].numel(); ++e)
+      floors[i].set(e, std::max(floors[i].at(e), more[i].at(e)));
+  }
+}
+
+// The terms of GRAPE's formulas, for results that vanish identically (K = 1 has no plane: y = z
+// and the gradients of a, b, ω and the positions are 0 for every input, so their sensitivity is 0
+// while a kernel's rounding is not). With the orthogonalised plane the Rodrigues terms of y and dz
+// are at most a few |z| and |dy| (A ν ≤ 1, C ν² ≤ 2); dη's at most 4 ν |dy||z| ≤ 4 |a||b||dy||z|;
+// the generator's gradient M = ∂(dyᵀy)/∂L at most a few |η||dy||z|, so da = (M − Mᵀ) b and db by
+// 8 |η||dy||z||b| and |a|. Each row's bound is spread evenly over its elements.
+std::vector<Tensor> grape_terms(const GrapeProblem& p) {
+  const std::int64_t B = p.B, T = p.T, H = p.H, K = p.K;
+  Tensor f_y = Tensor::zeros(p.z.shape()), f_dz = Tensor::zeros(p.z.shape()),
+         f_da = Tensor::zeros(p.a.shape()), f_db = Tensor::zeros(p.b.shape()),
+         f_omega = Tensor::zeros(p.omega.shape()), f_pos = Tensor::zeros(p.positions.shape());
+  const auto norm = [&](const Tensor& x, std::int64_t base) {
+    double s = 0;
+    for (std::int64_t c = 0; c < K; ++c) s += x.at(base + c) * x.at(base + c);
+    return std::sqrt(s);
+  };
+  const double root_k = std::sqrt(static_cast<double>(K));
+  for (std::int64_t h = 0; h < H; ++h) {
+    const std::int64_t ab = p.ab_per_head ? h * K : 0;
+    const double na = norm(p.a, ab), nb = norm(p.b, ab), w = p.omega.at(h);
+    for (std::int64_t b = 0; b < B; ++b)
+      for (std::int64_t t = 0; t < T; ++t) {
+        const std::int64_t row = ((b * T + t) * H + h) * K,
+                           pos = p.positions_per_head ? (b * T + t) * H + h : b * T + t;
+        const double eta = p.positions.at(pos) * w, nz = norm(p.z, row), ng = norm(p.dy, row);
+        const double d_eta = 4 * na * nb * ng * nz, m = 8 * std::fabs(eta) * ng * nz;
+        for (std::int64_t c = 0; c < K; ++c) {
+          f_y.set(row + c, nz / root_k);
+          f_dz.set(row + c, ng / root_k);
+          f_da.set(ab + c, f_da.at(ab + c) + m * nb / root_k);
+          f_db.set(ab + c, f_db.at(ab + c) + m * na / root_k);
+        }
+        f_omega.set(h, f_omega.at(h) + d_eta * std::fabs(p.positions.at(pos)));
+        f_pos.set(pos, f_pos.at(pos) + d_eta * std::fabs(w));
+      }
+  }
+  return {f_y, f_dz, f_da, f_db, f_omega, f_pos};
+}
+
+void soak_grape(Context& ctx, Rng& r, bool long_sequence) {
+  const GrapeProblem p = draw_grape(ctx, r, long_sequence);
+  check_implementations(
+      ctx, r, p, run_grape, {Impl::recurrent, Impl::chunk},
+      [](const GrapeProblem&, DType in) { return base_tolerance(in); },
+      [](const GrapeProblem& pr, const Results& expected, DType in) {
+        std::vector<Tensor> floors = sensitivity(pr, run_grape, expected, in);
+        take_larger(floors, grape_terms(pr));
+        return floors;
+      });
+}
+
+TEST(Soak, Grape) {
+  soak("Grape", [](Context& ctx, Rng& r) { soak_grape(ctx, r, false); });
+}
+
+TEST(Soak, GrapeLongSequence) {
+  soak(
+      "GrapeLongSequence", [](Context& ctx, Rng& r) { soak_grape(ctx, r, true); },
+      long_iterations());
+}
+
+// A random orthogonal K × K matrix (rows of `m` from offset), by Gram–Schmidt twice over Gaussian
+// columns, in float64.
+void random_orthogonal(Tensor& m, std::int64_t offset, std::int64_t K, Rng& r) {
+  std::vector<double> q(static_cast<std::size_t>(K * K));
+  for (auto& x : q) x = r.normal();
+  for (int pass = 0; pass < 2; ++pass)
+    for (std::int64_t j = 0; j < K; ++j) {
+      for (std::int64_t i = 0; i < j; ++i) {
+        double d = 0;
+        for (std::int64_t row = 0; row < K; ++row)
+          d += q[static_cast<std::size_t>(row * K + i)] * q[static_cast<std::size_t>(row * K + j)];
+        for (std::int64_t row = 0; row < K; ++row)
+          q[static_cast<std::size_t>(row * K + j)] -= d * q[static_cast<std::size_t>(row * K + i)];
+      }
+      double n = 0;
+      for (std::int64_t row = 0; row < K; ++row)
+        n += q[static_cast<std::size_t>(row * K + j)] * q[static_cast<std::size_t>(row * K + j)];
+      n = std::sqrt(n);
+      for (std::int64_t row = 0; row < K; ++row) q[static_cast<std::size_t>(row * K + j)] /= n;
+    }
+  for (std::int64_t i = 0; i < K * K; ++i) m.set(offset + i, q[static_cast<std::size_t>(i)]);
+}
+
+struct GrapeSubspaceProblem {
+  std::int64_t B = 1, T = 1, H = 1, K = 2;
+  bool per_head = false;
+  RotaryLayout layout = RotaryLayout::half_split;
+  double orthogonality_tol = 1e-4;
+  Tensor z, basis, theta, dy;
+  std::string planted;
+
+  std::vector<Tensor*> inputs() { return {&z, &basis, &theta, &dy}; }
+  // A 16-bit basis is orthogonal only to its rounding (~1e-3): checked to 1e-2 there.
+  GrapeSubspaceProblem rounded(DType dtype) const {
+    GrapeSubspaceProblem p = rounded_inputs(*this, dtype);
+    if (planted.empty() && (dtype == DType::bfloat16 || dtype == DType::float16))
+      p.orthogonality_tol = 1e-2;
+    return p;
+  }
+};
+
+GrapeSubspaceProblem draw_grape_subspace(Context& ctx, Rng& r) {
+  GrapeSubspaceProblem p;
+  p.T = r.pick<std::int64_t>({0, 1, 2, r.integer(3, 80)});
+  p.B = r.integer(1, 2);
+  p.H = r.integer(1, 3);
+  p.K = 2 * r.pick<std::int64_t>({1, 2, r.integer(3, 16)});
+  p.per_head = r.chance(0.5);
+  p.layout = r.pick({RotaryLayout::half_split, RotaryLayout::interleaved});
+  const double mz = draw_magnitude(r), mtheta = r.pick({3.0, 1e4, 1e8});
+  p.z = extreme_values({p.B, p.T, p.H, p.K}, r, mz);
+  p.basis =
+      p.per_head ? Tensor({p.H, p.K, p.K}, DType::float64) : Tensor({p.K, p.K}, DType::float64);
+  for (std::int64_t h = 0; h < (p.per_head ? p.H : 1); ++h)
+    random_orthogonal(p.basis, h * p.K * p.K, p.K, r);
+  p.theta = extreme_values({p.B, p.T, p.H, p.K / 2}, r, mtheta);
+  p.dy = extreme_values({p.B, p.T, p.H, p.K}, r, draw_magnitude(r, 1e2));
+  // A basis off the orthogonal group must be refused, naming it.
+  if (r.chance(0.08)) {
+    p.basis.set(0, p.basis.at(0) + 0.01);
+    p.planted = "basis";
+  }
+  ctx.describe() << "B=" << p.B << " T=" << p.T << " H=" << p.H << " K=" << p.K
+                 << (p.per_head ? " basis per head" : " shared basis") << " " << to_string(p.layout)
+                 << " |z|~" << mz << " |theta|~" << mtheta
+                 << (p.planted.empty() ? "" : " planted invalid " + p.planted);
+  return p;
+}
+
+Results run_grape_subspace(const GrapeSubspaceProblem& p, Impl impl, DType in, DType out) {
+  const Tensor z = p.z.to(in), basis = p.basis.to(in), theta = p.theta.to(in), dy = p.dy.to(in);
+  GrapeSubspaceParams params;
+  params.z = z.view();
+  params.basis = basis.view();
+  params.theta = theta.view();
+  params.layout = p.layout;
+  params.orthogonality_tol = p.orthogonality_tol;
+  Tensor y = nan_buffer(p.z.shape(), out);
+  grape_subspace_forward(params, impl, y.view());
+  Tensor dz = nan_buffer(p.z.shape(), out), d_basis = nan_buffer(p.basis.shape(), out),
+         d_theta = nan_buffer(p.theta.shape(), out);
+  GrapeSubspaceGrads grads;
+  grads.dz = dz.view();
+  grads.d_basis = d_basis.view();
+  grads.d_theta = d_theta.view();
+  grape_subspace_backward(params, impl, dy.view(), grads);
+  return {{"y", y}, {"dz", dz}, {"d_basis", d_basis}, {"d_theta", d_theta}};
+}
+
+TEST(Soak, GrapeSubspace) {
+  soak("GrapeSubspace", [](Context& ctx, Rng& r) {
+    const GrapeSubspaceProblem p = draw_grape_subspace(ctx, r);
+    check_implementations(
+        ctx, r, p, run_grape_subspace, {Impl::recurrent, Impl::chunk},
+        [](const GrapeSubspaceProblem&, DType in) { return base_tolerance(in); },
+        [](const GrapeSubspaceProblem& pr, const Results& expected, DType in) {
+          return sensitivity(pr, run_grape_subspace, expected, in);
+        });
+  });
+}
+
+// ---------------------------------------------------------------------------------------------
+// STRING (phasor/string_rotation.h): N-d RoPE angles, Cayley-STRING, Circulant-STRING.
+
+struct NdRopeProblem {
+  std::int64_t B = 1, T = 1, H = 1, C = 1, R = 1;
+  bool per_head = false;
+  Tensor positions, omega, d_theta;
+  std::string planted;
+
+  std::vector<Tensor*> inputs() { return {&positions, &omega, &d_theta}; }
+  NdRopeProblem rounded(DType dtype) const { return rounded_inputs(*this, dtype); }
+  std::vector<std::int64_t> theta_shape() const {
+    return per_head ? std::vector<std::int64_t>{B, T, H, R} : std::vector<std::int64_t>{B, T, R};
+  }
+};
+
+Results run_nd_rope(const NdRopeProblem& p, Impl impl, DType in, DType out) {
+  const Tensor positions = p.positions.to(in), omega = p.omega.to(in), d_theta = p.d_theta.to(in);
+  Tensor theta = nan_buffer(p.theta_shape(), out);
+  nd_rope_angles_forward(positions.view(), omega.view(), impl, theta.view());
+  Tensor d_positions = nan_buffer(p.positions.shape(), out),
+         d_omega = nan_buffer(p.omega.shape(), out);
+  nd_rope_angles_backward(positions.view(), omega.view(), impl, d_theta.view(), d_positions.view(),
+                          d_omega.view());
+  return {{"theta", theta}, {"d_positions", d_positions}, {"d_omega", d_omega}};
+}
+
+TEST(Soak, NdRopeAngles) {
+  soak("NdRopeAngles", [](Context& ctx, Rng& r) {
+    NdRopeProblem p;
+    p.T = r.chance(0.05) ? 65536 : r.pick<std::int64_t>({0, 1, 2, r.integer(3, 80)});
+    p.B = p.T == 65536 ? 1 : r.integer(1, 2);
+    p.H = r.integer(1, 3);
+    p.C = r.pick<std::int64_t>({1, 2, 3});
+    p.R = r.pick<std::int64_t>({1, 2, r.integer(3, p.T == 65536 ? 4 : 32)});
+    p.per_head = r.chance(0.5);
+    const double mpos = r.pick({1.0, 1e4, 1e6}), momega = r.pick({1e-4, 1.0, 1e2});
+    p.positions = extreme_values({p.B, p.T, p.C}, r, mpos);
+    p.omega = p.per_head ? extreme_values({p.H, p.C, p.R}, r, momega)
+                         : extreme_values({p.C, p.R}, r, momega);
+    p.d_theta = extreme_values(p.theta_shape(), r, draw_magnitude(r, 1e2));
+    ctx.describe() << "B=" << p.B << " T=" << p.T << " H=" << p.H << " C=" << p.C << " R=" << p.R
+                   << (p.per_head ? " omega per head" : " shared omega") << " |positions|~" << mpos
+                   << " |omega|~" << momega;
+    // Sums of products: the reference on |inputs| sums |terms|.
+    check_implementations(
+        ctx, r, p, run_nd_rope, {Impl::recurrent, Impl::chunk},
+        [](const NdRopeProblem&, DType in) { return base_tolerance(in); },
+        [](const NdRopeProblem& pr, const Results&, DType) {
+          NdRopeProblem a = pr;
+          for (Tensor* t : a.inputs()) *t = absolute(*t);
+          std::vector<Tensor> floors;
+          for (auto& t : run_nd_rope(a, Impl::reference, DType::float64, DType::float64))
+            floors.push_back(t.value);
+          return floors;
+        });
+  });
+}
+
+struct CayleyStringProblem {
+  std::int64_t B = 1, T = 1, H = 1, C = 1, K = 2;
+  bool omega_per_head = false, generator_per_head = false;
+  RotaryLayout layout = RotaryLayout::half_split;
+  Tensor z, positions, omega, generator, dy;
+  std::string planted;
+
+  std::vector<Tensor*> inputs() { return {&z, &positions, &omega, &generator, &dy}; }
+  CayleyStringProblem rounded(DType dtype) const { return rounded_inputs(*this, dtype); }
+};
+
+Results run_cayley_string(const CayleyStringProblem& p, Impl impl, DType in, DType out) {
+  const Tensor z = p.z.to(in), positions = p.positions.to(in), omega = p.omega.to(in),
+               generator = p.generator.to(in), dy = p.dy.to(in);
+  CayleyStringParams params;
+  params.z = z.view();
+  params.positions = positions.view();
+  params.omega = omega.view();
+  params.generator = generator.view();
+  params.layout = p.layout;
+  Tensor y = nan_buffer(p.z.shape(), out);
+  cayley_string_forward(params, impl, y.view());
+  Tensor dz = nan_buffer(p.z.shape(), out), d_positions = nan_buffer(p.positions.shape(), out),
+         d_omega = nan_buffer(p.omega.shape(), out),
+         d_generator = nan_buffer(p.generator.shape(), out);
+  CayleyStringGrads grads;
+  grads.dz = dz.view();
+  grads.d_positions = d_positions.view();
+  grads.d_omega = d_omega.view();
+  grads.d_generator = d_generator.view();
+  cayley_string_backward(params, impl, dy.view(), grads);
+  return {{"y", y},
+          {"dz", dz},
+          {"d_positions", d_positions},
+          {"d_omega", d_omega},
+          {"d_generator", d_generator}};
+}
+
+TEST(Soak, CayleyString) {
+  soak("CayleyString", [](Context& ctx, Rng& r) {
+    CayleyStringProblem p;
+    p.T = r.pick<std::int64_t>({0, 1, 2, r.integer(3, 60)});
+    p.B = r.integer(1, 2);
+    p.H = r.integer(1, 3);
+    p.C = r.pick<std::int64_t>({1, 2, 3});
+    p.K = 2 * r.pick<std::int64_t>({1, 2, r.integer(3, 12)});
+    p.omega_per_head = r.chance(0.5);
+    p.generator_per_head = r.chance(0.5);
+    p.layout = r.pick({RotaryLayout::half_split, RotaryLayout::interleaved});
+    const double mz = draw_magnitude(r), mpos = r.pick({1.0, 1e4}),
+                 momega = r.pick({1e-4, 1.0, 1e2}), mgen = r.pick({0.0, 1e-4, 1.0, 1e4});
+    p.z = extreme_values({p.B, p.T, p.H, p.K}, r, mz);
+    p.positions = extreme_values({p.B, p.T, p.C}, r, mpos);
+    p.omega = p.omega_per_head ? extreme_values({p.H, p.C, p.K / 2}, r, momega)
+                               : extreme_values({p.C, p.K / 2}, r, momega);
+    p.generator = p.generator_per_head ? extreme_values({p.H, p.K, p.K}, r, mgen)
+                                       : extreme_values({p.K, p.K}, r, mgen);
+    p.dy = extreme_values({p.B, p.T, p.H, p.K}, r, draw_magnitude(r, 1e2));
+    ctx.describe() << "B=" << p.B << " T=" << p.T << " H=" << p.H << " C=" << p.C << " K=" << p.K
+                   << " " << to_string(p.layout) << (p.omega_per_head ? " omega per head" : "")
+                   << (p.generator_per_head ? " generator per head" : "") << " |z|~" << mz
+                   << " |positions|~" << mpos << " |omega|~" << momega << " |A|~" << mgen;
+    check_implementations(
+        ctx, r, p, run_cayley_string, {Impl::recurrent, Impl::chunk},
+        [](const CayleyStringProblem&, DType in) { return base_tolerance(in); },
+        [](const CayleyStringProblem& pr, const Results& expected, DType in) {
+          return sensitivity(pr, run_cayley_string, expected, in);
+        });
+  });
+}
+
+struct CirculantStringProblem {
+  std::int64_t B = 1, T = 1, H = 1, C = 1, K = 1;
+  bool per_head = false;
+  Tensor z, positions, c, dy;
+  std::string planted;
+
+  std::vector<Tensor*> inputs() { return {&z, &positions, &c, &dy}; }
+  CirculantStringProblem rounded(DType dtype) const { return rounded_inputs(*this, dtype); }
+};
+
+Results run_circulant_string(const CirculantStringProblem& p, Impl impl, DType in, DType out) {
+  const Tensor z = p.z.to(in), positions = p.positions.to(in), c = p.c.to(in), dy = p.dy.to(in);
+  CirculantStringParams params;
+  params.z = z.view();
+  params.positions = positions.view();
+  params.c = c.view();
+  Tensor y = nan_buffer(p.z.shape(), out);
+  circulant_string_forward(params, impl, y.view());
+  Tensor dz = nan_buffer(p.z.shape(), out), d_positions = nan_buffer(p.positions.shape(), out),
+         dc = nan_buffer(p.c.shape(), out);
+  CirculantStringGrads grads;
+  grads.dz = dz.view();
+  grads.d_positions = d_positions.view();
+  grads.dc = dc.view();
+  circulant_string_backward(params, impl, dy.view(), grads);
+  return {{"y", y}, {"dz", dz}, {"d_positions", d_positions}, {"dc", dc}};
+}
+
+TEST(Soak, CirculantString) {
+  soak("CirculantString", [](Context& ctx, Rng& r) {
+    CirculantStringProblem p;
+    p.T = r.pick<std::int64_t>({0, 1, 2, r.integer(3, 60)});
+    p.B = r.integer(1, 2);
+    p.H = r.integer(1, 3);
+    p.C = r.pick<std::int64_t>({1, 2, 3});
+    p.K = r.pick<std::int64_t>({1, 2, 3, r.integer(4, 33)});
+    p.per_head = r.chance(0.5);
+    const double mz = draw_magnitude(r), mpos = r.pick({1.0, 1e4}),
+                 mc = r.pick({0.0, 1e-4, 1.0, 1e2});
+    p.z = extreme_values({p.B, p.T, p.H, p.K}, r, mz);
+    p.positions = extreme_values({p.B, p.T, p.C}, r, mpos);
+    p.c = p.per_head ? extreme_values({p.H, p.C, p.K}, r, mc) : extreme_values({p.C, p.K}, r, mc);
+    p.dy = extreme_values({p.B, p.T, p.H, p.K}, r, draw_magnitude(r, 1e2));
+    ctx.describe() << "B=" << p.B << " T=" << p.T << " H=" << p.H << " C=" << p.C << " K=" << p.K
+                   << (p.per_head ? " c per head" : " shared c") << " |z|~" << mz << " |positions|~"
+                   << mpos << " |c|~" << mc;
+    check_implementations(
+        ctx, r, p, run_circulant_string, {Impl::recurrent, Impl::chunk},
+        [](const CirculantStringProblem&, DType in) { return base_tolerance(in); },
+        [](const CirculantStringProblem& pr, const Results& expected, DType in) {
+          return sensitivity(pr, run_circulant_string, expected, in);
+        });
+  });
 }
 
 }  // namespace
