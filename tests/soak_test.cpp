@@ -13,6 +13,7 @@
 //   PHASOR_SOAK_SEED        the seed every problem's own seed is derived from (default fixed)
 //   PHASOR_SOAK_FIRST       index of the first problem (to replay one problem: FIRST = its index,
 //                           ITERATIONS = 1; a failure prints the command)
+//   PHASOR_SOAK_DUMP        set: a result out of bounds is printed element by element
 //
 // Agreement bounds: 1e-10 (float64) and 1e-5 (float32 compute) relative RMS, as the op tests, on
 // well-conditioned problems. Where the inputs make the result itself ill-conditioned the bound is
@@ -37,6 +38,7 @@
 #include <utility>
 #include <vector>
 
+#include "phasor/favor.h"
 #include "phasor/forgetting_attn.h"
 #include "phasor/gated_delta_rule.h"
 #include "phasor/gla.h"
@@ -44,6 +46,7 @@
 #include "phasor/rotary.h"
 #include "phasor/short_conv.h"
 #include "phasor/string_rotation.h"
+#include "phasor/structured_rotation.h"
 #include "test_util.h"
 
 namespace phasor {
@@ -401,15 +404,12 @@ void check_close(Context& ctx, const Results& actual, const Results& expected,
     const Tensor floor = i < floors.size() ? floors[i] : Tensor();
     const double err =
         relative_error(actual[i].value, expected[i].value, floor, underflow_floor(dtype));
-    if (std::getenv("PHASOR_SOAK_RATIO") && floor.defined() && dtype == DType::float64) {
-      const double ratio = testing::rel_rms(floor, expected[i].value);
-      std::printf("ratio %s %g\n", expected[i].name.c_str(), ratio);
-    }
     double& worst = ctx.stats().worst[dtype_slot(dtype)];
     worst = std::max(worst, err / tol);
-    if (!(err <= tol) && std::getenv("PHASOR_SOAK_DUMP")) {
+    if (!(err <= tol) && std::getenv("PHASOR_SOAK_DUMP")) {  // element by element, for a replay
+      std::printf("%s: index, %s, reference\n", what.c_str(), expected[i].name.c_str());
       for (std::int64_t j = 0; j < expected[i].value.numel(); ++j)
-        std::printf("%s[%lld] %.17g %.17g\n", expected[i].name.c_str(), (long long)j,
+        std::printf("%s[%lld] %.17g %.17g\n", expected[i].name.c_str(), static_cast<long long>(j),
                     actual[i].value.at(j), expected[i].value.at(j));
     }
     if (!(err <= tol))
@@ -2258,6 +2258,731 @@ TEST(Soak, CirculantString) {
           return sensitivity(pr, run_circulant_string, expected, in);
         });
   });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Equivariant structured rotations (phasor/structured_rotation.h).
+
+// m orthonormal columns of a random orthogonal K × K matrix, as [K, m].
+Tensor orthonormal_columns(std::int64_t K, std::int64_t m, Rng& r) {
+  Tensor full({K, K}, DType::float64);
+  random_orthogonal(full, 0, K, r);
+  Tensor cols({K, m}, DType::float64);
+  for (std::int64_t i = 0; i < K; ++i)
+    for (std::int64_t j = 0; j < m; ++j) cols.set(i * m + j, full.at(i * K + j));
+  return cols;
+}
+
+struct StructuredProblem {
+  std::int64_t B = 1, T = 1, H = 1, K = 1, C = 1, m = 0;
+  bool shared_positions = false;
+  Tensor x, positions, basis, coefficients, post_rotation, dy;
+  std::string planted;
+
+  std::vector<Tensor*> inputs() { return {&x, &positions, &coefficients, &dy}; }
+  // The basis (and P) stay float32 for 16-bit runs: their orthonormality is checked to 1e-4, which
+  // a 16-bit rounding would break (the op takes mixed dtypes).
+  StructuredProblem rounded(DType dtype) const {
+    StructuredProblem p = rounded_inputs(*this, dtype);
+    const DType matrices = dtype == DType::float64 ? DType::float64 : DType::float32;
+    p.basis = phasor::rounded(basis, matrices);
+    p.post_rotation = phasor::rounded(post_rotation, matrices);
+    return p;
+  }
+};
+
+Results run_structured(const StructuredProblem& p, Impl impl, DType in, DType out) {
+  const DType matrices = in == DType::float64 ? DType::float64 : DType::float32;
+  const Tensor x = p.x.to(in), positions = p.positions.to(in), basis = p.basis.to(matrices),
+               coefficients = p.coefficients.to(in), dy = p.dy.to(in),
+               post = p.post_rotation.defined() ? p.post_rotation.to(matrices) : Tensor();
+  StructuredRotationParams params;
+  params.x = x.view();
+  params.positions = positions.view();
+  if (p.shared_positions) {  // [B, T, 1, C] seen as [B, T, H, C] with a zero stride over H
+    params.positions.sizes[2] = p.H;
+    params.positions.strides[2] = 0;
+  }
+  params.basis = basis.view();
+  params.coefficients = coefficients.view();
+  params.post_rotation = post.view();
+  Tensor y = nan_buffer(p.x.shape(), out);
+  structured_rotation_forward(params, impl, y.view());
+  Tensor dx = nan_buffer(p.x.shape(), out), d_positions = nan_buffer({p.B, p.T, p.H, p.C}, out),
+         d_coefficients = nan_buffer(p.coefficients.shape(), out), d_post;
+  if (post.defined()) d_post = nan_buffer({p.K, p.K}, out);
+  StructuredRotationGrads grads;
+  grads.dx = dx.view();
+  grads.d_positions = d_positions.view();
+  grads.d_coefficients = d_coefficients.view();
+  grads.d_post_rotation = d_post.view();
+  structured_rotation_backward(params, impl, dy.view(), grads);
+  return {{"y", y},
+          {"dx", dx},
+          {"d_positions", d_positions},
+          {"d_coefficients", d_coefficients},
+          {"d_post_rotation", d_post}};
+}
+
+TEST(Soak, StructuredRotation) {
+  soak("StructuredRotation", [](Context& ctx, Rng& r) {
+    StructuredProblem p;
+    p.T = r.chance(0.05) ? 65536 : r.pick<std::int64_t>({0, 1, 2, r.integer(3, 80)});
+    p.B = p.T == 65536 ? 1 : r.integer(1, 2);
+    p.H = p.T == 65536 ? 1 : r.integer(1, 3);
+    p.K = r.pick<std::int64_t>({1, 2, 3, r.integer(4, p.T == 65536 ? 4 : 16)});
+    p.C = r.pick<std::int64_t>({1, 2, 3});
+    p.m = r.integer(0, p.K / 2);
+    p.shared_positions = r.chance(0.3);
+    const double mx = draw_magnitude(r), mpos = r.pick({1.0, 1e4}),
+                 mcoef = r.pick({0.0, 1e-4, 1.0, 1e4});
+    p.x = extreme_values({p.B, p.T, p.H, p.K}, r, mx);
+    p.positions = extreme_values({p.B, p.T, p.shared_positions ? 1 : p.H, p.C}, r, mpos);
+    p.basis = orthonormal_columns(p.K, 2 * p.m, r);
+    p.coefficients = extreme_values({p.C, p.m}, r, mcoef);
+    if (r.chance(0.5)) {
+      p.post_rotation = Tensor({p.K, p.K}, DType::float64);
+      random_orthogonal(p.post_rotation, 0, p.K, r);
+    }
+    p.dy = extreme_values({p.B, p.T, p.H, p.K}, r, draw_magnitude(r, 1e2));
+    if (p.m > 0 && r.chance(0.08)) {  // columns off orthonormal must be refused, naming the basis
+      p.basis.set(0, p.basis.at(0) + 0.01);
+      p.planted = "basis";
+    }
+    ctx.describe() << "B=" << p.B << " T=" << p.T << " H=" << p.H << " K=" << p.K << " C=" << p.C
+                   << " m=" << p.m << (p.shared_positions ? " positions shared (stride 0)" : "")
+                   << " |x|~" << mx << " |positions|~" << mpos << " |coefficients|~" << mcoef
+                   << (p.post_rotation.defined() ? " post_rotation" : "")
+                   << (p.planted.empty() ? "" : " planted invalid " + p.planted);
+    // With shared positions d_positions is per head (the caller sums): compare as it is.
+    check_implementations(
+        ctx, r, p, run_structured, {Impl::recurrent, Impl::chunk},
+        [](const StructuredProblem&, DType in) { return base_tolerance(in); },
+        [](const StructuredProblem& pr, const Results& expected, DType in) {
+          return sensitivity(pr, run_structured, expected, in);
+        });
+  });
+}
+
+// The decomposition of commuting generators L_k = U (⊕_p λ_kp J ⊕ 0) Uᵀ built from a random U and
+// extreme λ (tiny, huge, zero planes, repeated planes): it succeeds with finite outputs that
+// reconstruct every L_k, an orthogonal U and m = the number of planes with a λ above the
+// tolerance; or it names 'generators'. Non-commuting generators must be refused, naming them.
+TEST(Soak, StructuredDecomposition) {
+  soak("StructuredDecomposition", [](Context& ctx, Rng& r) {
+    const std::int64_t K = r.pick<std::int64_t>({1, 2, 3, r.integer(4, 12)}),
+                       C = r.pick<std::int64_t>({1, 2, 3});
+    const std::int64_t planes = r.integer(0, K / 2);
+    const double scale = r.pick({1e-6, 1.0, 1e6});
+    Tensor U({K, K}, DType::float64);
+    random_orthogonal(U, 0, K, r);
+    std::vector<double> lambda(static_cast<std::size_t>(C * planes));
+    const int kind = static_cast<int>(r.integer(0, 3));
+    for (std::int64_t k = 0; k < C; ++k)
+      for (std::int64_t q = 0; q < planes; ++q) {
+        double v = scale * r.normal();
+        if (kind == 1 && q > 0) v = lambda[static_cast<std::size_t>(k * planes)];  // repeated
+        if (kind == 2 && q == planes - 1) v = 0;                                   // a zero plane
+        if (kind == 3) v *= std::pow(10.0, r.uniform(-4, 4));                      // spread
+        lambda[static_cast<std::size_t>(k * planes + q)] = v;
+      }
+    Tensor L = Tensor::zeros({C, K, K});
+    for (std::int64_t k = 0; k < C; ++k)
+      for (std::int64_t q = 0; q < planes; ++q) {
+        const double l = lambda[static_cast<std::size_t>(k * planes + q)];
+        for (std::int64_t i = 0; i < K; ++i)
+          for (std::int64_t j = 0; j < K; ++j) {
+            const double ua_i = U.at(i * K + 2 * q), ub_i = U.at(i * K + 2 * q + 1),
+                         ua_j = U.at(j * K + 2 * q), ub_j = U.at(j * K + 2 * q + 1);
+            // λ (u_b u_aᵀ − u_a u_bᵀ): the plane's J = [[0, −1], [1, 0]] in the basis U.
+            L.set((k * K + i) * K + j, L.at((k * K + i) * K + j) + l * (ub_i * ua_j - ua_i * ub_j));
+          }
+      }
+    std::string planted;
+    if (K >= 3 && r.chance(0.1)) {  // a non-commuting pair
+      L.set(0 * K * K + 0 * K + 1, L.at(1) + scale);
+      L.set(0 * K * K + 1 * K + 0, L.at(K) - scale);
+      L.set(((C > 1 ? 1 : 0) * K + 1) * K + 2, L.at(((C > 1 ? 1 : 0) * K + 1) * K + 2) + 2 * scale);
+      L.set(((C > 1 ? 1 : 0) * K + 2) * K + 1, L.at(((C > 1 ? 1 : 0) * K + 2) * K + 1) - 2 * scale);
+      if (C > 1) planted = "generators";
+    }
+    ctx.describe() << "K=" << K << " C=" << C << " planes=" << planes << " scale=" << scale
+                   << " kind=" << kind << (planted.empty() ? "" : " planted invalid " + planted);
+    for (DType dtype : {DType::float64, DType::float32}) {
+      const Tensor gens = L.to(dtype);
+      Tensor basis = nan_buffer({K, K}, dtype), coefficients = nan_buffer({C, K / 2}, dtype),
+             active = nan_buffer({K, K}, dtype), null = nan_buffer({K, K}, dtype);
+      StructuredDecompositionParams params;
+      params.generators = gens.view();
+      if (dtype == DType::float32) params.tolerance = 1e-5;
+      StructuredDecompositionOutputs outputs;
+      outputs.basis = basis.view();
+      outputs.coefficients = coefficients.view();
+      outputs.active_projector = active.view();
+      outputs.null_projector = null.view();
+      std::int64_t m = -1;
+      const std::string what = std::string("structured_decomposition ") + to_string(dtype);
+      ++ctx.stats().runs;
+      try {
+        m = structured_decomposition(params, outputs);
+        if (!planted.empty()) ctx.fail(what, ": no error for the invalid '", planted, "'");
+      } catch (const Error& e) {
+        const std::string message = e.what();
+        if (message.find("argument '") == std::string::npos)
+          ctx.fail(what, ": the error names no argument: ", message);
+        else if (!planted.empty() && message.find("'" + planted + "'") != std::string::npos)
+          ++ctx.stats().planted_errors;
+        else if (planted.empty())
+          ctx.fail(what, ": unexpected error on commuting generators: ", message);
+        continue;
+      }
+      if (!check_finite(ctx,
+                        {{"basis", basis},
+                         {"coefficients", coefficients},
+                         {"active_projector", active},
+                         {"null_projector", null}},
+                        what) ||
+          !planted.empty())
+        continue;
+      // Reconstruction: L_k = U (⊕ λ_kp J) Uᵀ to the tolerance the op promises (relative to s).
+      double s_norm = 0, worst = 0, orth = 0;
+      for (std::int64_t k = 0; k < C; ++k) {
+        double f = 0;
+        for (std::int64_t i = 0; i < K * K; ++i)
+          f += gens.at(k * K * K + i) * gens.at(k * K * K + i);
+        s_norm = std::max(s_norm, std::sqrt(f));
+      }
+      for (std::int64_t k = 0; k < C; ++k) {
+        double err = 0;
+        for (std::int64_t i = 0; i < K; ++i)
+          for (std::int64_t j = 0; j < K; ++j) {
+            double rec = 0;
+            for (std::int64_t q = 0; q < m; ++q) {
+              const double l = coefficients.at(k * (K / 2) + q);
+              rec += l * (basis.at(i * K + 2 * q + 1) * basis.at(j * K + 2 * q) -
+                          basis.at(i * K + 2 * q) * basis.at(j * K + 2 * q + 1));
+            }
+            const double d = rec - gens.at((k * K + i) * K + j);
+            err += d * d;
+          }
+        worst = std::max(worst, std::sqrt(err));
+      }
+      for (std::int64_t i = 0; i < K; ++i)
+        for (std::int64_t j = 0; j < K; ++j) {
+          double d = i == j ? -1.0 : 0.0;
+          for (std::int64_t row = 0; row < K; ++row)
+            d += basis.at(row * K + i) * basis.at(row * K + j);
+          orth = std::max(orth, std::fabs(d));
+        }
+      const double tol = dtype == DType::float64 ? 1e-7 : 1e-3;
+      if (!(worst <= tol * s_norm) && s_norm > 0)
+        ctx.fail(what, ": reconstruction error ", worst, " > ", tol, " × ", s_norm, " (m = ", m,
+                 ")");
+      if (!(orth <= (dtype == DType::float64 ? 1e-12 : 1e-5)))
+        ctx.fail(what, ": max |UᵀU − I| = ", orth);
+    }
+  });
+}
+
+// The Cayley post-rotation P = (I − S)(I + S)⁻¹ of a skew S with extreme entries, on all of R^K or
+// on the null space of a basis: P finite and orthogonal (it is exactly, for skew S), and its
+// backward finite.
+TEST(Soak, StructuredCayley) {
+  soak("StructuredCayley", [](Context& ctx, Rng& r) {
+    const std::int64_t K = r.pick<std::int64_t>({1, 2, 3, r.integer(4, 16)});
+    const std::int64_t n = r.chance(0.5) ? K : r.integer(0, K);
+    const double ms = r.pick({0.0, 1e-6, 1.0, 1e4, 1e8});
+    Tensor W = extreme_values({n, n}, r, ms), S = Tensor::zeros({n, n});
+    for (std::int64_t i = 0; i < n; ++i)
+      for (std::int64_t j = 0; j < n; ++j) S.set(i * n + j, W.at(i * n + j) - W.at(j * n + i));
+    const Tensor null_basis = n < K ? orthonormal_columns(K, n, r) : Tensor();
+    const Tensor dP = extreme_values({K, K}, r, draw_magnitude(r, 1e2));
+    ctx.describe() << "K=" << K << " n=" << n << " |S|~" << ms
+                   << (null_basis.defined() ? " null_basis" : "");
+    for (DType dtype : {DType::float64, DType::float32}) {
+      const std::string what = std::string("structured_cayley ") + to_string(dtype);
+      const Tensor s = S.to(dtype), nb = null_basis.defined() ? null_basis.to(dtype) : Tensor(),
+                   dp = dP.to(dtype);
+      Tensor P = nan_buffer({K, K}, dtype), ds = nan_buffer({n, n}, dtype);
+      ctx.stats().runs += 2;
+      const auto attempt_call = [&](auto&& call) {
+        try {
+          call();
+          return true;
+        } catch (const Error& e) {
+          ctx.fail(what, ": unexpected error: ", e.what());
+          return false;
+        }
+      };
+      if (!attempt_call([&] { structured_cayley_forward(s.view(), nb.view(), P.view()); }) ||
+          !attempt_call(
+              [&] { structured_cayley_backward(s.view(), nb.view(), dp.view(), ds.view()); }))
+        continue;
+      if (!check_finite(ctx, {{"p", P}, {"ds", ds}}, what)) continue;
+      double orth = 0;
+      for (std::int64_t i = 0; i < K; ++i)
+        for (std::int64_t j = 0; j < K; ++j) {
+          double d = i == j ? -1.0 : 0.0;
+          for (std::int64_t row = 0; row < K; ++row) d += P.at(row * K + i) * P.at(row * K + j);
+          orth = std::max(orth, std::fabs(d));
+        }
+      // A solve with I + S loses up to its condition number, about 1 + |S|, of the compute type.
+      double s_max = 0;
+      for (std::int64_t i = 0; i < S.numel(); ++i) s_max = std::max(s_max, std::fabs(S.at(i)));
+      const double bound = (dtype == DType::float64 ? 1e-14 : 1e-5) * (1 + s_max) * K;
+      if (!(orth <= std::max(bound, dtype == DType::float64 ? 1e-12 : 1e-5)))
+        ctx.fail(what, ": P is not orthogonal: max |PᵀP − I| = ", orth, " > ", bound);
+    }
+  });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Performer FAVOR+ (phasor/favor.h).
+
+TEST(Soak, FavorRandomMatrix) {
+  soak("FavorRandomMatrix", [](Context& ctx, Rng& r) {
+    const FavorMatrixKind kind = r.pick(
+        {FavorMatrixKind::orthogonal_chi, FavorMatrixKind::orthogonal_fixed, FavorMatrixKind::iid});
+    const std::int64_t m = r.pick<std::int64_t>({1, 2, r.integer(3, 300)}),
+                       d = r.pick<std::int64_t>({1, 2, r.integer(3, 64)}),
+                       H = r.pick<std::int64_t>({0, 1, 3});
+    const std::uint64_t seed = r.engine()();
+    ctx.describe() << to_string(kind) << " m=" << m << " d=" << d << " H=" << H << " seed=" << seed;
+    for (DType dtype : {DType::float64, DType::float32}) {
+      Tensor w = nan_buffer(
+          H == 0 ? std::vector<std::int64_t>{m, d} : std::vector<std::int64_t>{H, m, d}, dtype);
+      ++ctx.stats().runs;
+      favor_random_matrix(kind, seed, w.view());
+      if (!check_finite(ctx, {{"w", w}}, std::string("favor_random_matrix ") + to_string(dtype)))
+        continue;
+      if (kind == FavorMatrixKind::orthogonal_fixed)  // every row of norm √d
+        for (std::int64_t row = 0; row < w.numel() / d; ++row) {
+          double n2 = 0;
+          for (std::int64_t c = 0; c < d; ++c) n2 += w.at(row * d + c) * w.at(row * d + c);
+          if (std::fabs(std::sqrt(n2) - std::sqrt(static_cast<double>(d))) >
+              1e-5 * std::sqrt(double(d))) {
+            ctx.fail("orthogonal_fixed row ", row, " has norm ", std::sqrt(n2));
+            break;
+          }
+        }
+    }
+  });
+}
+
+struct FavorFeatureProblem {
+  std::int64_t B = 1, T = 1, H = 1, d = 1, m = 1;
+  bool w_per_head = false;
+  FavorStabilizer stabilizer = FavorStabilizer::query;
+  std::vector<std::int64_t> lengths;
+  Tensor x, w, cu, d_phi;
+  std::string planted;
+
+  std::vector<Tensor*> inputs() { return {&x, &w, &d_phi}; }
+  FavorFeatureProblem rounded(DType dtype) const { return rounded_inputs(*this, dtype); }
+};
+
+Results run_favor_features(const FavorFeatureProblem& p, Impl impl, DType in, DType out) {
+  const Tensor x = p.x.to(in), w = p.w.to(in), d_phi = p.d_phi.to(in);
+  FavorFeatureParams params;
+  params.x = x.view();
+  params.w = w.view();
+  params.stabilizer = p.stabilizer;
+  params.cu_seqlens = p.cu.view();
+  Tensor phi = nan_buffer({p.B, p.T, p.H, p.m}, out);
+  favor_features_forward(params, impl, phi.view());
+  Tensor dx = nan_buffer(p.x.shape(), out), dw = nan_buffer(p.w.shape(), out);
+  favor_features_backward(params, impl, d_phi.view(), dx.view(), dw.view());
+  return {{"phi", phi}, {"dx", dx}, {"dw", dw}};
+}
+
+// W for FAVOR+: the op's own random matrix (float64), scaled, or extreme values.
+Tensor draw_favor_w(Rng& r, std::int64_t H, std::int64_t m, std::int64_t d, bool per_head) {
+  Tensor w(per_head ? std::vector<std::int64_t>{H, m, d} : std::vector<std::int64_t>{m, d},
+           DType::float64);
+  if (r.chance(0.7)) {
+    favor_random_matrix(r.pick({FavorMatrixKind::orthogonal_chi, FavorMatrixKind::iid}),
+                        r.engine()(), w.view());
+    const double gain = r.pick({1.0, 1.0, 1e-3, 30.0});
+    for (std::int64_t i = 0; i < w.numel(); ++i) w.set(i, gain * w.at(i));
+    return w;
+  }
+  return extreme_values(w.shape(), r, draw_magnitude(r, 1e2));
+}
+
+// The bound where results are exponentials of sums the compute type rounds: an error δ in an
+// exponent is a relative error e^δ − 1 of the result, and δ is up to a few roundings of the
+// exponent's terms, eps·kappa (c = 4, as for FoX's logits).
+double exponent_tolerance(DType in, double kappa) {
+  return base_tolerance(in) + std::expm1(4 * (in == DType::float64 ? 1.1e-16 : 6e-8) * kappa);
+}
+
+// The terms of the features' results: φ itself; with g_r = dφ_r φ_r, dx = Σ_r g_r (w_r − x) and
+// dw_r = Σ_t g_r x by Σ |g_r| (|w_r| + |x|) and Σ |g_r||x|. kappa: the largest exponent's terms,
+// Σ|w_r,i x_i| + |x|²/2 + |c| (the query stabiliser's exponent w_rᵀx − max_r w_rᵀx has no |x|²).
+std::vector<Tensor> favor_feature_terms(const FavorFeatureProblem& p, const Results& expected,
+                                        double& kappa) {
+  const std::int64_t rows = p.B * p.T * p.H, d = p.d, m = p.m;
+  Tensor f_dx = Tensor::zeros(p.x.shape()), f_dw = Tensor::zeros(p.w.shape());
+  const Tensor& phi = expected[0].value;
+  kappa = 0;
+  double c_max = 0;
+  for (std::int64_t row = 0; row < rows; ++row) {
+    const std::int64_t h = row % p.H, wbase = p.w_per_head ? h * m * d : 0;
+    double sq = 0;
+    for (std::int64_t i = 0; i < d; ++i) sq += p.x.at(row * d + i) * p.x.at(row * d + i);
+    for (std::int64_t r = 0; r < m; ++r) {
+      double wx = 0, wx_abs = 0;
+      for (std::int64_t i = 0; i < d; ++i) {
+        wx += p.w.at(wbase + r * d + i) * p.x.at(row * d + i);
+        wx_abs += std::fabs(p.w.at(wbase + r * d + i) * p.x.at(row * d + i));
+      }
+      const double half = p.stabilizer == FavorStabilizer::query ? 0.0 : sq / 2;
+      kappa = std::max(kappa, wx_abs + half);
+      c_max = std::max(c_max, std::fabs(wx - half));
+      const double g = std::fabs(p.d_phi.at(row * m + r) * phi.at(row * m + r));
+      for (std::int64_t i = 0; i < d; ++i) {
+        const double x = std::fabs(p.x.at(row * d + i)), w = std::fabs(p.w.at(wbase + r * d + i));
+        f_dx.set(row * d + i, f_dx.at(row * d + i) + g * (w + x));
+        f_dw.set(wbase + r * d + i, f_dw.at(wbase + r * d + i) + g * x);
+      }
+    }
+  }
+  kappa += c_max;
+  return {absolute(phi), f_dx, f_dw};
+}
+
+TEST(Soak, FavorFeatures) {
+  soak("FavorFeatures", [](Context& ctx, Rng& r) {
+    FavorFeatureProblem p;
+    if (r.chance(0.3)) {
+      p.lengths = draw_lengths(r, 40);
+      p.T = 0;
+      for (auto l : p.lengths) p.T += l;
+      p.cu = testing::cu_seqlens(p.lengths);
+    } else {
+      p.B = r.integer(1, 2);
+      p.T = r.pick<std::int64_t>({0, 1, 2, r.integer(3, 60)});
+    }
+    p.H = r.integer(1, 3);
+    p.d = r.pick<std::int64_t>({1, 2, r.integer(3, 16)});
+    p.m = r.pick<std::int64_t>({1, 2, r.integer(3, 40)});
+    p.w_per_head = r.chance(0.5);
+    p.stabilizer = r.pick({FavorStabilizer::query, FavorStabilizer::key, FavorStabilizer::none});
+    const double mx = draw_magnitude(r);
+    p.x = extreme_values({p.B, p.T, p.H, p.d}, r, mx);
+    p.w = draw_favor_w(r, p.H, p.m, p.d, p.w_per_head);
+    p.d_phi = extreme_values({p.B, p.T, p.H, p.m}, r, draw_magnitude(r, 1e2));
+    const char* stabilizers[] = {"query", "key", "none"};
+    ctx.describe() << "B=" << p.B << " T=" << p.T << " H=" << p.H << " d=" << p.d << " m=" << p.m
+                   << (p.lengths.empty() ? "" : " lengths=" + join(p.lengths))
+                   << (p.w_per_head ? " w per head" : " shared w")
+                   << " stabilizer=" << stabilizers[static_cast<int>(p.stabilizer)] << " |x|~"
+                   << mx;
+    if (p.stabilizer == FavorStabilizer::none) {
+      // Without a stabiliser the features are exp(wᵀx − |x|²/2)/√m as they are (favor.h: "overflows
+      // for large |x|"). Where a true result (or, for the gradients, a term of one) leaves the
+      // compute type's range the contract is the README's: φ is +inf there, and gradients built
+      // from inf features are not meaningful (inf − inf). Such problems check φ only; the others
+      // are checked like the stabilised ones below.
+      bool overflows = false;
+      for (DType in : {DType::float64, DType::float32}) {
+        const FavorFeatureProblem pr = p.rounded(in);
+        const Results expected =
+            run_favor_features(pr, Impl::reference, DType::float64, DType::float64);
+        const double largest = in == DType::float64 ? 1e300 : 1e36;
+        double biggest = 0;
+        for (const auto& e : expected)
+          for (std::int64_t i = 0; i < e.value.numel(); ++i)
+            biggest = std::max(biggest, std::fabs(e.value.at(i)));
+        if (!(biggest < largest)) overflows = true;
+        if (!overflows) continue;
+        for (Impl impl : {Impl::recurrent, Impl::chunk}) {
+          ++ctx.stats().runs;
+          const Results actual = run_favor_features(pr, impl, in, in);
+          const double range = in == DType::float64 ? 1.7e308 : 3.4e38;
+          for (std::int64_t e = 0; e < expected[0].value.numel(); ++e) {
+            const double want = expected[0].value.at(e), got = actual[0].value.at(e);
+            // Near the top of the range inf is allowed too: exp(u)/√m overflows in exp(u) first,
+            // and a vectorised float exp saturates a little below ln(FLT_MAX) ≈ 88.72.
+            const bool ok = want >= range / (2 * std::sqrt(static_cast<double>(p.m)))
+                                ? got == kInf || (std::isfinite(got) && want < range)
+                                : std::isfinite(got);
+            if (!ok) {
+              ctx.fail(label(impl, in, in), ": phi[", e, "] = ", got, ", the reference ", want);
+              return;
+            }
+          }
+        }
+      }
+      if (overflows) return;
+    }
+    double kappa = 0;
+    check_implementations(
+        ctx, r, p, run_favor_features, {Impl::recurrent, Impl::chunk},
+        [&](const FavorFeatureProblem&, DType in) { return exponent_tolerance(in, kappa); },
+        [&](const FavorFeatureProblem& pr, const Results& expected, DType) {
+          return favor_feature_terms(pr, expected, kappa);
+        });
+  });
+}
+
+struct FavorAttentionProblem {
+  std::int64_t B = 1, T = 1, H = 1, d = 1, m = 1, V = 1, chunk_size = 64;
+  bool causal = false, w_per_head = false;
+  std::optional<double> scale;
+  std::vector<std::int64_t> lengths;
+  Tensor q, k, v, w, cu, d_o;
+  std::string planted;
+
+  std::vector<Tensor*> inputs() { return {&q, &k, &v, &w, &d_o}; }
+  FavorAttentionProblem rounded(DType dtype) const { return rounded_inputs(*this, dtype); }
+};
+
+Results run_favor_attention(const FavorAttentionProblem& p, Impl impl, DType in, DType out) {
+  const Tensor q = p.q.to(in), k = p.k.to(in), v = p.v.to(in), w = p.w.to(in), d_o = p.d_o.to(in);
+  FavorAttentionParams params;
+  params.q = q.view();
+  params.k = k.view();
+  params.v = v.view();
+  params.w = w.view();
+  params.cu_seqlens = p.cu.view();
+  params.causal = p.causal;
+  params.scale = p.scale;
+  params.chunk_size = p.chunk_size;
+  Tensor o = nan_buffer(p.v.shape(), out);
+  favor_attention_forward(params, impl, o.view());
+  Tensor dq = nan_buffer(p.q.shape(), out), dk = nan_buffer(p.k.shape(), out),
+         dv = nan_buffer(p.v.shape(), out), dw = nan_buffer(p.w.shape(), out);
+  FavorAttentionGrads grads;
+  grads.dq = dq.view();
+  grads.dk = dk.view();
+  grads.dv = dv.view();
+  grads.dw = dw.view();
+  favor_attention_backward(params, impl, d_o.view(), grads);
+  return {{"o", o}, {"dq", dq}, {"dk", dk}, {"dv", dv}, {"dw", dw}};
+}
+
+// The terms of the attention's results, from its softmax form (src/favor/reference.cpp): with the
+// exponents e(x̂, r) = w_rᵀx̂ − |x̂|²/2, logits ℓ_ij = log Σ_r exp(e(q̂_i, r) + e(k̂_j, r)), weights
+// P_ij and feature shares ρ_ijr: o_i = Σ_j P_ij v_j by Σ_j P_ij |v_j|; dv_j = Σ_i P_ij do_i by
+// Σ_i P_ij |do_i|; dℓ_ij = P_ij (do_i·v_j − do_i·o_i) by U_ij = P_ij (|do_i||v_j| + |D|_i) (|D|_i =
+// Σ_j P_ij |do_i||v_j|; the difference cancels when the values agree); dq̂_i = Σ_j dℓ_ij Σ_r ρ_ijr
+// (w_r − q̂_i) by Σ_j U_ij Σ_r ρ_ijr (|w_r| + |q̂_i|), dk̂ and dw alike. kappa: the largest terms
+// of an exponent of a pair that carries weight (ℓ_ij within 50 of its row's largest),
+// Σ|w_r,c q̂_i,c| + |q̂_i|²/2 + Σ|w_r,c k̂_j,c| + |k̂_j|²/2.
+struct FavorTerms {
+  std::vector<Tensor> floors;
+  double kappa = 0;
+};
+
+FavorTerms favor_attention_terms(const FavorAttentionProblem& p) {
+  const std::int64_t T = p.T, H = p.H, d = p.d, m = p.m, V = p.V;
+  const double s = std::sqrt(p.scale ? *p.scale : 1.0 / std::sqrt(static_cast<double>(d)));
+  Tensor f_o = Tensor::zeros(p.v.shape()), f_dq = Tensor::zeros(p.q.shape()),
+         f_dk = Tensor::zeros(p.k.shape()), f_dv = Tensor::zeros(p.v.shape()),
+         f_dw = Tensor::zeros(p.w.shape());
+  FavorTerms terms;
+  const std::int64_t N = p.lengths.empty() ? p.B : static_cast<std::int64_t>(p.lengths.size());
+  for (std::int64_t n = 0; n < N; ++n) {
+    const std::int64_t b = p.lengths.empty() ? n : 0;
+    const std::int64_t start = p.lengths.empty() ? 0 : static_cast<std::int64_t>(p.cu.at(n)),
+                       L = p.lengths.empty() ? T
+                                             : static_cast<std::int64_t>(p.cu.at(n + 1)) - start;
+    for (std::int64_t h = 0; h < H; ++h) {
+      const std::int64_t wbase = p.w_per_head ? h * m * d : 0;
+      const auto row = [&](std::int64_t t) { return (b * T + start + t) * H + h; };
+      // e and its terms' size per token and feature, for q̂ and k̂.
+      std::vector<double> eq(static_cast<std::size_t>(L * m)), ek(eq.size()), aq(eq.size()),
+          ak(eq.size());
+      for (std::int64_t t = 0; t < L; ++t) {
+        double sq_q = 0, sq_k = 0;
+        for (std::int64_t c = 0; c < d; ++c) {
+          sq_q += std::pow(s * p.q.at(row(t) * d + c), 2);
+          sq_k += std::pow(s * p.k.at(row(t) * d + c), 2);
+        }
+        for (std::int64_t r = 0; r < m; ++r) {
+          double uq = 0, uk = 0, uq_abs = 0, uk_abs = 0;
+          for (std::int64_t c = 0; c < d; ++c) {
+            const double w = p.w.at(wbase + r * d + c);
+            uq += w * s * p.q.at(row(t) * d + c);
+            uk += w * s * p.k.at(row(t) * d + c);
+            uq_abs += std::fabs(w * s * p.q.at(row(t) * d + c));
+            uk_abs += std::fabs(w * s * p.k.at(row(t) * d + c));
+          }
+          const auto at = static_cast<std::size_t>(t * m + r);
+          eq[at] = uq - sq_q / 2;
+          ek[at] = uk - sq_k / 2;
+          aq[at] = uq_abs + sq_q / 2;
+          ak[at] = uk_abs + sq_k / 2;
+        }
+      }
+      std::vector<double> logit(static_cast<std::size_t>(L)), rho(static_cast<std::size_t>(L * m));
+      for (std::int64_t i = 0; i < L; ++i) {
+        const std::int64_t end = p.causal ? i + 1 : L;
+        double top = -kInf;
+        for (std::int64_t j = 0; j < end; ++j) {
+          double mx = -kInf, sum = 0;
+          for (std::int64_t r = 0; r < m; ++r)
+            mx = std::max(mx, eq[static_cast<std::size_t>(i * m + r)] +
+                                  ek[static_cast<std::size_t>(j * m + r)]);
+          for (std::int64_t r = 0; r < m; ++r)
+            sum += std::exp(eq[static_cast<std::size_t>(i * m + r)] +
+                            ek[static_cast<std::size_t>(j * m + r)] - mx);
+          logit[static_cast<std::size_t>(j)] = mx + std::log(sum);
+          for (std::int64_t r = 0; r < m; ++r)
+            rho[static_cast<std::size_t>(j * m + r)] = std::exp(
+                eq[static_cast<std::size_t>(i * m + r)] + ek[static_cast<std::size_t>(j * m + r)] -
+                logit[static_cast<std::size_t>(j)]);
+          top = std::max(top, logit[static_cast<std::size_t>(j)]);
+        }
+        double total = 0;
+        for (std::int64_t j = 0; j < end; ++j)
+          total += std::exp(logit[static_cast<std::size_t>(j)] - top);
+        const double lse = top + std::log(total);
+        double D = 0;
+        std::vector<double> P(static_cast<std::size_t>(end)), dP(static_cast<std::size_t>(end));
+        for (std::int64_t j = 0; j < end; ++j) {
+          P[static_cast<std::size_t>(j)] = std::exp(logit[static_cast<std::size_t>(j)] - lse);
+          double dot = 0;
+          for (std::int64_t c = 0; c < V; ++c) {
+            dot += std::fabs(p.d_o.at(row(i) * V + c) * p.v.at(row(j) * V + c));
+            f_o.set(row(i) * V + c, f_o.at(row(i) * V + c) + P[static_cast<std::size_t>(j)] *
+                                                                 std::fabs(p.v.at(row(j) * V + c)));
+            f_dv.set(row(j) * V + c,
+                     f_dv.at(row(j) * V + c) +
+                         P[static_cast<std::size_t>(j)] * std::fabs(p.d_o.at(row(i) * V + c)));
+          }
+          dP[static_cast<std::size_t>(j)] = dot;
+          D += P[static_cast<std::size_t>(j)] * dot;
+          if (logit[static_cast<std::size_t>(j)] >= top - 50)
+            for (std::int64_t r = 0; r < m; ++r)
+              terms.kappa = std::max(terms.kappa, aq[static_cast<std::size_t>(i * m + r)] +
+                                                      ak[static_cast<std::size_t>(j * m + r)]);
+        }
+        for (std::int64_t j = 0; j < end; ++j) {
+          const double U = P[static_cast<std::size_t>(j)] * (dP[static_cast<std::size_t>(j)] + D);
+          for (std::int64_t r = 0; r < m; ++r) {
+            const double g = U * rho[static_cast<std::size_t>(j * m + r)];
+            for (std::int64_t c = 0; c < d; ++c) {
+              const double w = std::fabs(p.w.at(wbase + r * d + c)),
+                           qh = std::fabs(s * p.q.at(row(i) * d + c)),
+                           kh = std::fabs(s * p.k.at(row(j) * d + c));
+              f_dq.set(row(i) * d + c, f_dq.at(row(i) * d + c) + s * g * (w + qh));
+              f_dk.set(row(j) * d + c, f_dk.at(row(j) * d + c) + s * g * (w + kh));
+              f_dw.set(wbase + r * d + c, f_dw.at(wbase + r * d + c) + g * (qh + kh));
+            }
+          }
+        }
+      }
+    }
+  }
+  terms.floors = {f_o, f_dq, f_dk, f_dv, f_dw};
+  return terms;
+}
+
+// Bounds that hold whatever the rounding (the weights are in [0, 1] and sum to 1): per head,
+// |o| ≤ max |v| and |dv| ≤ Σ |do|, with a little slack.
+void check_convex_bounds(Context& ctx, std::int64_t H, std::int64_t V, const Tensor& v,
+                         const Tensor& d_o, const Tensor& o, const Tensor& dv,
+                         const std::string& what) {
+  const std::int64_t rows = v.numel() / std::max<std::int64_t>(1, H * V);
+  for (std::int64_t h = 0; h < H; ++h) {
+    double v_max = 0, do_sum = 0, o_max = 0, dv_max = 0;
+    for (std::int64_t row = 0; row < rows; ++row)
+      for (std::int64_t c = 0; c < V; ++c) {
+        const std::int64_t at = (row * H + h) * V + c;
+        v_max = std::max(v_max, std::fabs(v.at(at)));
+        do_sum += std::fabs(d_o.at(at));
+        o_max = std::max(o_max, std::fabs(o.at(at)));
+        dv_max = std::max(dv_max, std::fabs(dv.at(at)));
+      }
+    if (o_max > v_max * (1 + 1e-4))
+      ctx.fail(what, ": head ", h, ": max |o| = ", o_max, " exceeds max |v| = ", v_max);
+    if (dv_max > do_sum * (1 + 1e-4))
+      ctx.fail(what, ": head ", h, ": max |dv| = ", dv_max, " exceeds sum |do| = ", do_sum);
+  }
+}
+
+void soak_favor_attention(Context& ctx, Rng& r, bool long_sequence) {
+  FavorAttentionProblem p;
+  p.chunk_size = r.pick<std::int64_t>({1, 7, 16, 64});
+  if (long_sequence) {
+    p.T = 65536;
+    p.d = r.pick<std::int64_t>({1, 2});
+    p.m = r.pick<std::int64_t>({1, 4});
+    p.V = r.pick<std::int64_t>({1, 2});
+    p.chunk_size = 64;
+    if (r.chance(0.5)) {
+      p.lengths = {0, 1, 30000, 0, 35535};
+      p.cu = testing::cu_seqlens(p.lengths);
+    }
+  } else {
+    if (r.chance(0.3)) {
+      p.lengths = draw_lengths(r, 40);
+      p.T = 0;
+      for (auto l : p.lengths) p.T += l;
+      p.cu = testing::cu_seqlens(p.lengths);
+    } else {
+      p.B = r.integer(1, 2);
+      p.T = draw_length(r, p.chunk_size);
+    }
+    p.H = r.integer(1, 2);
+    p.d = r.pick<std::int64_t>({1, 2, r.integer(3, 16)});
+    p.m = r.pick<std::int64_t>({1, 2, r.integer(3, 32)});
+    p.V = r.pick<std::int64_t>({1, 2, r.integer(3, 8)});
+  }
+  p.causal = r.chance(0.5);
+  p.w_per_head = r.chance(0.5);
+  if (r.chance(0.2)) p.scale = r.pick({1e-4, 1.0, 30.0});
+  const double mq = draw_magnitude(r), mk = draw_magnitude(r), mv = draw_magnitude(r);
+  p.q = extreme_values({p.B, p.T, p.H, p.d}, r, mq);
+  p.k = extreme_values({p.B, p.T, p.H, p.d}, r, mk);
+  p.v = extreme_values({p.B, p.T, p.H, p.V}, r, mv);
+  p.w = draw_favor_w(r, p.H, p.m, p.d, p.w_per_head);
+  p.d_o = extreme_values({p.B, p.T, p.H, p.V}, r, draw_magnitude(r, 1e2));
+  ctx.describe() << "B=" << p.B << " T=" << p.T << " H=" << p.H << " d=" << p.d << " m=" << p.m
+                 << " V=" << p.V << " chunk=" << p.chunk_size
+                 << (p.lengths.empty() ? "" : " lengths=" + join(p.lengths))
+                 << (p.causal ? " causal" : " non-causal") << (p.w_per_head ? " w per head" : "")
+                 << (p.scale ? " scale=" + std::to_string(*p.scale) : "") << " |q|~" << mq
+                 << " |k|~" << mk << " |v|~" << mv;
+  if (long_sequence) {
+    // The reference is quadratic in T: at 65,536 tokens finiteness and the convex bounds only.
+    for (const DtypeRun dr : dtype_runs(r)) {
+      const FavorAttentionProblem pr = p.rounded(dr.in);
+      for (Impl impl : {Impl::recurrent, Impl::chunk}) {
+        const std::string what = label(impl, dr.in, dr.out);
+        const std::optional<Results> actual =
+            attempt(ctx, "", what, [&] { return run_favor_attention(pr, impl, dr.in, dr.out); });
+        if (!actual || !check_finite(ctx, *actual, what)) return;
+        check_convex_bounds(ctx, p.H, p.V, pr.v, pr.d_o, (*actual)[0].value, (*actual)[3].value,
+                            what);
+      }
+    }
+    return;
+  }
+  double kappa = 0;
+  check_implementations(
+      ctx, r, p, run_favor_attention, {Impl::recurrent, Impl::chunk},
+      [&](const FavorAttentionProblem&, DType in) { return exponent_tolerance(in, kappa); },
+      [&](const FavorAttentionProblem& pr, const Results&, DType) {
+        FavorTerms terms = favor_attention_terms(pr);
+        kappa = terms.kappa;
+        return terms.floors;
+      },
+      [&](const FavorAttentionProblem& pr, const Results& actual, const std::string& what) {
+        check_convex_bounds(ctx, pr.H, pr.V, pr.v, pr.d_o, actual[0].value, actual[3].value, what);
+      });
+}
+
+TEST(Soak, FavorAttention) {
+  soak("FavorAttention", [](Context& ctx, Rng& r) { soak_favor_attention(ctx, r, false); });
+}
+
+TEST(Soak, FavorAttentionLongSequence) {
+  soak(
+      "FavorAttentionLongSequence",
+      [](Context& ctx, Rng& r) { soak_favor_attention(ctx, r, true); }, long_iterations());
 }
 
 }  // namespace
