@@ -60,7 +60,7 @@ constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 // ---------------------------------------------------------------------------------------------
 // Configuration and the problem loop.
 
-constexpr std::int64_t kDefaultIterations = 3;
+constexpr std::int64_t kDefaultIterations = 12;
 constexpr std::uint64_t kDefaultSeed = 20240614;
 
 std::int64_t env_integer(const char* name, std::int64_t fallback) {
