@@ -1,10 +1,7 @@
 #include "gemm_ceiling.h"
 
-// GCC 12's false -Wmaybe-uninitialized inside Eigen's AVX-512 code (as in src/, GCC bug 105593).
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
-#include <Eigen/Core>
+#include "common/eigen.h"  // first: see there
+
 #include <chrono>
 #include <map>
 #include <mutex>

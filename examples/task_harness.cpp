@@ -1,7 +1,8 @@
 // The synthetic-task harness from the installed phasor package: an MQAR batch from the generators
 // (phasor::tasks_data, no LibTorch), then a tiny experiment — one GLA arm trained for a few steps
 // on parity — through the runner (phasor::tasks_experiment), which writes results.json,
-// results.csv and the PNG plots into a temporary folder and returns the result table.
+// results.csv, timings.json and the PNG plots into a temporary folder and returns the results
+// and timings, printed here as the result table.
 // Exit status 1 if a query's label is not the value its key was paired with.
 #include <phasor/tasks/data.h>
 #include <phasor/tasks/experiment.h>
@@ -46,8 +47,8 @@ int main() {
       (std::filesystem::temp_directory_path() / "phasor_example_task_harness").string();
   options.threads = 1;
   options.progress = false;
-  const nlohmann::json results = phasor::tasks::run_experiment(config, options);
-  std::printf("%s", phasor::tasks::format_result_table(results).c_str());
+  const phasor::tasks::ExperimentOutput output = phasor::tasks::run_experiment(config, options);
+  std::printf("%s", phasor::tasks::format_result_table(output.results, output.timings).c_str());
   std::filesystem::remove_all(options.out_dir);
   return 0;
 }

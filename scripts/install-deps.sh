@@ -16,7 +16,11 @@ packages=(
   libbenchmark-dev
   libcli11-dev libfmt-dev nlohmann-json3-dev
   libcairo2-dev          # PNG plots of the task harness (tasks/src/plot.cpp)
+  zlib1g-dev             # CRC-32 checksums of the task harness's checkpoints (tasks/src/train.cpp)
   clang-format
+  # The sanitizer and fuzzing builds (CMakePresets.json asan / tsan, scripts/sanitize.sh,
+  # scripts/fuzz.sh): clang with its sanitizer runtimes and libFuzzer.
+  clang libclang-rt-dev
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Install, build, and run the whole test suite: GoogleTest suites and the .pt round trip (ctest),
 # then install the package and build and run examples/ against the installed copy, then a short
-# smoke run of every benchmark program.
+# smoke run of every benchmark program. Extra arguments go to cmake's configure step (CI passes
+# -DPHASOR_WERROR=ON).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/build.sh
+bash scripts/build.sh "$@"  # extra arguments go to cmake's configure step
 jobs=$(nproc)
 log=build/ctest.log
 (cd build && ctest --output-on-failure -j "$jobs" --timeout 900) | tee "$log"

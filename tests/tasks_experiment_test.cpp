@@ -85,17 +85,39 @@ TEST(TasksExperiment, TinyGridEndToEnd) {
   options.out_dir = fresh_dir("tiny").string();
   options.threads = 2;
   options.progress = false;
-  const json results = run_experiment(config, options);
+  const ExperimentOutput output = run_experiment(config, options);
+  const json& results = output.results;
   const fs::path out = options.out_dir;
 
-  // results.json: what was returned, with the config, the machine and every run.
+  // results.json: what was returned, with the config, the machine and every run; no clock
+  // readings (they are in timings.json).
   std::ifstream in(out / "results.json");
   const json file = json::parse(in);
+  EXPECT_EQ(file, results);
   EXPECT_EQ(file["config"], tiny_config());
   EXPECT_EQ(file["machine"]["threads"].get<int>(), 2);
-  EXPECT_GT(file["wall_time_s"].get<double>(), 0.0);
+  EXPECT_FALSE(file.contains("wall_time_s"));
+  EXPECT_FALSE(file.contains("train_time_s"));
   ASSERT_EQ(file["runs"].size(), 8u);
-  EXPECT_EQ(file["runs"], results["runs"]);
+  for (const json& run : file["runs"])
+    for (const char* key : {"wall_time_s", "tokens_per_s", "time_breakdown", "resumed", "timing"})
+      EXPECT_FALSE(run.contains(key)) << key;
+  // timings.json: the clock, per run in the same order.
+  const json timings = json::parse(std::ifstream(out / "timings.json"));
+  EXPECT_EQ(timings, output.timings);
+  EXPECT_GT(timings["wall_time_s"].get<double>(), 0.0);
+  EXPECT_GT(timings["train_time_s"].get<double>(), 0.0);
+  EXPECT_LE(timings["train_time_s"].get<double>(), timings["wall_time_s"].get<double>());
+  ASSERT_EQ(timings["runs"].size(), 8u);
+  for (std::size_t i = 0; i < 8; ++i) {
+    const json& t = timings["runs"][i];
+    EXPECT_EQ(t["arm"], file["runs"][i]["arm"]);
+    EXPECT_EQ(t["lr"], file["runs"][i]["lr"]);
+    EXPECT_EQ(t["seed"], file["runs"][i]["seed"]);
+    EXPECT_FALSE(t["resumed"].get<bool>());
+    EXPECT_GT(t["wall_time_s"].get<double>(), 0.0);
+    EXPECT_EQ(t["time_breakdown"]["steps"].get<std::int64_t>(), 12);
+  }
   for (const json& run : file["runs"]) {
     EXPECT_EQ(run["final_step"].get<std::int64_t>(), 12);
     EXPECT_TRUE(run["complete"].get<bool>());
@@ -163,17 +185,26 @@ TEST(TasksExperiment, TinyGridEndToEnd) {
   for (const char* png : {"accuracy_vs_length.png", "token_accuracy_vs_length.png", "loss.png"})
     EXPECT_EQ(png_size(out / png), std::make_pair(800u, 500u)) << png;
 
-  const std::string table = format_result_table(results);
+  const std::string table = format_result_table(results, output.timings);
   EXPECT_NE(table.find("gla"), std::string::npos) << table;
   EXPECT_NE(table.find("gdn"), std::string::npos) << table;
   EXPECT_NE(table.find("8*"), std::string::npos) << table;
   EXPECT_NE(table.find("8 runs ("), std::string::npos) << table;
-  EXPECT_GT(results["train_time_s"].get<double>(), 0.0);
+  std::ifstream table_file(out / "table.txt");
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(table_file), {}), table);
+  EXPECT_NE(format_result_table(results).find("8 runs on 2 threads"), std::string::npos);
+  const std::string times = format_time_table(output.timings);
+  EXPECT_NE(times.find("gdn.lr0.03.seed1"), std::string::npos) << times;
+  // Nothing but the outputs: no temporary files.
+  for (const auto& dir : {out, out / "checkpoints"})
+    for (const auto& e : fs::directory_iterator(dir))
+      EXPECT_EQ(e.path().filename().string().find(".tmp"), std::string::npos) << e.path();
 }
 
 // An interrupted grid (every run stopped at step 6 by train.stop_at_step, as a kill after the
-// checkpoint would leave it) resumed with --resume gives the same losses and evaluations, bit for
-// bit, as an uninterrupted grid; a finished grid resumed trains nothing.
+// checkpoint would leave it) resumed with --resume gives the same results.json and results.csv,
+// byte for byte, as an uninterrupted grid; a finished grid resumed trains nothing. (Kills at
+// random moments: tests/tasks_kill_resume_test.py.)
 TEST(TasksExperiment, ResumeContinuesInterruptedGrid) {
   json c = tiny_config();
   c["arms"].erase(1);
@@ -184,26 +215,39 @@ TEST(TasksExperiment, ResumeContinuesInterruptedGrid) {
   options.progress = false;
 
   options.out_dir = fresh_dir("uninterrupted").string();
-  const json straight = run_experiment(parse_experiment_config(c), options);
+  const json straight = run_experiment(parse_experiment_config(c), options).results;
+  const fs::path straight_dir = options.out_dir;
 
   options.out_dir = fresh_dir("interrupted").string();
   json cut = c;
   cut["train"]["stop_at_step"] = 6;
-  const json partial = run_experiment(parse_experiment_config(cut), options);
+  const json partial = run_experiment(parse_experiment_config(cut), options).results;
   for (const json& run : partial["runs"]) {
     EXPECT_EQ(run["final_step"].get<std::int64_t>(), 6);
     EXPECT_FALSE(run["complete"].get<bool>());
   }
+  // A stale temporary file of a killed writer is removed by the next invocation.
+  const fs::path stale = fs::path(options.out_dir) / "results.json.tmp.999999999";
+  std::ofstream(stale) << "{";
   options.resume = true;
-  const json resumed = run_experiment(parse_experiment_config(c), options);
-  ASSERT_EQ(resumed["runs"].size(), straight["runs"].size());
+  const ExperimentOutput resumed = run_experiment(parse_experiment_config(c), options);
+  EXPECT_FALSE(fs::exists(stale));
+  ASSERT_EQ(resumed.results["runs"].size(), straight["runs"].size());
   for (std::size_t i = 0; i < straight["runs"].size(); ++i) {
     const json& a = straight["runs"][i];
-    const json& b = resumed["runs"][i];
-    EXPECT_TRUE(b["resumed"].get<bool>());
+    const json& b = resumed.results["runs"][i];
+    EXPECT_TRUE(resumed.timings["runs"][i]["resumed"].get<bool>());
     EXPECT_EQ(a["losses"], b["losses"]);
     EXPECT_EQ(a["evals"], b["evals"]);
     EXPECT_EQ(a["eval_by_length"], b["eval_by_length"]);
+  }
+  const auto bytes = [](const fs::path& p) {
+    std::ifstream in(p, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  for (const char* name : {"results.json", "results.csv", "accuracy_vs_length.png", "loss.png"}) {
+    EXPECT_FALSE(bytes(straight_dir / name).empty()) << name;
+    EXPECT_EQ(bytes(straight_dir / name), bytes(fs::path(options.out_dir) / name)) << name;
   }
 
   // Finished runs are read back, not retrained: a record marked here survives the resume.
@@ -211,7 +255,7 @@ TEST(TasksExperiment, ResumeContinuesInterruptedGrid) {
   json r = json::parse(std::ifstream(record));
   r["marker"] = true;
   std::ofstream(record) << r.dump();
-  const json again = run_experiment(parse_experiment_config(c), options);
+  const json again = run_experiment(parse_experiment_config(c), options).results;
   EXPECT_TRUE(again["runs"][0].value("marker", false));
   EXPECT_EQ(again["runs"][0]["losses"], straight["runs"][0]["losses"]);
 
@@ -241,7 +285,7 @@ TEST(TasksExperiment, MqarAndCopyTasks) {
   c["task"] = {{"name", "mqar"},           {"vocab_size", 40},         {"num_kv_pairs", 2},
                {"train_lengths", {8, 16}}, {"eval_lengths", {16, 32}}, {"eval_batch", 8}};
   options.out_dir = fresh_dir("mqar").string();
-  const json m = run_experiment(parse_experiment_config(c), options);
+  const json m = run_experiment(parse_experiment_config(c), options).results;
   EXPECT_EQ(m["runs"][0]["model"]["vocab_size"].get<int>(), 40);
   EXPECT_EQ(m["eval_lengths"], json::array({16, 32}));
   EXPECT_EQ(m["runs"][0]["eval_by_length"][1]["cumulative_sequence_accuracy"].size(), 32u);
@@ -251,7 +295,7 @@ TEST(TasksExperiment, MqarAndCopyTasks) {
   // summary, the csv (with their num_kv_pairs; the length rows carry the task's) and the table.
   c["task"]["eval_points"] = {{32, 8}, {16, 2}};
   options.out_dir = fresh_dir("mqar_points").string();
-  const json q = run_experiment(parse_experiment_config(c), options);
+  const json q = run_experiment(parse_experiment_config(c), options).results;
   const json& points = q["runs"][0]["eval_points"];
   ASSERT_EQ(points.size(), 2u);
   EXPECT_EQ(points[0]["length"].get<int>(), 32);
@@ -276,7 +320,7 @@ TEST(TasksExperiment, MqarAndCopyTasks) {
                {"max_len", 4},   {"eval_lengths", {2, 8}}, {"eval_batch", 8}};
   options.out_dir = fresh_dir("copy").string();
   options.threads = 0;  // LibTorch's ops on one thread, phasor's kernels on every core
-  const json k = run_experiment(parse_experiment_config(c), options);
+  const json k = run_experiment(parse_experiment_config(c), options).results;
   EXPECT_EQ(k["machine"]["threads"].get<unsigned>(), 1u);
   if (std::getenv("PHASOR_NUM_THREADS") == nullptr) {
     EXPECT_EQ(k["machine"]["kernel_threads"].get<unsigned>(),

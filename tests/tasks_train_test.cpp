@@ -11,12 +11,14 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <iterator>
 #include <map>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include <unistd.h>
+#include <zlib.h>
 
 #include "phasor/tasks/data.h"
 #include "phasor/tasks/model.h"
@@ -395,72 +397,12 @@ TEST(Training, EarlyStoppingAndGrid) {
   EXPECT_EQ(g.runs[3].seed, 2u);
 }
 
-// Every tensor and every other value (as text) of a serialized archive, recursively, by path.
-void collect(torch::serialize::InputArchive& ar, const std::string& prefix,
-             std::map<std::string, at::Tensor>& tensors,
-             std::map<std::string, std::string>& values) {
-  for (const auto& key : ar.keys()) {
-    at::Tensor t;
-    torch::serialize::InputArchive sub;
-    c10::IValue v;
-    if (ar.try_read(key, t)) {
-      tensors[prefix + key] = t;
-    } else if (ar.try_read(key, sub)) {
-      collect(sub, prefix + key + "/", tensors, values);
-    } else if (ar.try_read(key, v)) {
-      std::ostringstream s;
-      s << v;
-      values[prefix + key] = s.str();
-    }
-  }
-}
-
-// The optimizer state of a checkpoint. LibTorch keys the per-parameter state by the address of
-// the parameter's TensorImpl ("state/0x55…/exp_avg"), listed per group in
-// "param_groups/<i>/params/<j>"; the addresses are replaced by "g<i>p<j>" so that two runs
-// compare.
-std::map<std::string, std::string> optimizer_contents(const std::string& path,
-                                                      std::map<std::string, at::Tensor>& tensors) {
-  torch::serialize::InputArchive ar, opt;
-  ar.load_from(path);
-  ar.read("optimizer", opt);
-  std::map<std::string, std::string> values, renamed;
-  std::map<std::string, at::Tensor> raw;
-  collect(opt, "", raw, values);
-  std::map<std::string, std::string> canonical;  // address → g<i>p<j>
-  for (const auto& kv : values) {
-    const std::string& k = kv.first;
-    const auto pos = k.find("/params/");
-    if (k.rfind("param_groups/", 0) == 0 && pos != std::string::npos &&
-        k.find("size") == std::string::npos) {
-      std::string address = kv.second;
-      address.erase(std::remove(address.begin(), address.end(), '"'), address.end());
-      canonical[address] = "g" + k.substr(13, pos - 13) + "p" + k.substr(pos + 8);
-    } else {
-      renamed[k] = kv.second;
-    }
-  }
-  for (const auto& kv : raw) {
-    std::string k = kv.first;
-    for (const auto& c : canonical) {
-      const auto at = k.find(c.first);
-      if (at != std::string::npos) k.replace(at, c.first.size(), c.second);
-    }
-    tensors[k] = kv.second;
-  }
-  for (auto& kv : std::map<std::string, std::string>(renamed)) {
-    std::string k = kv.first;
-    for (const auto& c : canonical) {
-      const auto at = k.find(c.first);
-      if (at != std::string::npos) k.replace(at, c.first.size(), c.second);
-    }
-    if (k != kv.first) {
-      renamed.erase(kv.first);
-      renamed[k] = kv.second;
-    }
-  }
-  EXPECT_FALSE(canonical.empty());
-  return renamed;
+// The tensors of a checkpoint whose names start with `prefix`.
+std::map<std::string, at::Tensor> entries_of(const std::string& path, const std::string& prefix) {
+  std::map<std::string, at::Tensor> out;
+  for (const auto& kv : checkpoint_tensors(path))
+    if (kv.first.rfind(prefix, 0) == 0) out.insert(kv);
+  return out;
 }
 
 TEST(Training, CheckpointResumeReproducesTheUninterruptedRun) {
@@ -517,15 +459,19 @@ TEST(Training, CheckpointResumeReproducesTheUninterruptedRun) {
     ASSERT_EQ(pa.size(), pb.size());
     for (const auto& kv : pa)
       EXPECT_TRUE(torch::equal(kv.value(), pb[kv.key()])) << mixer << " " << kv.key();
-    std::map<std::string, at::Tensor> ta, tb;
-    const auto va = optimizer_contents(full_path, ta), vb = optimizer_contents(part_path, tb);
-    EXPECT_EQ(va, vb) << mixer;  // step counts, options (lr of the last step, betas, decay)
-    EXPECT_GE(ta.size(), 2 * pa.size());  // exp_avg and exp_avg_sq of every parameter at least
+    // AdamW's options (lr of the last step, betas, decay), step counts and moments, and the
+    // stored parameters, of the two runs' last checkpoints.
+    const auto ta = entries_of(full_path, "adamw/"), tb = entries_of(part_path, "adamw/");
+    EXPECT_GE(ta.size(), 3 * pa.size());  // step, exp_avg and exp_avg_sq of every parameter
     ASSERT_EQ(ta.size(), tb.size());
     for (const auto& kv : ta) {
       ASSERT_TRUE(tb.count(kv.first)) << kv.first;
       EXPECT_TRUE(torch::equal(kv.second, tb.at(kv.first))) << mixer << " " << kv.first;
     }
+    const auto ca = entries_of(full_path, "param/"), cb = entries_of(part_path, "param/");
+    ASSERT_EQ(ca.size(), pa.size());
+    for (const auto& kv : ca)
+      EXPECT_TRUE(torch::equal(kv.second, cb.at(kv.first))) << mixer << " " << kv.first;
     EXPECT_TRUE(torch::equal(rng_after_full, at::detail::getDefaultCPUGenerator().get_state()));
     // A reloaded model predicts like the trained one.
     LanguageModel reloaded = load_model(part_path);
@@ -560,14 +506,14 @@ TEST(Training, WeightDecayOnMatricesOnly) {
   tc.log_every = 0;
   tc.checkpoint_path = temp_path("decay.ckpt");
   train(model, tc, mqar_stream(2, 1));
-  std::map<std::string, at::Tensor> tensors;
-  const auto values = optimizer_contents(tc.checkpoint_path, tensors);
-  ASSERT_TRUE(tensors.count("param_groups/param_groups/0/params/size"))
-      << testing::PrintToString(values);
-  EXPECT_EQ(tensors.at("param_groups/param_groups/0/params/size").item<std::int64_t>(), matrices);
-  EXPECT_EQ(tensors.at("param_groups/param_groups/1/params/size").item<std::int64_t>(), others);
-  EXPECT_EQ(std::stod(values.at("param_groups/param_groups/0/options/weight_decay")), 0.1);
-  EXPECT_EQ(std::stod(values.at("param_groups/param_groups/1/options/weight_decay")), 0.0);
+  const auto tensors = entries_of(tc.checkpoint_path, "adamw/");
+  ASSERT_TRUE(tensors.count("adamw/0/params"));
+  EXPECT_FALSE(tensors.count("adamw/2/params"));
+  EXPECT_EQ(tensors.at("adamw/0/params").item<std::int64_t>(), matrices);
+  EXPECT_EQ(tensors.at("adamw/1/params").item<std::int64_t>(), others);
+  // options: lr, beta1, beta2, eps, weight_decay, amsgrad
+  EXPECT_EQ(tensors.at("adamw/0/options")[4].item<double>(), 0.1);
+  EXPECT_EQ(tensors.at("adamw/1/options")[4].item<double>(), 0.0);
   std::filesystem::remove(tc.checkpoint_path);
 }
 
@@ -823,8 +769,8 @@ TEST(Training, CheckpointErrors) {
                {"checkpoint", "'path'", path, "no such file"});
   std::ofstream(path) << "not a checkpoint";
   expect_error([&] { train(model, tc, mqar_stream(2, 1)); },
-               {"checkpoint", "'path'", path, "corrupt"});
-  expect_error([&] { load_model(path); }, {"checkpoint", path, "corrupt"});
+               {"checkpoint", "'path'", path, "not a phasor task checkpoint"});
+  expect_error([&] { load_model(path); }, {"checkpoint", path, "not a phasor task checkpoint"});
   // A real checkpoint, then a truncated copy of it.
   mc.vocab_size = 32;
   LanguageModel m32(mc);
@@ -835,7 +781,7 @@ TEST(Training, CheckpointErrors) {
   EXPECT_EQ(nlohmann::json(checkpoint_model_config(path)), nlohmann::json(mc));
   const auto size = std::filesystem::file_size(path);
   std::filesystem::resize_file(path, size / 2);
-  expect_error([&] { checkpoint_step(path); }, {"checkpoint", path, "corrupt"});
+  expect_error([&] { checkpoint_step(path); }, {"checkpoint", path, "truncated"});
   train(m32, tc, mqar_stream(2, 1));
   // Another model config or another trajectory: named differences.
   ModelConfig other = mc;
@@ -857,6 +803,218 @@ TEST(Training, CheckpointErrors) {
   tc.checkpoint_path.clear();
   expect_error([&] { train(small, tc, mqar_stream(2, 1)); },
                {"train", "'batch'", "vocab_size = 16", "vocab_size 32"});
+  std::filesystem::remove(path);
+}
+
+// ---- checkpoint files ---------------------------------------------------------------------------
+
+std::string file_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+void put_file(const std::string& path, const std::string& bytes) {
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+}
+
+std::uint32_t crc(const std::string& s, std::size_t from, std::size_t n) {
+  return static_cast<std::uint32_t>(
+      crc32_z(crc32_z(0, Z_NULL, 0), reinterpret_cast<const Bytef*>(s.data() + from), n));
+}
+
+void put_le(std::string& s, std::size_t at, std::uint64_t v, int bytes) {
+  for (int i = 0; i < bytes; ++i) s[at + i] = static_cast<char>((v >> (8 * i)) & 0xff);
+}
+
+// A checkpoint container as train.h describes it, written here independently of train.cpp: the
+// 32-byte header (magic, version, reserved, payload length, payload CRC-32, header CRC-32) with
+// valid checksums around any payload, and any claimed length and version.
+std::string container(const std::string& payload, std::uint32_t version = 2,
+                      std::uint64_t claimed_length = ~std::uint64_t{0}) {
+  std::string b(32, '\0');
+  b.replace(0, 8, "PHSRCKPT");
+  put_le(b, 8, version, 4);
+  put_le(b, 16, claimed_length == ~std::uint64_t{0} ? payload.size() : claimed_length, 8);
+  b += payload;
+  put_le(b, 24, crc(b, 32, payload.size()), 4);
+  put_le(b, 28, crc(b, 0, 28), 4);
+  return b;
+}
+
+// Payload entries as train.cpp documents them, encoded here independently: a text, and a tensor
+// of any dtype code, sizes and element bytes.
+std::string text_entry(const std::string& name, const std::string& value) {
+  std::string e(4, '\0');
+  put_le(e, 0, name.size(), 4);
+  e += name + '\x01' + std::string(8, '\0');
+  put_le(e, e.size() - 8, value.size(), 8);
+  return e + value;
+}
+
+std::string tensor_entry(const std::string& name, std::uint8_t dtype,
+                         const std::vector<std::uint64_t>& sizes, const std::string& data) {
+  std::string e(4, '\0');
+  put_le(e, 0, name.size(), 4);
+  e += name + '\x02' + static_cast<char>(dtype) + static_cast<char>(sizes.size());
+  for (const std::uint64_t s : sizes) {
+    e += std::string(8, '\0');
+    put_le(e, e.size() - 8, s, 8);
+  }
+  return e + data;
+}
+
+// What verify_checkpoint says about `bytes` written to `path` ("ok" when it accepts them).
+std::string verdict(const std::string& path, const std::string& bytes) {
+  put_file(path, bytes);
+  try {
+    verify_checkpoint(path);
+    return "ok";
+  } catch (const phasor::Error& e) {
+    return e.what();
+  }
+}
+
+// verify_checkpoint and every reader refuse truncated, bit-flipped, empty, foreign, old-format,
+// forged and misplaced files with the file named and the problem said; the container is what
+// train.h documents (a container built here around the same payload is accepted).
+TEST(Training, CheckpointVerification) {
+  ModelConfig mc = tiny("gla");
+  mc.vocab_size = 32;
+  TrainConfig tc;
+  tc.steps = 3;
+  tc.batch_size = 2;
+  tc.log_every = 0;
+  const std::string path = temp_path("verify.ckpt");
+  tc.checkpoint_path = path;
+  LanguageModel model(mc);
+  train(model, tc, mqar_stream(2, 1));
+  const std::string good = file_bytes(path);
+  ASSERT_GT(good.size(), 1000u);
+
+  const CheckpointInfo info = verify_checkpoint(path);
+  EXPECT_EQ(info.format_version, 2u);
+  EXPECT_EQ(info.payload_bytes, good.size() - 32);
+  EXPECT_EQ(info.payload_crc32, crc(good, 32, good.size() - 32));
+  EXPECT_EQ(info.step, 3);
+  EXPECT_EQ(nlohmann::json(info.model_config), nlohmann::json(mc));
+  EXPECT_EQ(info.train_config.steps, 3);
+  EXPECT_EQ(info.train_config.checkpoint_path, path);
+  EXPECT_EQ(good.compare(0, 8, "PHSRCKPT"), 0);
+  EXPECT_EQ(container(good.substr(32)), good);  // the documented layout, byte for byte
+  EXPECT_EQ(file_bytes(path + ".tmp." + std::to_string(::getpid())), "");  // none left
+
+  const std::string named =
+      "checkpoint: argument 'path': expected a valid phasor task "
+      "checkpoint, got '" +
+      path + "' (";
+  const auto expect_refused = [&](const std::string& bytes, const std::string& problem,
+                                  const std::string& what) {
+    const std::string v = verdict(path, bytes);
+    EXPECT_EQ(v.rfind(named, 0), 0u) << what << ": " << v;
+    EXPECT_NE(v.find(problem), std::string::npos) << what << ": " << v;
+  };
+
+  // Truncated anywhere: in the magic, the header, right after it, in the payload, one byte short.
+  for (const std::size_t keep :
+       {std::size_t{1}, std::size_t{7}, std::size_t{8}, std::size_t{20}, std::size_t{31},
+        std::size_t{32}, std::size_t{33}, good.size() / 2, good.size() - 1})
+    expect_refused(good.substr(0, keep), "truncated", "truncated to " + std::to_string(keep));
+  expect_refused("", "an empty file", "empty");
+  expect_refused(good + "x", "1 unexpected bytes after the payload", "one byte appended");
+
+  // One flipped byte anywhere: the magic, each header field, the payload's start, middle, end.
+  const std::vector<std::pair<std::size_t, std::string>> flips = {
+      {0, "does not start with \"PHSRCKPT\""},
+      {7, "does not start with"},
+      {8, "corrupt header"},
+      {13, "corrupt header"},
+      {17, "corrupt header"},
+      {23, "corrupt header"},
+      {25, "corrupt header"},
+      {31, "corrupt header"},
+      {32, "checksum"},
+      {100, "checksum"},
+      {good.size() / 2, "checksum"},
+      {good.size() - 1, "checksum"}};
+  for (const auto& [at, problem] : flips) {
+    std::string bad = good;
+    bad[at] = static_cast<char>(bad[at] ^ 0x20);
+    expect_refused(bad, problem, "byte " + std::to_string(at) + " flipped");
+  }
+  expect_refused("GARBAGE!" + std::string(100, '\0'), "not a phasor task checkpoint",
+                 "wrong magic");
+  // Format 1 was a bare LibTorch archive (a zip file).
+  torch::serialize::OutputArchive format1;
+  format1.write("format", c10::IValue(std::string("phasor.tasks.checkpoint/1")));
+  std::ostringstream format1_bytes;
+  format1.save_to(format1_bytes);
+  expect_refused(format1_bytes.str(), "old format 1 without checksum", "format 1");
+  expect_refused(format1_bytes.str(), "checkpoint format changed", "format 1");
+
+  // Forged headers with valid checksums: a length of 10^12 bytes (compared with the file's size,
+  // not allocated), another version, payloads LibTorch cannot read or that lack entries.
+  expect_refused(container(good.substr(32), 2, 1000000000000ULL),
+                 "of the 1000000000000 payload bytes its header announces", "huge length");
+  expect_refused(container(good.substr(32), 3), "format version 3; this build reads version 2",
+                 "version 3");
+  expect_refused(container(std::string(500, 'z')), "corrupt contents: an entry name of",
+                 "not entries");
+  const std::string tag = text_entry("format", "phasor.tasks.checkpoint/2");
+  expect_refused(container(tag), "no entry 'model_config'", "a tag and nothing else");
+  expect_refused(container(text_entry("format", "phasor.tasks.checkpoint/1")),
+                 "format tag 'phasor.tasks.checkpoint/1'", "old tag");
+  expect_refused(container(text_entry("x", "y")), "no text entry 'format'", "no tag");
+  expect_refused(container(tag + tag), "entry 'format' twice", "an entry twice");
+  expect_refused(container(tag.substr(0, tag.size() - 3)), "entry 'format' runs past", "cut tag");
+  expect_refused(container(tag + tensor_entry("x", 9, {1}, "z")), "unknown dtype code 9",
+                 "unknown dtype");
+  expect_refused(container(tag + tensor_entry("x", 1, {1, 1, 1, 1, 1, 1, 1, 1, 1}, "")), "rank 9",
+                 "rank 9");
+  // Sizes claiming 2^40 × 2^40 floats, also with a zero size: refused before any allocation.
+  expect_refused(container(tag + tensor_entry("x", 1, {1ULL << 40, 1ULL << 40}, "abcd")),
+                 "entry 'x' is larger than the payload", "huge tensor");
+  expect_refused(container(tag + tensor_entry("x", 1, {1ULL << 62, 1ULL << 62, 0}, "")),
+                 "entry 'x' is larger than the payload", "huge empty tensor");
+  expect_refused(container(tag + tensor_entry("x", 1, {3}, "abcd")),
+                 "entry 'x' is larger than the payload", "short tensor data");
+  expect_refused(container(tag + text_entry("x", "abcd").substr(0, 16)), "entry 'x' runs past",
+                 "short text");
+  // The good file's entries with one of them altered.
+  const std::string entries = good.substr(32);
+  const std::string step_key = std::string("\x04\0\0\0step\x02", 9);
+  const std::size_t step_at = entries.find(step_key);
+  ASSERT_NE(step_at, std::string::npos);
+  std::string bad_step = entries;
+  bad_step[step_at + step_key.size()] = 2;  // dtype int64 → float64
+  expect_refused(container(bad_step), "entry 'step' is not a 1-d tensor of Long", "step dtype");
+  std::string renamed = entries;
+  renamed[step_at + 4] = 'x';  // "step" → "xtep": no step any more
+  expect_refused(container(renamed), "no entry 'step'", "no step");
+  std::string no_param = entries;
+  for (std::size_t at = 0; (at = no_param.find("param/", at)) != std::string::npos; ++at)
+    no_param[at] = 'q';  // every "param/<name>" → "qaram/<name>"
+  expect_refused(container(no_param), "no model parameter", "no parameters");
+
+  // A directory or nothing where the file should be.
+  const std::string folder = temp_path("folder.ckpt");
+  std::filesystem::create_directories(folder);
+  expect_error([&] { verify_checkpoint(folder); }, {named.substr(0, 60), folder, "a directory"});
+  std::filesystem::remove(folder);
+  expect_error([&] { verify_checkpoint(folder); }, {folder, "no such file"});
+
+  // Every reader verifies: resuming, the step, the config, loading the model.
+  std::string flipped = good;
+  flipped[good.size() / 3] = static_cast<char>(flipped[good.size() / 3] ^ 1);
+  put_file(path, flipped);
+  tc.checkpoint_path.clear();
+  tc.resume_from = path;
+  LanguageModel other(mc);
+  expect_error([&] { train(other, tc, mqar_stream(2, 1)); }, {path, "checksum"});
+  expect_error([&] { checkpoint_step(path); }, {path, "checksum"});
+  expect_error([&] { checkpoint_model_config(path); }, {path, "checksum"});
+  expect_error([&] { load_model(path); }, {path, "checksum"});
+  put_file(path, good);
+  EXPECT_EQ(train(other, tc, mqar_stream(2, 1)).final_step, 3);
   std::filesystem::remove(path);
 }
 

@@ -10,7 +10,8 @@
 #include <string>
 
 #include "common/dispatch.h"
-#include "device_test_util.h"
+#include "phasor/testing/gpu_gtest.h"
+#include "phasor/testing/random.h"
 
 namespace phasor {
 namespace {

@@ -15,13 +15,13 @@
 // work over (sequence, head) pairs (apply_rotary: over blocks of tokens and heads), each computed
 // by one thread in a fixed order, so results are bit-identical for any thread count.
 //
-// Dtypes: float32, float64, bfloat16 or float16 for every floating argument (they may differ; 16-bit
-// values are converted to float32 on load). All views on one device (phasor/common.h: Device;
-// phasor/ops.h lists the implementations with CUDA kernels). The optimized kernels
-// compute in the dtype of the main input (φ, x), except that the running phase sums P_t (and the
-// reverse sums of the backward) are ALWAYS accumulated in float64: a float32 sum over a 65,536
-// token sequence would lose most of its digits. The reference always computes in float64.
-// Every requested output element is written (overwritten, never accumulated into).
+// Dtypes: float32, float64, bfloat16 or float16 for every floating argument (they may differ;
+// 16-bit values are converted to float32 on load). All views on one device (phasor/common.h:
+// Device; phasor/ops.h lists the implementations with CUDA kernels). The optimized kernels compute
+// in the dtype of the main input (φ, x), except that the running phase sums P_t (and the reverse
+// sums of the backward) are ALWAYS accumulated in float64: a float32 sum over a 65,536 token
+// sequence would lose most of its digits. The reference always computes in float64. Every requested
+// output element is written (overwritten, never accumulated into).
 #pragma once
 
 #include <cstdint>

@@ -29,7 +29,8 @@
 //                  the causal window restarts at each sequence start. Without it N = B.
 // The compute type is x's dtype (float32 accumulates in float32, float64 in float64), except for
 // Impl::reference, which always computes in float64 (16-bit inputs compute in float32). All views
-// on one device (phasor/common.h: Device); phasor/ops.h lists the implementations with CUDA kernels.
+// on one device (phasor/common.h: Device); phasor/ops.h lists the implementations with CUDA
+// kernels.
 #pragma once
 
 #include <string>

@@ -24,8 +24,8 @@
 // The decomposition and the Cayley transform are small dense problems solved once per parameter
 // update: one float64 implementation (Eigen), no Impl argument.
 //
-// Dtypes: float32, float64, bfloat16 or float16 everywhere (16-bit values computed in float32). Every requested output element is written (overwritten,
-// never accumulated into).
+// Dtypes: float32, float64, bfloat16 or float16 everywhere (16-bit values computed in float32).
+// Every requested output element is written (overwritten, never accumulated into).
 #pragma once
 
 #include <cstdint>

@@ -248,11 +248,13 @@ int run_run(const RunOptions& o) {
   options.profile = o.profile;
   keep_freed_memory();
   try {
-    const nlohmann::json results = tasks::run_experiment(config, options);
-    std::fputs(tasks::format_result_table(results).c_str(), stdout);
-    if (o.profile) std::fputs(("\n" + tasks::format_time_table(results)).c_str(), stdout);
-    std::printf("results: %s/results.json, results.csv, accuracy_vs_length.png, loss.png\n",
-                options.out_dir.c_str());
+    const tasks::ExperimentOutput output = tasks::run_experiment(config, options);
+    std::fputs(tasks::format_result_table(output.results, output.timings).c_str(), stdout);
+    if (o.profile) std::fputs(("\n" + tasks::format_time_table(output.timings)).c_str(), stdout);
+    std::printf(
+        "results: %s/results.json, results.csv, timings.json, table.txt, accuracy_vs_length.png, "
+        "loss.png\n",
+        options.out_dir.c_str());
     return 0;
   } catch (const Error& e) {
     std::fprintf(stderr, "%s%s\n", prefix.c_str(), e.what());
@@ -301,7 +303,8 @@ int run_tasks(int argc, char** argv) {
   run->add_option("--out", r.out_dir, "output folder (default: the config's name)");
   run->add_flag("--resume", r.resume,
                 "skip the runs finished in the output folder, continue interrupted ones from "
-                "their checkpoints");
+                "their checkpoints (results.json and results.csv come out the same as without "
+                "the interruption)");
   run->add_option("--threads", r.threads,
                   "threads of LibTorch's ops and phasor's kernels (default 0: LibTorch 1, phasor "
                   "all cores)");
@@ -313,7 +316,7 @@ int run_tasks(int argc, char** argv) {
                   "config's); for speed measurements");
   run->add_flag("--profile", r.profile,
                 "time phasor's kernels and LibTorch's ops during training and print each run's "
-                "time per step by phase (also results.json: runs[].time_breakdown)");
+                "time per step by phase (also timings.json: runs[].time_breakdown)");
 
   try {
     app.parse(argc, argv);

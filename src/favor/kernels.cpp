@@ -1,10 +1,7 @@
 // FAVOR+: the random feature matrices and the optimized CPU kernels (Eigen products per
 // (sequence, head) pair; the causal attention runs on phasor's GLA kernel).
-// GCC 12 reports false -Wmaybe-uninitialized warnings inside Eigen's AVX-512 kernels
-// (-march=native); silence them for this file before any header pulls in the intrinsics (as in
-// src/gated_delta_rule/chunk.cpp).
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#include <Eigen/Core>
+#include "common/eigen.h"  // first: see there
+
 #include <Eigen/QR>
 #include <algorithm>
 #include <cmath>

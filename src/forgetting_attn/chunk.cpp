@@ -45,15 +45,7 @@
 // as without θ, then turns them into dq, dk and dθ (R2, R3): each query block's dq when it is
 // complete, with the cos/sin of its rotation, and dk once at the end.
 
-// GCC 12 reports false -Wmaybe-uninitialized warnings inside its own AVX-512 intrinsics
-// (avx512fintrin.h, GCC bug 105593) when Eigen is compiled with -march=native. This must come
-// before the first include of Eigen to take effect.
-#if defined(__GNUC__) && !defined(__clang__) && __GNUC__ == 12
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-// Likewise a false -Wuninitialized inside Eigen's AVX-512 float sin/cos (psincos_float), which
-// PairAngles<float> (common/rotation.h) uses for the fused rotation.
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#endif
+#include "common/eigen.h"  // first: see there
 
 #include <algorithm>
 #include <cmath>

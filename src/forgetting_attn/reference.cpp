@@ -9,12 +9,7 @@
 // helpers the fast kernels share), to whole-sequence copies of k and q before the attention, and
 // its gradient is taken at the end from the gradients with respect to the rotated copies.
 
-// GCC 12 reports false -Wmaybe-uninitialized warnings inside its own AVX-512 intrinsics
-// (avx512fintrin.h, GCC bug 105593) when Eigen is compiled with -march=native. This must come
-// before the first include of Eigen to take effect.
-#if defined(__GNUC__) && !defined(__clang__) && __GNUC__ == 12
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
+#include "common/eigen.h"  // first: see there
 
 #include <algorithm>
 #include <cmath>

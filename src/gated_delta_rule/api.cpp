@@ -3,9 +3,8 @@
 //
 // Every check happens here, before any kernel runs, so a bad call never writes to an output.
 
-// GCC 12 reports false -Wmaybe-uninitialized warnings inside Eigen's AVX-512 kernels
-// (-march=native); silence them for this file before any header pulls in the intrinsics.
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include "common/eigen.h"  // first: see there
+
 #include <string>
 
 #include "common/check.h"

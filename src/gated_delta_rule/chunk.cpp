@@ -33,12 +33,8 @@
 // The adjoint of the solve M U_new = R is Mᵀ Y = dU_new (a second triangular solve): dR = Y and
 // dM = −Y U_newᵀ on the strictly lower part.
 
-// GCC 12 reports false -Wmaybe-uninitialized warnings inside Eigen's AVX-512 kernels
-// (-march=native); silence them for this file before any header pulls in the intrinsics.
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-// Likewise a false -Wuninitialized inside Eigen's AVX-512 float sin/cos (psincos_float), which
-// PairAngles<float> (common/rotation.h) uses for the fused rotation.
-#pragma GCC diagnostic ignored "-Wuninitialized"
+#include "common/eigen.h"  // first: see there
+
 #include <algorithm>
 #include <array>
 #include <cmath>

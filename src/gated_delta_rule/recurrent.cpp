@@ -11,12 +11,8 @@
 // checkpoint replay and the backward walk alike; the backward walk's angles also serve to unrotate
 // the block's dq, dk and give its dθ (store_qk_grads).
 
-// GCC 12 reports false -Wmaybe-uninitialized warnings inside Eigen's AVX-512 kernels
-// (-march=native); silence them for this file before any header pulls in the intrinsics.
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-// Likewise a false -Wuninitialized inside Eigen's AVX-512 float sin/cos (psincos_float), which
-// PairAngles<float> (common/rotation.h) uses for the fused rotation.
-#pragma GCC diagnostic ignored "-Wuninitialized"
+#include "common/eigen.h"  // first: see there
+
 #include <cmath>
 #include <type_traits>
 #include <vector>
@@ -113,7 +109,13 @@ void forward_item(const Problem& p, std::int64_t item, const TensorView& o,
   // alias). In-place states are final_state's own slices: initial_state is then either that
   // same view (nothing to load) or disjoint from it (states_in_place_allowed).
   thread_local ForwardScratch<S> w;
-  auto& [owned, states, qk, in, out] = w;
+  // Plain references, not a structured binding: the AVX-512 step below captures them in a lambda,
+  // which C++17 allows for variables only (clang rejects captured bindings).
+  auto& owned = w.owned;
+  auto& states = w.states;
+  auto& qk = w.qk;
+  auto& in = w.in;
+  auto& out = w.out;
   RowVec<S> v_row, scratch, o_row;
   if (owned.size() < static_cast<std::size_t>(G)) owned.resize(static_cast<std::size_t>(G));
   states.clear();

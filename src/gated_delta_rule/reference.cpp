@@ -5,9 +5,8 @@
 // helpers the fast kernels share), to whole-sequence copies of q̃ and k̂ before the recurrence,
 // and its gradient is taken at the end.
 
-// GCC 12 reports false -Wmaybe-uninitialized warnings inside Eigen's AVX-512 kernels
-// (-march=native); silence them for this file before any header pulls in the intrinsics.
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include "common/eigen.h"  // first: see there
+
 #include <cmath>
 #include <vector>
 

@@ -51,15 +51,8 @@
 // q', k'). The backward's dq, dk are then with respect to q', k'; unrotate() turns them into the
 // gradients of the inputs and dθ (R2, R3), reusing the cos/sin computed at load.
 
-// GCC 12 reports a false -Wmaybe-uninitialized inside its own AVX-512 intrinsics header
-// (_mm512_undefined_pd in Eigen's vectorised double exp; GCC bug 105593). Silence only that.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-// Likewise a false -Wuninitialized inside Eigen's AVX-512 float sin/cos (psincos_float), which
-// PairAngles<float> (common/rotation.h) uses for the fused rotation.
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#endif
-#include <Eigen/Core>
+#include "common/eigen.h"  // first: see there
+
 #include <algorithm>
 #include <cmath>
 #include <vector>

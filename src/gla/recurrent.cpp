@@ -18,15 +18,8 @@
 // they are loaded, in the forward, in both backward passes; the backward's dq, dk (with respect
 // to the rotated rows) are turned into dq, dk, dθ (R2, R3) per segment with the same cos/sin.
 
-// GCC 12 reports a false -Wmaybe-uninitialized inside its own AVX-512 intrinsics header
-// (_mm512_undefined_pd in Eigen's vectorised double exp; GCC bug 105593). Silence only that.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-// Likewise a false -Wuninitialized inside Eigen's AVX-512 float sin/cos (psincos_float), which
-// PairAngles<float> (common/rotation.h) uses for the fused rotation.
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#endif
-#include <Eigen/Core>
+#include "common/eigen.h"  // first: see there
+
 #include <algorithm>
 #include <type_traits>
 #if defined(__AVX512F__)

@@ -8,11 +8,8 @@
 //
 // Multi-subspace: per (batch row, head, block): X1 = Z B, the middle RoPE by apply_rotary on the
 // block (in place), Y = X2 Bᵀ.
-// GCC 12 reports false -Wmaybe-uninitialized warnings inside Eigen's AVX-512 kernels
-// (-march=native); silence them for this file before any header pulls in the intrinsics (as
-// gated_delta_rule/chunk.cpp does).
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#include <Eigen/Core>
+#include "common/eigen.h"  // first: see there
+
 #include <algorithm>
 #include <cmath>
 #include <limits>

@@ -8,12 +8,8 @@
 // dweight/dbias partials are kept per item and summed over sequences in sequence order
 // afterwards, so results do not depend on the thread count.
 
-// GCC 12 reports a false -Wmaybe-uninitialized inside its own AVX-512 intrinsics header
-// (_mm512_undefined_* in Eigen's vectorised exp used by SiLU; GCC bug 105593). Silence only that,
-// before any header pulls in the intrinsics.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
+#include "common/eigen.h"  // first: see there
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>

@@ -9,10 +9,8 @@
 //                     multiplication e^{iθ} on the half spectrum and an inverse real FFT.
 // Work items write disjoint outputs; reductions over tokens (dω, dA, dc) are summed from
 // per-item partials in a fixed order, so results do not depend on the thread count.
-// GCC 12 reports false -Wmaybe-uninitialized warnings inside Eigen's AVX-512 kernels
-// (-march=native); silence them for this file before any header pulls in the intrinsics.
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
+#include "common/eigen.h"  // first: see there
+
 #include <Eigen/Dense>
 #include <algorithm>
 #include <cmath>

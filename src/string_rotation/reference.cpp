@@ -6,6 +6,8 @@
 //   Circulant-STRING: the eigendecomposition of Theorem 3.5 with a naive O(K²) DFT per token,
 //                     straight from ℓ = Σ_c r_c (c_c − rev c_c) (the first column of L(r)), and a
 //                     backward derived independently of the optimized one (through ℓ, not θ).
+#include "common/eigen.h"  // first: see there
+
 #include <Eigen/Dense>
 #include <cmath>
 #include <complex>

@@ -1,5 +1,7 @@
 // Structured rotation ops: argument validation and dispatch. Every check happens here, before any
 // kernel runs, so a bad call never writes to an output.
+#include "common/eigen.h"  // first: see there
+
 #include <cmath>
 #include <string>
 

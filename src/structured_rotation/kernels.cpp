@@ -1,5 +1,7 @@
 // Structured rotation: the optimized kernel (blocks of tokens as Eigen matrix products in the
 // compute type), the joint block decomposition (Lemma 1) and the Cayley transform (Lemma 3).
+#include "common/eigen.h"  // first: see there
+
 #include <Eigen/Dense>
 #include <algorithm>
 #include <cmath>

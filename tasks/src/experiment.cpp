@@ -18,8 +18,9 @@
 #include <sstream>
 #include <thread>
 
-#include "common/check.h"
+#include "check.h"
 #include "phasor/common.h"
+#include "phasor/tasks/files.h"
 #include "phasor/tasks/plot.h"
 
 namespace phasor::tasks {
@@ -27,7 +28,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
-using phasor::detail::fail;
+using detail::fail;
 
 constexpr const char* kOp = "experiment config";
 
@@ -285,14 +286,10 @@ std::string run_stem(const std::string& arm, double lr, std::uint64_t seed) {
   return fmt::format("{}.lr{}.seed{}", arm, lr_string(lr), seed);
 }
 
+// Every output file is replaced atomically and durably (files.h): a run killed at any moment
+// leaves each file complete, old or new, and --resume starts from there.
 void write_text(const fs::path& path, const std::string& text) {
-  const fs::path tmp = path.string() + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary);
-    out << text;
-    if (!out) fail("run_experiment", "out_dir", "a writable folder", in_quotes(path.string()));
-  }
-  fs::rename(tmp, path);  // atomic: an interrupted write never leaves a truncated file
+  write_file_atomically(path.string(), text, "run_experiment", "out_dir");
 }
 
 // Rows per forward pass of an evaluation: the logits of a pass, rows × T × V floats, stay under
@@ -461,7 +458,7 @@ ExperimentConfig load_experiment_config(const std::string& path) {
   return parse_experiment_config(read_json_file(path));
 }
 
-json run_experiment(const ExperimentConfig& config, const ExperimentOptions& options) {
+ExperimentOutput run_experiment(const ExperimentConfig& config, const ExperimentOptions& options) {
   const auto start = std::chrono::steady_clock::now();
   if (options.out_dir.empty()) fail("run_experiment", "out_dir", "a folder", "an empty path");
   const fs::path out = options.out_dir;
@@ -471,6 +468,9 @@ json run_experiment(const ExperimentConfig& config, const ExperimentOptions& opt
   if (ec || !fs::is_directory(ckpt_dir))
     fail("run_experiment", "out_dir", "a folder that can be created",
          in_quotes(out.string()) + " (" + ec.message() + ")");
+  // Temporary files of an earlier invocation killed mid-write: never read, removed here.
+  remove_stale_temp_files(out.string());
+  remove_stale_temp_files(ckpt_dir.string());
   // threads = 0: LibTorch's ops on the calling thread, phasor's kernels on every core. The ops of
   // these small models (hidden 64, 2,048 tokens a step) are too short to gain from a second
   // thread — handing them out cost more than it saved — while the kernels split well over
@@ -483,6 +483,7 @@ json run_experiment(const ExperimentConfig& config, const ExperimentOptions& opt
   const std::int64_t ref = task.reference_length();
 
   json runs = json::array();
+  json run_timings = json::array();
   const std::size_t total_runs = config.arms.size() * config.lrs.size() * config.seeds.size();
   std::size_t run_index = 0;
   for (const Arm& arm : config.arms)
@@ -511,7 +512,21 @@ json run_experiment(const ExperimentConfig& config, const ExperimentOptions& opt
                  in_quotes(record_path.string()) + ", which differs in " + differing +
                      " (use another --out, or run without --resume to start over)");
           }
+          // The record file holds the run's results and, under "timing", its wall-clock figures
+          // (timings.json), which results.json leaves out.
+          json timing = record.contains("timing") ? record["timing"] : json::object();
+          record.erase("timing");
+          // Records written before timings.json held these among the results.
+          for (const char* key : {"resumed", "wall_time_s", "tokens_per_s", "time_breakdown"})
+            if (record.contains(key)) {
+              timing[key] = record[key];
+              record.erase(key);
+            }
+          timing["arm"] = arm.name;
+          timing["lr"] = lr;
+          timing["seed"] = seed;
           runs.push_back(std::move(record));
+          run_timings.push_back(std::move(timing));
           if (options.progress) std::fprintf(stderr, "%s: finished earlier\n", label.c_str());
           continue;
         }
@@ -541,6 +556,9 @@ json run_experiment(const ExperimentConfig& config, const ExperimentOptions& opt
             train(model, tc, data, eval, options.progress ? stderr_progress(label) : ProgressFn{});
         op_timer.reset();
 
+        // Results only: a function of the config, the seed and the thread counts, the same bits
+        // whether the run went through in one go or was killed and resumed any number of times.
+        // What the clock says (and whether this invocation resumed) goes to timings.json.
         json record = {{"arm", arm.name},
                        {"setup", setup},
                        {"lr", lr},
@@ -550,12 +568,15 @@ json run_experiment(const ExperimentConfig& config, const ExperimentOptions& opt
                        {"final_step", result.final_step},
                        {"stopped_early", result.stopped_early},
                        {"diverged", result.diverged},
-                       {"resumed", resumed},
-                       {"wall_time_s", result.wall_time_s},
-                       {"tokens_per_s", result.tokens_per_s},
-                       {"time_breakdown", result.time},
                        {"losses", result.losses},
                        {"train_accuracies", result.train_accuracies}};
+        const json timing = {{"arm", arm.name},
+                             {"lr", lr},
+                             {"seed", seed},
+                             {"resumed", resumed},
+                             {"wall_time_s", result.wall_time_s},
+                             {"tokens_per_s", result.tokens_per_s},
+                             {"time_breakdown", result.time}};
         json evals = json::array();
         for (const EvalRecord& e : result.evals)
           evals.push_back({{"step", e.step},
@@ -597,8 +618,13 @@ json run_experiment(const ExperimentConfig& config, const ExperimentOptions& opt
         const bool complete =
             result.final_step >= tc.steps || result.stopped_early || result.diverged;
         record["complete"] = complete;
-        if (complete) write_text(record_path, record.dump(1));
+        if (complete) {
+          json file = record;
+          file["timing"] = timing;
+          write_text(record_path, file.dump(1));
+        }
         runs.push_back(std::move(record));
+        run_timings.push_back(timing);
       }
 
   // Summary: per arm and lr, the mean over seeds at every length; the best lr per arm.
@@ -652,12 +678,6 @@ json run_experiment(const ExperimentConfig& config, const ExperimentOptions& opt
     arms_summary.push_back({{"arm", arm.name}, {"best_lr", best_lr}, {"lrs", per_lr}});
   }
 
-  const double wall =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  // Training time of the runs, including those finished by earlier (resumed) invocations, but
-  // only the last part of a run continued from a checkpoint (train.h: wall_time_s of a call).
-  double train_time = 0;
-  for (const json& run : runs) train_time += num(run["wall_time_s"]);
   json results = {{"name", config.name},
                   {"config", config.source},
                   {"reference_length", ref},
@@ -666,8 +686,6 @@ json run_experiment(const ExperimentConfig& config, const ExperimentOptions& opt
                    {{"threads", at::get_num_threads()},
                     {"kernel_threads", phasor::num_threads()},
                     {"hardware_concurrency", std::thread::hardware_concurrency()}}},
-                  {"wall_time_s", wall},
-                  {"train_time_s", train_time},
                   {"summary", arms_summary},
                   {"runs", runs}};
   write_text(out / "results.json", results.dump(1));
@@ -784,10 +802,27 @@ json run_experiment(const ExperimentConfig& config, const ExperimentOptions& opt
     }
     write_line_plot_png(spec, (out / "loss.png").string());
   }
-  return results;
+
+  // timings.json: the clock's figures, apart so that results.json stays bit-identical across
+  // kills and resumes. Training time of the runs, including those finished by earlier (resumed)
+  // invocations, but only the last part of a run continued from a checkpoint (train.h:
+  // wall_time_s of a call).
+  double train_time = 0;
+  for (const json& t : run_timings)
+    if (t.contains("wall_time_s")) train_time += num(t["wall_time_s"]);
+  const double wall =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  json timings = {{"name", config.name},
+                  {"threads", at::get_num_threads()},
+                  {"wall_time_s", wall},
+                  {"train_time_s", train_time},
+                  {"runs", run_timings}};
+  write_text(out / "timings.json", timings.dump(1));
+  write_text(out / "table.txt", format_result_table(results, timings));
+  return {std::move(results), std::move(timings)};
 }
 
-std::string format_result_table(const json& results) {
+std::string format_result_table(const json& results, const json& timings) {
   std::string t;
   const auto& lengths = results["eval_lengths"];
   const std::int64_t ref = results["reference_length"].get<std::int64_t>();
@@ -837,30 +872,32 @@ std::string format_result_table(const json& results) {
     t += "\n";
   }
   const json& machine = results["machine"];
-  t += fmt::format("\n{} runs ({:.1f} s of training) in {:.1f} s on {} threads",
-                   results["runs"].size(), num(results["train_time_s"]),
-                   num(results["wall_time_s"]), machine["threads"].get<int>());
+  t += fmt::format("\n{} runs", results["runs"].size());
+  if (timings.is_object() && timings.contains("wall_time_s"))
+    t += fmt::format(" ({:.1f} s of training) in {:.1f} s", num(timings["train_time_s"]),
+                     num(timings["wall_time_s"]));
+  t += fmt::format(" on {} threads", machine["threads"].get<int>());
   if (machine.contains("kernel_threads"))
     t += fmt::format(" ({} for phasor's kernels)", machine["kernel_threads"].get<int>());
   t += "\n";
   return t;
 }
 
-std::string format_time_table(const json& results) {
+std::string format_time_table(const json& timings) {
   std::size_t w = 3;
-  for (const json& run : results["runs"])
+  for (const json& run : timings["runs"])
     w = std::max(
         w, run_stem(run["arm"].get<std::string>(), num(run["lr"]), run["seed"].get<std::uint64_t>())
                .size());
   std::string t = fmt::format(
       "{}: training time per step in ms; forward and backward split into phasor kernels / other "
       "LibTorch ops / the rest when timed (--profile)\n",
-      results["name"].get<std::string>());
+      timings["name"].get<std::string>());
   t += fmt::format(
       "{:<{}}  {:>6}  {:>8}  {:>7}  {:>6}  {:>6} {:>17}  {:>6} {:>17}  {:>6}  {:>7}  {:>6}\n",
       "run", w, "steps", "tok/s", "ms/step", "data", "fwd", "kern/ops/rest", "bwd", "kern/ops/rest",
       "optim", "metrics", "other");
-  for (const json& run : results["runs"]) {
+  for (const json& run : timings["runs"]) {
     if (!run.contains("time_breakdown")) continue;
     const json& b = run["time_breakdown"];
     const double steps = num(b["steps"]);

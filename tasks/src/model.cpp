@@ -12,11 +12,11 @@
 #include <sstream>
 #include <utility>
 
-#include "common/check.h"
+#include "check.h"
 
 namespace phasor::tasks {
 
-using phasor::detail::fail;
+using detail::fail;
 
 namespace {
 

@@ -14,12 +14,13 @@
 #include <tuple>
 #include <vector>
 
-#include "common/check.h"
+#include "check.h"
+#include "phasor/tasks/files.h"
 
 namespace phasor::tasks {
 namespace {
 
-using phasor::detail::fail;
+using detail::fail;
 constexpr const char* kOp = "write_line_plot_png";
 
 struct Rgb {
@@ -382,10 +383,24 @@ void write_line_plot_png(const PlotSpec& spec, const std::string& path, int widt
   }
 
   cairo_surface_flush(surface.get());
-  const cairo_status_t status = cairo_surface_write_to_png(surface.get(), path.c_str());
+  // Encoded in memory (a plot is tens of KiB), then written atomically (files.h): a run killed
+  // while plotting leaves the previous plot or none, never a truncated PNG.
+  std::string png;
+  const cairo_status_t status = cairo_surface_write_to_png_stream(
+      surface.get(),
+      [](void* closure, const unsigned char* data, unsigned int length) {
+        try {  // no exception may cross cairo's C code
+          static_cast<std::string*>(closure)->append(reinterpret_cast<const char*>(data), length);
+          return CAIRO_STATUS_SUCCESS;
+        } catch (...) {
+          return CAIRO_STATUS_NO_MEMORY;
+        }
+      },
+      &png);
   if (status != CAIRO_STATUS_SUCCESS)
-    fail(kOp, "path", "a writable file path",
+    fail(kOp, "path", "a plot cairo can encode as PNG",
          "'" + path + "' (" + cairo_status_to_string(status) + ")");
+  write_file_atomically(path, png, kOp);
 }
 
 }  // namespace phasor::tasks

@@ -12,20 +12,28 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <iomanip>
+#include <map>
+#include <memory>
 #include <mutex>
+#include <optional>
+#include <set>
 #include <sstream>
 #include <utility>
 
-#include "common/check.h"
+#include <zlib.h>
+
+#include "check.h"
+#include "phasor/tasks/files.h"
 
 namespace phasor::tasks {
 
-using phasor::detail::fail;
+using detail::fail;
 
 namespace {
 
-constexpr const char* kFormat = "phasor.tasks.checkpoint/1";
+constexpr const char* kFormat = "phasor.tasks.checkpoint/2";  // the payload's format tag
 
 std::string quoted(const std::string& s) {
   return "'" + s + "'";
@@ -171,93 +179,564 @@ nlohmann::json train_json(const TrainConfig& c) {
   return j;
 }
 
+// The checkpoint file (format 2, train.h): a 32-byte header, then the payload.
+//   bytes  0.. 7  magic "PHSRCKPT"
+//   bytes  8..11  format version, 2 (little-endian, as every number of the file)
+//   bytes 12..15  0 (reserved)
+//   bytes 16..23  payload length in bytes
+//   bytes 24..27  CRC-32 (zlib) of the payload
+//   bytes 28..31  CRC-32 of bytes 0..27
+// The reader checks the header against the file's size and both checksums before it reads a byte
+// of the payload, so a truncated, torn or bit-flipped file is refused by name, and a length field
+// claiming 10^12 bytes is compared with the file's real size, never allocated.
+//
+// The payload is a sequence of named entries, read by the bounds-checked parser below (not by
+// LibTorch's archive loader, whose TorchScript importer crashes on some malformed archives, so
+// that no file — even one whose checksums were forged — can crash, hang or exhaust the reader):
+//   entry  := u32 name length (1 … 1024) · name · u8 kind · body
+//   kind 1 (text):   u64 length · bytes
+//   kind 2 (tensor): u8 dtype · u8 rank (≤ 8) · u64 size × rank · the elements, row-major
+// dtype codes: 1 float32, 2 float64, 3 int64, 4 int32, 5 uint8, 6 bool, 7 bfloat16, 8 float16.
+// Entries: "format" (text kFormat), "model_config" and "train_config" (JSON text), "step" (int64
+// [1]), "flags" (int64 [2]: stopped early, diverged), "losses", "train_accuracies", "evals"
+// (float64; evals [4·n]: step, loss, token and sequence accuracy), "rng" (uint8: torch's CPU
+// generator state), "param/<name>" and "buffer/<name>" (the model's), and AdamW's:
+// "adamw/<group>/params" (int64 [1]: the group's parameter count), "adamw/<group>/options"
+// (float64 [6]: lr, beta1, beta2, eps, weight_decay, amsgrad) and, for each parameter j of the
+// group with a state, "adamw/<group>/<j>/step" (int64 [1]), ".../exp_avg", ".../exp_avg_sq" and,
+// with amsgrad, ".../max_exp_avg_sq".
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
+              "checkpoints store tensors' bytes as they are in memory: little-endian");
+constexpr char kMagic[8] = {'P', 'H', 'S', 'R', 'C', 'K', 'P', 'T'};
+constexpr std::uint32_t kFormatVersion = 2;
+constexpr std::size_t kHeaderBytes = 32;
+constexpr std::size_t kMaxNameBytes = 1024;
+constexpr int kMaxRank = 8;
+constexpr std::uint8_t kText = 1, kTensor = 2;
+
+std::uint32_t crc32_of(const char* data, std::size_t size) {
+  const uLong initial = crc32_z(0L, Z_NULL, 0);
+  return static_cast<std::uint32_t>(
+      crc32_z(initial, reinterpret_cast<const Bytef*>(data), static_cast<z_size_t>(size)));
+}
+
+void put_le(std::string& s, std::size_t at, std::uint64_t value, int bytes) {
+  for (int i = 0; i < bytes; ++i) s[at + i] = static_cast<char>((value >> (8 * i)) & 0xff);
+}
+
+std::uint64_t get_le(const std::string& s, std::size_t at, int bytes) {
+  std::uint64_t v = 0;
+  for (int i = 0; i < bytes; ++i)
+    v |= static_cast<std::uint64_t>(static_cast<unsigned char>(s[at + i])) << (8 * i);
+  return v;
+}
+
+std::string hex32(std::uint32_t v) {
+  char buf[16];
+  std::snprintf(buf, sizeof buf, "0x%08x", v);
+  return buf;
+}
+
+// The dtype codes of the payload's tensors.
+std::uint8_t dtype_code(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat:
+      return 1;
+    case at::kDouble:
+      return 2;
+    case at::kLong:
+      return 3;
+    case at::kInt:
+      return 4;
+    case at::kByte:
+      return 5;
+    case at::kBool:
+      return 6;
+    case at::kBFloat16:
+      return 7;
+    case at::kHalf:
+      return 8;
+    default:
+      return 0;
+  }
+}
+
+std::optional<at::ScalarType> dtype_of_code(std::uint8_t code) {
+  static const at::ScalarType types[] = {at::kFloat, at::kDouble, at::kLong,     at::kInt,
+                                         at::kByte,  at::kBool,   at::kBFloat16, at::kHalf};
+  if (code < 1 || code > 8) return std::nullopt;
+  return types[code - 1];
+}
+
+// Appends entries to a payload.
+class PayloadWriter {
+ public:
+  explicit PayloadWriter(std::string& out) : out_(out) {}
+  void text(const std::string& name, const std::string& value) {
+    name_and_kind(name, kText);
+    number(value.size(), 8);
+    out_ += value;
+  }
+  void tensor(const std::string& name, const at::Tensor& t) {
+    const std::uint8_t code = dtype_code(t.scalar_type());
+    TORCH_CHECK(code != 0, "checkpoint entry '", name, "' has an unsupported dtype ",
+                t.scalar_type());
+    TORCH_CHECK(t.dim() <= kMaxRank, "checkpoint entry '", name, "' has rank ", t.dim());
+    name_and_kind(name, kTensor);
+    number(code, 1);
+    number(static_cast<std::uint64_t>(t.dim()), 1);
+    for (const std::int64_t d : t.sizes()) number(static_cast<std::uint64_t>(d), 8);
+    const at::Tensor c = t.detach().cpu().contiguous();
+    out_.append(static_cast<const char*>(c.data_ptr()), c.numel() * c.element_size());
+  }
+
+ private:
+  void name_and_kind(const std::string& name, std::uint8_t kind) {
+    TORCH_CHECK(!name.empty() && name.size() <= kMaxNameBytes, "checkpoint entry name '", name,
+                "' is empty or longer than ", kMaxNameBytes, " bytes");
+    number(name.size(), 4);
+    out_ += name;
+    number(kind, 1);
+  }
+  void number(std::uint64_t v, int bytes) {
+    const std::size_t at = out_.size();
+    out_.resize(at + bytes);
+    put_le(out_, at, v, bytes);
+  }
+  std::string& out_;
+};
+
+struct Entry {
+  std::uint8_t kind = 0;
+  std::string text;
+  at::Tensor tensor;
+};
+using Entries = std::map<std::string, Entry>;
+
+// Every refusal of a checkpoint: the file and the problem.
+[[noreturn]] void refuse(const std::string& path, const std::string& problem) {
+  fail("checkpoint", "path", "a valid phasor task checkpoint", quoted(path) + " (" + problem + ")");
+}
+
+// Parses a payload into its entries. Every length is checked against the bytes left before
+// anything is allocated, so memory stays within the payload's size.
+Entries parse_payload(const std::string& path, const std::string& p) {
+  Entries entries;
+  std::size_t at = 0;
+  const auto left = [&] { return static_cast<std::uint64_t>(p.size() - at); };
+  const auto take = [&](std::uint64_t bytes, const std::string& what) {
+    if (bytes > left())
+      refuse(path, "corrupt contents: " + what + " runs past the payload's end at byte " +
+                       std::to_string(at));
+    const std::size_t from = at;
+    at += static_cast<std::size_t>(bytes);
+    return from;
+  };
+  const auto number = [&](int bytes, const std::string& what) {
+    return get_le(p, take(static_cast<std::uint64_t>(bytes), what), bytes);
+  };
+  while (at < p.size()) {
+    const std::uint64_t name_bytes = number(4, "an entry's name length");
+    if (name_bytes == 0 || name_bytes > kMaxNameBytes)
+      refuse(path, "corrupt contents: an entry name of " + std::to_string(name_bytes) +
+                       " bytes at byte " + std::to_string(at - 4));
+    const std::string name = p.substr(take(name_bytes, "an entry's name"), name_bytes);
+    const std::string what = "entry '" + name + "'";
+    if (entries.count(name)) refuse(path, "corrupt contents: " + what + " twice");
+    Entry e;
+    e.kind = static_cast<std::uint8_t>(number(1, what));
+    if (e.kind == kText) {
+      const std::uint64_t bytes = number(8, what);
+      e.text = p.substr(take(bytes, what), static_cast<std::size_t>(bytes));
+    } else if (e.kind == kTensor) {
+      const auto code = static_cast<std::uint8_t>(number(1, what));
+      const std::optional<at::ScalarType> dtype = dtype_of_code(code);
+      if (!dtype)
+        refuse(path,
+               "corrupt contents: " + what + " has an unknown dtype code " + std::to_string(code));
+      const auto rank = static_cast<int>(number(1, what));
+      if (rank > kMaxRank)
+        refuse(path, "corrupt contents: " + what + " has rank " + std::to_string(rank));
+      const auto item = static_cast<std::uint64_t>(c10::elementSize(*dtype));
+      std::vector<std::int64_t> sizes;
+      // The product of the non-zero sizes must fit in the bytes left (even when another size is
+      // 0): bounds every size and the product, without overflow, before anything is allocated.
+      std::uint64_t product = 1;
+      bool empty = false;
+      for (int d = 0; d < rank; ++d) {
+        const std::uint64_t size = number(8, what);
+        if (size == 0) {
+          empty = true;
+        } else {
+          if (size > left() / item / product)
+            refuse(path, "corrupt contents: " + what + " is larger than the payload");
+          product *= size;
+        }
+        sizes.push_back(static_cast<std::int64_t>(size));
+      }
+      const std::uint64_t numel = empty ? 0 : product;
+      const std::size_t from = take(numel * item, what);
+      e.tensor = torch::empty(sizes, at::TensorOptions().dtype(*dtype));
+      if (numel > 0)
+        std::memcpy(e.tensor.data_ptr(), p.data() + from, static_cast<std::size_t>(numel * item));
+    } else {
+      refuse(path, "corrupt contents: " + what + " of unknown kind " + std::to_string(e.kind));
+    }
+    entries.emplace(name, std::move(e));
+  }
+  return entries;
+}
+
 void save_checkpoint(const std::string& path, LanguageModel& model, torch::optim::AdamW& optimizer,
                      const TrainConfig& config, const History& h) {
-  torch::serialize::OutputArchive ar;
-  ar.write("format", c10::IValue(std::string(kFormat)));
-  ar.write("model_config", c10::IValue(model_json(model->config()).dump()));
-  ar.write("train_config", c10::IValue(train_json(config).dump()));
-  ar.write("step", torch::full({1}, h.step, at::kLong));
-  ar.write("flags", torch::tensor({static_cast<std::int64_t>(h.stopped_early),
+  std::string bytes(kHeaderBytes, '\0');  // the header's room, filled in at the end
+  PayloadWriter w(bytes);
+  w.text("format", kFormat);
+  w.text("model_config", model_json(model->config()).dump());
+  w.text("train_config", train_json(config).dump());
+  w.tensor("step", torch::full({1}, h.step, at::kLong));
+  w.tensor("flags", torch::tensor({static_cast<std::int64_t>(h.stopped_early),
                                    static_cast<std::int64_t>(h.diverged)},
                                   at::kLong));
-  ar.write("losses", doubles_tensor(h.losses));
-  ar.write("train_accuracies", doubles_tensor(h.train_accuracies));
+  w.tensor("losses", doubles_tensor(h.losses));
+  w.tensor("train_accuracies", doubles_tensor(h.train_accuracies));
   std::vector<double> evals;
   for (const auto& e : h.evals)
     evals.insert(evals.end(),
                  {static_cast<double>(e.step), e.loss, e.token_accuracy, e.sequence_accuracy});
-  ar.write("evals", doubles_tensor(evals));
+  w.tensor("evals", doubles_tensor(evals));
   {
     at::Generator gen = at::detail::getDefaultCPUGenerator();
     std::lock_guard<std::mutex> lock(gen.mutex());
-    ar.write("rng", gen.get_state());
+    w.tensor("rng", gen.get_state());
   }
-  torch::serialize::OutputArchive m, o;
-  model->save(m);
-  optimizer.save(o);
-  ar.write("model", m);
-  ar.write("optimizer", o);
-  // Write next to the target and rename: an interrupted save leaves the previous checkpoint.
-  const std::string tmp = path + ".tmp";
-  try {
-    ar.save_to(tmp);
-  } catch (const c10::Error& e) {
-    fail("checkpoint", "checkpoint_path", "a writable path",
-         quoted(path) + " (" + first_line(e.what_without_backtrace()) + ")");
+  for (const auto& p : model->named_parameters()) w.tensor("param/" + p.key(), p.value());
+  for (const auto& b : model->named_buffers()) w.tensor("buffer/" + b.key(), b.value());
+  // AdamW keys its per-parameter state by the parameter's TensorImpl address, as text (what
+  // LibTorch's own Optimizer::save does too); the file keys it by (group, index).
+  const auto& groups = optimizer.param_groups();
+  for (std::size_t g = 0; g < groups.size(); ++g) {
+    const std::string group = "adamw/" + std::to_string(g) + "/";
+    const auto& o = static_cast<const torch::optim::AdamWOptions&>(groups[g].options());
+    w.tensor(group + "params",
+             torch::full({1}, static_cast<std::int64_t>(groups[g].params().size()), at::kLong));
+    w.tensor(group + "options",
+             doubles_tensor({o.lr(), std::get<0>(o.betas()), std::get<1>(o.betas()), o.eps(),
+                             o.weight_decay(), o.amsgrad() ? 1.0 : 0.0}));
+    for (std::size_t j = 0; j < groups[g].params().size(); ++j) {
+      const auto it =
+          optimizer.state().find(c10::guts::to_string(groups[g].params()[j].unsafeGetTensorImpl()));
+      if (it == optimizer.state().end()) continue;  // not stepped yet
+      const auto& s = static_cast<const torch::optim::AdamWParamState&>(*it->second);
+      const std::string param = group + std::to_string(j) + "/";
+      w.tensor(param + "step", torch::full({1}, s.step(), at::kLong));
+      w.tensor(param + "exp_avg", s.exp_avg());
+      w.tensor(param + "exp_avg_sq", s.exp_avg_sq());
+      if (s.max_exp_avg_sq().defined()) w.tensor(param + "max_exp_avg_sq", s.max_exp_avg_sq());
+    }
   }
+  const std::uint64_t payload = bytes.size() - kHeaderBytes;
+  bytes.replace(0, sizeof kMagic, kMagic, sizeof kMagic);
+  put_le(bytes, 8, kFormatVersion, 4);
+  put_le(bytes, 16, payload, 8);
+  put_le(bytes, 24, crc32_of(bytes.data() + kHeaderBytes, payload), 4);
+  put_le(bytes, 28, crc32_of(bytes.data(), 28), 4);
+  // Atomic and durable (files.h): a run killed mid-write keeps its previous checkpoint.
+  write_file_atomically(path, bytes, "checkpoint", "checkpoint_path");
+}
+
+// A checkpoint whose header, checksums, format tag and entry structure were verified.
+struct CheckpointFile {
+  CheckpointInfo info;
+  Entries entries;
+};
+
+// The payload of the checkpoint at `path`, after the checks of the header and of the checksums.
+std::string verified_payload(const std::string& path, CheckpointInfo& info) {
+  namespace fs = std::filesystem;
   std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec)
-    fail("checkpoint", "checkpoint_path", "a writable path",
-         quoted(path) + " (" + ec.message() + ")");
+  const fs::file_status status = fs::status(path, ec);
+  if (!fs::exists(status)) refuse(path, "no such file");
+  if (fs::is_directory(status)) refuse(path, "a directory, not a checkpoint file");
+  if (!fs::is_regular_file(status)) refuse(path, "not a regular file");
+  std::ifstream in(path, std::ios::binary);
+  if (!in) refuse(path, std::string("cannot open it: ") + std::strerror(errno));
+  in.seekg(0, std::ios::end);
+  const std::streamoff end = in.tellg();
+  in.seekg(0, std::ios::beg);
+  if (!in || end < 0) refuse(path, "cannot read its size");
+  const auto size = static_cast<std::uint64_t>(end);
+  if (size == 0) refuse(path, "an empty file");
+  std::string header(static_cast<std::size_t>(std::min<std::uint64_t>(size, kHeaderBytes)), '\0');
+  if (!in.read(&header[0], static_cast<std::streamsize>(header.size())))
+    refuse(path, "cannot read its header");
+  // Format 1 was a bare LibTorch archive, a zip file.
+  if (header.compare(0, 4, std::string("PK\x03\x04", 4)) == 0)
+    refuse(path,
+           "a checkpoint of the old format 1 without checksum: the checkpoint format changed to " +
+               std::to_string(kFormatVersion) +
+               "; train the run again (without --resume, or into a new folder)");
+  // (A file shorter than the magic but starting like it is a truncated checkpoint.)
+  const std::size_t magic_bytes = std::min(header.size(), sizeof kMagic);
+  if (header.compare(0, magic_bytes, kMagic, magic_bytes) != 0)
+    refuse(path, "not a phasor task checkpoint: it does not start with \"PHSRCKPT\"");
+  if (size < kHeaderBytes)
+    refuse(path, "truncated: " + std::to_string(size) + " bytes, less than the " +
+                     std::to_string(kHeaderBytes) + "-byte header");
+  const auto header_crc = static_cast<std::uint32_t>(get_le(header, 28, 4));
+  if (crc32_of(header.data(), 28) != header_crc)
+    refuse(path, "corrupt header: its checksum does not match");
+  info.format_version = static_cast<std::uint32_t>(get_le(header, 8, 4));
+  if (info.format_version != kFormatVersion)
+    refuse(path, "format version " + std::to_string(info.format_version) +
+                     "; this build reads version " + std::to_string(kFormatVersion));
+  info.payload_bytes = get_le(header, 16, 8);
+  info.payload_crc32 = static_cast<std::uint32_t>(get_le(header, 24, 4));
+  const std::uint64_t present = size - kHeaderBytes;
+  if (info.payload_bytes > present)
+    refuse(path, "truncated: " + std::to_string(present) + " of the " +
+                     std::to_string(info.payload_bytes) + " payload bytes its header announces");
+  if (info.payload_bytes < present)
+    refuse(path, std::to_string(present - info.payload_bytes) +
+                     " unexpected bytes after the payload of " +
+                     std::to_string(info.payload_bytes) + " bytes");
+  std::string payload(static_cast<std::size_t>(present), '\0');
+  if (present > 0 && !in.read(&payload[0], static_cast<std::streamsize>(present)))
+    refuse(path, "cannot read its payload");
+  const std::uint32_t crc = crc32_of(payload.data(), payload.size());
+  if (crc != info.payload_crc32)
+    refuse(path, "corrupt: the payload's checksum " + hex32(crc) + " does not match the stored " +
+                     hex32(info.payload_crc32));
+  return payload;
 }
 
-// Opens a checkpoint and checks its format tag; errors name the path and the problem.
-torch::serialize::InputArchive open_checkpoint(const std::string& path) {
-  std::error_code ec;
-  if (!std::filesystem::is_regular_file(path, ec))
-    fail("checkpoint", "path", "an existing checkpoint file", quoted(path) + " (no such file)");
-  torch::serialize::InputArchive ar;
-  try {
-    ar.load_from(path);
-    c10::IValue format;
-    ar.read("format", format);
-    if (!format.isString() || format.toStringRef() != kFormat)
-      fail("checkpoint", "path", std::string("a checkpoint of format ") + kFormat,
-           quoted(path) + " (format " + (format.isString() ? format.toStringRef() : "?") + ")");
-  } catch (const c10::Error& e) {
-    fail("checkpoint", "path", "a readable phasor task checkpoint",
-         quoted(path) + " (corrupt or not a checkpoint: " + first_line(e.what_without_backtrace()) +
-             ")");
-  }
-  return ar;
+// Opens a checkpoint: verified payload, its entries, the format tag.
+CheckpointFile open_checkpoint(const std::string& path) {
+  CheckpointFile f;
+  f.entries = parse_payload(path, verified_payload(path, f.info));
+  const auto it = f.entries.find("format");
+  if (it == f.entries.end() || it->second.kind != kText)
+    refuse(path, "corrupt contents: no text entry 'format'");
+  if (it->second.text != kFormat)
+    refuse(path, "format tag " + quoted(it->second.text.substr(0, 64)) + "; this build reads '" +
+                     kFormat + "'");
+  return f;
 }
 
-template <class F>
-auto reading(const std::string& path, F&& f) -> decltype(f()) {
-  try {
-    return f();
-  } catch (const c10::Error& e) {
-    fail("checkpoint", "path", "a complete phasor task checkpoint",
-         quoted(path) + " (corrupt: " + first_line(e.what_without_backtrace()) + ")");
-  } catch (const nlohmann::json::exception& e) {
-    fail("checkpoint", "path", "a complete phasor task checkpoint",
-         quoted(path) + " (corrupt config: " + e.what() + ")");
-  }
+const std::string& text_entry(const CheckpointFile& f, const std::string& path,
+                              const std::string& name) {
+  const auto it = f.entries.find(name);
+  if (it == f.entries.end()) refuse(path, "corrupt contents: no entry '" + name + "'");
+  if (it->second.kind != kText) refuse(path, "corrupt contents: entry '" + name + "' is no text");
+  return it->second.text;
 }
 
-std::string read_string(torch::serialize::InputArchive& ar, const char* key) {
-  c10::IValue v;
-  ar.read(key, v);
-  TORCH_CHECK(v.isString(), "entry '", key, "' is not a string");
-  return v.toStringRef();
-}
-
-at::Tensor read_tensor(torch::serialize::InputArchive& ar, const char* key) {
-  at::Tensor t;
-  ar.read(key, t);
+// A tensor entry of the given dtype and rank (−1: any rank).
+const at::Tensor& tensor_entry(const CheckpointFile& f, const std::string& path,
+                               const std::string& name, at::ScalarType dtype, int rank = 1) {
+  const auto it = f.entries.find(name);
+  if (it == f.entries.end()) refuse(path, "corrupt contents: no entry '" + name + "'");
+  const at::Tensor& t = it->second.tensor;
+  if (it->second.kind != kTensor || t.scalar_type() != dtype || (rank >= 0 && t.dim() != rank))
+    refuse(path, "corrupt contents: entry '" + name + "' is not a " +
+                     (rank >= 0 ? std::to_string(rank) + "-d " : std::string()) + "tensor of " +
+                     c10::toString(dtype));
   return t;
+}
+
+std::int64_t int64_entry(const CheckpointFile& f, const std::string& path,
+                         const std::string& name) {
+  const at::Tensor& t = tensor_entry(f, path, name, at::kLong);
+  if (t.numel() != 1) refuse(path, "corrupt contents: entry '" + name + "' is not one number");
+  return t.item<std::int64_t>();
+}
+
+// The entries of the model and of the optimizer, without a model at hand: at least one
+// "param/" tensor; for every AdamW group its parameter count and 6 options; every per-parameter
+// state of a parameter index within its group, with its step and its moments (of one dtype and
+// shape each).
+void check_model_and_optimizer_entries(const CheckpointFile& f, const std::string& path) {
+  const auto bad = [&](const std::string& name, const std::string& problem) {
+    refuse(path, "corrupt contents: entry '" + name + "' " + problem);
+  };
+  bool any_parameter = false;
+  for (const auto& kv : f.entries) {
+    const std::string& name = kv.first;
+    const bool param = name.rfind("param/", 0) == 0;
+    if (param || name.rfind("buffer/", 0) == 0) {
+      if (kv.second.kind != kTensor) bad(name, "is no tensor");
+      any_parameter = any_parameter || param;
+      continue;
+    }
+    if (name.rfind("adamw/", 0) != 0) continue;
+    // adamw/<g>/params, adamw/<g>/options, adamw/<g>/<j>/<field>
+    std::vector<std::string> parts;
+    for (std::size_t from = 0;;) {
+      const auto slash = name.find('/', from);
+      parts.push_back(
+          name.substr(from, slash == std::string::npos ? std::string::npos : slash - from));
+      if (slash == std::string::npos) break;
+      from = slash + 1;
+    }
+    const auto is_index = [](const std::string& s) {
+      return !s.empty() && s.size() < 10 && s.find_first_not_of("0123456789") == std::string::npos;
+    };
+    if (parts.size() < 3 || !is_index(parts[1])) bad(name, "is not an AdamW entry");
+    const std::string group = "adamw/" + parts[1] + "/";
+    const std::int64_t size = int64_entry(f, path, group + "params");
+    if (tensor_entry(f, path, group + "options", at::kDouble).numel() != 6)
+      bad(group + "options", "does not hold 6 options");
+    if (parts.size() == 3 && (parts[2] == "params" || parts[2] == "options")) continue;
+    static const std::set<std::string> fields = {"step", "exp_avg", "exp_avg_sq", "max_exp_avg_sq"};
+    if (parts.size() != 4 || !is_index(parts[2]) || !fields.count(parts[3]))
+      bad(name, "is not an AdamW entry");
+    if (std::stoll(parts[2]) >= size)
+      bad(name, "is beyond its group's " + std::to_string(size) + " parameters");
+    const std::string state = group + parts[2] + "/";
+    (void)int64_entry(f, path, state + "step");
+    const auto moment = [&](const std::string& field) -> const at::Tensor& {
+      const auto it = f.entries.find(state + field);
+      if (it == f.entries.end()) refuse(path, "corrupt contents: no entry '" + state + field + "'");
+      if (it->second.kind != kTensor || !it->second.tensor.is_floating_point())
+        bad(state + field, "is not a floating-point tensor");
+      return it->second.tensor;
+    };
+    const at::Tensor& m = moment("exp_avg");
+    for (const char* other : {"exp_avg_sq", "max_exp_avg_sq"}) {
+      if (std::string(other) == "max_exp_avg_sq" && !f.entries.count(state + other)) continue;
+      const at::Tensor& v = moment(other);
+      if (v.sizes() != m.sizes() || v.scalar_type() != m.scalar_type())
+        bad(state + other, "differs in shape or dtype from '" + state + "exp_avg'");
+    }
+  }
+  if (!any_parameter) refuse(path, "corrupt contents: no model parameter ('param/...' entries)");
+}
+
+// Everything of a checkpoint but the model's parameters and the optimizer's state, read and
+// checked for consistency (those are checked for structure).
+struct Contents {
+  nlohmann::json model_config, train_config;
+  History history;
+  at::Tensor rng;
+};
+
+Contents read_contents(const CheckpointFile& f, const std::string& path) {
+  Contents c;
+  try {
+    c.model_config = nlohmann::json::parse(text_entry(f, path, "model_config"));
+    c.train_config = nlohmann::json::parse(text_entry(f, path, "train_config"));
+  } catch (const nlohmann::json::exception& e) {
+    refuse(path, std::string("corrupt config: ") + e.what());
+  }
+  if (!c.model_config.is_object() || !c.train_config.is_object())
+    refuse(path, "corrupt config: not a JSON object");
+  History& h = c.history;
+  h.step = int64_entry(f, path, "step");
+  const at::Tensor& flags = tensor_entry(f, path, "flags", at::kLong);
+  if (flags.numel() != 2) refuse(path, "corrupt contents: entry 'flags' has not 2 values");
+  h.stopped_early = flags[0].item<std::int64_t>() != 0;
+  h.diverged = flags[1].item<std::int64_t>() != 0;
+  h.losses = doubles_of(tensor_entry(f, path, "losses", at::kDouble));
+  h.train_accuracies = doubles_of(tensor_entry(f, path, "train_accuracies", at::kDouble));
+  const auto evals = doubles_of(tensor_entry(f, path, "evals", at::kDouble));
+  if (evals.size() % 4 != 0)
+    refuse(path, "corrupt contents: entry 'evals' has " + std::to_string(evals.size()) +
+                     " values, not a multiple of 4");
+  if (h.step < 0 || h.losses.size() != static_cast<std::size_t>(h.step) ||
+      h.train_accuracies.size() != h.losses.size())
+    refuse(path, "corrupt contents: step " + std::to_string(h.step) + " with a history of " +
+                     std::to_string(h.losses.size()) + " losses and " +
+                     std::to_string(h.train_accuracies.size()) + " accuracies");
+  for (std::size_t i = 0; i < evals.size(); i += 4) {
+    // An evaluation's step is a whole number in [1, step] (checked before the conversion, which
+    // is undefined for values outside int64's range).
+    if (!(evals[i] >= 1 && evals[i] <= static_cast<double>(h.step)) ||
+        evals[i] != std::floor(evals[i]))
+      refuse(path, "corrupt contents: an evaluation at step " + std::to_string(evals[i]) +
+                       " of a history of " + std::to_string(h.step) + " steps");
+    h.evals.push_back(
+        {static_cast<std::int64_t>(evals[i]), evals[i + 1], evals[i + 2], evals[i + 3]});
+  }
+  c.rng = tensor_entry(f, path, "rng", at::kByte);
+  check_model_and_optimizer_entries(f, path);
+  return c;
+}
+
+// The entry of a model tensor, which must have the model's dtype and shape.
+const at::Tensor& model_entry(const CheckpointFile& f, const std::string& path,
+                              const std::string& name, const at::Tensor& like) {
+  const auto it = f.entries.find(name);
+  if (it == f.entries.end())
+    refuse(path, "no entry '" + name + "' for the model's " + name.substr(0, name.find('/')));
+  const at::Tensor& t = it->second.tensor;
+  if (t.scalar_type() != like.scalar_type() || t.sizes() != like.sizes())
+    refuse(path, "entry '" + name + "' is " + c10::toString(t.scalar_type()) + " " +
+                     c10::str(t.sizes()) + ", the model's " + c10::toString(like.scalar_type()) +
+                     " " + c10::str(like.sizes()));
+  return t;
+}
+
+// Copies the parameters and buffers into `model` (in place: the optimizer's keys stay valid).
+// The file must hold exactly the model's tensors.
+void load_parameters(const CheckpointFile& f, const std::string& path, LanguageModel& model) {
+  torch::NoGradGuard no_grad;
+  std::set<std::string> used;
+  for (const auto& p : model->named_parameters()) {
+    const std::string name = "param/" + p.key();
+    p.value().copy_(model_entry(f, path, name, p.value()));
+    used.insert(name);
+  }
+  for (const auto& b : model->named_buffers()) {
+    const std::string name = "buffer/" + b.key();
+    b.value().copy_(model_entry(f, path, name, b.value()));
+    used.insert(name);
+  }
+  for (const auto& kv : f.entries)
+    if ((kv.first.rfind("param/", 0) == 0 || kv.first.rfind("buffer/", 0) == 0) &&
+        !used.count(kv.first))
+      refuse(path, "entry '" + kv.first + "' is not a tensor of the model");
+}
+
+// Restores AdamW's options and per-parameter states (as Optimizer::load would).
+void load_optimizer(const CheckpointFile& f, const std::string& path,
+                    torch::optim::AdamW& optimizer) {
+  auto& groups = optimizer.param_groups();
+  if (f.entries.count("adamw/" + std::to_string(groups.size()) + "/params"))
+    refuse(path,
+           "more AdamW parameter groups than the optimizer's " + std::to_string(groups.size()));
+  for (std::size_t g = 0; g < groups.size(); ++g) {
+    const std::string group = "adamw/" + std::to_string(g) + "/";
+    const auto& params = groups[g].params();
+    const std::int64_t size = int64_entry(f, path, group + "params");
+    if (size != static_cast<std::int64_t>(params.size()))
+      refuse(path, "AdamW group " + std::to_string(g) + " of " + std::to_string(size) +
+                       " parameters, the optimizer's has " + std::to_string(params.size()));
+    const std::vector<double> o = doubles_of(tensor_entry(f, path, group + "options", at::kDouble));
+    auto& options = static_cast<torch::optim::AdamWOptions&>(groups[g].options());
+    options.lr(o[0]).betas({o[1], o[2]}).eps(o[3]).weight_decay(o[4]).amsgrad(o[5] != 0.0);
+    for (std::size_t j = 0; j < params.size(); ++j) {
+      const std::string state = group + std::to_string(j) + "/";
+      if (!f.entries.count(state + "step")) continue;  // not stepped yet
+      auto s = std::make_unique<torch::optim::AdamWParamState>();
+      s->step(int64_entry(f, path, state + "step"));
+      s->exp_avg(model_entry(f, path, state + "exp_avg", params[j]).clone());
+      s->exp_avg_sq(model_entry(f, path, state + "exp_avg_sq", params[j]).clone());
+      if (f.entries.count(state + "max_exp_avg_sq"))
+        s->max_exp_avg_sq(model_entry(f, path, state + "max_exp_avg_sq", params[j]).clone());
+      optimizer.state()[c10::guts::to_string(params[j].unsafeGetTensorImpl())] = std::move(s);
+    }
+  }
+}
+
+// The model config of a checkpoint, refused by name if it is not a valid one.
+ModelConfig model_config_of(const Contents& c, const std::string& path) {
+  try {
+    return c.model_config.get<ModelConfig>();
+  } catch (const Error& e) {
+    refuse(path, std::string("its model config is invalid: ") + e.what());
+  } catch (const nlohmann::json::exception& e) {
+    refuse(path, std::string("its model config is invalid: ") + e.what());
+  }
 }
 
 // Keys whose values differ between two JSON objects, "a, b".
@@ -277,49 +756,35 @@ std::string differing_keys(const nlohmann::json& a, const nlohmann::json& b) {
 
 History resume(const std::string& path, LanguageModel& model, torch::optim::AdamW& optimizer,
                const TrainConfig& config) {
-  auto ar = open_checkpoint(path);
-  return reading(path, [&] {
-    const auto stored_model = nlohmann::json::parse(read_string(ar, "model_config"));
-    const auto current_model = nlohmann::json::parse(model_json(model->config()).dump());
-    if (stored_model != current_model)
-      fail("train", "resume_from", "a checkpoint of the same model config",
-           quoted(path) + " differing in " + differing_keys(stored_model, current_model));
-    const auto stored_train = nlohmann::json::parse(read_string(ar, "train_config"));
-    const auto current_train = nlohmann::json::parse(train_json(config).dump());
-    nlohmann::json a = nlohmann::json::object(), b = nlohmann::json::object();
-    for (const char* k : kTrajectoryKeys) {
-      if (stored_train.contains(k)) a[k] = stored_train.at(k);
-      b[k] = current_train.at(k);
-    }
-    if (a != b)
-      fail("train", "resume_from", "a checkpoint with the same training trajectory settings",
-           quoted(path) + " differing in " + differing_keys(a, b));
-    History h;
-    h.step = read_tensor(ar, "step").item<std::int64_t>();
-    const at::Tensor flags = read_tensor(ar, "flags");
-    h.stopped_early = flags[0].item<std::int64_t>() != 0;
-    h.diverged = flags[1].item<std::int64_t>() != 0;
-    h.losses = doubles_of(read_tensor(ar, "losses"));
-    h.train_accuracies = doubles_of(read_tensor(ar, "train_accuracies"));
-    const auto evals = doubles_of(read_tensor(ar, "evals"));
-    for (std::size_t i = 0; i + 3 < evals.size(); i += 4)
-      h.evals.push_back(
-          {static_cast<std::int64_t>(evals[i]), evals[i + 1], evals[i + 2], evals[i + 3]});
-    TORCH_CHECK(h.step >= 0 && h.step <= config.steps &&
-                    h.losses.size() == static_cast<std::size_t>(h.step) &&
-                    h.train_accuracies.size() == h.losses.size() && evals.size() % 4 == 0,
-                "inconsistent step ", h.step, " and history of ", h.losses.size(), " losses");
-    torch::serialize::InputArchive m, o;
-    ar.read("model", m);
-    ar.read("optimizer", o);
-    model->load(m);
-    optimizer.load(o);
-    const at::Tensor rng = read_tensor(ar, "rng");
+  const CheckpointFile f = open_checkpoint(path);
+  Contents c = read_contents(f, path);
+  const auto current_model = nlohmann::json::parse(model_json(model->config()).dump());
+  if (c.model_config != current_model)
+    fail("train", "resume_from", "a checkpoint of the same model config",
+         quoted(path) + " differing in " + differing_keys(c.model_config, current_model));
+  const auto current_train = nlohmann::json::parse(train_json(config).dump());
+  nlohmann::json a = nlohmann::json::object(), b = nlohmann::json::object();
+  for (const char* k : kTrajectoryKeys) {
+    if (c.train_config.contains(k)) a[k] = c.train_config.at(k);
+    b[k] = current_train.at(k);
+  }
+  if (a != b)
+    fail("train", "resume_from", "a checkpoint with the same training trajectory settings",
+         quoted(path) + " differing in " + differing_keys(a, b));
+  if (c.history.step > config.steps)
+    refuse(path, "step " + std::to_string(c.history.step) + " beyond the run's " +
+                     std::to_string(config.steps) + " steps");
+  load_parameters(f, path, model);
+  load_optimizer(f, path, optimizer);
+  try {
     at::Generator gen = at::detail::getDefaultCPUGenerator();
     std::lock_guard<std::mutex> lock(gen.mutex());
-    gen.set_state(rng);
-    return h;
-  });
+    gen.set_state(c.rng);
+  } catch (const c10::Error& e) {
+    refuse(path, "corrupt contents: entry 'rng' is no generator state (" +
+                     first_line(e.what_without_backtrace()) + ")");
+  }
+  return std::move(c.history);
 }
 
 std::string duration(double s) {
@@ -790,29 +1255,47 @@ TrainResult train(LanguageModel& model, const TrainConfig& config, const BatchFn
 
 // ---- checkpoints --------------------------------------------------------------------------------
 
+CheckpointInfo verify_checkpoint(const std::string& path) {
+  const CheckpointFile f = open_checkpoint(path);
+  const Contents c = read_contents(f, path);
+  CheckpointInfo info = f.info;
+  info.step = c.history.step;
+  info.model_config = model_config_of(c, path);
+  try {
+    info.train_config = c.train_config.get<TrainConfig>();
+  } catch (const Error& e) {
+    refuse(path, std::string("its train config is invalid: ") + e.what());
+  } catch (const nlohmann::json::exception& e) {
+    refuse(path, std::string("its train config is invalid: ") + e.what());
+  }
+  if (info.step > info.train_config.steps)
+    refuse(path, "step " + std::to_string(info.step) + " beyond the run's " +
+                     std::to_string(info.train_config.steps) + " steps");
+  return info;
+}
+
+std::map<std::string, at::Tensor> checkpoint_tensors(const std::string& path) {
+  const CheckpointFile f = open_checkpoint(path);
+  (void)read_contents(f, path);
+  std::map<std::string, at::Tensor> tensors;
+  for (const auto& kv : f.entries)
+    if (kv.second.kind == kTensor) tensors.emplace(kv.first, kv.second.tensor);
+  return tensors;
+}
+
 ModelConfig checkpoint_model_config(const std::string& path) {
-  auto ar = open_checkpoint(path);
-  return reading(path, [&] {
-    ModelConfig c;
-    from_json(nlohmann::json::parse(read_string(ar, "model_config")), c);
-    return c;
-  });
+  return verify_checkpoint(path).model_config;
 }
 
 std::int64_t checkpoint_step(const std::string& path) {
-  auto ar = open_checkpoint(path);
-  return reading(path, [&] { return read_tensor(ar, "step").item<std::int64_t>(); });
+  return verify_checkpoint(path).step;
 }
 
 LanguageModel load_model(const std::string& path) {
-  LanguageModel model(checkpoint_model_config(path));
-  auto ar = open_checkpoint(path);
-  reading(path, [&] {
-    torch::serialize::InputArchive m;
-    ar.read("model", m);
-    model->load(m);
-    return 0;
-  });
+  const CheckpointFile f = open_checkpoint(path);
+  const Contents c = read_contents(f, path);
+  LanguageModel model(model_config_of(c, path));
+  load_parameters(f, path, model);
   return model;
 }
 

@@ -5,12 +5,10 @@
 #include <limits>
 #include <string>
 
-#include "common/check.h"
+#include "check.h"
 #include "phasor/tasks/data.h"
 
 namespace phasor::tasks::detail {
-
-using phasor::detail::fail;
 
 inline void check_at_least(const std::string& op, const std::string& name, std::int64_t value,
                            std::int64_t minimum) {

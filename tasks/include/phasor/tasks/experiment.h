@@ -47,13 +47,18 @@
 //
 // clang-format on
 // Output folder:
-//   results.json    the config, the machine (threads), the wall time, every run (losses,
-//                   periodic evaluations, per-length token / sequence accuracy, loss and
-//                   cumulative sequence-accuracy curve, copy: char_accuracy, tokens_per_s and
-//                   time_breakdown: train.h's TimeBreakdown) and the summary (best lr per arm,
-//                   means)
+//   results.json    the config, the machine (threads), every run (losses, periodic
+//                   evaluations, per-length token / sequence accuracy, loss and cumulative
+//                   sequence-accuracy curve, copy: char_accuracy) and the summary (best lr per
+//                   arm, means). No clock readings: for a config, seeds and thread counts its
+//                   bytes are the same whether the grid ran in one go or was killed and resumed
+//                   any number of times (tests/tasks_kill_resume_test.py)
 //   results.csv     one row per arm × lr × seed × eval length (and MQAR eval point); the last
-//                   column, num_kv_pairs, is empty for the other tasks
+//                   column, num_kv_pairs, is empty for the other tasks. Bit-identical likewise
+//   timings.json    the clock: this invocation's wall time, the training time, and per run
+//                   whether it was resumed, its wall time, tokens_per_s and time_breakdown
+//                   (train.h's TimeBreakdown) — of the invocation that finished the run
+//   table.txt       the result table (format_result_table), as `phasor tasks run` prints it
 //   accuracy_vs_length.png, token_accuracy_vs_length.png   per arm: best lr, mean over seeds
 //   loss.png        training loss (smoothed) per arm: best lr, mean over seeds
 //   checkpoints/    <arm>.lr<lr>.seed<seed>.ckpt while a run trains, .json once it finished;
@@ -61,6 +66,10 @@
 //                   other task / model / train settings) and unfinished ones continue from
 //                   their checkpoint (train.h checks its settings). A run cut short by
 //                   train.stop_at_step is reported but stays unfinished.
+// Crash safety: every file is replaced atomically and durably (files.h: temporary file
+// "<name>.tmp.<pid>", fsync, rename), checkpoints carry checksums (train.h), so a kill at any
+// moment leaves complete files only; --resume continues from there, removing the temporary files
+// of killed writers, and gives the same results.json and results.csv as an uninterrupted run.
 // Evaluations run at most 2^24 logits per forward pass (long MQAR lengths with V = 8192).
 //
 // Errors: phasor::Error "experiment config: argument 'config.arms[2].model.mixer': expected one of
@@ -136,21 +145,28 @@ struct ExperimentOptions {
   // to measure speed on a short run; --resume continues such runs later.
   std::int64_t stop_at_step = 0;
   // Time LibTorch ops and phasor kernels during training (an OpTimer), so that each run's
-  // "time_breakdown" in results.json splits its forward and backward passes (format_time_table).
+  // "time_breakdown" in timings.json splits its forward and backward passes (format_time_table).
   bool profile = false;
 };
 
-// Runs the grid, writes the output folder, returns results.json's contents.
-nlohmann::json run_experiment(const ExperimentConfig& config, const ExperimentOptions& options);
+struct ExperimentOutput {
+  nlohmann::json results;  // results.json's contents
+  nlohmann::json timings;  // timings.json's contents
+};
+// Runs the grid, writes the output folder, returns results.json's and timings.json's contents.
+ExperimentOutput run_experiment(const ExperimentConfig& config, const ExperimentOptions& options);
 
-// The result table printed by `phasor tasks run`: one line per arm with its best lr and the mean
-// sequence accuracy at each evaluation length, then the mean accuracy at the reference length for
-// every lr of every arm.
-std::string format_result_table(const nlohmann::json& results);
+// The result table printed by `phasor tasks run` (and table.txt): one line per arm with its best
+// lr and the mean sequence accuracy at each evaluation length, then the mean accuracy at the
+// reference length for every lr of every arm, then the number of runs and, with timings, the
+// training and wall time.
+std::string format_result_table(const nlohmann::json& results,
+                                const nlohmann::json& timings = nlohmann::json());
 
-// The training-speed table printed by `phasor tasks run --profile`: per run, training tokens/s
-// and the milliseconds per step of each phase of its "time_breakdown" (train.h's TimeBreakdown;
-// forward and backward split into phasor kernels, other LibTorch ops and the rest when timed).
-std::string format_time_table(const nlohmann::json& results);
+// The training-speed table printed by `phasor tasks run --profile`: per run of timings.json,
+// training tokens/s and the milliseconds per step of each phase of its "time_breakdown" (train.h's
+// TimeBreakdown; forward and backward split into phasor kernels, other LibTorch ops and the rest
+// when timed).
+std::string format_time_table(const nlohmann::json& timings);
 
 }  // namespace phasor::tasks

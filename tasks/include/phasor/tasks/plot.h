@@ -35,7 +35,8 @@ struct PlotSpec {
   std::vector<double> x_ticks;
 };
 
-// Draws the plot into a width × height RGB PNG at `path` (overwritten). width ≥ 200, height ≥ 150.
+// Draws the plot into a width × height RGB PNG at `path`, replacing it atomically (files.h).
+// width ≥ 200, height ≥ 150.
 void write_line_plot_png(const PlotSpec& spec, const std::string& path, int width = 800,
                          int height = 500);
 

@@ -27,6 +27,7 @@
 #include <cstdint>
 #include <functional>
 #include <limits>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -56,7 +57,7 @@ struct TrainConfig {
   std::int64_t log_every = 10;          // progress every n steps (0: never)
   std::int64_t checkpoint_every = 0;    // save every n steps (0: never; also saved at the end
                                         // whenever checkpoint_path is set)
-  std::string checkpoint_path;          // where checkpoints are written (atomically)
+  std::string checkpoint_path;          // where checkpoints are written (atomically, checksummed)
   std::string resume_from;              // a checkpoint to continue from (must exist)
   // Stop after this step as if interrupted (0: run to `steps`); the schedule still spans `steps`.
   // For time-sliced runs, and for the resume test.
@@ -184,11 +185,46 @@ TrainResult train(LanguageModel& model, const TrainConfig& config, const BatchFn
                   const EvalFn& eval = {}, const ProgressFn& progress = {});
 
 // ---- checkpoints --------------------------------------------------------------------------------
-// The model config stored in a checkpoint, and the model rebuilt from it with its parameters.
-// Missing / unreadable / non-phasor files raise phasor::Error naming the path and the problem.
+// A checkpoint file (format 2) is a 32-byte header — the magic "PHSRCKPT", the format version 2,
+// the payload's length and its CRC-32 (zlib), and the CRC-32 of the header itself — followed by
+// the payload: named entries (texts and tensors; layout in train.cpp) with the format tag
+// "phasor.tasks.checkpoint/2", the model and train configs, the step, the history, torch's
+// generator state, the model's parameters and buffers, and AdamW's options and state. train()
+// writes it atomically and durably (files.h: temporary file, fsync, rename), so a run killed while
+// saving keeps its previous checkpoint. Every reader below verifies the header against the file's
+// size and both checksums before it parses the payload, and parses it with bounds checks (no
+// LibTorch archive loader), so no file can crash the reader or make it allocate more than the
+// file's size.
+struct CheckpointInfo {
+  std::uint32_t format_version = 0;  // 2
+  std::uint64_t payload_bytes = 0;   // the entries after the header
+  std::uint32_t payload_crc32 = 0;
+  std::int64_t step = 0;  // the last completed training step
+  ModelConfig model_config;
+  TrainConfig train_config;
+};
+// Reads and checks a whole checkpoint without loading it into a model: the header, the size, both
+// checksums, the format tag, every entry's presence and type, the configs and the history's
+// consistency with the step. Anything else raises phasor::Error "checkpoint: argument 'path':
+// expected a valid phasor task checkpoint, got '<path>' (<problem>)", the problem being: no such
+// file, a directory, an empty file, truncated, unexpected bytes after the payload, not a phasor
+// task checkpoint (magic), corrupt header / payload (checksum mismatch), another format version
+// or tag (format 1, a bare LibTorch archive without checksum, is refused as "the old format 1"),
+// corrupt contents (a missing or mistyped entry), an invalid config. Memory is bounded by the
+// file's real size whatever its header claims.
+CheckpointInfo verify_checkpoint(const std::string& path);
+// The model config stored in a checkpoint, its step, and the model rebuilt from it with its
+// parameters; the same checks and errors as verify_checkpoint.
 ModelConfig checkpoint_model_config(const std::string& path);
 std::int64_t checkpoint_step(const std::string& path);
 LanguageModel load_model(const std::string& path);
+// Every tensor entry of a checkpoint by name, after verify_checkpoint's checks: "step", "flags",
+// "losses", "train_accuracies", "evals", "rng", "param/<name>", "buffer/<name>" (the model's, as
+// named_parameters / named_buffers name them), "adamw/<group>/params" (the group's parameter
+// count), "adamw/<group>/options" (lr, beta1, beta2, eps, weight_decay, amsgrad) and
+// "adamw/<group>/<index>/{step,exp_avg,exp_avg_sq[,max_exp_avg_sq]}" (the state of the group's
+// index-th parameter, once stepped).
+std::map<std::string, at::Tensor> checkpoint_tensors(const std::string& path);
 
 // ---- learning-rate grid -------------------------------------------------------------------------
 struct GridRun {
