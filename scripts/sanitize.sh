@@ -18,7 +18,7 @@ export PHASOR_SOURCE_DIR=$PWD
 # emulated GPU's kernels against them, validation, the task data generators and plots).
 core_tests=(common_test dtype_test validate_test gla_test gated_delta_rule_test
             forgetting_attn_test rotary_test grape_test short_conv_test favor_test
-            string_rotation_test structured_rotation_test tasks_data_test tasks_files_test
+            string_rotation_test structured_rotation_test soak_test tasks_data_test tasks_files_test
             tasks_plot_test simt_test device_test gla_gpu_test gated_delta_rule_gpu_test
             forgetting_attn_gpu_test favor_gpu_test rotary_gpu_test short_conv_gpu_test
             testing_support_test)

@@ -47,7 +47,10 @@
 #include "phasor/short_conv.h"
 #include "phasor/string_rotation.h"
 #include "phasor/structured_rotation.h"
-#include "test_util.h"
+#include "phasor/testing/compare.h"
+#include "phasor/testing/gtest.h"
+#include "phasor/testing/random.h"
+#include "phasor/testing/tensor.h"
 
 namespace phasor {
 namespace {
@@ -188,7 +191,26 @@ void soak(const std::string& soak_name, Check&& check, std::int64_t iterations =
       stats.worst[0], stats.worst[1], stats.worst[2], stats.seconds);
 }
 
-// The T = 65,536 problems: one in CI, one per eight problems on demand.
+// The long sequence: 65,536 tokens, or 4,096 with PHASOR_TEST_SIZE=small (scripts/sanitize.sh:
+// instrumented builds run 5–20× slower; 4,096 tokens still span 64 chunks).
+std::int64_t long_length() {
+  static const std::int64_t length = [] {
+    const char* size = std::getenv("PHASOR_TEST_SIZE");
+    if (size == nullptr || *size == '\0') return std::int64_t{65536};
+    if (std::string(size) == "small") return std::int64_t{4096};
+    ADD_FAILURE() << "PHASOR_TEST_SIZE must be unset or 'small', not '" << size << "'";
+    return std::int64_t{65536};
+  }();
+  return length;
+}
+
+// The long sequence packed as sequences of 0, 1, about half, 0 and the rest of its tokens.
+std::vector<std::int64_t> long_packed_lengths() {
+  const std::int64_t L = long_length(), half = L / 2;
+  return {0, 1, half, 0, L - 1 - half};
+}
+
+// The long-sequence problems: one in CI, one per eight problems on demand.
 std::int64_t long_iterations() {
   return std::max<std::int64_t>(1, config().iterations / 8);
 }
@@ -608,11 +630,11 @@ GlaProblem draw_gla(Context& ctx, Rng& r, bool long_sequence) {
   GlaProblem p;
   p.chunk_size = r.pick<std::int64_t>({1, 3, 7, 16, 64, 100});
   if (long_sequence) {
-    p.T = 65536;
+    p.T = long_length();
     p.K = r.pick<std::int64_t>({1, 2});
     p.V = r.pick<std::int64_t>({1, 2});
     p.chunk_size = r.pick<std::int64_t>({16, 64, 100, 1000});
-    if (r.chance(0.5)) p.lengths = {0, 1, 30000, 0, 35535};
+    if (r.chance(0.5)) p.lengths = long_packed_lengths();
   } else {
     if (r.chance(0.3)) {
       p.lengths = draw_lengths(r, 70);
@@ -750,11 +772,11 @@ GdnProblem draw_gdn(Context& ctx, Rng& r, bool long_sequence) {
   GdnProblem p;
   p.chunk_size = r.pick<std::int64_t>({1, 3, 7, 16, 64, 100});
   if (long_sequence) {
-    p.T = 65536;
+    p.T = long_length();
     p.K = r.pick<std::int64_t>({1, 2});
     p.V = r.pick<std::int64_t>({1, 2});
     p.chunk_size = r.pick<std::int64_t>({16, 64, 100});
-    if (r.chance(0.5)) p.lengths = {0, 1, 30000, 0, 35535};
+    if (r.chance(0.5)) p.lengths = long_packed_lengths();
   } else {
     if (r.chance(0.3)) {
       p.lengths = draw_lengths(r, 70);
@@ -1076,12 +1098,12 @@ FoxProblem draw_fox(Context& ctx, Rng& r, bool long_sequence) {
   FoxProblem p;
   p.block_size = r.pick<std::int64_t>({1, 3, 8, 16, 64});
   if (long_sequence) {
-    p.T = 65536;
+    p.T = long_length();
     p.K = r.pick<std::int64_t>({1, 2});
     p.V = r.pick<std::int64_t>({1, 2});
     p.block_size = r.pick<std::int64_t>({16, 64});
     p.window = r.pick<std::int64_t>({1, 16, 64});
-    if (r.chance(0.5)) p.lengths = {0, 1, 30000, 0, 35535};
+    if (r.chance(0.5)) p.lengths = long_packed_lengths();
   } else {
     if (r.chance(0.3)) {
       p.lengths = draw_lengths(r, 70);
@@ -1418,9 +1440,9 @@ ShortConvProblem draw_short_conv(Context& ctx, Rng& r, bool long_sequence) {
   ShortConvProblem p;
   p.W = r.pick<std::int64_t>({1, 2, 4, r.integer(3, 8)});
   if (long_sequence) {
-    p.T = 65536;
+    p.T = long_length();
     p.D = r.pick<std::int64_t>({1, 3});
-    if (r.chance(0.5)) p.lengths = {0, 1, 30000, 0, 35535};
+    if (r.chance(0.5)) p.lengths = long_packed_lengths();
   } else {
     if (r.chance(0.3)) {
       p.lengths = draw_lengths(r, 40);
@@ -1549,9 +1571,9 @@ struct PhasesProblem {
 PhasesProblem draw_phases(Context& ctx, Rng& r, bool long_sequence) {
   PhasesProblem p;
   if (long_sequence) {
-    p.T = 65536;
+    p.T = long_length();
     p.R = r.pick<std::int64_t>({1, 4});
-    if (r.chance(0.5)) p.lengths = {0, 1, 30000, 0, 35535};
+    if (r.chance(0.5)) p.lengths = long_packed_lengths();
   } else {
     if (r.chance(0.3)) {
       p.lengths = draw_lengths(r, 70);
@@ -1654,7 +1676,7 @@ TEST(Soak, RopeAngles) {
       params.cu_seqlens = cu.view();
     } else {
       params.B = r.integer(1, 2);
-      params.T = r.chance(0.1) ? 65536 : draw_length(r, 64);
+      params.T = r.chance(0.1) ? long_length() : draw_length(r, 64);
     }
     params.head_dim = r.pick<std::int64_t>({2, 4, 2 * r.integer(3, 64)});
     params.base = r.pick({10000.0, 1.0, 1e-3, 1e30, 500000.0});
@@ -1714,7 +1736,7 @@ struct RotaryProblem {
 
 RotaryProblem draw_rotary(Context& ctx, Rng& r, bool long_sequence) {
   RotaryProblem p;
-  p.T = long_sequence ? 65536 : r.pick<std::int64_t>({0, 1, 2, r.integer(3, 80)});
+  p.T = long_sequence ? long_length() : r.pick<std::int64_t>({0, 1, 2, r.integer(3, 80)});
   p.B = long_sequence ? 1 : r.integer(1, 2);
   p.H = long_sequence ? 1 : r.integer(1, 3);
   p.K = 2 * r.pick<std::int64_t>({1, 2, r.integer(3, long_sequence ? 4 : 40)});
@@ -1842,7 +1864,7 @@ struct GrapeProblem {
 
 GrapeProblem draw_grape(Context& ctx, Rng& r, bool long_sequence) {
   GrapeProblem p;
-  p.T = long_sequence ? 65536 : r.pick<std::int64_t>({0, 1, 2, r.integer(3, 80)});
+  p.T = long_sequence ? long_length() : r.pick<std::int64_t>({0, 1, 2, r.integer(3, 80)});
   p.B = long_sequence ? 1 : r.integer(1, 2);
   p.H = long_sequence ? 1 : r.integer(1, 3);
   p.K = r.pick<std::int64_t>({1, 2, 3, r.integer(4, long_sequence ? 4 : 40)});
@@ -2105,11 +2127,11 @@ Results run_nd_rope(const NdRopeProblem& p, Impl impl, DType in, DType out) {
 TEST(Soak, NdRopeAngles) {
   soak("NdRopeAngles", [](Context& ctx, Rng& r) {
     NdRopeProblem p;
-    p.T = r.chance(0.05) ? 65536 : r.pick<std::int64_t>({0, 1, 2, r.integer(3, 80)});
-    p.B = p.T == 65536 ? 1 : r.integer(1, 2);
+    p.T = r.chance(0.05) ? long_length() : r.pick<std::int64_t>({0, 1, 2, r.integer(3, 80)});
+    p.B = p.T == long_length() ? 1 : r.integer(1, 2);
     p.H = r.integer(1, 3);
     p.C = r.pick<std::int64_t>({1, 2, 3});
-    p.R = r.pick<std::int64_t>({1, 2, r.integer(3, p.T == 65536 ? 4 : 32)});
+    p.R = r.pick<std::int64_t>({1, 2, r.integer(3, p.T == long_length() ? 4 : 32)});
     p.per_head = r.chance(0.5);
     const double mpos = r.pick({1.0, 1e4, 1e6}), momega = r.pick({1e-4, 1.0, 1e2});
     p.positions = extreme_values({p.B, p.T, p.C}, r, mpos);
@@ -2327,10 +2349,10 @@ Results run_structured(const StructuredProblem& p, Impl impl, DType in, DType ou
 TEST(Soak, StructuredRotation) {
   soak("StructuredRotation", [](Context& ctx, Rng& r) {
     StructuredProblem p;
-    p.T = r.chance(0.05) ? 65536 : r.pick<std::int64_t>({0, 1, 2, r.integer(3, 80)});
-    p.B = p.T == 65536 ? 1 : r.integer(1, 2);
-    p.H = p.T == 65536 ? 1 : r.integer(1, 3);
-    p.K = r.pick<std::int64_t>({1, 2, 3, r.integer(4, p.T == 65536 ? 4 : 16)});
+    p.T = r.chance(0.05) ? long_length() : r.pick<std::int64_t>({0, 1, 2, r.integer(3, 80)});
+    p.B = p.T == long_length() ? 1 : r.integer(1, 2);
+    p.H = p.T == long_length() ? 1 : r.integer(1, 3);
+    p.K = r.pick<std::int64_t>({1, 2, 3, r.integer(4, p.T == long_length() ? 4 : 16)});
     p.C = r.pick<std::int64_t>({1, 2, 3});
     p.m = r.integer(0, p.K / 2);
     p.shared_positions = r.chance(0.3);
@@ -2907,13 +2929,13 @@ void soak_favor_attention(Context& ctx, Rng& r, bool long_sequence) {
   FavorAttentionProblem p;
   p.chunk_size = r.pick<std::int64_t>({1, 7, 16, 64});
   if (long_sequence) {
-    p.T = 65536;
+    p.T = long_length();
     p.d = r.pick<std::int64_t>({1, 2});
     p.m = r.pick<std::int64_t>({1, 4});
     p.V = r.pick<std::int64_t>({1, 2});
     p.chunk_size = 64;
     if (r.chance(0.5)) {
-      p.lengths = {0, 1, 30000, 0, 35535};
+      p.lengths = long_packed_lengths();
       p.cu = testing::cu_seqlens(p.lengths);
     }
   } else {
