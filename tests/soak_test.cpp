@@ -932,7 +932,7 @@ Tensor through_l2_norm(const Tensor& x_hat, const Tensor& d_hat, const std::vect
 // true norm, giving E_t. Each result's scale follows from the formula that produces it (o_t =
 // scale S_tᵀq, dq = scale S_t do, dv = β dS kᵀ, …), spread evenly over its elements; the gradients
 // of q and k then go back through the normalisation and the rotation by their own terms.
-std::vector<Tensor> gdn_terms(const GdnProblem& p, const Results& expected, DType) {
+std::vector<Tensor> gdn_terms(const GdnProblem& p, const Results&, DType) {
   const std::int64_t K = p.K, V = p.V, H = p.H, HV = p.HV, group = p.HV / p.H, T = p.T;
   const Tensor q_rot = p.theta.defined() ? rotated(p.q, p.theta, p.layout) : p.q,
                k_rot = p.theta.defined() ? rotated(p.k, p.theta, p.layout) : p.k;
@@ -1043,7 +1043,6 @@ std::vector<Tensor> gdn_terms(const GdnProblem& p, const Results& expected, DTyp
   }
   std::vector<Tensor> floors{f_o, f_ht, f_dq, f_dk, f_dv, f_dg, f_dbeta, f_dh0, Tensor()};
   if (!p.h0.defined()) floors[7] = Tensor();
-  (void)expected;
   const Tensor dq_rot = through_l2_norm(q_hat, floors[2], q_norms),
                dk_rot = through_l2_norm(k_hat, floors[3], k_norms);
   floors[2] = p.theta.defined() ? pair_norms(dq_rot, p.layout) : dq_rot;
@@ -1353,28 +1352,37 @@ double fox_tolerance(DType in, double kappa) {
   return base_tolerance(in) + std::expm1(4 * (in == DType::float64 ? 1.1e-16 : 6e-8) * kappa);
 }
 
-// Bounds that hold whatever the rounding of the logits (the weights are in [0, 1] and o is a
-// convex combination): |o| ≤ max |v| and |dv| ≤ Σ |do|, both per head, with a little slack.
-void check_fox_bounds(Context& ctx, const FoxProblem& p, const Results& r,
-                      const std::string& what) {
-  const std::int64_t group = p.HQ / p.H;
-  for (std::int64_t h = 0; h < p.H; ++h) {
+// Bounds that hold whatever the rounding (softmax-like attention: the weights are in [0, 1] and
+// sum to 1, so o is a convex combination of v): per value head h and its `group` query heads,
+// |o| ≤ max |v| and |dv| ≤ Σ |do| over the group, with a little slack. o, d_o: [.., H·group, V];
+// v, dv: [.., H, V].
+void check_convex_bounds(Context& ctx, std::int64_t H, std::int64_t group, std::int64_t V,
+                         const Tensor& v, const Tensor& d_o, const Tensor& o, const Tensor& dv,
+                         const std::string& what) {
+  const std::int64_t rows = v.numel() / std::max<std::int64_t>(1, H * V), HQ = H * group;
+  for (std::int64_t h = 0; h < H; ++h) {
     double v_max = 0, do_sum = 0, o_max = 0, dv_max = 0;
-    for (std::int64_t row = 0; row < p.B * p.T; ++row)
-      for (std::int64_t c = 0; c < p.V; ++c) {
-        v_max = std::max(v_max, std::fabs(p.v.at((row * p.H + h) * p.V + c)));
+    for (std::int64_t row = 0; row < rows; ++row)
+      for (std::int64_t c = 0; c < V; ++c) {
+        v_max = std::max(v_max, std::fabs(v.at((row * H + h) * V + c)));
+        dv_max = std::max(dv_max, std::fabs(dv.at((row * H + h) * V + c)));
         for (std::int64_t hq = h * group; hq < (h + 1) * group; ++hq) {
-          do_sum += std::fabs(p.d_o.at((row * p.HQ + hq) * p.V + c));
-          o_max = std::max(o_max, std::fabs(r[0].value.at((row * p.HQ + hq) * p.V + c)));
+          do_sum += std::fabs(d_o.at((row * HQ + hq) * V + c));
+          o_max = std::max(o_max, std::fabs(o.at((row * HQ + hq) * V + c)));
         }
-        if (r.size() > 4)
-          dv_max = std::max(dv_max, std::fabs(r[4].value.at((row * p.H + h) * p.V + c)));
       }
     if (o_max > v_max * (1 + 1e-4))
       ctx.fail(what, ": head ", h, ": max |o| = ", o_max, " exceeds max |v| = ", v_max);
     if (dv_max > do_sum * (1 + 1e-4))
       ctx.fail(what, ": head ", h, ": max |dv| = ", dv_max, " exceeds sum |do| = ", do_sum);
   }
+}
+
+// FoX's results in the order of run_fox: o, lse, dq, dk, dv, ...
+void check_fox_bounds(Context& ctx, const FoxProblem& p, const Results& r,
+                      const std::string& what) {
+  const Tensor dv = r.size() > 4 ? r[4].value : Tensor::zeros(p.v.shape());
+  check_convex_bounds(ctx, p.H, p.HQ / p.H, p.V, p.v, p.d_o, r[0].value, dv, what);
 }
 
 void soak_fox(Context& ctx, Rng& r, bool long_sequence) {
@@ -2902,29 +2910,6 @@ FavorTerms favor_attention_terms(const FavorAttentionProblem& p) {
   return terms;
 }
 
-// Bounds that hold whatever the rounding (the weights are in [0, 1] and sum to 1): per head,
-// |o| ≤ max |v| and |dv| ≤ Σ |do|, with a little slack.
-void check_convex_bounds(Context& ctx, std::int64_t H, std::int64_t V, const Tensor& v,
-                         const Tensor& d_o, const Tensor& o, const Tensor& dv,
-                         const std::string& what) {
-  const std::int64_t rows = v.numel() / std::max<std::int64_t>(1, H * V);
-  for (std::int64_t h = 0; h < H; ++h) {
-    double v_max = 0, do_sum = 0, o_max = 0, dv_max = 0;
-    for (std::int64_t row = 0; row < rows; ++row)
-      for (std::int64_t c = 0; c < V; ++c) {
-        const std::int64_t at = (row * H + h) * V + c;
-        v_max = std::max(v_max, std::fabs(v.at(at)));
-        do_sum += std::fabs(d_o.at(at));
-        o_max = std::max(o_max, std::fabs(o.at(at)));
-        dv_max = std::max(dv_max, std::fabs(dv.at(at)));
-      }
-    if (o_max > v_max * (1 + 1e-4))
-      ctx.fail(what, ": head ", h, ": max |o| = ", o_max, " exceeds max |v| = ", v_max);
-    if (dv_max > do_sum * (1 + 1e-4))
-      ctx.fail(what, ": head ", h, ": max |dv| = ", dv_max, " exceeds sum |do| = ", do_sum);
-  }
-}
-
 void soak_favor_attention(Context& ctx, Rng& r, bool long_sequence) {
   FavorAttentionProblem p;
   p.chunk_size = r.pick<std::int64_t>({1, 7, 16, 64});
@@ -2977,7 +2962,7 @@ void soak_favor_attention(Context& ctx, Rng& r, bool long_sequence) {
         const std::optional<Results> actual =
             attempt(ctx, "", what, [&] { return run_favor_attention(pr, impl, dr.in, dr.out); });
         if (!actual || !check_finite(ctx, *actual, what)) return;
-        check_convex_bounds(ctx, p.H, p.V, pr.v, pr.d_o, (*actual)[0].value, (*actual)[3].value,
+        check_convex_bounds(ctx, p.H, 1, p.V, pr.v, pr.d_o, (*actual)[0].value, (*actual)[3].value,
                             what);
       }
     }
@@ -2993,7 +2978,8 @@ void soak_favor_attention(Context& ctx, Rng& r, bool long_sequence) {
         return terms.floors;
       },
       [&](const FavorAttentionProblem& pr, const Results& actual, const std::string& what) {
-        check_convex_bounds(ctx, pr.H, pr.V, pr.v, pr.d_o, actual[0].value, actual[3].value, what);
+        check_convex_bounds(ctx, pr.H, 1, pr.V, pr.v, pr.d_o, actual[0].value, actual[3].value,
+                            what);
       });
 }
 
