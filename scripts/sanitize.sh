@@ -22,8 +22,8 @@ export PHASOR_SOURCE_DIR=$PWD
 # emulated GPU itself (simt_test, device_test) runs here.
 core_tests=(common_test dtype_test validate_test gla_test gated_delta_rule_test
             forgetting_attn_test rotary_test grape_test short_conv_test favor_test
-            string_rotation_test structured_rotation_test tasks_data_test tasks_files_test
-            tasks_plot_test simt_test device_test testing_support_test)
+            string_rotation_test structured_rotation_test soak_test tasks_data_test
+            tasks_files_test tasks_plot_test simt_test device_test testing_support_test)
 
 if [[ $which == asan || $which == all ]]; then
   echo "== ASan + UBSan: core suites"

@@ -197,6 +197,35 @@ TEST_P(FavorGpu, AttentionMatchesCpuAndReference) {
       }
 }
 
+// Queries whose features miss the keys' (d = 1, w's rows ±1, q̂ = ±400 and k̂ = ∓400 and 350: the
+// query's and the key's largest features are e^{−1600} apart): the per-feature stabiliser keeps the
+// normaliser ≥ 1 (o = v for T = 1), where one key stabiliser gave 0/0 (found by the numerical
+// soak, tests/soak_test.cpp; the CPU test is
+// FavorAttention.QueriesMissingTheKeysFeaturesStayFinite).
+TEST_P(FavorGpu, QueriesMissingTheKeysFeaturesStayFinite) {
+  const Device device = GetParam();
+  PHASOR_SKIP_WITHOUT_GPU(device);
+  for (bool causal : {false, true})
+    for (std::int64_t T : {1, 4})
+      for (DType dtype : {DType::float64, DType::float32}) {
+        SCOPED_TRACE(std::string(causal ? "causal " : "") + "T = " + std::to_string(T) + " " +
+                     to_string(dtype));
+        std::mt19937_64 rng(13);
+        AttnInputs in = make_attn(rng, 1, T, 1, 1, 3, 2, false, causal);
+        in.w = Tensor::from({2, 1}, {1.0, -1.0});
+        for (std::int64_t t = 0; t < T; ++t) {
+          in.q.set(t, t % 2 == 0 ? 400.0 : -300.0);
+          in.k.set(t, t % 3 == 0 ? -400.0 : 350.0);
+        }
+        const AttnOutputs ref = run_attn(in, DType::float64, Device::cpu, Impl::reference);
+        const AttnOutputs cpu = run_attn(in, dtype, Device::cpu, Impl::chunk);
+        const AttnOutputs gpu = run_attn(in, dtype, device, Impl::chunk);
+        compare(gpu.o, cpu.o, ref.o, dtype, "favor_attention o, missing features");
+        compare(gpu.dv, cpu.dv, ref.dv, dtype, "favor_attention dv, missing features");
+        for (const Tensor* g : {&gpu.dq, &gpu.dk, &gpu.dw}) EXPECT_TRUE(testing::all_finite(*g));
+      }
+}
+
 // Every output bit-identical under the forward, a reversed and a seeded random order of threads
 // and blocks.
 TEST_P(FavorGpu, BitIdenticalUnderEmulatorSchedules) {

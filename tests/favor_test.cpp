@@ -378,6 +378,24 @@ TEST(FavorFeatures, OptimizedMatchesReference) {
         }
 }
 
+// Large inputs with the query stabiliser (found by the numerical soak, tests/soak_test.cpp): the
+// row's |x|²/2 cancels in u − max_r u and is left out of the exponent. Computed, it rounded the
+// float32 exponent by eps |x|²/2: with |x| ≈ 100 mostly outside w's rows (wᵀx of order 1, so the
+// features are comparable), φ was off by ~4e-4 relative.
+TEST(FavorFeatures, QueryStabiliserKeepsLargeInputsAccurate) {
+  std::mt19937_64 rng(12);
+  FeatureCase c;
+  c.x = testing::randn({1, 20, 2, 4}, rng, 1.0, DType::float32);
+  for (std::int64_t i = 0; i < c.x.numel(); ++i)
+    if (i % 4 >= 2) c.x.set(i, 100 * c.x.at(i));
+  c.w = Tensor::from({2, 4}, {1, 0, 0, 0, 0, 1, 0, 0}, DType::float32);
+  c.stabilizer = FavorStabilizer::query;
+  const Tensor d_phi = testing::randn({1, 20, 2, 2}, rng, 1.0, DType::float32);
+  const FeatureResult ref = run_features(c, Impl::reference, d_phi, DType::float64);
+  const FeatureResult fast = run_features(c, Impl::chunk, d_phi, DType::float32);
+  PHASOR_EXPECT_CLOSE(fast.phi, ref.phi, 1e-6, "phi");
+}
+
 // Central differences of L = Σ d_phi·φ (no stabiliser: φ is then the exact function).
 TEST(FavorFeatures, GradientsMatchFiniteDifferences) {
   std::mt19937_64 rng(4);
@@ -559,6 +577,39 @@ TEST(FavorAttention, LargeInputsStayFinite) {
       PHASOR_EXPECT_CLOSE(fast.dk, ref.dk, tol, "dk");
       PHASOR_EXPECT_CLOSE(fast.dw, ref.dw, tol, "dw");
     }
+}
+
+// Queries whose features miss the keys' (found by the numerical soak, tests/soak_test.cpp): with
+// w's rows ±1 (d = 1), q̂ = 400 puts a query's weight on feature 0 and k̂ = −400 a key's on feature
+// 1, e^{−1600} apart. One key stabiliser for all features made every A_ij of such a query 0 and
+// o = 0/0 — NaN even for T = 1, where o must be v — in float32 and float64 alike, and the float64
+// reference's causal path (a whole-sequence key max) too. With a stabiliser per feature folded
+// into the queries the normaliser is at least 1; the reference works in log space.
+TEST(FavorAttention, QueriesMissingTheKeysFeaturesStayFinite) {
+  for (DType dtype : {DType::float64, DType::float32})
+    for (bool causal : {false, true})
+      for (std::int64_t T : {1, 4}) {
+        SCOPED_TRACE(std::string(to_string(dtype)) + (causal ? " causal" : "") +
+                     " T = " + std::to_string(T));
+        std::mt19937_64 rng(13);
+        AttnCase c = make_attn(rng, 1, T, 1, 1, 3, 2, false, causal, {}, dtype);
+        c.w = Tensor::from({2, 1}, {1.0, -1.0}, dtype);
+        for (std::int64_t t = 0; t < T; ++t) {
+          c.q.set(t, t % 2 == 0 ? 400.0 : -300.0);
+          c.k.set(t, t % 3 == 0 ? -400.0 : 350.0);
+        }
+        const Tensor d_o = testing::randn(c.v.shape(), rng, 1.0, dtype);
+        const AttnResult ref = run_attn(c, Impl::reference, d_o, DType::float64);
+        for (Impl impl : {Impl::recurrent, Impl::chunk}) {
+          const AttnResult fast = run_attn(c, impl, d_o, dtype);
+          const double tol = dtype == DType::float64 ? 1e-10 : 1e-5;
+          if (T == 1) PHASOR_EXPECT_CLOSE(fast.o, c.v, tol, "o = v");
+          PHASOR_EXPECT_CLOSE(fast.o, ref.o, tol, "o");
+          PHASOR_EXPECT_CLOSE(fast.dv, ref.dv, tol, "dv");
+          for (const Tensor* g : {&fast.dq, &fast.dk, &fast.dw})
+            EXPECT_TRUE(testing::all_finite(*g));
+        }
+      }
 }
 
 // Central differences of L = Σ d_o·o in float64 for q, k, v and w, causal and not, varlen. The

@@ -579,6 +579,49 @@ TEST_P(ForgettingAttnChunkGpu, RecomputedForwardEqualsSavedForward) {
   }
 }
 
+// Logits of ~1e9 in float32 (|q|, |k| ≈ 1e4, K = 15) with the lse of the CPU's recurrent forward
+// (another summation order: it differs from the tiles' logits by hundreds): the backward clamps
+// e^{ℓ − lse} at 1, so the gradients stay finite and each dv_j ≤ Σ_i |do_i| (found by the
+// numerical soak, tests/soak_test.cpp; unclamped, dv reached 1e14 and inf on the CPU).
+TEST_P(ForgettingAttnChunkGpu, HugeLogitsWithForeignLseGiveBoundedGradients) {
+  const Device device = GetParam();
+  PHASOR_SKIP_WITHOUT_GPU(device);
+  std::mt19937_64 rng(31);
+  const std::int64_t T = 64, K = 15, V = 4;
+  const Tensor q = testing::uniform({1, T, 1, K}, rng, 1e4, 1.01e4, DType::float32),
+               k = testing::uniform({1, T, 1, K}, rng, 1e4, 1.01e4, DType::float32),
+               v = testing::randn({1, T, 1, V}, rng, 1.0, DType::float32),
+               g = Tensor::zeros({1, T, 1}, DType::float32),
+               d_o = testing::randn({1, T, 1, V}, rng, 1.0, DType::float32);
+  ForgettingAttnParams host;
+  host.q = q.view();
+  host.k = k.view();
+  host.v = v.view();
+  host.g = g.view();
+  Tensor o({1, T, 1, V}, DType::float32), lse({1, T, 1}, DType::float32);
+  forgetting_attn_forward(host, Impl::recurrent, o.view(), lse.view());
+  OnDevice on(device);
+  ForgettingAttnParams p = host;
+  p.q = on.in(q);
+  p.k = on.in(k);
+  p.v = on.in(v);
+  p.g = on.in(g);
+  p.block_size = 16;
+  ForgettingAttnGrads grads;
+  grads.dq = on.out(q.shape(), DType::float32);
+  grads.dk = on.out(k.shape(), DType::float32);
+  grads.dv = on.out(v.shape(), DType::float32);
+  grads.dg = on.out(g.shape(), DType::float32);
+  forgetting_attn_backward(p, Impl::chunk, on.in(d_o), on.in(o), on.in(lse), grads);
+  for (const TensorView& x : {grads.dq, grads.dk, grads.dv, grads.dg})
+    EXPECT_TRUE(testing::all_finite(on.to_host(x)));
+  double bound = 0, largest = 0;
+  for (std::int64_t i = 0; i < d_o.numel(); ++i) bound += std::fabs(d_o.at(i));
+  const Tensor dv = on.to_host(grads.dv);
+  for (std::int64_t i = 0; i < dv.numel(); ++i) largest = std::max(largest, std::fabs(dv.at(i)));
+  EXPECT_LE(largest, bound * (1 + 1e-5)) << "max |dv|";
+}
+
 // Each gradient requested alone equals its value when all are requested, bit for bit, and the
 // others are not written (the kernels skip what is not asked for: dq alone runs no dkv kernel, dv
 // alone no dq kernel and no dℓ).

@@ -634,6 +634,39 @@ TEST(ForgettingAttnKernels, EmptyProblems) {
   }
 }
 
+// ---- huge logits in float32 (found by the numerical soak, tests/soak_test.cpp) -----------------
+
+// Logits of ~1e9 (|q|, |k| ≈ 1e4 on all of K = 15 channels) are rounded by hundreds in float32, and
+// two summation orders of the same dot product differ by that much. A backward given the lse of
+// a forward that summed otherwise (the recurrent forward decodes through the cache; the chunk
+// forward takes its keys in runs) recomputed e^{ℓ − lse} with ℓ − lse up to +hundreds: weights far
+// above 1 (gradients off by 1e14) and then inf. Exactly, ℓ ≤ lse: the backward clamps the exponent
+// at 0, so every weight is ≤ 1 and each dv_j is at most Σ_i |do_i| over the rows that see key j.
+TEST(ForgettingAttnNumerics, HugeLogitsWithSavedLseGiveBoundedGradients) {
+  std::mt19937_64 rng(31);
+  const std::int64_t T = 64, K = 15, V = 4;
+  Problem p = make_problem({1, T, 1, 1, K, V}, Gates::weak, rng);
+  p.q = testing::uniform({1, T, 1, K}, rng, 1e4, 1.01e4);
+  p.k = testing::uniform({1, T, 1, K}, rng, 1e4, 1.01e4);
+  p = p.to(DType::float32);
+  double bound = 0;  // Σ_i |do_i|: every dv_j is at most that
+  for (std::int64_t i = 0; i < p.d_o.numel(); ++i) bound += std::fabs(p.d_o.at(i));
+  for (Impl forward_impl : {Impl::recurrent, Impl::chunk}) {
+    const Forward saved = run_forward(p, forward_impl);
+    for (Impl impl : {Impl::recurrent, Impl::chunk}) {
+      SCOPED_TRACE(std::string("lse of ") + to_string(forward_impl) + ", backward " +
+                   to_string(impl));
+      const Grads grads = run_backward(p, impl, &saved);
+      for (const Tensor* x : {&grads.dq, &grads.dk, &grads.dv, &grads.dg})
+        EXPECT_TRUE(testing::all_finite(*x));
+      double largest = 0;
+      for (std::int64_t i = 0; i < grads.dv.numel(); ++i)
+        largest = std::max(largest, std::fabs(grads.dv.at(i)));
+      EXPECT_LE(largest, bound * (1 + 1e-5)) << "max |dv|";
+    }
+  }
+}
+
 // ---- long sequences ----------------------------------------------------------------------------
 
 TEST(ForgettingAttnLong, Sequence65536WithWindow) {  // 4,096 with PHASOR_TEST_SIZE=small

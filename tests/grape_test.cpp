@@ -420,6 +420,41 @@ TEST(GrapePlane, OptimizedMatchesReference) {
 }
 
 // In place (y = z, dz = dy) and strided views.
+// K = 1 (found by the numerical soak, tests/soak_test.cpp): R¹ has no plane, so L = a bᵀ − b aᵀ = 0
+// for every a, b and y = z. Before, both sides rotated by rounding noise: the kernel's b⊥ =
+// b − (a·b / |a|²) a is the rounding of b, ν ≈ eps |a||b| (and its one Gram–Schmidt pass left a·b⊥
+// large next to |a||b⊥|), and the reference's a_i b_i − b_i a_i, contracted into an FMA, is the
+// rounding error of the product; with |a|, |b| ≈ 1e4 and η ≈ 10 that moved y by ~1e-8.
+TEST(GrapePlane, OneDimensionHasNoPlane) {
+  std::mt19937_64 rng(5);
+  PlaneCase c = make_plane_case(rng, 2, 7, 2, 1, true, true, DType::float64, 1e4);
+  for (std::int64_t i = 0; i < c.a.numel(); ++i) {
+    c.a.set(i, 1e4 * (1.1 + i));
+    c.b.set(i, 3e4 * (0.7 + i) / 3.1);
+  }
+  c.omega = testing::uniform({c.H}, rng, 1e-3, 2e-3);
+  for (DType dtype : {DType::float64, DType::float32}) {
+    PlaneCase cd = c;
+    for (Tensor* t : {&cd.z, &cd.a, &cd.b, &cd.omega, &cd.positions}) *t = t->to(dtype);
+    const Tensor dy = testing::randn(c.z.shape(), rng, 1.0, dtype);
+    for (Impl impl : {Impl::reference, kFast}) {
+      SCOPED_TRACE(std::string(to_string(impl)) + " " + to_string(dtype));
+      const PlaneResult r = run_plane(cd, impl, dy, dtype);
+      EXPECT_TRUE(r.y.bit_equal(cd.z)) << "y = z";
+      EXPECT_TRUE(r.dz.bit_equal(dy)) << "dz = dy";
+      for (const Tensor* zero : {&r.d_omega, &r.d_positions})
+        for (std::int64_t i = 0; i < zero->numel(); ++i) EXPECT_EQ(zero->at(i), 0.0);
+      // da = (M − Mᵀ) b is 0 too; the kernel forms W a from its terms (A (a·z) dy − A (a·dy) z
+      // summed over the tokens), which cancel to the compute type's rounding.
+      double bound = 0;
+      for (std::int64_t i = 0; i < c.z.numel(); ++i) bound += std::fabs(c.z.at(i) * dy.at(i));
+      bound *= 1e4 * 2e-3 * 1e5 * (dtype == DType::float64 ? 1e-15 : 1e-6);
+      for (const Tensor* g : {&r.da, &r.db})
+        for (std::int64_t i = 0; i < g->numel(); ++i) EXPECT_LE(std::fabs(g->at(i)), bound);
+    }
+  }
+}
+
 TEST(GrapePlane, InPlaceAndStrided) {
   std::mt19937_64 rng(6);
   PlaneCase c = make_plane_case(rng, 2, 5, 3, 8, true, false);

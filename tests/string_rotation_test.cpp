@@ -281,6 +281,25 @@ TEST(CayleyString, KernelMatchesReference) {
       }
 }
 
+// A huge generator (|A| ≈ 1e4, found by the numerical soak, tests/soak_test.cpp): I + S has a
+// condition number of about |S|. The float32 kernel solved with it in float32 and summed du + dz
+// (≈ 0: P ≈ −I away from S's small eigenvalues), so y, dz and dA lost about eps |S| (dA off by 6e-4
+// relative); it now applies Q = (I + S)⁻¹ formed in float64, with u = 2 Q z − z and
+// du + dz = 2 Qᵀ du, and keeps float32's accuracy.
+TEST(CayleyString, HugeGeneratorKeepsFloat32Accuracy) {
+  std::mt19937_64 rng(14);
+  for (bool per_head : {false, true}) {
+    SCOPED_TRACE(per_head ? "per head" : "shared");
+    const CayleyCase c = cayley_case(rng, 1, 9, 2, 20, 2, per_head, DType::float32, 1e4, 1.0);
+    const Tensor dy = testing::randn(c.z.shape(), rng, 1.0, DType::float32);
+    const CayleyOut ref = run_cayley(c, Impl::reference, dy);
+    const CayleyOut fast = run_cayley(c, kFast, dy, DType::float32);
+    PHASOR_EXPECT_CLOSE(fast.y, ref.y, 1e-5, "y");
+    PHASOR_EXPECT_CLOSE(fast.dz, ref.dz, 1e-5, "dz");
+    PHASOR_EXPECT_CLOSE(fast.dA, ref.dA, 1e-5, "d_generator");
+  }
+}
+
 TEST(CayleyString, FiniteDifferences) {
   std::mt19937_64 rng(5);
   for (bool per_head : {false, true})

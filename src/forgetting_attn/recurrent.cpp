@@ -292,7 +292,9 @@ void backward_typed(const Problem& p, const TensorView& d_o, const TensorView& o
           lse_t = max_logit + std::log(sum);
           o_t = v.middleRows(first, n).transpose() * probs / sum;
         }
-        probs = (logits.array() - lse_t).exp();
+        // Clamped at 1: a saved lse_t comes from the decoding path's arithmetic, and logits of 1e9
+        // in float32 differ from it by hundreds (e^{ℓ − lse} would overflow; exactly, ℓ ≤ lse).
+        probs = (logits.array() - lse_t).min(S(0)).exp();
         // Adjoint of the softmax: dℓ_tj = P_tj (do_t·v_j − do_t·o_t); a dominant token's from the
         // others.
         const Vec<S> do_t = dout.row(t).transpose();
