@@ -3,8 +3,8 @@
 
 Every device-parametrised suite (tests/*_gpu_test) prints, at exit, the worst relative RMS error
 it measured per key ("[phasor-gpu-error] <op> <output>[ (cpu kernel)] vs <reference|cpu kernel>
-<dtype> worst relative RMS <e>"; tests/device_test_util.h). This runs the suites given on the
-command line (default: build/tests/*_gpu_test) and prints, per op, the worst error over its
+<dtype> worst relative RMS <e>"; tests/support/src/gpu_gtest.cpp). This runs the suites given
+on the command line (default: build/tests/*_gpu_test) and prints, per op, the worst error over its
 outputs and gradients: float64 and float32 against the float64 reference, float32 against the CPU
 kernel, and for bfloat16 / float16 the GPU's error against the reference beside the CPU kernel's
 on the same rounded inputs.

@@ -14,13 +14,16 @@ jobs=$(nproc)
 export PHASOR_TEST_SIZE=small
 export PHASOR_SOURCE_DIR=$PWD
 
-# The core suites: every GoogleTest program that does not link LibTorch (the CPU kernels, the
-# emulated GPU's kernels against them, validation, the task data generators and plots).
+# The core suites: every GoogleTest program that does not link LibTorch (the CPU kernels,
+# validation, the emulated GPU platform, the task data generators and plots, the test-support
+# library) — except the six suites of CUDA kernels on the emulated GPU (<op>_gpu_test): under ASan
+# each takes 10+ minutes (gla_gpu_test: 681 s here, every thread of every block a fiber switched
+# through ucontext), which the CI budget cannot hold; they run in the Release suite, and the
+# emulated GPU itself (simt_test, device_test) runs here.
 core_tests=(common_test dtype_test validate_test gla_test gated_delta_rule_test
             forgetting_attn_test rotary_test grape_test short_conv_test favor_test
-            string_rotation_test structured_rotation_test tasks_data_test tasks_plot_test simt_test
-            device_test gla_gpu_test gated_delta_rule_gpu_test forgetting_attn_gpu_test
-            favor_gpu_test rotary_gpu_test short_conv_gpu_test)
+            string_rotation_test structured_rotation_test soak_test tasks_data_test
+            tasks_files_test tasks_plot_test simt_test device_test testing_support_test)
 
 if [[ $which == asan || $which == all ]]; then
   echo "== ASan + UBSan: core suites"
@@ -28,16 +31,18 @@ if [[ $which == asan || $which == all ]]; then
   cmake --preset asan >/dev/null
   cmake --build --preset asan -j "$jobs" --target "${core_tests[@]}"
   t1=$(date +%s)
-  # Each program runs whole (its tests in one process), $jobs programs at a time, longest first.
+  # Each program runs whole (its tests in one process), $jobs programs at a time; a failure is
+  # reported when it happens and fails the script once every program has run.
   export ASAN_OPTIONS="detect_leaks=1:abort_on_error=1:strict_string_checks=1"
   export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
+  export LSAN_OPTIONS="suppressions=$PWD/tests/lsan.supp:print_suppressions=0"
   mkdir -p build-asan/sanitize-logs
   printf '%s\n' "${core_tests[@]}" | xargs -P "$jobs" -I{} bash -c '
     log=build-asan/sanitize-logs/{}.log; s=$(date +%s)
     if build-asan/tests/{} >"$log" 2>&1; then
       echo "asan: {}: $(grep -E "^\[  PASSED  \]" "$log" | sed "s/\[  PASSED  \] //") in $(( $(date +%s) - s )) s"
     else
-      tail -n 80 "$log"; echo "asan: {} FAILED (log: $log)" >&2; exit 255
+      tail -n 40 "$log"; echo "asan: {} FAILED (log: $log)" >&2; exit 1
     fi'
   t2=$(date +%s)
   echo "asan: build $((t1 - t0)) s, tests $((t2 - t1)) s"

@@ -15,7 +15,8 @@
 #include "common/parallel.h"
 #include "common/slices.h"
 #include "phasor/ops.h"
-#include "test_util.h"
+#include "phasor/testing/gtest.h"
+#include "phasor/testing/random.h"
 
 namespace phasor {
 namespace {

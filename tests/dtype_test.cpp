@@ -13,7 +13,8 @@
 #include <vector>
 
 #include "phasor/phasor.h"
-#include "test_util.h"
+#include "phasor/testing/gtest.h"
+#include "phasor/testing/random.h"
 
 namespace phasor {
 namespace {

@@ -5,7 +5,7 @@
 // and with θ in both layouts, with and without additive GRAPE slopes, over realistic, strong
 // (−20 per token), weak (−1e-4) and exactly-zero (−inf) gates, windows of 1, 7 and 150 tokens
 // (the ring wraps), grouped query heads, K ≠ V, odd sizes, and a cache of 300 tokens (three key
-// splits, combined in order). Tolerances (device_test_util.h): float64 ≤ 1e-12 and float32 ≤ 1e-5
+// splits, combined in order). Tolerances (gpu_gtest.h): float64 ≤ 1e-12 and float32 ≤ 1e-5
 // relative RMS against the reference and the CPU cache; 16-bit inputs: at most twice the CPU
 // cache's own error on the same rounded inputs, + 1e-6. Also: reset() and a second round,
 // bit-identical outputs under three emulator schedules, the CPU's error text for a positive gate
@@ -20,7 +20,7 @@
 // multiple of the tile, T shorter than one tile, K ≠ V, odd sizes, varlen batches with empty and
 // one-token sequences, with and without slopes, large logits, rows dominated by a key in an earlier
 // tile, tiles of 16, 32 and 64 and K = 256, V = 200 (the tile halved), a 4096-token sequence.
-// Tolerances (device_test_util.h): float64 ≤ 1e-12 and float32 ≤ 1e-5 relative RMS against the
+// Tolerances (gpu_gtest.h): float64 ≤ 1e-12 and float32 ≤ 1e-5 relative RMS against the
 // reference and the CPU kernel (where rows are dominated by one key the float64 reference's plain
 // adjoint is the inaccurate side: there 1e-7 against it); 16-bit inputs: the tensor-core rule
 // (expect_tensor_core_accuracy). Also: the backward recomputing o and lse equals the one given them
@@ -37,9 +37,11 @@
 #include <utility>
 #include <vector>
 
-#include "device_test_util.h"
 #include "phasor/emulator.h"
 #include "phasor/forgetting_attn.h"
+#include "phasor/testing/cases.h"
+#include "phasor/testing/gpu_gtest.h"
+#include "phasor/testing/random.h"
 
 namespace phasor {
 namespace {
@@ -47,8 +49,9 @@ namespace {
 using testing::OnDevice;
 using testing::Tensor;
 
+using testing::Rotation;
+
 enum class Gates { realistic, strong, weak, zeros };
-enum class Rotation { none, half_split, interleaved };
 
 struct Case {
   std::string name;
@@ -95,25 +98,15 @@ Inputs make_inputs(const Case& c, std::uint64_t seed) {
   return in;
 }
 
-// Token t of a [B, T, ...] view.
-TensorView token(TensorView x, std::int64_t t) {
-  if (!x.defined()) return x;
-  x.data = static_cast<unsigned char*>(x.data) +
-           t * x.stride(1) * static_cast<std::int64_t>(element_size(x.dtype));
-  x.sizes[1] = 1;
-  return x;
-}
-
-RotaryLayout layout_of(Rotation r) {
-  return r == Rotation::interleaved ? RotaryLayout::interleaved : RotaryLayout::half_split;
-}
+using testing::layout_of;
+using testing::token;
 
 // o [B, T, HQ, V] of decoding every token through one cache on `device`, inputs rounded to
 // `dtype`, output in `dtype`. `rounds`: decode, reset(), decode again: both must agree.
 Tensor decode(const Inputs& in, DType dtype, Device device, Rotation rotation, int rounds = 1) {
   OnDevice on(device);
   const Case& c = in.c;
-  auto input = [&](const Tensor& t) { return t.defined() ? on.in(t.to(dtype)) : TensorView{}; };
+  auto input = [&](const Tensor& t) { return on.in(t, dtype); };
   const TensorView q = input(in.q), k = input(in.k), v = input(in.v), g = input(in.g),
                    theta = rotation == Rotation::none ? TensorView{} : input(in.theta),
                    slope_q = input(in.slope_q), slope_k = input(in.slope_k);
@@ -138,9 +131,7 @@ Tensor decode(const Inputs& in, DType dtype, Device device, Rotation rotation, i
 
 // The float64 parallel reference on the inputs rounded to `dtype`.
 Tensor reference(const Inputs& in, DType dtype, Rotation rotation) {
-  auto rounded = [&](const Tensor& t) {
-    return t.defined() ? t.to(dtype).to(DType::float64) : Tensor();
-  };
+  auto rounded = [&](const Tensor& t) { return t.rounded_to(dtype); };
   const Tensor q = rounded(in.q), k = rounded(in.k), v = rounded(in.v), g = rounded(in.g),
                theta = rotation == Rotation::none ? Tensor() : rounded(in.theta),
                slope_q = rounded(in.slope_q), slope_k = rounded(in.slope_k);
@@ -156,22 +147,8 @@ Tensor reference(const Inputs& in, DType dtype, Rotation rotation) {
   return o;
 }
 
-const char* name_of(Rotation r) {
-  return r == Rotation::none         ? "no theta"
-         : r == Rotation::half_split ? "half_split"
-                                     : "interleaved";
-}
-
 void compare(const Tensor& gpu, const Tensor& cpu, const Tensor& ref, DType dtype) {
-  const std::string key = "ForgettingAttnCache::step o";
-  if (dtype == DType::float64 || dtype == DType::float32) {
-    testing::expect_close_to_reference(gpu, ref, dtype, key);
-    const double error = testing::rel_rms(gpu, cpu);
-    testing::record_error(key + " vs cpu kernel " + to_string(dtype), error);
-    EXPECT_LE(error, testing::reference_tolerance(dtype)) << key << " against the CPU cache";
-  } else {
-    testing::expect_as_accurate_as_cpu(gpu, cpu, ref, dtype, key);
-  }
+  testing::expect_gpu_result(gpu, cpu, ref, dtype, "ForgettingAttnCache::step o");
 }
 
 class ForgettingAttnGpu : public ::testing::TestWithParam<Device> {};
@@ -194,7 +171,7 @@ TEST_P(ForgettingAttnGpu, DecodingMatchesCpuCacheAndReference) {
     for (Rotation rotation : {Rotation::none, Rotation::half_split, Rotation::interleaved}) {
       if (rotation != Rotation::none && c.K % 2 != 0) continue;
       for (DType dtype : testing::gpu_test_dtypes()) {
-        SCOPED_TRACE(c.name + " " + name_of(rotation) + " " + to_string(dtype));
+        SCOPED_TRACE(c.name + " " + testing::to_string(rotation) + " " + to_string(dtype));
         const Tensor ref = reference(in, dtype, rotation);
         const Tensor cpu = decode(in, dtype, Device::cpu, rotation);
         const Tensor gpu = decode(in, dtype, device, rotation, dtype == DType::float32 ? 2 : 1);
@@ -229,14 +206,9 @@ TEST_P(ForgettingAttnGpu, BitIdenticalUnderEmulatorSchedules) {
   if (device != Device::emulated) GTEST_SKIP() << "schedules are an option of the emulated GPU";
   const Inputs in =
       make_inputs({"schedules", 2, 140, 2, 1, 6, 5, std::nullopt, Gates::realistic, true}, 13);
-  std::vector<Tensor> results;
-  for (const char* schedule : {"forward", "reverse", "threads=random:3,blocks=random:4"}) {
-    SCOPED_TRACE(schedule);
-    emulator::ScopedOptions options(emulator::parse_schedule(schedule));
-    results.push_back(decode(in, DType::float32, device, Rotation::half_split));
-  }
-  for (std::size_t i = 1; i < results.size(); ++i)
-    EXPECT_TRUE(results[i].bit_equal(results[0])) << "o differs under schedule " << i;
+  testing::expect_bit_identical_under_schedules(device, testing::kSchedules, [&] {
+    return decode(in, DType::float32, device, Rotation::half_split);
+  });
 }
 
 // A positive gate gives the CPU's message before any kernel runs: o is not written, the cache
@@ -343,14 +315,9 @@ ChunkInputs make_chunk_inputs(const ChunkCase& c, std::uint64_t seed) {
   std::mt19937_64 rng(seed);
   ChunkInputs in;
   in.c = c;
-  in.B = c.B;
-  in.T = c.T;
-  if (!c.lengths.empty()) {
-    in.B = 1;
-    in.T = 0;
-    for (auto l : c.lengths) in.T += l;
-    in.cu = testing::cu_seqlens(c.lengths);
-  }
+  const testing::Batch batch = testing::batch_of(c.B, c.T, c.lengths);
+  in.B = batch.B, in.T = batch.T;
+  in.cu = batch.cu_seqlens;
   const std::int64_t B = in.B, T = in.T;
   in.q = testing::randn({B, T, c.HQ, c.K}, rng, c.logit_gain);
   in.k = testing::randn({B, T, c.H, c.K}, rng);
@@ -393,6 +360,17 @@ ChunkInputs make_chunk_inputs(const ChunkCase& c, std::uint64_t seed) {
 
 struct ChunkOutputs {
   Tensor o, lse, dq, dk, dv, dg, dtheta, dslope_q, dslope_k;
+  testing::NamedTensors fields() const {
+    return {{"o", &o},
+            {"lse", &lse},
+            {"dq", &dq},
+            {"dk", &dk},
+            {"dv", &dv},
+            {"dg", &dg},
+            {"dtheta", &dtheta},
+            {"dbias_q_slope", &dslope_q},
+            {"dbias_k_slope", &dslope_k}};
+  }
 };
 
 // Forward and backward of `impl` on `device`, every input rounded to `dtype`, outputs in `dtype`.
@@ -400,14 +378,14 @@ struct ChunkOutputs {
 ChunkOutputs run_chunk(const ChunkInputs& in, DType dtype, Device device, Impl impl,
                        Rotation rotation, bool saved = true) {
   OnDevice on(device);
-  auto input = [&](const Tensor& t) { return t.defined() ? on.in(t.to(dtype)) : TensorView{}; };
+  auto input = [&](const Tensor& t) { return on.in(t, dtype); };
   const ChunkCase& c = in.c;
   ForgettingAttnParams p;
   p.q = input(in.q);
   p.k = input(in.k);
   p.v = input(in.v);
   p.g = input(in.g);
-  p.cu_seqlens = in.cu.defined() ? on.in(in.cu) : TensorView{};
+  p.cu_seqlens = on.in(in.cu);
   p.scale = 0.7;
   p.window_size = c.window;
   p.block_size = c.block_size;
@@ -419,7 +397,7 @@ ChunkOutputs run_chunk(const ChunkInputs& in, DType dtype, Device device, Impl i
   p.bias_k_slope = input(in.slope_k);
   // lse in the compute type (as fla keeps it in float32): a 16-bit lse of logits ~±30 would move
   // every P = e^{ℓ − lse} of the backward by up to 10%, for the CPU and the GPU alike.
-  const DType lse_dtype = dtype == DType::float64 ? DType::float64 : DType::float32;
+  const DType lse_dtype = testing::compute_dtype(dtype);
   const TensorView o = on.out({in.B, in.T, c.HQ, c.V}, dtype),
                    lse = on.out({in.B, in.T, c.HQ}, lse_dtype);
   forgetting_attn_forward(p, impl, o, impl == Impl::reference ? TensorView{} : lse);
@@ -457,32 +435,30 @@ ChunkOutputs chunk_reference(const ChunkInputs& in, DType dtype, Rotation rotati
   ChunkInputs rounded = in;
   for (Tensor* t : {&rounded.q, &rounded.k, &rounded.v, &rounded.g, &rounded.theta,
                     &rounded.slope_q, &rounded.slope_k, &rounded.d_o})
-    if (t->defined()) *t = t->to(dtype).to(DType::float64);
+    *t = t->rounded_to(dtype);
   ChunkOutputs ref = run_chunk(rounded, DType::float64, Device::cpu, Impl::reference, rotation);
   ref.lse = run_chunk(rounded, DType::float64, Device::cpu, Impl::chunk, rotation).lse;
   return ref;
 }
 
 // `gpu` against the reference and the CPU chunk kernel. float64 / float32: within 1e-12 / 1e-5 of
-// both (device_test_util.h), except where the reference itself is less accurate (`ref_tolerance`);
+// both (gpu_gtest.h), except where the reference itself is less accurate (`ref_tolerance`);
 // 16-bit inputs: the tensor-core rule (expect_tensor_core_accuracy).
 void compare_chunk(const Tensor& gpu, const Tensor& cpu, const Tensor& ref, DType dtype,
                    const std::string& what, double ref_tolerance = 0) {
   const std::string key = std::string("parallel_forgetting_attn ") + what;
-  if (dtype == DType::float64 || dtype == DType::float32) {
-    if (ref_tolerance > 0) {
-      const double error = testing::rel_rms(gpu, ref);
-      testing::record_error(key + " vs reference (dominated rows) " + to_string(dtype), error);
-      EXPECT_LE(error, ref_tolerance) << key << " against the reference";
-    } else {
-      testing::expect_close_to_reference(gpu, ref, dtype, key);
-    }
-    const double error = testing::rel_rms(gpu, cpu);
-    testing::record_error(key + " vs cpu kernel " + to_string(dtype), error);
-    EXPECT_LE(error, testing::reference_tolerance(dtype)) << key << " against the CPU kernel";
-  } else {
-    testing::expect_tensor_core_accuracy(gpu, cpu, ref, dtype, key);
+  if (ref_tolerance == 0 || !(dtype == DType::float64 || dtype == DType::float32)) {
+    testing::GpuArithmetic tensor_cores;
+    tensor_cores.tensor_cores = true;
+    testing::expect_gpu_result(gpu, cpu, ref, dtype, key, tensor_cores);
+    return;
   }
+  const double error = testing::rel_rms(gpu, ref);
+  testing::record_error(key + " vs reference (dominated rows) " + to_string(dtype), error);
+  EXPECT_LE(error, ref_tolerance) << key << " against the reference";
+  const double to_cpu = testing::rel_rms(gpu, cpu);
+  testing::record_error(key + " vs cpu kernel " + to_string(dtype), to_cpu);
+  EXPECT_LE(to_cpu, testing::reference_tolerance(dtype)) << key << " against the CPU kernel";
 }
 
 // Where the float64 reference is the less accurate side: its plain softmax adjoint
@@ -538,7 +514,7 @@ TEST_P(ForgettingAttnChunkGpu, MatchesCpuAndReference) {
     for (Rotation rotation : {Rotation::none, Rotation::half_split, Rotation::interleaved}) {
       if (rotation != Rotation::none && (c.K % 2 != 0 || c.dominant_lag > 0)) continue;
       for (DType dtype : testing::gpu_test_dtypes()) {
-        SCOPED_TRACE(c.name + " " + name_of(rotation) + " " + to_string(dtype));
+        SCOPED_TRACE(c.name + " " + testing::to_string(rotation) + " " + to_string(dtype));
         const ChunkOutputs ref = chunk_reference(in, dtype, rotation);
         const ChunkOutputs cpu = run_chunk(in, dtype, Device::cpu, Impl::chunk, rotation);
         const ChunkOutputs gpu = run_chunk(in, dtype, device, Impl::chunk, rotation);
@@ -582,12 +558,6 @@ TEST_P(ForgettingAttnChunkGpu, WideHeadsHalveTheTile) {
   }
 }
 
-std::vector<const Tensor*> all_of(const ChunkOutputs& r) {
-  return {&r.o, &r.lse, &r.dq, &r.dk, &r.dv, &r.dg, &r.dtheta, &r.dslope_q, &r.dslope_k};
-}
-const char* const kChunkOutputNames[] = {"o",  "lse", "dq",      "dk",           "dv",
-                                         "dg", "dθ",  "dbias_q", "dbias_k_slope"};
-
 // The backward that recomputes o and lse gives the same bits as the one given the forward's o
 // and lse (float32 and float64: both hold the compute type's values), in every combination of
 // window, slopes, grouped heads and θ of the case.
@@ -602,10 +572,54 @@ TEST_P(ForgettingAttnChunkGpu, RecomputedForwardEqualsSavedForward) {
         run_chunk(in, dtype, device, Impl::chunk, Rotation::half_split, true);
     const ChunkOutputs again =
         run_chunk(in, dtype, device, Impl::chunk, Rotation::half_split, false);
-    const auto a = all_of(saved), b = all_of(again);
-    for (std::size_t i = 2; i < a.size(); ++i)
-      EXPECT_TRUE(a[i]->bit_equal(*b[i])) << kChunkOutputNames[i] << " differs";
+    // The gradients (o and lse come from the same forward in both).
+    const testing::NamedTensors a = saved.fields(), b = again.fields();
+    testing::expect_bit_equal({a.begin() + 2, a.end()}, {b.begin() + 2, b.end()},
+                              "recomputing o and lse");
   }
+}
+
+// Logits of ~1e9 in float32 (|q|, |k| ≈ 1e4, K = 15) with the lse of the CPU's recurrent forward
+// (another summation order: it differs from the tiles' logits by hundreds): the backward clamps
+// e^{ℓ − lse} at 1, so the gradients stay finite and each dv_j ≤ Σ_i |do_i| (found by the
+// numerical soak, tests/soak_test.cpp; unclamped, dv reached 1e14 and inf on the CPU).
+TEST_P(ForgettingAttnChunkGpu, HugeLogitsWithForeignLseGiveBoundedGradients) {
+  const Device device = GetParam();
+  PHASOR_SKIP_WITHOUT_GPU(device);
+  std::mt19937_64 rng(31);
+  const std::int64_t T = 64, K = 15, V = 4;
+  const Tensor q = testing::uniform({1, T, 1, K}, rng, 1e4, 1.01e4, DType::float32),
+               k = testing::uniform({1, T, 1, K}, rng, 1e4, 1.01e4, DType::float32),
+               v = testing::randn({1, T, 1, V}, rng, 1.0, DType::float32),
+               g = Tensor::zeros({1, T, 1}, DType::float32),
+               d_o = testing::randn({1, T, 1, V}, rng, 1.0, DType::float32);
+  ForgettingAttnParams host;
+  host.q = q.view();
+  host.k = k.view();
+  host.v = v.view();
+  host.g = g.view();
+  Tensor o({1, T, 1, V}, DType::float32), lse({1, T, 1}, DType::float32);
+  forgetting_attn_forward(host, Impl::recurrent, o.view(), lse.view());
+  OnDevice on(device);
+  ForgettingAttnParams p = host;
+  p.q = on.in(q);
+  p.k = on.in(k);
+  p.v = on.in(v);
+  p.g = on.in(g);
+  p.block_size = 16;
+  ForgettingAttnGrads grads;
+  grads.dq = on.out(q.shape(), DType::float32);
+  grads.dk = on.out(k.shape(), DType::float32);
+  grads.dv = on.out(v.shape(), DType::float32);
+  grads.dg = on.out(g.shape(), DType::float32);
+  forgetting_attn_backward(p, Impl::chunk, on.in(d_o), on.in(o), on.in(lse), grads);
+  for (const TensorView& x : {grads.dq, grads.dk, grads.dv, grads.dg})
+    EXPECT_TRUE(testing::all_finite(on.to_host(x)));
+  double bound = 0, largest = 0;
+  for (std::int64_t i = 0; i < d_o.numel(); ++i) bound += std::fabs(d_o.at(i));
+  const Tensor dv = on.to_host(grads.dv);
+  for (std::int64_t i = 0; i < dv.numel(); ++i) largest = std::max(largest, std::fabs(dv.at(i)));
+  EXPECT_LE(largest, bound * (1 + 1e-5)) << "max |dv|";
 }
 
 // Each gradient requested alone equals its value when all are requested, bit for bit, and the
@@ -619,7 +633,7 @@ TEST_P(ForgettingAttnChunkGpu, GradientsRequestedAlone) {
   const ChunkOutputs all =
       run_chunk(in, DType::float32, device, Impl::chunk, Rotation::interleaved);
   OnDevice on(device);
-  auto input = [&](const Tensor& t) { return on.in(t.to(DType::float32)); };
+  auto input = [&](const Tensor& t) { return on.in(t, DType::float32); };
   ForgettingAttnParams p;
   p.q = input(in.q);
   p.k = input(in.k);
@@ -660,18 +674,9 @@ TEST_P(ForgettingAttnChunkGpu, BitIdenticalUnderEmulatorSchedules) {
       {"schedules", 1, 0, 4, 2, 6, 5, 16, 20, ChunkGates::mixed, true, {3, 0, 37, 1, 20}}, 41);
   for (DType dtype : {DType::float32, DType::bfloat16}) {
     SCOPED_TRACE(to_string(dtype));
-    std::vector<ChunkOutputs> results;
-    for (const char* schedule : {"forward", "reverse", "threads=random:3,blocks=random:4"}) {
-      SCOPED_TRACE(schedule);
-      emulator::ScopedOptions options(emulator::parse_schedule(schedule));
-      results.push_back(run_chunk(in, dtype, device, Impl::chunk, Rotation::interleaved));
-    }
-    for (std::size_t s = 1; s < results.size(); ++s) {
-      const auto a = all_of(results[0]), b = all_of(results[s]);
-      for (std::size_t i = 0; i < a.size(); ++i)
-        EXPECT_TRUE(a[i]->bit_equal(*b[i]))
-            << kChunkOutputNames[i] << " differs under schedule " << s;
-    }
+    testing::expect_bit_identical_under_schedules(device, testing::kSchedules, [&] {
+      return run_chunk(in, dtype, device, Impl::chunk, Rotation::interleaved);
+    });
   }
 }
 
@@ -727,7 +732,7 @@ TEST_P(ForgettingAttnChunkGpu, MixedDtypes) {
   const auto run = [&](Device d, Impl impl, bool rounded_to_float64) {
     OnDevice on(d);
     const auto input = [&](const Tensor& t, DType dtype) {
-      return on.in(rounded_to_float64 ? t.to(dtype).to(DType::float64) : t.to(dtype));
+      return on.in(rounded_to_float64 ? t.rounded_to(dtype) : t.to(dtype));
     };
     ForgettingAttnParams p;
     p.q = input(in.q, q_dtype);
@@ -779,7 +784,7 @@ TEST_P(ForgettingAttnChunkGpu, OutputsOverInputs) {
   const ChunkOutputs separate =
       run_chunk(in, DType::float32, device, Impl::chunk, Rotation::half_split, false);
   OnDevice on(device);
-  auto input = [&](const Tensor& t) { return on.in(t.to(DType::float32)); };
+  auto input = [&](const Tensor& t) { return on.in(t, DType::float32); };
   ForgettingAttnParams p;
   p.q = input(in.q);
   p.k = input(in.k);
@@ -828,9 +833,7 @@ TEST_P(ForgettingAttnChunkGpu, EmptyProblems) {
         run_chunk(in, DType::float32, Device::cpu, Impl::chunk, Rotation::half_split);
     const ChunkOutputs gpu =
         run_chunk(in, DType::float32, device, Impl::chunk, Rotation::half_split);
-    const auto a = all_of(cpu), b = all_of(gpu);
-    for (std::size_t i = 0; i < a.size(); ++i)
-      EXPECT_TRUE(a[i]->bit_equal(*b[i])) << kChunkOutputNames[i];
+    testing::expect_bit_equal(gpu.fields(), cpu.fields(), "GPU against CPU");
   }
 }
 

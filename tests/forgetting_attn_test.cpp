@@ -24,7 +24,10 @@
 
 #include "phasor/forgetting_attn.h"
 #include "phasor/rotary.h"
-#include "test_util.h"
+#include "phasor/testing/cases.h"
+#include "phasor/testing/gtest.h"
+#include "phasor/testing/layout.h"
+#include "phasor/testing/random.h"
 
 namespace phasor {
 namespace {
@@ -68,64 +71,16 @@ Tensor make_gates(Gates kind, const std::vector<std::int64_t>& shape, std::mt199
 
 // An input or output tensor, either contiguous or laid out as a non-contiguous view: dims 1 and
 // 2 swapped in memory and the last dimension padded.
-struct Arg {
-  Tensor data;       // the values, contiguous, in the logical shape
-  Tensor storage;    // strided only: the memory behind view
-  TensorView view_;  // strided only
-  bool strided = false;
+using Arg = testing::StridedTensor;
 
-  Arg() = default;
-  Arg(Tensor t, bool strided_layout) : data(std::move(t)), strided(strided_layout) {
-    if (strided) make_strided();
-  }
-  TensorView view() const { return strided ? view_ : data.view(); }
-  // After a call wrote into view(): the values in the logical shape.
-  Tensor values() const {
-    if (!strided) return data;
-    Tensor out = data;
-    for_each([&](std::int64_t flat, std::int64_t offset) { out.set(flat, storage.at(offset)); });
-    return out;
-  }
+testing::MemoryLayout memory_layout(int rank, bool strided) {
+  return strided ? testing::MemoryLayout::swap_1_2(rank, 1) : testing::MemoryLayout::contiguous();
+}
 
- private:
-  template <class F>
-  void for_each(F&& f) const {
-    const auto& shape = data.shape();
-    std::vector<std::int64_t> idx(shape.size(), 0);
-    for (std::int64_t flat = 0; flat < data.numel(); ++flat) {
-      std::int64_t rem = flat, offset = 0;
-      for (int d = static_cast<int>(shape.size()) - 1; d >= 0; --d) {
-        idx[static_cast<std::size_t>(d)] = rem % shape[static_cast<std::size_t>(d)];
-        rem /= shape[static_cast<std::size_t>(d)];
-        offset += idx[static_cast<std::size_t>(d)] * view_.strides[static_cast<std::size_t>(d)];
-      }
-      f(flat, offset);
-    }
-  }
-  void make_strided() {
-    const auto& shape = data.shape();
-    const int rank = static_cast<int>(shape.size());
-    std::vector<int> order(static_cast<std::size_t>(rank));  // storage dim k holds logical dim
-    for (int d = 0; d < rank; ++d) order[static_cast<std::size_t>(d)] = d;
-    if (rank >= 3) std::swap(order[1], order[2]);
-    std::vector<std::int64_t> storage_shape(static_cast<std::size_t>(rank));
-    for (int d = 0; d < rank; ++d)
-      storage_shape[static_cast<std::size_t>(d)] =
-          shape[static_cast<std::size_t>(order[static_cast<std::size_t>(d)])];
-    storage_shape.back() += 1;
-    storage = Tensor(storage_shape, data.dtype());
-    storage.fill(kNaN);
-    view_ = storage.view();
-    std::int64_t stride = 1;
-    for (int d = rank - 1; d >= 0; --d) {
-      const auto logical = static_cast<std::size_t>(order[static_cast<std::size_t>(d)]);
-      view_.sizes[logical] = shape[logical];
-      view_.strides[logical] = stride;
-      stride *= storage_shape[static_cast<std::size_t>(d)];
-    }
-    for_each([&](std::int64_t flat, std::int64_t offset) { storage.set(offset, data.at(flat)); });
-  }
-};
+// The values of t (in its dtype) in the problem's layout; undefined stays undefined.
+Arg arg(const Tensor& t, bool strided) {
+  return Arg(t, t.dtype(), memory_layout(t.rank(), strided));
+}
 
 struct Problem {
   Tensor q, k, v, g, d_o;
@@ -179,15 +134,15 @@ struct Inputs {
   Arg q, k, v, g, d_o, theta, slope_q, slope_k;
   ForgettingAttnParams params;
   explicit Inputs(const Problem& p)
-      : q(p.q, p.strided),
-        k(p.k, p.strided),
-        v(p.v, p.strided),
-        g(p.g, p.strided),
-        d_o(p.d_o, p.strided) {
-    if (p.theta.defined()) theta = Arg(p.theta, p.strided);
+      : q(arg(p.q, p.strided)),
+        k(arg(p.k, p.strided)),
+        v(arg(p.v, p.strided)),
+        g(arg(p.g, p.strided)),
+        d_o(arg(p.d_o, p.strided)),
+        theta(arg(p.theta, p.strided)),
+        slope_q(arg(p.slope_q, p.strided)),
+        slope_k(arg(p.slope_k, p.strided)) {
     params.theta = theta.view();
-    if (p.slope_q.defined()) slope_q = Arg(p.slope_q, p.strided);
-    if (p.slope_k.defined()) slope_k = Arg(p.slope_k, p.strided);
     params.bias_q_slope = slope_q.view();
     params.bias_k_slope = slope_k.view();
     params.rotary_layout = p.layout;
@@ -202,10 +157,9 @@ struct Inputs {
   }
 };
 
+// Every element must be overwritten.
 Arg nan_output(const std::vector<std::int64_t>& shape, DType dtype, bool strided) {
-  Tensor t(shape, dtype);
-  t.fill(kNaN);  // every element must be overwritten
-  return Arg(std::move(t), strided);
+  return Arg::nans(shape, dtype, memory_layout(static_cast<int>(shape.size()), strided));
 }
 
 // The reference writes float64 outputs (no rounding of the trusted values); the kernels write
@@ -224,7 +178,7 @@ Forward run_forward(const Problem& p, Impl impl) {
   Arg o = nan_output({p.B(), p.T(), p.HQ(), p.V()}, dt, p.strided);
   Arg lse = nan_output({p.B(), p.T(), p.HQ()}, dt, p.strided);
   forgetting_attn_forward(in.params, impl, o.view(), lse.view());
-  return {o.values(), lse.values()};
+  return {o.gather(), lse.gather()};
 }
 
 struct Grads {
@@ -255,21 +209,21 @@ Grads run_backward(const Problem& p, Impl impl, const Forward* saved) {
   if (p.slope_k.defined()) dslope_k = nan_output(p.slope_k.shape(), dt, p.strided);
   Arg o, lse;
   if (saved) {
-    o = Arg(saved->o, p.strided);
-    lse = Arg(saved->lse, p.strided);
+    o = arg(saved->o, p.strided);
+    lse = arg(saved->lse, p.strided);
   }
   ForgettingAttnGrads grads = make_grads(dq.view(), dk.view(), dv.view(), dg.view(), dtheta.view());
   grads.dbias_q_slope = dslope_q.view();
   grads.dbias_k_slope = dslope_k.view();
   forgetting_attn_backward(in.params, impl, in.d_o.view(), saved ? o.view() : TensorView{},
                            saved ? lse.view() : TensorView{}, grads);
-  return {dq.values(),
-          dk.values(),
-          dv.values(),
-          dg.values(),
-          p.theta.defined() ? dtheta.values() : Tensor(),
-          p.slope_q.defined() ? dslope_q.values() : Tensor(),
-          p.slope_k.defined() ? dslope_k.values() : Tensor()};
+  return {dq.gather(),
+          dk.gather(),
+          dv.gather(),
+          dg.gather(),
+          p.theta.defined() ? dtheta.gather() : Tensor(),
+          p.slope_q.defined() ? dslope_q.gather() : Tensor(),
+          p.slope_k.defined() ? dslope_k.gather() : Tensor()};
 }
 
 // ---- the reference against the definition -----------------------------------------------------
@@ -401,20 +355,13 @@ double loss(const Problem& p, Impl impl = Impl::reference) {
   return testing::dot(run_forward(p, impl).o, p.d_o);
 }
 
+// d loss / d (p.*input) by central differences (a gate of −inf, log 0, gets 0: x ± h is x there).
 Tensor finite_differences(Problem p, Tensor Problem::*input, Impl impl = Impl::reference) {
-  const double h = 1e-5;
-  Tensor& x = p.*input;
-  Tensor grad = Tensor::zeros(x.shape());
-  for (std::int64_t i = 0; i < x.numel(); ++i) {
-    const double x0 = x.at(i);
-    x.set(i, x0 + h);
-    const double up = loss(p, impl);
-    x.set(i, x0 - h);
-    const double down = loss(p, impl);
-    x.set(i, x0);
-    grad.set(i, std::isinf(x0) ? 0.0 : (up - down) / (2 * h));
-  }
-  return grad;
+  testing::FiniteDifferenceOptions options;
+  options.step = 1e-5;
+  options.zero_at_infinite_inputs = true;
+  return testing::numerical_gradient(
+      p.*input, [&] { return loss(p, impl); }, options);
 }
 
 void expect_gradients_match_finite_differences(const Problem& p) {
@@ -687,11 +634,44 @@ TEST(ForgettingAttnKernels, EmptyProblems) {
   }
 }
 
+// ---- huge logits in float32 (found by the numerical soak, tests/soak_test.cpp) -----------------
+
+// Logits of ~1e9 (|q|, |k| ≈ 1e4 on all of K = 15 channels) are rounded by hundreds in float32, and
+// two summation orders of the same dot product differ by that much. A backward given the lse of
+// a forward that summed otherwise (the recurrent forward decodes through the cache; the chunk
+// forward takes its keys in runs) recomputed e^{ℓ − lse} with ℓ − lse up to +hundreds: weights far
+// above 1 (gradients off by 1e14) and then inf. Exactly, ℓ ≤ lse: the backward clamps the exponent
+// at 0, so every weight is ≤ 1 and each dv_j is at most Σ_i |do_i| over the rows that see key j.
+TEST(ForgettingAttnNumerics, HugeLogitsWithSavedLseGiveBoundedGradients) {
+  std::mt19937_64 rng(31);
+  const std::int64_t T = 64, K = 15, V = 4;
+  Problem p = make_problem({1, T, 1, 1, K, V}, Gates::weak, rng);
+  p.q = testing::uniform({1, T, 1, K}, rng, 1e4, 1.01e4);
+  p.k = testing::uniform({1, T, 1, K}, rng, 1e4, 1.01e4);
+  p = p.to(DType::float32);
+  double bound = 0;  // Σ_i |do_i|: every dv_j is at most that
+  for (std::int64_t i = 0; i < p.d_o.numel(); ++i) bound += std::fabs(p.d_o.at(i));
+  for (Impl forward_impl : {Impl::recurrent, Impl::chunk}) {
+    const Forward saved = run_forward(p, forward_impl);
+    for (Impl impl : {Impl::recurrent, Impl::chunk}) {
+      SCOPED_TRACE(std::string("lse of ") + to_string(forward_impl) + ", backward " +
+                   to_string(impl));
+      const Grads grads = run_backward(p, impl, &saved);
+      for (const Tensor* x : {&grads.dq, &grads.dk, &grads.dv, &grads.dg})
+        EXPECT_TRUE(testing::all_finite(*x));
+      double largest = 0;
+      for (std::int64_t i = 0; i < grads.dv.numel(); ++i)
+        largest = std::max(largest, std::fabs(grads.dv.at(i)));
+      EXPECT_LE(largest, bound * (1 + 1e-5)) << "max |dv|";
+    }
+  }
+}
+
 // ---- long sequences ----------------------------------------------------------------------------
 
-TEST(ForgettingAttnLong, Sequence65536WithWindow) {
+TEST(ForgettingAttnLong, Sequence65536WithWindow) {  // 4,096 with PHASOR_TEST_SIZE=small
   std::mt19937_64 rng(7);
-  Problem p = make_problem({1, 65536, 1, 1, 16, 16}, Gates::mixed, rng);
+  Problem p = make_problem({1, testing::long_sequence_length(), 1, 1, 16, 16}, Gates::mixed, rng);
   p.window = 256;
   p = p.to(DType::float32);
   const Forward chunk = run_forward(p, Impl::chunk);
@@ -1046,11 +1026,7 @@ TEST(ForgettingAttnRotation, BitIdenticalForAnyThreadCount) {
 
 // A [B, 1, ...] view of token t of a [B, T, ...] tensor.
 TensorView token_view(const Tensor& x, std::int64_t t) {
-  TensorView v = x.view();
-  v.data = static_cast<unsigned char*>(v.data) +
-           t * v.stride(1) * static_cast<std::int64_t>(element_size(x.dtype()));
-  v.sizes[1] = 1;
-  return v;
+  return testing::token(x.view(), t);
 }
 
 // rotation: θ given at every step (with this layout), or none.

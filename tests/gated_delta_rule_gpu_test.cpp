@@ -7,7 +7,7 @@
 // and exactly-zero (−inf) gates, grouped value heads (HV = 2H), varlen batches with empty and
 // one-token sequences, T = 1, T not a multiple of the checkpoint interval, K ≠ V, odd sizes
 // (K = 6, V = 5) and K = 48, V = 40 (crossing a warp of key rows and a tile of value columns).
-// Tolerances as tests/gla_gpu_test.cpp (device_test_util.h). Also: decoding token by token with
+// Tolerances as tests/gla_gpu_test.cpp (gpu_gtest.h). Also: decoding token by token with
 // the state updated in place equals one call, bit-identical results under emulator schedules, and
 // the CPU's error text for a positive gate and a bad cu_seqlens.
 #include <cmath>
@@ -17,19 +17,21 @@
 #include <tuple>
 #include <vector>
 
-#include "device_test_util.h"
 #include "phasor/emulator.h"
 #include "phasor/gated_delta_rule.h"
 #include "phasor/ops.h"
+#include "phasor/testing/cases.h"
+#include "phasor/testing/gpu_gtest.h"
+#include "phasor/testing/random.h"
 
 namespace phasor {
 namespace {
 
 using testing::OnDevice;
+using testing::Rotation;
 using testing::Tensor;
 
 enum class Gates { realistic, strong, zeros };
-enum class Rotation { none, half_split, interleaved };
 
 struct Case {
   std::string name;
@@ -55,15 +57,9 @@ Inputs make_inputs(const Case& c, std::uint64_t seed) {
   std::mt19937_64 rng(seed);
   Inputs in;
   in.c = c;
-  in.B = c.B;
-  in.T = c.T;
-  if (!c.lengths.empty()) {
-    in.B = 1;
-    in.T = 0;
-    for (auto l : c.lengths) in.T += l;
-    in.cu = testing::cu_seqlens(c.lengths);
-  }
-  in.N = c.lengths.empty() ? in.B : static_cast<std::int64_t>(c.lengths.size());
+  const testing::Batch batch = testing::batch_of(c.B, c.T, c.lengths);
+  in.B = batch.B, in.T = batch.T, in.N = batch.N;
+  in.cu = batch.cu_seqlens;
   in.HV = c.H * c.group;
   const std::vector<std::int64_t> qk = {in.B, in.T, c.H, c.K}, vv = {in.B, in.T, in.HV, c.V};
   in.q = testing::randn(qk, rng);
@@ -85,6 +81,13 @@ Inputs make_inputs(const Case& c, std::uint64_t seed) {
 
 struct Outputs {
   Tensor o, final_state, dq, dk, dv, dg, dbeta, dh0, dtheta;
+  testing::NamedTensors fields() const {
+    return {{"o", &o},          {"final_state", &final_state},
+            {"dq", &dq},        {"dk", &dk},
+            {"dv", &dv},        {"dg", &dg},
+            {"dbeta", &dbeta},  {"dh0", &dh0},
+            {"dtheta", &dtheta}};
+  }
 };
 
 // Forward and backward of `impl` on `device`, every input rounded to `dtype`, outputs in `dtype`
@@ -93,11 +96,8 @@ struct Outputs {
 Outputs run(const Inputs& in, DType dtype, Device device, Impl impl, Rotation rotation,
             bool strided = false) {
   OnDevice on(device);
-  auto input = [&](const Tensor& t) {
-    if (!t.defined()) return TensorView{};
-    return strided ? on.in_strided(t.to(dtype)) : on.in(t.to(dtype));
-  };
-  const DType state_dtype = dtype == DType::float64 ? DType::float64 : DType::float32;
+  auto input = [&](const Tensor& t) { return on.in(t, dtype, strided); };
+  const DType state_dtype = testing::compute_dtype(dtype);
   GatedDeltaRuleParams p;
   p.q = input(in.q);
   p.k = input(in.k);
@@ -105,13 +105,12 @@ Outputs run(const Inputs& in, DType dtype, Device device, Impl impl, Rotation ro
   p.g = input(in.g);
   p.beta = input(in.beta);
   p.use_qk_l2norm_in_kernel = in.c.l2norm;
-  p.initial_state = in.h0.defined() ? on.in(in.h0.to(state_dtype)) : TensorView{};
-  p.cu_seqlens = in.cu.defined() ? on.in(in.cu) : TensorView{};
+  p.initial_state = on.in(in.h0, state_dtype);
+  p.cu_seqlens = on.in(in.cu);
   p.chunk_size = in.c.chunk_size;
   if (rotation != Rotation::none) {
     p.theta = input(in.theta);
-    p.rotary_layout =
-        rotation == Rotation::interleaved ? RotaryLayout::interleaved : RotaryLayout::half_split;
+    p.rotary_layout = testing::layout_of(rotation);
   }
   const TensorView o = on.out(in.v.shape(), dtype),
                    fs = on.out({in.N, in.HV, in.c.K, in.c.V}, state_dtype);
@@ -124,7 +123,7 @@ Outputs run(const Inputs& in, DType dtype, Device device, Impl impl, Rotation ro
   grads.dbeta = on.out(in.beta.shape(), dtype);
   if (in.h0.defined()) grads.dh0 = on.out(in.h0.shape(), state_dtype);
   if (rotation != Rotation::none) grads.dtheta = on.out(in.theta.shape(), dtype);
-  gated_delta_rule_backward(p, impl, input(in.d_o), on.in(in.dht.to(state_dtype)), grads);
+  gated_delta_rule_backward(p, impl, input(in.d_o), on.in(in.dht, state_dtype), grads);
   Outputs r;
   r.o = on.to_host(o);
   r.final_state = on.to_host(fs);
@@ -141,65 +140,30 @@ Outputs run(const Inputs& in, DType dtype, Device device, Impl impl, Rotation ro
 // The float64 reference on the inputs rounded to `dtype` (states rounded to their dtype).
 Outputs reference(const Inputs& in, DType dtype, Rotation rotation) {
   Inputs rounded = in;
-  const DType state_dtype = dtype == DType::float64 ? DType::float64 : DType::float32;
   for (Tensor* t : {&rounded.q, &rounded.k, &rounded.v, &rounded.g, &rounded.beta, &rounded.theta,
                     &rounded.d_o})
-    if (t->defined()) *t = t->to(dtype).to(DType::float64);
-  for (Tensor* t : {&rounded.h0, &rounded.dht})
-    if (t->defined()) *t = t->to(state_dtype).to(DType::float64);
+    *t = t->rounded_to(dtype);
+  for (Tensor* t : {&rounded.h0, &rounded.dht}) *t = t->rounded_to(testing::compute_dtype(dtype));
   return run(rounded, DType::float64, Device::cpu, Impl::reference, rotation);
 }
 
-void compare(const Tensor& gpu, const Tensor& cpu, const Tensor& ref, DType dtype,
-             const std::string& what, Impl impl = Impl::recurrent) {
-  const std::string key = std::string(op_name(Op::gated_delta_rule, impl)) + " " + what;
-  if (dtype == DType::float64 || dtype == DType::float32) {
-    testing::expect_close_to_reference(gpu, ref, dtype, key);
-    const double error = testing::rel_rms(gpu, cpu);
-    testing::record_error(key + " vs cpu kernel " + to_string(dtype), error);
-    EXPECT_LE(error, testing::reference_tolerance(dtype)) << key << " against the CPU kernel";
-  } else if (impl == Impl::chunk) {  // tensor cores
-    // dg and dβ are per-token sums over K × V (and over the chunk's pairs) of products much
-    // larger than the result: the operands' 16-bit rounding reaches them amplified by that
-    // cancellation (measured ≤ 3.4 unit roundoffs, K = 48, V = 40); the other outputs ≤ 1.9.
-    const bool cancels = what == "dg" || what == "dbeta";
-    testing::expect_tensor_core_accuracy(gpu, cpu, ref, dtype, key, cancels ? 4 : 2);
-  } else {
-    testing::expect_as_accurate_as_cpu(gpu, cpu, ref, dtype, key);
-  }
-}
-
+// Every output against the CPU kernel's and the reference's (device_test rules: 16-bit inputs
+// through the chunk kernels' tensor cores). dg and dβ are per-token sums over K × V (and over the
+// chunk's pairs) of products much larger than the result: the operands' 16-bit rounding reaches
+// them amplified by that cancellation (measured ≤ 3.4 unit roundoffs, K = 48, V = 40); the other
+// outputs ≤ 1.9.
 void compare_all(const Outputs& gpu, const Outputs& cpu, const Outputs& ref, DType dtype,
                  Impl impl = Impl::recurrent) {
-  compare(gpu.o, cpu.o, ref.o, dtype, "o", impl);
-  compare(gpu.final_state, cpu.final_state, ref.final_state, dtype, "final_state", impl);
-  compare(gpu.dq, cpu.dq, ref.dq, dtype, "dq", impl);
-  compare(gpu.dk, cpu.dk, ref.dk, dtype, "dk", impl);
-  compare(gpu.dv, cpu.dv, ref.dv, dtype, "dv", impl);
-  compare(gpu.dg, cpu.dg, ref.dg, dtype, "dg", impl);
-  compare(gpu.dbeta, cpu.dbeta, ref.dbeta, dtype, "dbeta", impl);
-  if (ref.dh0.defined()) compare(gpu.dh0, cpu.dh0, ref.dh0, dtype, "dh0", impl);
-  if (ref.dtheta.defined()) compare(gpu.dtheta, cpu.dtheta, ref.dtheta, dtype, "dtheta", impl);
+  testing::GpuArithmetic arithmetic;
+  arithmetic.tensor_cores = impl == Impl::chunk;
+  arithmetic.cancelling = {{"dg", 4}, {"dbeta", 4}};
+  testing::expect_gpu_results(gpu.fields(), cpu.fields(), ref.fields(), dtype,
+                              op_name(Op::gated_delta_rule, impl), arithmetic);
 }
 
 // Every output of a and b bit for bit.
 void expect_bit_equal(const Outputs& a, const Outputs& b, const std::string& when) {
-  for (auto [x, y, name] : {std::tuple{&a.o, &b.o, "o"},
-                            {&a.final_state, &b.final_state, "final_state"},
-                            {&a.dq, &b.dq, "dq"},
-                            {&a.dk, &b.dk, "dk"},
-                            {&a.dv, &b.dv, "dv"},
-                            {&a.dg, &b.dg, "dg"},
-                            {&a.dbeta, &b.dbeta, "dbeta"},
-                            {&a.dh0, &b.dh0, "dh0"},
-                            {&a.dtheta, &b.dtheta, "dtheta"}})
-    EXPECT_TRUE(x->bit_equal(*y)) << name << " differs " << when;
-}
-
-const char* name_of(Rotation r) {
-  return r == Rotation::none         ? "no theta"
-         : r == Rotation::half_split ? "half_split"
-                                     : "interleaved";
+  testing::expect_bit_equal(a.fields(), b.fields(), when);
 }
 
 class GatedDeltaRuleGpu : public ::testing::TestWithParam<Device> {};
@@ -232,7 +196,7 @@ TEST_P(GatedDeltaRuleGpu, MatchesCpuAndReference) {
     const Inputs in = make_inputs(c, 7);
     for (Rotation rotation : {Rotation::none, Rotation::half_split, Rotation::interleaved}) {
       for (DType dtype : testing::gpu_test_dtypes()) {
-        SCOPED_TRACE(c.name + " " + name_of(rotation) + " " + to_string(dtype));
+        SCOPED_TRACE(c.name + " " + testing::to_string(rotation) + " " + to_string(dtype));
         const Outputs ref = reference(in, dtype, rotation);
         const Outputs cpu = run(in, dtype, Device::cpu, Impl::recurrent, rotation);
         const Outputs gpu = run(in, dtype, device, Impl::recurrent, rotation);
@@ -285,7 +249,7 @@ TEST_P(GatedDeltaRuleGpu, ChunkMatchesCpuAndReference) {
         // inverse amplifies the 16-bit rounding of the tensor cores' operands (as in fla, whose
         // layers always normalise): the 16-bit bound is held on ℓ2-normalised inputs.
         if (!c.l2norm && (dtype == DType::bfloat16 || dtype == DType::float16)) continue;
-        SCOPED_TRACE(c.name + " " + name_of(rotation) + " " + to_string(dtype));
+        SCOPED_TRACE(c.name + " " + testing::to_string(rotation) + " " + to_string(dtype));
         const Outputs ref = reference(in, dtype, rotation);
         const Outputs cpu = run(in, dtype, Device::cpu, Impl::chunk, rotation);
         const Outputs gpu = run(in, dtype, device, Impl::chunk, rotation);
@@ -331,11 +295,7 @@ TEST_P(GatedDeltaRuleGpu, DecodingTokenByTokenEqualsOneCall) {
   gated_delta_rule_forward(p, Impl::recurrent, o, fs);
   const TensorView state = on.in(in.h0), stepped = on.out(in.v.shape(), DType::float64);
   for (std::int64_t t = 0; t < in.T; ++t) {
-    auto step = [&](TensorView x) {  // token t of a [B, T, ...] view
-      x.data = static_cast<double*>(x.data) + t * x.stride(1);
-      x.sizes[1] = 1;
-      return x;
-    };
+    auto step = [&](const TensorView& x) { return testing::token(x, t); };
     GatedDeltaRuleParams s = p;
     s.q = step(p.q);
     s.k = step(p.k);
@@ -357,16 +317,9 @@ TEST_P(GatedDeltaRuleGpu, BitIdenticalUnderEmulatorSchedules) {
   if (device != Device::emulated) GTEST_SKIP() << "schedules are an option of the emulated GPU";
   const Inputs in = make_inputs(
       {"schedules", 1, 0, 1, 10, 37, {5, 0, 8}, Gates::realistic, true, 4, 2, 2.0, true}, 13);
-  std::vector<Outputs> results;
-  for (const char* schedule : {"forward", "reverse", "threads=random:3,blocks=random:4"}) {
-    SCOPED_TRACE(schedule);
-    emulator::ScopedOptions options(emulator::parse_schedule(schedule));
-    results.push_back(run(in, DType::float32, device, Impl::recurrent, Rotation::interleaved));
-  }
-  for (std::size_t i = 1; i < results.size(); ++i) {
-    const Outputs &a = results[0], &b = results[i];
-    expect_bit_equal(a, b, "under schedule " + std::to_string(i));
-  }
+  testing::expect_bit_identical_under_schedules(device, testing::kSchedules, [&] {
+    return run(in, DType::float32, device, Impl::recurrent, Rotation::interleaved);
+  });
 }
 
 // The chunk kernels likewise (several chunks, sub-blocks, key and value tiles).
@@ -375,16 +328,9 @@ TEST_P(GatedDeltaRuleGpu, ChunkBitIdenticalUnderEmulatorSchedules) {
   if (device != Device::emulated) GTEST_SKIP() << "schedules are an option of the emulated GPU";
   const Inputs in = make_inputs(
       {"schedules", 1, 0, 1, 10, 37, {5, 0, 40}, Gates::realistic, true, 32, 2, 2.0, true}, 13);
-  std::vector<Outputs> results;
-  for (const char* schedule : {"forward", "reverse", "threads=random:3,blocks=random:4"}) {
-    SCOPED_TRACE(schedule);
-    emulator::ScopedOptions options(emulator::parse_schedule(schedule));
-    results.push_back(run(in, DType::float32, device, Impl::chunk, Rotation::interleaved));
-  }
-  for (std::size_t i = 1; i < results.size(); ++i) {
-    const Outputs &a = results[0], &b = results[i];
-    expect_bit_equal(a, b, "under schedule " + std::to_string(i));
-  }
+  testing::expect_bit_identical_under_schedules(device, testing::kSchedules, [&] {
+    return run(in, DType::float32, device, Impl::chunk, Rotation::interleaved);
+  });
 }
 
 // Strided inputs (every input a slice of a wider tensor) give bit-identical results to contiguous

@@ -11,7 +11,6 @@
 #include <functional>
 #include <iostream>
 #include <limits>
-#include <numeric>
 #include <optional>
 #include <random>
 #include <string>
@@ -20,7 +19,10 @@
 
 #include "phasor/gated_delta_rule.h"
 #include "phasor/rotary.h"
-#include "test_util.h"
+#include "phasor/testing/cases.h"
+#include "phasor/testing/gtest.h"
+#include "phasor/testing/layout.h"
+#include "phasor/testing/random.h"
 
 namespace phasor {
 namespace {
@@ -116,10 +118,8 @@ Data make_data(const Case& c) {
   std::mt19937_64 rng(c.seed);
   Data d;
   d.c = c;
-  d.B = c.lengths.empty() ? c.B : 1;
-  d.T = c.lengths.empty() ? c.T
-                          : std::accumulate(c.lengths.begin(), c.lengths.end(), std::int64_t{0});
-  d.N = c.lengths.empty() ? c.B : static_cast<std::int64_t>(c.lengths.size());
+  const testing::Batch batch = testing::batch_of(c.B, c.T, c.lengths);
+  d.B = batch.B, d.T = batch.T, d.N = batch.N;
   d.q = testing::randn({d.B, d.T, c.H, c.K}, rng);
   d.k = testing::randn({d.B, d.T, c.H, c.K}, rng,
                        c.l2norm ? 1.0 : c.key_std / std::sqrt(static_cast<double>(c.K)));
@@ -127,7 +127,7 @@ Data make_data(const Case& c) {
   d.g = make_gates({d.B, d.T, c.HV}, c.gates, rng);
   d.beta = testing::uniform({d.B, d.T, c.HV}, rng, c.beta_lo, c.beta_hi);
   if (c.initial_state) d.h0 = testing::randn({d.N, c.HV, c.K, c.V}, rng, 0.5);
-  if (!c.lengths.empty()) d.cu = testing::cu_seqlens(c.lengths);
+  d.cu = batch.cu_seqlens;
   d.d_o = testing::randn({d.B, d.T, c.HV, c.V}, rng);
   d.d_ht = testing::randn({d.N, c.HV, c.K, c.V}, rng);
   if (c.rotation) {  // drawn last: the other inputs do not depend on whether θ is used
@@ -138,79 +138,37 @@ Data make_data(const Case& c) {
   return d;
 }
 
-// A tensor argument as the op sees it: owned storage and a view of it.
-struct Arg {
-  Tensor storage;
-  TensorView view;
-};
+// A tensor argument as the op sees it: owned storage and a view of it, in a case's Layout. Both
+// strided layouts pad the innermost memory dimension by one element (tensors of rank < 3 stay
+// contiguous).
+using Arg = testing::StridedTensor;
 
-Arg make_buffer(const std::vector<std::int64_t>& shape, DType dtype, Layout layout) {
-  const int rank = static_cast<int>(shape.size());
-  // perm[d]: the logical dimension stored as memory dimension d.
-  std::vector<int> perm(static_cast<std::size_t>(rank));
-  std::iota(perm.begin(), perm.end(), 0);
-  const bool permute = layout != Layout::contiguous && rank >= 3;
-  if (permute && layout == Layout::swapped) std::swap(perm[1], perm[2]);
-  if (permute && layout == Layout::transposed)
-    std::rotate(perm.begin() + 1, perm.begin() + 2, perm.end());
-  std::vector<std::int64_t> physical(static_cast<std::size_t>(rank));
-  for (int d = 0; d < rank; ++d)
-    physical[static_cast<std::size_t>(d)] =
-        shape[static_cast<std::size_t>(perm[static_cast<std::size_t>(d)])];
-  if (permute) physical.back() += 1;
-  Arg a;
-  a.storage = Tensor(physical, dtype);
-  a.view = a.storage.view();
-  std::int64_t stride = 1;
-  for (int d = rank - 1; d >= 0; --d) {
-    const auto logical_dim = static_cast<std::size_t>(perm[static_cast<std::size_t>(d)]);
-    a.view.strides[logical_dim] = stride;
-    a.view.sizes[logical_dim] = shape[logical_dim];
-    stride *= physical[static_cast<std::size_t>(d)];
-  }
-  return a;
-}
-
-// Calls f(logical flat index, storage offset) for every element of the view.
-template <class F>
-void for_each_element(const TensorView& v, F&& f) {
-  const std::int64_t n = v.numel();
-  for (std::int64_t flat = 0; flat < n; ++flat) {
-    std::int64_t rem = flat, off = 0;
-    for (int d = v.rank - 1; d >= 0; --d) {
-      off += (rem % v.size(d)) * v.stride(d);
-      rem /= v.size(d);
-    }
-    f(flat, off);
-  }
+testing::MemoryLayout memory_layout(int rank, Layout layout) {
+  if (layout == Layout::contiguous || rank < 3) return testing::MemoryLayout::contiguous();
+  return layout == Layout::swapped ? testing::MemoryLayout::swap_1_2(rank, 1)
+                                   : testing::MemoryLayout::dim_1_innermost(rank, 1);
 }
 
 Arg make_arg(const Tensor& logical, DType dtype, Layout layout) {
-  if (!logical.defined()) return {};
-  Arg a = make_buffer(logical.shape(), dtype, layout);
-  for_each_element(a.view,
-                   [&](std::int64_t i, std::int64_t off) { a.storage.set(off, logical.at(i)); });
-  return a;
+  return Arg(logical, dtype, memory_layout(logical.rank(), layout));
 }
 
 // An output buffer, filled with NaN so that any element the op fails to write shows.
 Arg make_output(const std::vector<std::int64_t>& shape, DType dtype, Layout layout) {
-  Arg a = make_buffer(shape, dtype, layout);
-  a.storage.fill(kNaN);
-  return a;
+  return Arg::nans(shape, dtype, memory_layout(static_cast<int>(shape.size()), layout));
 }
 
 // The logical float64 contents of an argument.
 Tensor gather(const Arg& a) {
-  if (!a.view.defined()) return {};
-  std::vector<std::int64_t> shape(a.view.sizes.begin(), a.view.sizes.begin() + a.view.rank);
-  Tensor t(shape, DType::float64);
-  for_each_element(a.view, [&](std::int64_t i, std::int64_t off) { t.set(i, a.storage.at(off)); });
-  return t;
+  return a.gather().to(DType::float64);
 }
 
 struct Result {
   Tensor o, ht, dq, dk, dv, dg, dbeta, dh0, dtheta;
+  testing::NamedTensors fields() const {
+    return {{"o", &o},   {"final_state", &ht}, {"dq", &dq},   {"dk", &dk},        {"dv", &dv},
+            {"dg", &dg}, {"dbeta", &dbeta},    {"dh0", &dh0}, {"dtheta", &dtheta}};
+  }
 };
 
 GatedDeltaRuleGrads make_grads(const TensorView& dq, const TensorView& dk, const TensorView& dv,
@@ -238,21 +196,21 @@ Result run(const Data& d, Impl impl, DType dtype, bool backward = true) {
   const Arg h0 = make_arg(d.h0, dtype, st);
   const Arg theta = make_arg(d.theta, dtype, st);
   GatedDeltaRuleParams p;
-  p.q = q.view;
-  p.k = k.view;
-  p.v = v.view;
-  p.g = g.view;
-  p.beta = beta.view;
-  p.initial_state = h0.view;
+  p.q = q.view();
+  p.k = k.view();
+  p.v = v.view();
+  p.g = g.view();
+  p.beta = beta.view();
+  p.initial_state = h0.view();
   if (d.cu.defined()) p.cu_seqlens = d.cu.view();
   p.scale = c.scale;
   p.use_qk_l2norm_in_kernel = c.l2norm;
   p.chunk_size = c.chunk_size;
-  p.theta = theta.view;
+  p.theta = theta.view();
   p.rotary_layout = c.rotary_layout;
   Arg o = make_output({d.B, d.T, c.HV, c.V}, dtype, st);
   Arg ht = make_output({d.N, c.HV, c.K, c.V}, dtype, st);
-  gated_delta_rule_forward(p, impl, o.view, ht.view);
+  gated_delta_rule_forward(p, impl, o.view(), ht.view());
   Result r;
   r.o = gather(o);
   r.ht = gather(ht);
@@ -265,9 +223,9 @@ Result run(const Data& d, Impl impl, DType dtype, bool backward = true) {
   Arg dbeta = make_output({d.B, d.T, c.HV}, dtype, st);
   Arg dh0 = c.initial_state ? make_output({d.N, c.HV, c.K, c.V}, dtype, st) : Arg{};
   Arg dtheta = d.theta.defined() ? make_output(d.theta.shape(), dtype, st) : Arg{};
-  gated_delta_rule_backward(
-      p, impl, d_o.view, d_ht.view,
-      make_grads(dq.view, dk.view, dv.view, dg.view, dbeta.view, dh0.view, dtheta.view));
+  gated_delta_rule_backward(p, impl, d_o.view(), d_ht.view(),
+                            make_grads(dq.view(), dk.view(), dv.view(), dg.view(), dbeta.view(),
+                                       dh0.view(), dtheta.view()));
   r.dq = gather(dq);
   r.dk = gather(dk);
   r.dv = gather(dv);
@@ -280,30 +238,19 @@ Result run(const Data& d, Impl impl, DType dtype, bool backward = true) {
 
 void expect_close(const Result& actual, const Result& expected, double tol,
                   const std::string& what) {
-  const std::pair<const char*, const Tensor Result::*> fields[] = {
-      {"o", &Result::o},         {"final_state", &Result::ht}, {"dq", &Result::dq},
-      {"dk", &Result::dk},       {"dv", &Result::dv},          {"dg", &Result::dg},
-      {"dbeta", &Result::dbeta}, {"dh0", &Result::dh0},        {"dtheta", &Result::dtheta}};
-  for (const auto& [name, field] : fields) {
-    const Tensor& a = actual.*field;
-    const Tensor& e = expected.*field;
-    ASSERT_EQ(a.defined(), e.defined()) << what << " " << name;
-    if (!e.defined()) continue;
-    PHASOR_EXPECT_CLOSE(a, e, tol, what + " " + name);
-  }
+  testing::expect_close(actual.fields(), expected.fields(), tol, what);
 }
 
-bool bit_equal(const Result& a, const Result& b) {
-  return a.o.bit_equal(b.o) && a.ht.bit_equal(b.ht) && a.dq.bit_equal(b.dq) &&
-         a.dk.bit_equal(b.dk) && a.dv.bit_equal(b.dv) && a.dg.bit_equal(b.dg) &&
-         a.dbeta.bit_equal(b.dbeta) && a.dh0.bit_equal(b.dh0) && a.dtheta.bit_equal(b.dtheta);
+void expect_bit_equal(const Result& a, const Result& b, const std::string& what) {
+  testing::expect_bit_equal(a.fields(), b.fields(), what);
 }
 
 // ---------------------------------------------------------------------------------------------
 // The reference against finite differences
 
-double loss(const Data& d) {
-  const Result r = run(d, Impl::reference, DType::float64, /*backward=*/false);
+// Σ o·d_o + Σ final_state·d_final_state of `impl` (the reference unless told), in float64.
+double loss(const Data& d, Impl impl = Impl::reference) {
+  const Result r = run(d, impl, DType::float64, /*backward=*/false);
   return testing::dot(r.o, d.d_o) + testing::dot(r.ht, d.d_ht);
 }
 
@@ -318,22 +265,14 @@ void check_reference_gradients(const Case& c) {
       {"beta", {&Data::beta, &Result::dbeta}},
       {"initial_state", {&Data::h0, &Result::dh0}},
       {"theta", {&Data::theta, &Result::dtheta}}};
-  const double eps = 1e-5;
+  testing::FiniteDifferenceOptions options;
+  options.step = 1e-5;
   for (const auto& [name, members] : inputs) {
     Tensor& x = d.*(members.first);
-    const Tensor& grad = analytic.*(members.second);
     if (!x.defined()) continue;
-    Tensor numeric(x.shape(), DType::float64);
-    for (std::int64_t i = 0; i < x.numel(); ++i) {
-      const double x0 = x.at(i);
-      x.set(i, x0 + eps);
-      const double up = loss(d);
-      x.set(i, x0 - eps);
-      const double down = loss(d);
-      x.set(i, x0);
-      numeric.set(i, (up - down) / (2 * eps));
-    }
-    PHASOR_EXPECT_CLOSE(grad, numeric, 1e-7, c.name + ": d" + name + " vs finite differences");
+    PHASOR_EXPECT_GRADIENT(
+        analytic.*(members.second), x, [&] { return loss(d); }, 1e-7,
+        c.name + ": d" + name + " vs finite differences", options);
   }
 }
 
@@ -647,7 +586,7 @@ TEST(GatedDeltaRuleKernels, MixedDtypes) {
 
 TEST(GatedDeltaRuleKernels, LongSequence) {
   Case c;
-  c.T = 65536, c.H = 1, c.HV = 1, c.K = 16, c.V = 16, c.chunk_size = 64;
+  c.T = testing::long_sequence_length(), c.H = 1, c.HV = 1, c.K = 16, c.V = 16, c.chunk_size = 64;
   c.gates = Gates::realistic;
   const auto start = std::chrono::steady_clock::now();
   Data d = make_data(c);
@@ -666,7 +605,7 @@ TEST(GatedDeltaRuleKernels, LongSequence) {
   const Result recurrent32 = run(d, Impl::recurrent, DType::float32);
   expect_close(chunk32, truth, 1e-5, "chunk float32");
   expect_close(recurrent32, truth, 1e-5, "recurrent float32");
-  std::cout << "[ long ] T = 65536 relative RMS vs recurrent float64: chunk float64 o "
+  std::cout << "[ long ] T = " << c.T << " relative RMS vs recurrent float64: chunk float64 o "
             << testing::rel_rms(chunk64.o, truth.o) << ", dk "
             << testing::rel_rms(chunk64.dk, truth.dk) << ", dg "
             << testing::rel_rms(chunk64.dg, truth.dg) << "; chunk float32 o "
@@ -689,11 +628,7 @@ TEST(GatedDeltaRuleKernels, LongSequence) {
 
 // A view of time step t of a [B, T, ...] tensor, as a [B, 1, ...] tensor.
 TensorView step_view(const Tensor& x, std::int64_t t) {
-  TensorView v = x.view();
-  v.data = static_cast<unsigned char*>(v.data) +
-           t * v.stride(1) * static_cast<std::int64_t>(element_size(v.dtype));
-  v.sizes[1] = 1;
-  return v;
+  return testing::token(x.view(), t);
 }
 
 TEST(GatedDeltaRuleKernels, DecodingTokenByTokenEqualsChunkForward) {
@@ -789,7 +724,7 @@ TEST(GatedDeltaRuleKernels, DefaultScaleIsInverseSqrtK) {
     const Result by_default = run(d, impl, DType::float64);
     d.c.scale = 1.0 / 3.0;
     const Result explicit_scale = run(d, impl, DType::float64);
-    EXPECT_TRUE(bit_equal(by_default, explicit_scale)) << to_string(impl);
+    expect_bit_equal(by_default, explicit_scale, to_string(impl));
     d.c.scale = 0.5;
     EXPECT_FALSE(run(d, impl, DType::float64, false).o.bit_equal(by_default.o)) << to_string(impl);
   }
@@ -809,9 +744,9 @@ TEST(GatedDeltaRuleKernels, BitIdenticalForAnyThreadCount) {
       const Result one = run(d, impl, DType::float32);
       for (int threads : {2, 3, 2}) {
         set_num_threads(threads);
-        EXPECT_TRUE(bit_equal(run(d, impl, DType::float32), one))
-            << to_string(impl) << " with " << threads << " threads"
-            << (rotation ? ", rotation" : "");
+        expect_bit_equal(run(d, impl, DType::float32), one,
+                         std::string(to_string(impl)) + " with " + std::to_string(threads) +
+                             " threads" + (rotation ? ", rotation" : ""));
       }
       set_num_threads(0);
     }
@@ -927,23 +862,11 @@ TEST(GatedDeltaRuleRotation, DthetaMatchesFiniteDifferencesInEveryImpl) {
     Data d = make_data(c);
     for (Impl impl : {Impl::reference, Impl::recurrent, Impl::chunk}) {
       const Tensor analytic = run(d, impl, DType::float64).dtheta;
-      Tensor numeric(d.theta.shape(), DType::float64);
-      auto loss_of = [&] {
-        const Result r = run(d, impl, DType::float64, /*backward=*/false);
-        return testing::dot(r.o, d.d_o) + testing::dot(r.ht, d.d_ht);
-      };
-      const double eps = 1e-5;
-      for (std::int64_t i = 0; i < d.theta.numel(); ++i) {
-        const double x0 = d.theta.at(i);
-        d.theta.set(i, x0 + eps);
-        const double up = loss_of();
-        d.theta.set(i, x0 - eps);
-        const double down = loss_of();
-        d.theta.set(i, x0);
-        numeric.set(i, (up - down) / (2 * eps));
-      }
-      PHASOR_EXPECT_CLOSE(analytic, numeric, 1e-7,
-                          std::string(to_string(layout)) + " " + to_string(impl) + " dtheta");
+      testing::FiniteDifferenceOptions options;
+      options.step = 1e-5;
+      PHASOR_EXPECT_GRADIENT(
+          analytic, d.theta, [&] { return loss(d, impl); }, 1e-7,
+          std::string(to_string(layout)) + " " + to_string(impl) + " dtheta", options);
     }
   }
 }

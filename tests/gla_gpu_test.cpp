@@ -6,7 +6,7 @@
 // mixed-channel and exactly-zero (−inf) gates, varlen batches with empty and one-token sequences,
 // T = 1, T not a multiple of the checkpoint interval, K ≠ V, odd sizes (K = 6, V = 5), K = 48 and
 // V = 40 (crossing a warp of key rows and a tile of value columns). Tolerances
-// (device_test_util.h): float64 ≤ 1e-12 and float32 ≤ 1e-5 relative RMS against the reference
+// (gpu_gtest.h): float64 ≤ 1e-12 and float32 ≤ 1e-5 relative RMS against the reference
 // (and float32 within 1e-5 of the CPU kernel); 16-bit inputs: at most twice the CPU kernel's own
 // error on the same rounded inputs, + 1e-6. Also: decoding token by token with the state updated
 // in place equals one call, bit-identical results under two emulator schedules, the CPU's error
@@ -15,22 +15,23 @@
 #include <limits>
 #include <random>
 #include <string>
-#include <tuple>
 #include <vector>
 
-#include "device_test_util.h"
 #include "phasor/emulator.h"
 #include "phasor/gla.h"
 #include "phasor/ops.h"
+#include "phasor/testing/cases.h"
+#include "phasor/testing/gpu_gtest.h"
+#include "phasor/testing/random.h"
 
 namespace phasor {
 namespace {
 
 using testing::OnDevice;
+using testing::Rotation;
 using testing::Tensor;
 
 enum class Gates { realistic, strong, weak, mixed, zeros };
-enum class Rotation { none, half_split, interleaved };
 
 struct Case {
   std::string name;
@@ -52,15 +53,9 @@ Inputs make_inputs(const Case& c, std::uint64_t seed) {
   std::mt19937_64 rng(seed);
   Inputs in;
   in.c = c;
-  in.B = c.B;
-  in.T = c.T;
-  if (!c.lengths.empty()) {
-    in.B = 1;
-    in.T = 0;
-    for (auto l : c.lengths) in.T += l;
-    in.cu = testing::cu_seqlens(c.lengths);
-  }
-  in.N = c.lengths.empty() ? in.B : static_cast<std::int64_t>(c.lengths.size());
+  const testing::Batch batch = testing::batch_of(c.B, c.T, c.lengths);
+  in.B = batch.B, in.T = batch.T, in.N = batch.N;
+  in.cu = batch.cu_seqlens;
   const std::vector<std::int64_t> qk = {in.B, in.T, c.H, c.K}, vv = {in.B, in.T, c.H, c.V};
   in.q = testing::randn(qk, rng);
   in.k = testing::randn(qk, rng);
@@ -94,6 +89,12 @@ Inputs make_inputs(const Case& c, std::uint64_t seed) {
 
 struct Outputs {
   Tensor o, final_state, dq, dk, dv, dg, dh0, dtheta;
+  testing::NamedTensors fields() const {
+    return {{"o", &o},     {"final_state", &final_state},
+            {"dq", &dq},   {"dk", &dk},
+            {"dv", &dv},   {"dg", &dg},
+            {"dh0", &dh0}, {"dtheta", &dtheta}};
+  }
 };
 
 // Forward and backward of `impl` on `device`, every input rounded to `dtype`, outputs in `dtype`
@@ -102,23 +103,19 @@ struct Outputs {
 Outputs run(const Inputs& in, DType dtype, Device device, Impl impl, Rotation rotation,
             bool strided = false) {
   OnDevice on(device);
-  auto input = [&](const Tensor& t) {
-    if (!t.defined()) return TensorView{};
-    return strided ? on.in_strided(t.to(dtype)) : on.in(t.to(dtype));
-  };
-  const DType state_dtype = dtype == DType::float64 ? DType::float64 : DType::float32;
+  auto input = [&](const Tensor& t) { return on.in(t, dtype, strided); };
+  const DType state_dtype = testing::compute_dtype(dtype);
   GlaParams p;
   p.q = input(in.q);
   p.k = input(in.k);
   p.v = input(in.v);
   p.g = input(in.g);
-  p.initial_state = in.h0.defined() ? on.in(in.h0.to(state_dtype)) : TensorView{};
-  p.cu_seqlens = in.cu.defined() ? on.in(in.cu) : TensorView{};
+  p.initial_state = on.in(in.h0, state_dtype);
+  p.cu_seqlens = on.in(in.cu);
   p.chunk_size = in.c.chunk_size;
   if (rotation != Rotation::none) {
     p.theta = input(in.theta);
-    p.rotary_layout =
-        rotation == Rotation::interleaved ? RotaryLayout::interleaved : RotaryLayout::half_split;
+    p.rotary_layout = testing::layout_of(rotation);
   }
   const TensorView o = on.out(in.v.shape(), dtype),
                    fs = on.out({in.N, in.c.H, in.c.K, in.c.V}, state_dtype);
@@ -130,7 +127,7 @@ Outputs run(const Inputs& in, DType dtype, Device device, Impl impl, Rotation ro
   grads.dg = on.out(in.q.shape(), dtype);
   if (in.h0.defined()) grads.dh0 = on.out(in.h0.shape(), state_dtype);
   if (rotation != Rotation::none) grads.dtheta = on.out(in.theta.shape(), dtype);
-  gla_backward(p, impl, input(in.d_o), on.in(in.dht.to(state_dtype)), grads);
+  gla_backward(p, impl, input(in.d_o), on.in(in.dht, state_dtype), grads);
   Outputs r;
   r.o = on.to_host(o);
   r.final_state = on.to_host(fs);
@@ -146,45 +143,20 @@ Outputs run(const Inputs& in, DType dtype, Device device, Impl impl, Rotation ro
 // The float64 reference on the inputs rounded to `dtype` (states rounded to their dtype).
 Outputs reference(const Inputs& in, DType dtype, Rotation rotation) {
   Inputs rounded = in;
-  const DType state_dtype = dtype == DType::float64 ? DType::float64 : DType::float32;
   for (Tensor* t : {&rounded.q, &rounded.k, &rounded.v, &rounded.g, &rounded.theta, &rounded.d_o})
-    if (t->defined()) *t = t->to(dtype).to(DType::float64);
-  for (Tensor* t : {&rounded.h0, &rounded.dht})
-    if (t->defined()) *t = t->to(state_dtype).to(DType::float64);
+    *t = t->rounded_to(dtype);
+  for (Tensor* t : {&rounded.h0, &rounded.dht}) *t = t->rounded_to(testing::compute_dtype(dtype));
   return run(rounded, DType::float64, Device::cpu, Impl::reference, rotation);
 }
 
-void compare(const Tensor& gpu, const Tensor& cpu, const Tensor& ref, DType dtype,
-             const std::string& what, Impl impl = Impl::recurrent) {
-  const std::string key = std::string(op_name(Op::gla, impl)) + " " + what;
-  if (dtype == DType::float64 || dtype == DType::float32) {
-    testing::expect_close_to_reference(gpu, ref, dtype, key);
-    const double error = testing::rel_rms(gpu, cpu);
-    testing::record_error(key + " vs cpu kernel " + to_string(dtype), error);
-    EXPECT_LE(error, testing::reference_tolerance(dtype)) << key << " against the CPU kernel";
-  } else if (impl == Impl::chunk) {  // tensor cores
-    testing::expect_tensor_core_accuracy(gpu, cpu, ref, dtype, key);
-  } else {
-    testing::expect_as_accurate_as_cpu(gpu, cpu, ref, dtype, key);
-  }
-}
-
+// Every output against the CPU kernel's and the reference's (device_test rules: 16-bit inputs
+// through the chunk kernels' tensor cores).
 void compare_all(const Outputs& gpu, const Outputs& cpu, const Outputs& ref, DType dtype,
                  Impl impl = Impl::recurrent) {
-  compare(gpu.o, cpu.o, ref.o, dtype, "o", impl);
-  compare(gpu.final_state, cpu.final_state, ref.final_state, dtype, "final_state", impl);
-  compare(gpu.dq, cpu.dq, ref.dq, dtype, "dq", impl);
-  compare(gpu.dk, cpu.dk, ref.dk, dtype, "dk", impl);
-  compare(gpu.dv, cpu.dv, ref.dv, dtype, "dv", impl);
-  compare(gpu.dg, cpu.dg, ref.dg, dtype, "dg", impl);
-  if (ref.dh0.defined()) compare(gpu.dh0, cpu.dh0, ref.dh0, dtype, "dh0", impl);
-  if (ref.dtheta.defined()) compare(gpu.dtheta, cpu.dtheta, ref.dtheta, dtype, "dtheta", impl);
-}
-
-const char* name_of(Rotation r) {
-  return r == Rotation::none         ? "no theta"
-         : r == Rotation::half_split ? "half_split"
-                                     : "interleaved";
+  testing::GpuArithmetic arithmetic;
+  arithmetic.tensor_cores = impl == Impl::chunk;
+  testing::expect_gpu_results(gpu.fields(), cpu.fields(), ref.fields(), dtype,
+                              op_name(Op::gla, impl), arithmetic);
 }
 
 class GlaGpu : public ::testing::TestWithParam<Device> {};
@@ -207,7 +179,7 @@ TEST_P(GlaGpu, MatchesCpuAndReference) {
     const Inputs in = make_inputs(c, 7);
     for (Rotation rotation : {Rotation::none, Rotation::half_split, Rotation::interleaved}) {
       for (DType dtype : testing::gpu_test_dtypes()) {
-        SCOPED_TRACE(c.name + " " + name_of(rotation) + " " + to_string(dtype));
+        SCOPED_TRACE(c.name + " " + testing::to_string(rotation) + " " + to_string(dtype));
         const Outputs ref = reference(in, dtype, rotation);
         const Outputs cpu = run(in, dtype, Device::cpu, Impl::recurrent, rotation);
         const Outputs gpu = run(in, dtype, device, Impl::recurrent, rotation);
@@ -243,7 +215,7 @@ TEST_P(GlaGpu, ChunkMatchesCpuAndReference) {
     for (Rotation rotation : {Rotation::none, Rotation::half_split, Rotation::interleaved}) {
       if (rotation != Rotation::none && c.K % 2 != 0) continue;
       for (DType dtype : testing::gpu_test_dtypes()) {
-        SCOPED_TRACE(c.name + " " + name_of(rotation) + " " + to_string(dtype));
+        SCOPED_TRACE(c.name + " " + testing::to_string(rotation) + " " + to_string(dtype));
         const Outputs ref = reference(in, dtype, rotation);
         const Outputs cpu = run(in, dtype, Device::cpu, Impl::chunk, rotation);
         const Outputs gpu = run(in, dtype, device, Impl::chunk, rotation);
@@ -284,11 +256,7 @@ TEST_P(GlaGpu, DecodingTokenByTokenEqualsOneCall) {
   gla_forward(p, Impl::recurrent, o, fs);
   const TensorView state = on.in(in.h0), stepped = on.out(in.v.shape(), DType::float64);
   for (std::int64_t t = 0; t < in.T; ++t) {
-    auto step = [&](TensorView x) {  // token t of a [B, T, ...] view
-      x.data = static_cast<double*>(x.data) + t * x.stride(1);
-      x.sizes[1] = 1;
-      return x;
-    };
+    auto step = [&](const TensorView& x) { return testing::token(x, t); };
     GlaParams s = p;
     s.q = step(p.q);
     s.k = step(p.k);
@@ -308,24 +276,9 @@ TEST_P(GlaGpu, BitIdenticalUnderEmulatorSchedules) {
   const Device device = GetParam();
   if (device != Device::emulated) GTEST_SKIP() << "schedules are an option of the emulated GPU";
   const Inputs in = make_inputs({"schedules", 1, 0, 2, 10, 37, {5, 0, 8}}, 13);
-  std::vector<Outputs> results;
-  for (const char* schedule : {"forward", "reverse", "threads=random:3,blocks=random:4"}) {
-    SCOPED_TRACE(schedule);
-    emulator::ScopedOptions options(emulator::parse_schedule(schedule));
-    results.push_back(run(in, DType::float32, device, Impl::recurrent, Rotation::interleaved));
-  }
-  for (std::size_t i = 1; i < results.size(); ++i) {
-    const Outputs &a = results[0], &b = results[i];
-    for (auto [x, y, name] : {std::tuple{&a.o, &b.o, "o"},
-                              {&a.final_state, &b.final_state, "hT"},
-                              {&a.dq, &b.dq, "dq"},
-                              {&a.dk, &b.dk, "dk"},
-                              {&a.dv, &b.dv, "dv"},
-                              {&a.dg, &b.dg, "dg"},
-                              {&a.dh0, &b.dh0, "dh0"},
-                              {&a.dtheta, &b.dtheta, "dtheta"}})
-      EXPECT_TRUE(x->bit_equal(*y)) << name << " differs under schedule " << i;
-  }
+  testing::expect_bit_identical_under_schedules(device, testing::kSchedules, [&] {
+    return run(in, DType::float32, device, Impl::recurrent, Rotation::interleaved);
+  });
 }
 
 // The chunk kernels likewise (several chunks, sub-blocks, key and value tiles).
@@ -334,24 +287,9 @@ TEST_P(GlaGpu, ChunkBitIdenticalUnderEmulatorSchedules) {
   if (device != Device::emulated) GTEST_SKIP() << "schedules are an option of the emulated GPU";
   const Inputs in =
       make_inputs({"schedules", 1, 0, 2, 10, 37, {5, 0, 40}, Gates::realistic, true, 32}, 13);
-  std::vector<Outputs> results;
-  for (const char* schedule : {"forward", "reverse", "threads=random:3,blocks=random:4"}) {
-    SCOPED_TRACE(schedule);
-    emulator::ScopedOptions options(emulator::parse_schedule(schedule));
-    results.push_back(run(in, DType::float32, device, Impl::chunk, Rotation::interleaved));
-  }
-  for (std::size_t i = 1; i < results.size(); ++i) {
-    const Outputs &a = results[0], &b = results[i];
-    for (auto [x, y, name] : {std::tuple{&a.o, &b.o, "o"},
-                              {&a.final_state, &b.final_state, "hT"},
-                              {&a.dq, &b.dq, "dq"},
-                              {&a.dk, &b.dk, "dk"},
-                              {&a.dv, &b.dv, "dv"},
-                              {&a.dg, &b.dg, "dg"},
-                              {&a.dh0, &b.dh0, "dh0"},
-                              {&a.dtheta, &b.dtheta, "dtheta"}})
-      EXPECT_TRUE(x->bit_equal(*y)) << name << " differs under schedule " << i;
-  }
+  testing::expect_bit_identical_under_schedules(device, testing::kSchedules, [&] {
+    return run(in, DType::float32, device, Impl::chunk, Rotation::interleaved);
+  });
 }
 
 // Strided inputs (every input a slice of a wider tensor) give bit-identical results to contiguous
@@ -365,15 +303,7 @@ TEST_P(GlaGpu, ChunkStridedInputsEqualContiguous) {
     SCOPED_TRACE(to_string(dtype));
     const Outputs a = run(in, dtype, device, Impl::chunk, Rotation::half_split);
     const Outputs b = run(in, dtype, device, Impl::chunk, Rotation::half_split, true);
-    for (auto [x, y, name] : {std::tuple{&a.o, &b.o, "o"},
-                              {&a.final_state, &b.final_state, "hT"},
-                              {&a.dq, &b.dq, "dq"},
-                              {&a.dk, &b.dk, "dk"},
-                              {&a.dv, &b.dv, "dv"},
-                              {&a.dg, &b.dg, "dg"},
-                              {&a.dh0, &b.dh0, "dh0"},
-                              {&a.dtheta, &b.dtheta, "dtheta"}})
-      EXPECT_TRUE(x->bit_equal(*y)) << name << " differs with strided inputs";
+    testing::expect_bit_equal(b.fields(), a.fields(), "with strided inputs");
   }
 }
 

@@ -18,7 +18,10 @@
 
 #include "phasor/gla.h"
 #include "phasor/rotary.h"
-#include "test_util.h"
+#include "phasor/testing/cases.h"
+#include "phasor/testing/gtest.h"
+#include "phasor/testing/layout.h"
+#include "phasor/testing/random.h"
 
 namespace phasor {
 namespace {
@@ -100,102 +103,53 @@ Inputs make_inputs(const Case& c, std::uint64_t seed) {
   std::mt19937_64 rng(seed);
   Inputs in;
   in.c = c;
-  in.N = c.lengths.empty() ? c.B : static_cast<std::int64_t>(c.lengths.size());
+  const testing::Batch batch = testing::batch_of(c.B, c.T, c.lengths);
+  in.N = batch.N;
   in.q = testing::randn({c.B, c.T, c.H, c.K}, rng);
   in.k = testing::randn({c.B, c.T, c.H, c.K}, rng);
   in.v = testing::randn({c.B, c.T, c.H, c.V}, rng);
   in.g = make_gates(c.gates, {c.B, c.T, c.H, c.K}, rng);
   if (c.initial_state) in.h0 = testing::randn({in.N, c.H, c.K, c.V}, rng);
-  if (!c.lengths.empty()) in.cu = testing::cu_seqlens(c.lengths);
+  in.cu = batch.cu_seqlens;
   in.d_o = testing::randn({c.B, c.T, c.H, c.V}, rng);
   if (c.d_final_state) in.dht = testing::randn({in.N, c.H, c.K, c.V}, rng);
   if (c.rotate) {
     const double pi = std::acos(-1.0);
     in.theta = testing::uniform({c.B, c.T, c.H, c.K / 2}, rng, c.running_phase ? 0.0 : -pi, pi);
-    if (c.running_phase) {  // θ_t = Σ_{s ≤ t} φ_s along T, per (b, h, pair)
-      const std::int64_t R = c.K / 2, row = c.H * R;
-      for (std::int64_t b = 0; b < c.B; ++b)
-        for (std::int64_t t = 1; t < c.T; ++t)
-          for (std::int64_t j = 0; j < row; ++j) {
-            const std::int64_t i = (b * c.T + t) * row + j;
-            in.theta.set(i, in.theta.at(i) + in.theta.at(i - row));
-          }
-    }
+    // Running phase: θ_t = Σ_{s ≤ t} φ_s along T, per (b, h, pair).
+    if (c.running_phase) in.theta = testing::cumulative_sum(in.theta, 1);
     // float32-representable angles, so float32 runs see exactly the same θ.
     in.theta = in.theta.to(DType::float32).to(DType::float64);
   }
   return in;
 }
 
-Tensor filled(const std::vector<std::int64_t>& shape, DType dtype, double value) {
-  Tensor t(shape, dtype);
-  t.fill(value);
-  return t;
+// An argument or result in the layout a case asks for: contiguous, or (strided, rank 4) dims 1
+// and 2 swapped in memory with every element followed by a gap, so that the view has no unit
+// stride and is not contiguous.
+testing::MemoryLayout layout_of(const std::vector<std::int64_t>& shape, bool strided) {
+  return strided && shape.size() == 4 ? testing::MemoryLayout::swap_1_2(4, 0, 2)
+                                      : testing::MemoryLayout::contiguous();
 }
 
-// A rank-4 tensor held in memory with dims 1 and 2 swapped and every element followed by a gap,
-// so the view has no unit stride and is not contiguous.
-struct Strided {
-  std::vector<std::int64_t> shape;
-  Tensor storage;
-  std::array<std::int64_t, 4> strides{};
-
-  Strided(const Tensor& x, DType dtype) : shape(x.shape()) {
-    const std::int64_t b = shape[1], c = shape[2], d = shape[3];
-    strides = {c * b * d * 2, d * 2, b * d * 2, 2};
-    storage = filled({2 * x.numel()}, dtype, std::nan(""));
-    for (std::int64_t i = 0; i < x.numel(); ++i) storage.set(offset(i), x.at(i));
-  }
-  TensorView view() const {
-    TensorView v = storage.view();
-    v.rank = 4;
-    for (std::size_t d = 0; d < 4; ++d) {
-      v.sizes[d] = shape[d];
-      v.strides[d] = strides[d];
-    }
-    return v;
-  }
-  std::int64_t offset(std::int64_t flat) const {
-    std::int64_t off = 0;
-    for (int d = 3; d >= 0; --d) {
-      const auto du = static_cast<std::size_t>(d);
-      off += flat % shape[du] * strides[du];
-      flat /= shape[du];
-    }
-    return off;
-  }
-  Tensor gather() const {
-    Tensor t(shape, storage.dtype());
-    for (std::int64_t i = 0; i < t.numel(); ++i) t.set(i, storage.at(offset(i)));
-    return t;
-  }
-};
-
-// An argument or result in the layout a case asks for (contiguous or strided).
-struct Arg {
-  Tensor dense;
-  std::vector<Strided> strided;  // 0 or 1 element
-  TensorView view() const { return strided.empty() ? dense.view() : strided[0].view(); }
-  Tensor value() const { return strided.empty() ? dense : strided[0].gather(); }
-};
-
-Arg make_arg(const Tensor& x, DType dtype, bool strided) {
-  Arg a;
-  if (!x.defined()) return a;
-  if (strided && x.shape().size() == 4)
-    a.strided.emplace_back(x, dtype);
-  else
-    a.dense = x.to(dtype);
-  return a;
+testing::StridedTensor make_arg(const Tensor& x, DType dtype, bool strided) {
+  return testing::StridedTensor(x, dtype, layout_of(x.shape(), strided));
 }
 
 // Outputs start as NaN, so an element a kernel forgets to write fails the comparison.
-Arg make_output(const std::vector<std::int64_t>& shape, DType dtype, bool strided) {
-  return make_arg(filled(shape, DType::float64, std::nan("")), dtype, strided);
+testing::StridedTensor make_output(const std::vector<std::int64_t>& shape, DType dtype,
+                                   bool strided) {
+  return testing::StridedTensor::nans(shape, dtype, layout_of(shape, strided));
 }
 
 struct Result {
   Tensor o, final_state, dq, dk, dv, dg, dh0, dtheta;
+  testing::NamedTensors fields() const {
+    return {{"o", &o},     {"final_state", &final_state},
+            {"dq", &dq},   {"dk", &dk},
+            {"dv", &dv},   {"dg", &dg},
+            {"dh0", &dh0}, {"dtheta", &dtheta}};
+  }
 };
 
 // Runs forward (o, final_state) and backward (every gradient) of one implementation.
@@ -203,10 +157,11 @@ struct Result {
 Result run(const Inputs& in, Impl impl, DType in_dtype, DType out_dtype) {
   const Case& c = in.c;
   const bool s = c.strided;
-  Arg q = make_arg(in.q, in_dtype, s), k = make_arg(in.k, in_dtype, s),
-      v = make_arg(in.v, in_dtype, s), g = make_arg(in.g, in_dtype, s),
-      h0 = make_arg(in.h0, in_dtype, s), d_o = make_arg(in.d_o, in_dtype, s),
-      dht = make_arg(in.dht, in_dtype, s), theta = make_arg(in.theta, in_dtype, s);
+  using testing::StridedTensor;
+  StridedTensor q = make_arg(in.q, in_dtype, s), k = make_arg(in.k, in_dtype, s),
+                v = make_arg(in.v, in_dtype, s), g = make_arg(in.g, in_dtype, s),
+                h0 = make_arg(in.h0, in_dtype, s), d_o = make_arg(in.d_o, in_dtype, s),
+                dht = make_arg(in.dht, in_dtype, s), theta = make_arg(in.theta, in_dtype, s);
   GlaParams params;
   params.q = q.view();
   params.k = k.view();
@@ -220,73 +175,47 @@ Result run(const Inputs& in, Impl impl, DType in_dtype, DType out_dtype) {
 
   const std::vector<std::int64_t> qk_shape{c.B, c.T, c.H, c.K}, v_shape{c.B, c.T, c.H, c.V},
       state_shape{in.N, c.H, c.K, c.V};
-  Arg o = make_output(v_shape, out_dtype, s), final_state = make_output(state_shape, out_dtype, s);
+  StridedTensor o = make_output(v_shape, out_dtype, s),
+                final_state = make_output(state_shape, out_dtype, s);
   gla_forward(params, impl, o.view(), final_state.view());
 
-  Arg dq = make_output(qk_shape, out_dtype, s), dk = make_output(qk_shape, out_dtype, s),
-      dv = make_output(v_shape, out_dtype, s), dg = make_output(qk_shape, out_dtype, s);
-  Arg dh0, dtheta;
+  StridedTensor dq = make_output(qk_shape, out_dtype, s), dk = make_output(qk_shape, out_dtype, s),
+                dv = make_output(v_shape, out_dtype, s), dg = make_output(qk_shape, out_dtype, s);
+  StridedTensor dh0, dtheta;
   if (c.initial_state) dh0 = make_output(state_shape, out_dtype, s);
   if (in.theta.defined()) dtheta = make_output(in.theta.shape(), out_dtype, s);
   gla_backward(params, impl, d_o.view(), dht.view(),
                make_grads(dq.view(), dk.view(), dv.view(), dg.view(), dh0.view(), dtheta.view()));
   Result r;
-  r.o = o.value();
-  r.final_state = final_state.value();
-  r.dq = dq.value();
-  r.dk = dk.value();
-  r.dv = dv.value();
-  r.dg = dg.value();
-  if (c.initial_state) r.dh0 = dh0.value();
-  if (in.theta.defined()) r.dtheta = dtheta.value();
+  r.o = o.gather();
+  r.final_state = final_state.gather();
+  r.dq = dq.gather();
+  r.dk = dk.gather();
+  r.dv = dv.gather();
+  r.dg = dg.gather();
+  r.dh0 = dh0.gather();
+  r.dtheta = dtheta.gather();
   return r;
 }
 
 // The largest relative RMS error of a comparison, for the test log.
 double worst_error(const Result& actual, const Result& expected) {
-  double worst = 0;
-  for (auto [a, e] : {std::pair{&actual.o, &expected.o},
-                      {&actual.final_state, &expected.final_state},
-                      {&actual.dq, &expected.dq},
-                      {&actual.dk, &expected.dk},
-                      {&actual.dv, &expected.dv},
-                      {&actual.dg, &expected.dg},
-                      {&actual.dh0, &expected.dh0},
-                      {&actual.dtheta, &expected.dtheta}})
-    if (e->defined()) worst = std::max(worst, testing::rel_rms(*a, *e));
-  return worst;
+  return testing::worst_rel_rms(actual.fields(), expected.fields());
 }
 
 void expect_close(const Result& actual, const Result& expected, double tol) {
-  PHASOR_EXPECT_CLOSE(actual.o, expected.o, tol, "o");
-  PHASOR_EXPECT_CLOSE(actual.final_state, expected.final_state, tol, "final_state");
-  PHASOR_EXPECT_CLOSE(actual.dq, expected.dq, tol, "dq");
-  PHASOR_EXPECT_CLOSE(actual.dk, expected.dk, tol, "dk");
-  PHASOR_EXPECT_CLOSE(actual.dv, expected.dv, tol, "dv");
-  PHASOR_EXPECT_CLOSE(actual.dg, expected.dg, tol, "dg");
-  if (expected.dh0.defined()) PHASOR_EXPECT_CLOSE(actual.dh0, expected.dh0, tol, "dh0");
-  EXPECT_EQ(actual.dtheta.defined(), expected.dtheta.defined());
-  if (expected.dtheta.defined()) PHASOR_EXPECT_CLOSE(actual.dtheta, expected.dtheta, tol, "dtheta");
+  testing::expect_close(actual.fields(), expected.fields(), tol);
 }
 
 void expect_bit_equal(const Result& a, const Result& b, const std::string& what) {
-  EXPECT_TRUE(a.o.bit_equal(b.o)) << what << ": o";
-  EXPECT_TRUE(a.final_state.bit_equal(b.final_state)) << what << ": final_state";
-  EXPECT_TRUE(a.dq.bit_equal(b.dq)) << what << ": dq";
-  EXPECT_TRUE(a.dk.bit_equal(b.dk)) << what << ": dk";
-  EXPECT_TRUE(a.dv.bit_equal(b.dv)) << what << ": dv";
-  EXPECT_TRUE(a.dg.bit_equal(b.dg)) << what << ": dg";
-  EXPECT_TRUE(a.dh0.bit_equal(b.dh0)) << what << ": dh0";
-  EXPECT_TRUE(a.dtheta.bit_equal(b.dtheta)) << what << ": dtheta";
+  testing::expect_bit_equal(a.fields(), b.fields(), what);
 }
 
 // ---------------------------------------------------------------------------------------------
 // Reference against central finite differences (float64).
 
-// loss = Σ o · do + Σ final_state · dht, computed by `impl` in float64 (the reference unless
-// told otherwise).
-double reference_loss(const Inputs& in, Impl impl = Impl::reference) {
-  const Case& c = in.c;
+// Plain float64 params of a case's master inputs (contiguous views).
+GlaParams plain_params(const Inputs& in) {
   GlaParams params;
   params.q = in.q.view();
   params.k = in.k.view();
@@ -294,30 +223,22 @@ double reference_loss(const Inputs& in, Impl impl = Impl::reference) {
   params.g = in.g.view();
   params.initial_state = in.h0.view();
   params.cu_seqlens = in.cu.view();
-  params.chunk_size = c.chunk_size;
+  params.chunk_size = in.c.chunk_size;
   params.theta = in.theta.view();
-  params.rotary_layout = c.layout;
+  params.rotary_layout = in.c.layout;
+  return params;
+}
+
+// loss = Σ o · do + Σ final_state · dht, computed by `impl` in float64 (the reference unless
+// told otherwise).
+double reference_loss(const Inputs& in, Impl impl = Impl::reference) {
+  const Case& c = in.c;
+  const GlaParams params = plain_params(in);
   Tensor o({c.B, c.T, c.H, c.V}, DType::float64), fin({in.N, c.H, c.K, c.V}, DType::float64);
   gla_forward(params, impl, o.view(), fin.view());
   double loss = testing::dot(o, in.d_o);
   if (in.dht.defined()) loss += testing::dot(fin, in.dht);
   return loss;
-}
-
-// d loss / d x by central differences, for every element of the input `x` points to.
-Tensor finite_difference(Inputs& in, Tensor* x, Impl impl = Impl::reference) {
-  const double h = 1e-6;
-  Tensor grad(x->shape(), DType::float64);
-  for (std::int64_t i = 0; i < x->numel(); ++i) {
-    const double saved = x->at(i);
-    x->set(i, saved + h);
-    const double plus = reference_loss(in, impl);
-    x->set(i, saved - h);
-    const double minus = reference_loss(in, impl);
-    x->set(i, saved);
-    grad.set(i, (plus - minus) / (2 * h));
-  }
-  return grad;
 }
 
 void check_reference_against_finite_differences(const Case& c) {
@@ -328,11 +249,12 @@ void check_reference_against_finite_differences(const Case& c) {
     in.g.set(i, std::min(-0.01, std::max(-3.0, in.g.at(i))));
   const Result analytic = run(in, Impl::reference, DType::float64, DType::float64);
   const double tol = 1e-7;
-  PHASOR_EXPECT_CLOSE(analytic.dq, finite_difference(in, &in.q), tol, "dq");
-  PHASOR_EXPECT_CLOSE(analytic.dk, finite_difference(in, &in.k), tol, "dk");
-  PHASOR_EXPECT_CLOSE(analytic.dv, finite_difference(in, &in.v), tol, "dv");
-  PHASOR_EXPECT_CLOSE(analytic.dg, finite_difference(in, &in.g), tol, "dg");
-  if (c.initial_state) PHASOR_EXPECT_CLOSE(analytic.dh0, finite_difference(in, &in.h0), tol, "dh0");
+  const auto loss = [&] { return reference_loss(in); };
+  PHASOR_EXPECT_GRADIENT(analytic.dq, in.q, loss, tol, "dq");
+  PHASOR_EXPECT_GRADIENT(analytic.dk, in.k, loss, tol, "dk");
+  PHASOR_EXPECT_GRADIENT(analytic.dv, in.v, loss, tol, "dv");
+  PHASOR_EXPECT_GRADIENT(analytic.dg, in.g, loss, tol, "dg");
+  if (c.initial_state) PHASOR_EXPECT_GRADIENT(analytic.dh0, in.h0, loss, tol, "dh0");
 }
 
 TEST(GlaReference, GradientsMatchFiniteDifferences) {
@@ -530,7 +452,7 @@ TEST(GlaKernels, PartialGradientsAndOptionalOutputs) {
 // A long sequence: T = 65,536 with realistic gates plus strong and zero ones.
 
 TEST(GlaKernels, LongSequenceChunkMatchesRecurrent) {
-  const std::int64_t T = 65536, K = 16, V = 16;
+  const std::int64_t T = testing::long_sequence_length(), K = 16, V = 16;
   Case c{"long", 1, T, 1, K, V, Gates::realistic, 64};
   Inputs in = make_inputs(c, 2024);
   std::mt19937_64 rng(5);
@@ -546,8 +468,8 @@ TEST(GlaKernels, LongSequenceChunkMatchesRecurrent) {
   const Result recurrent64 = run(in, Impl::recurrent, DType::float64, DType::float64);
   const Result chunk64 = run(in, Impl::chunk, DType::float64, DType::float64);
   expect_close(chunk64, recurrent64, 1e-10);
-  std::printf("T = 65536, float64 chunk vs recurrent: worst relative RMS %.2g\n",
-              worst_error(chunk64, recurrent64));
+  std::printf("T = %lld, float64 chunk vs recurrent: worst relative RMS %.2g\n",
+              static_cast<long long>(T), worst_error(chunk64, recurrent64));
   // The reference forward (cheap) confirms the recurrent one.
   GlaParams params;
   params.q = in.q.view();
@@ -564,20 +486,17 @@ TEST(GlaKernels, LongSequenceChunkMatchesRecurrent) {
     SCOPED_TRACE(std::string("float32 ") + to_string(impl));
     const Result r32 = run(in, impl, DType::float32, DType::float32);
     expect_close(r32, recurrent64, 1e-5);
-    std::printf("T = 65536, float32 %s vs float64: worst relative RMS %.2g\n", to_string(impl),
-                worst_error(r32, recurrent64));
+    std::printf("T = %lld, float32 %s vs float64: worst relative RMS %.2g\n",
+                static_cast<long long>(T), to_string(impl), worst_error(r32, recurrent64));
   }
 }
 
 // ---------------------------------------------------------------------------------------------
 // Decoding: the recurrent kernel one token at a time, the state fed back.
 
-// The [B, 1, H, D] slice of token t of a contiguous [B, T, H, D] tensor.
+// The [B, 1, H, D] slice of token t of a [B, T, H, D] tensor.
 TensorView token(const Tensor& x, std::int64_t t) {
-  TensorView v = x.view();
-  v.data = static_cast<unsigned char*>(v.data) + t * v.stride(1) * element_size(x.dtype());
-  v.sizes[1] = 1;
-  return v;
+  return testing::token(x.view(), t);
 }
 
 TEST(GlaKernels, DecodingOneTokenAtATimeMatchesChunkForward) {
@@ -732,21 +651,6 @@ std::int64_t pair_b(RotaryLayout layout, std::int64_t i, std::int64_t R) {
   return layout == RotaryLayout::half_split ? i + R : 2 * i + 1;
 }
 
-// Plain float64 params of a case's master inputs (contiguous views).
-GlaParams plain_params(const Inputs& in) {
-  GlaParams params;
-  params.q = in.q.view();
-  params.k = in.k.view();
-  params.v = in.v.view();
-  params.g = in.g.view();
-  params.initial_state = in.h0.view();
-  params.cu_seqlens = in.cu.view();
-  params.chunk_size = in.c.chunk_size;
-  params.theta = in.theta.view();
-  params.rotary_layout = in.c.layout;
-  return params;
-}
-
 // The same inputs with q' = R(θ) q and k' = R(θ) k materialised by apply_rotary (float64
 // reference) and no θ: the explicit path that the fused rotation must reproduce.
 Inputs explicitly_rotated(const Inputs& in) {
@@ -857,9 +761,10 @@ TEST(GlaRotation, GradientsMatchFiniteDifferences) {
       c.layout = layout;
       Inputs in = make_inputs(c, 21);
       const Result analytic = run(in, impl, DType::float64, DType::float64);
-      PHASOR_EXPECT_CLOSE(analytic.dtheta, finite_difference(in, &in.theta, impl), 1e-7, "dtheta");
-      PHASOR_EXPECT_CLOSE(analytic.dq, finite_difference(in, &in.q, impl), 1e-7, "dq");
-      PHASOR_EXPECT_CLOSE(analytic.dk, finite_difference(in, &in.k, impl), 1e-7, "dk");
+      const auto loss = [&] { return reference_loss(in, impl); };
+      PHASOR_EXPECT_GRADIENT(analytic.dtheta, in.theta, loss, 1e-7, "dtheta");
+      PHASOR_EXPECT_GRADIENT(analytic.dq, in.q, loss, 1e-7, "dq");
+      PHASOR_EXPECT_GRADIENT(analytic.dk, in.k, loss, 1e-7, "dk");
     }
 }
 

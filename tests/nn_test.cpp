@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "phasor/nn.h"
+#include "phasor/testing/finite_differences.h"
 #include "phasor/torch.h"
 
 namespace phasor::nn {
@@ -124,17 +125,21 @@ void expect_phase_path_gradients(torch::nn::Module& root, torch::nn::Module& pha
     const at::Tensor grad = p.grad().clone().reshape({-1});
     at::Tensor flat = p.detach().view({-1});
     const std::int64_t n = flat.numel();
-    for (const std::int64_t i : {std::int64_t{0}, n / 2, n - 1}) {
-      torch::NoGradGuard no_grad;
-      const double x0 = flat[i].item<double>();
-      flat[i] = x0 + h;
-      const double lp = (f() * w).sum().item<double>();
-      flat[i] = x0 - h;
-      const double lm = (f() * w).sum().item<double>();
-      flat[i] = x0;
-      const double fd = (lp - lm) / (2 * h), ad = grad[i].item<double>();
+    const std::int64_t entries[] = {0, n / 2, n - 1};
+    torch::NoGradGuard no_grad;
+    const std::vector<double> numeric =
+        testing::central_differences(3, h, [&](std::int64_t j, double shift) {
+          const std::int64_t i = entries[j];
+          const double x0 = flat[i].item<double>();
+          flat[i] = x0 + shift;
+          const double loss = (f() * w).sum().item<double>();
+          flat[i] = x0;
+          return loss;
+        });
+    for (std::size_t j = 0; j < 3; ++j) {
+      const double fd = numeric[j], ad = grad[entries[j]].item<double>();
       EXPECT_NEAR(ad, fd, 1e-6 * (1.0 + std::abs(fd)))
-          << what << ": " << item.key() << "[" << i << "]";
+          << what << ": " << item.key() << "[" << entries[j] << "]";
       ++checked;
     }
   }

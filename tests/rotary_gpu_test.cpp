@@ -5,21 +5,22 @@
 // longer than a tile, more than 32 columns, large increments, T = 65,536), rope_angles (offsets,
 // varlen, large positions) and apply_rotary (both layouts, angles up to 10⁴ rad, θ broadcast over
 // heads, strided x, in place), in float64, float32, bfloat16 and float16. Tolerances
-// (device_test_util.h): float64 ≤ 1e-12 and float32 ≤ 1e-5 relative RMS against the reference (and
+// (gpu_gtest.h): float64 ≤ 1e-12 and float32 ≤ 1e-5 relative RMS against the reference (and
 // float32 within 1e-5 of the CPU kernel); 16-bit inputs: at most twice the CPU kernel's own error
 // on the same rounded inputs, + 1e-6. Also: decoding token by token equals the parallel forward,
 // bit-identical results under two emulator schedules, and a bad cu_seqlens raises the CPU's message
 // and writes nothing.
 #include <cmath>
 #include <functional>
-#include <limits>
 #include <random>
 #include <string>
 #include <vector>
 
-#include "device_test_util.h"
 #include "phasor/emulator.h"
 #include "phasor/rotary.h"
+#include "phasor/testing/cases.h"
+#include "phasor/testing/gpu_gtest.h"
+#include "phasor/testing/random.h"
 
 namespace phasor {
 namespace {
@@ -27,51 +28,16 @@ namespace {
 using testing::OnDevice;
 using testing::Tensor;
 
-constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
-
-Tensor nan_tensor(const std::vector<std::int64_t>& shape, DType dtype) {
-  Tensor t(shape, dtype);
-  t.fill(kNaN);
-  return t;
-}
-
-const char* layout_name(RotaryLayout layout) {
-  return layout == RotaryLayout::half_split ? "half_split" : "interleaved";
-}
-
 // A GPU result against the CPU kernel's and the float64 reference's (all three computed from the
-// same inputs, rounded to `dtype`), with the rules of device_test_util.h; records the errors.
+// same inputs, rounded to `dtype`), with the rules of phasor/testing/gpu_gtest.h; records the
+// errors.
 void compare(const Tensor& gpu, const Tensor& cpu, const Tensor& reference, DType dtype,
              const std::string& key) {
-  if (dtype == DType::float64 || dtype == DType::float32) {
-    testing::expect_close_to_reference(gpu, reference, dtype, key);
-    const double error = testing::rel_rms(gpu, cpu);
-    testing::record_error(key + " vs cpu kernel " + to_string(dtype), error);
-    EXPECT_LE(error, testing::reference_tolerance(dtype)) << key << " against the CPU kernel";
-  } else {
-    testing::expect_as_accurate_as_cpu(gpu, cpu, reference, dtype, key);
-  }
+  testing::expect_gpu_result(gpu, cpu, reference, dtype, key);
 }
 
-// Runs `f` under the emulator's forward schedule, then under reverse and seeded random orders of
-// threads and blocks (on Device::cuda: twice), and expects bit-identical results.
-void expect_schedule_independent(Device device, const std::function<std::vector<Tensor>()>& f) {
-  const std::vector<Tensor> first = f();
-  std::vector<emulator::Options> schedules(2);
-  schedules[0].thread_order = schedules[0].block_order = emulator::Order::reverse;
-  schedules[1].thread_order = schedules[1].block_order = emulator::Order::random;
-  schedules[1].seed = 1234;
-  for (const emulator::Options& options : schedules) {
-    emulator::ScopedOptions scope(options);
-    const std::vector<Tensor> again = f();
-    ASSERT_EQ(again.size(), first.size());
-    for (std::size_t i = 0; i < first.size(); ++i)
-      EXPECT_TRUE(again[i].bit_equal(first[i]))
-          << "output " << i << " differs under " << emulator::to_string(options) << " on "
-          << to_string(device);
-    if (device == Device::cuda) break;
-  }
-}
+// The schedules of the emulated GPU: reversed and seeded random orders of threads and blocks.
+const std::vector<std::string> kSchedules = {"forward", "reverse", "random:1234"};
 
 class RotaryGpu : public ::testing::TestWithParam<Device> {};
 
@@ -89,15 +55,9 @@ PhaseInputs make_phases(std::uint64_t seed, std::int64_t B, std::int64_t T, std:
                         const std::vector<std::int64_t>& lengths = {}, double phi_std = 1.0) {
   std::mt19937_64 rng(seed);
   PhaseInputs in;
-  if (!lengths.empty()) {
-    B = 1;
-    T = 0;
-    for (auto l : lengths) T += l;
-    in.cu = testing::cu_seqlens(lengths);
-    in.N = static_cast<std::int64_t>(lengths.size());
-  } else {
-    in.N = B;
-  }
+  const testing::Batch batch = testing::batch_of(B, T, lengths);
+  B = batch.B, T = batch.T, in.N = batch.N;
+  in.cu = batch.cu_seqlens;
   in.phi = testing::randn({B, T, H, R}, rng, phi_std);
   in.omega = per_head ? Tensor({H, R}, DType::float64) : Tensor({R}, DType::float64);
   std::uniform_real_distribution<double> temp(0.5, 2.0);
@@ -123,9 +83,9 @@ struct PhaseOutputs {
 PhaseOutputs run_phases(const PhaseInputs& in, DType dtype, Device device, Impl impl) {
   OnDevice on(device);
   const auto& s = in.phi.shape();
-  auto input = [&](const Tensor& t) { return t.defined() ? on.in(t.to(dtype)) : TensorView{}; };
+  auto input = [&](const Tensor& t) { return on.in(t, dtype); };
   const RotaryPhaseParams params{input(in.phi), input(in.omega), input(in.initial_phase),
-                                 in.cu.defined() ? on.in(in.cu) : TensorView{}};
+                                 on.in(in.cu)};
   const TensorView theta = on.out(s, dtype), final_phase = on.out({in.N, s[2], s[3]}, dtype);
   selective_rope_phases_forward(params, impl, theta, final_phase);
   const TensorView d_phi = on.out(s, dtype), d_omega = on.out(in.omega.shape(), dtype);
@@ -147,7 +107,7 @@ PhaseOutputs reference_phases(const PhaseInputs& in, DType dtype) {
   PhaseInputs rounded = in;
   for (Tensor* t :
        {&rounded.phi, &rounded.omega, &rounded.initial_phase, &rounded.d_theta, &rounded.d_final})
-    if (t->defined()) *t = t->to(dtype).to(DType::float64);
+    *t = t->rounded_to(dtype);
   return run_phases(rounded, DType::float64, Device::cpu, Impl::reference);
 }
 
@@ -199,7 +159,7 @@ TEST_P(RotaryGpu, SelectivePhasesMatchCpuAndReference) {
 TEST_P(RotaryGpu, SelectivePhasesLongSequenceFloat32) {
   const Device device = GetParam();
   PHASOR_SKIP_WITHOUT_GPU(device);
-  PhaseInputs in = make_phases(5, 1, 65536, 1, 4, false, true);
+  PhaseInputs in = make_phases(5, 1, testing::long_sequence_length(), 1, 4, false, true);
   // Increments with a positive mean, as positions: the phase grows to ~6.5·10⁴.
   for (std::int64_t i = 0; i < in.phi.numel(); ++i) in.phi.set(i, 1.0 + 0.37 * in.phi.at(i));
   const PhaseOutputs ref = reference_phases(in, DType::float32);
@@ -264,7 +224,7 @@ TEST_P(RotaryGpu, RopeAnglesMatchCpuAndReference) {
       const std::vector<std::int64_t> shape = {c.params.B, c.params.T, c.params.head_dim / 2};
       RopeAnglesParams host = c.params;
       if (c.cu != nullptr) host.cu_seqlens = c.cu->view();
-      Tensor ref = nan_tensor(shape, DType::float64), cpu = nan_tensor(shape, dtype);
+      Tensor ref = Tensor::nans(shape, DType::float64), cpu = Tensor::nans(shape, dtype);
       rope_angles(host, Impl::reference, ref.view());
       rope_angles(host, Impl::chunk, cpu.view());
       OnDevice on(device);
@@ -328,7 +288,7 @@ TEST_P(RotaryGpu, ApplyRotaryMatchesCpuAndReference) {
     const Tensor dy = testing::randn({c.B, c.T, c.H, c.K}, rng);
     for (RotaryLayout layout : {RotaryLayout::half_split, RotaryLayout::interleaved})
       for (DType dtype : testing::gpu_test_dtypes()) {
-        SCOPED_TRACE(std::string(c.name) + " " + layout_name(layout) + " " + to_string(dtype));
+        SCOPED_TRACE(std::string(c.name) + " " + to_string(layout) + " " + to_string(dtype));
         // The reference on the rounded inputs (x as stored: [B, H, T, K] when x_bhtk).
         const ApplyOutputs ref =
             run_apply(x.to(dtype), theta.to(dtype), dy.to(dtype), layout, DType::float64,
@@ -400,7 +360,7 @@ TEST_P(RotaryGpu, ApplyRotaryInPlace) {
     const TensorView xv = on.in(x), tv = on.in(theta), y = on.out(x.shape(), DType::float32);
     apply_rotary_forward(xv, tv, layout, Impl::chunk, y);
     apply_rotary_forward(xv, tv, layout, Impl::chunk, xv);
-    EXPECT_TRUE(on.to_host(xv).bit_equal(on.to_host(y))) << layout_name(layout);
+    EXPECT_TRUE(on.to_host(xv).bit_equal(on.to_host(y))) << to_string(layout);
   }
 }
 
@@ -415,7 +375,7 @@ TEST_P(RotaryGpu, BitIdenticalUnderEmulatorSchedules) {
   const Tensor x = testing::randn({2, 5, 3, 70}, rng), theta = testing::randn({2, 5, 3, 35}, rng),
                dy = testing::randn({2, 5, 3, 70}, rng);
   const Tensor cu = testing::cu_seqlens({2, 0, 3});
-  expect_schedule_independent(device, [&] {
+  testing::expect_bit_identical_under_schedules(device, kSchedules, [&] {
     const PhaseOutputs phases = run_phases(in, DType::float32, device, Impl::chunk);
     const ApplyOutputs applied = run_apply(x, theta, dy, RotaryLayout::interleaved, DType::float32,
                                            device, Impl::chunk, 3, false, false);
@@ -447,8 +407,8 @@ TEST_P(RotaryGpu, BadCuSeqlensGivesTheCpuErrorAndWritesNothing) {
       }
       return std::string("no error");
     };
-    Tensor theta = nan_tensor({1, 6, 2, 3}, DType::float64),
-           angles = nan_tensor({1, 6, 2}, DType::float64);
+    Tensor theta = Tensor::nans({1, 6, 2, 3}, DType::float64),
+           angles = Tensor::nans({1, 6, 2}, DType::float64);
     const std::string cpu_phases = message([&] {
       selective_rope_phases_forward({phi.view(), omega.view(), {}, cu.view()}, Impl::chunk,
                                     theta.view());

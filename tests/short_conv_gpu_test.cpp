@@ -5,21 +5,22 @@
 // path), bias, SiLU, initial caches, varlen batches with empty, one-token and shorter-than-W−1
 // sequences, lengths crossing the kernels' 32-token runs and 256-token blocks (129, 65), more
 // than 32 channels, large and tiny inputs, in float64, float32, bfloat16 and float16. Tolerances
-// (device_test_util.h): float64 ≤ 1e-12 and float32 ≤ 1e-5 relative RMS against the reference (and
+// (gpu_gtest.h): float64 ≤ 1e-12 and float32 ≤ 1e-5 relative RMS against the reference (and
 // float32 within 1e-5 of the CPU kernel); 16-bit inputs: at most twice the CPU kernel's own error
 // on the same rounded inputs, + 1e-6. Also: decoding token by token with the cache updated in place
 // equals the parallel forward, in-place calls (y = x, dx = dy), bit-identical results under two
 // emulator schedules, and a bad cu_seqlens raises the CPU's message and writes nothing.
 #include <cmath>
 #include <functional>
-#include <limits>
 #include <random>
 #include <string>
 #include <vector>
 
-#include "device_test_util.h"
 #include "phasor/emulator.h"
 #include "phasor/short_conv.h"
+#include "phasor/testing/gpu_gtest.h"
+#include "phasor/testing/random.h"
+#include "phasor/testing/short_conv_case.h"
 
 namespace phasor {
 namespace {
@@ -27,48 +28,19 @@ namespace {
 using testing::OnDevice;
 using testing::Tensor;
 
-constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
-
-struct Case {
-  std::string name;
-  std::int64_t B, T, D, W;
-  std::vector<std::int64_t> lengths = {};  // non-empty: packed with cu_seqlens (B = 1)
-  bool bias = true;
-  bool cache = true;
-  bool silu = false;
-  double x_scale = 1.0;
-};
-
-// float64 master copies of every input.
-struct Inputs {
-  Case c;
-  std::int64_t N = 0;
-  Tensor x, weight, bias, cache, cu, dy, dfc;
-};
+using Case = testing::ShortConvCase;
+using Inputs = testing::ShortConvInputs;
 
 Inputs make_inputs(const Case& c, std::uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  Inputs in;
-  in.c = c;
-  std::int64_t T = c.T, B = c.B;
-  if (!c.lengths.empty()) {
-    B = 1;
-    T = 0;
-    for (auto l : c.lengths) T += l;
-    in.cu = testing::cu_seqlens(c.lengths);
-  }
-  in.N = c.lengths.empty() ? B : static_cast<std::int64_t>(c.lengths.size());
-  in.x = testing::randn({B, T, c.D}, rng, c.x_scale);
-  in.weight = testing::randn({c.D, c.W}, rng, 0.5);
-  if (c.bias) in.bias = testing::randn({c.D}, rng, 0.5);
-  if (c.cache) in.cache = testing::randn({in.N, c.D, c.W - 1}, rng, c.x_scale);
-  in.dy = testing::randn({B, T, c.D}, rng);
-  in.dfc = testing::randn({in.N, c.D, c.W - 1}, rng);
-  return in;
+  return testing::make_short_conv_inputs(c, seed);
 }
 
 struct Outputs {
   Tensor y, final_cache, dx, dweight, dbias, dcache;
+  testing::NamedTensors fields() const {
+    return {{"y", &y},         {"final_cache", &final_cache}, {"dx", &dx}, {"dweight", &dweight},
+            {"dbias", &dbias}, {"dinitial_cache", &dcache}};
+  }
   std::vector<Tensor> all() const {
     std::vector<Tensor> v = {y, final_cache, dx, dweight};
     for (const Tensor& t : {dbias, dcache})
@@ -80,13 +52,13 @@ struct Outputs {
 // Forward and backward of `impl` on `device`, every input rounded to `dtype`, outputs in `dtype`.
 Outputs run(const Inputs& in, DType dtype, Device device, Impl impl, bool with_dfc = true) {
   OnDevice on(device);
-  auto input = [&](const Tensor& t) { return t.defined() ? on.in(t.to(dtype)) : TensorView{}; };
+  auto input = [&](const Tensor& t) { return on.in(t, dtype); };
   ShortConvParams p;
   p.x = input(in.x);
   p.weight = input(in.weight);
   p.bias = input(in.bias);
   p.initial_cache = input(in.cache);
-  p.cu_seqlens = in.cu.defined() ? on.in(in.cu) : TensorView{};
+  p.cu_seqlens = on.in(in.cu);
   p.activation = in.c.silu ? "silu" : "none";
   const std::vector<std::int64_t> cache_shape = {in.N, in.c.D, in.c.W - 1};
   const TensorView y = on.out(in.x.shape(), dtype), fc = on.out(cache_shape, dtype);
@@ -111,30 +83,12 @@ Outputs reference(const Inputs& in, DType dtype, bool with_dfc = true) {
   Inputs rounded = in;
   for (Tensor* t :
        {&rounded.x, &rounded.weight, &rounded.bias, &rounded.cache, &rounded.dy, &rounded.dfc})
-    if (t->defined()) *t = t->to(dtype).to(DType::float64);
+    *t = t->rounded_to(dtype);
   return run(rounded, DType::float64, Device::cpu, Impl::reference, with_dfc);
 }
 
-void compare(const Tensor& gpu, const Tensor& cpu, const Tensor& ref, DType dtype,
-             const std::string& what) {
-  const std::string key = "causal_conv1d " + what;
-  if (dtype == DType::float64 || dtype == DType::float32) {
-    testing::expect_close_to_reference(gpu, ref, dtype, key);
-    const double error = testing::rel_rms(gpu, cpu);
-    testing::record_error(key + " vs cpu kernel " + to_string(dtype), error);
-    EXPECT_LE(error, testing::reference_tolerance(dtype)) << key << " against the CPU kernel";
-  } else {
-    testing::expect_as_accurate_as_cpu(gpu, cpu, ref, dtype, key);
-  }
-}
-
 void compare_all(const Outputs& gpu, const Outputs& cpu, const Outputs& ref, DType dtype) {
-  compare(gpu.y, cpu.y, ref.y, dtype, "y");
-  compare(gpu.final_cache, cpu.final_cache, ref.final_cache, dtype, "final_cache");
-  compare(gpu.dx, cpu.dx, ref.dx, dtype, "dx");
-  compare(gpu.dweight, cpu.dweight, ref.dweight, dtype, "dweight");
-  if (ref.dbias.defined()) compare(gpu.dbias, cpu.dbias, ref.dbias, dtype, "dbias");
-  if (ref.dcache.defined()) compare(gpu.dcache, cpu.dcache, ref.dcache, dtype, "dinitial_cache");
+  testing::expect_gpu_results(gpu.fields(), cpu.fields(), ref.fields(), dtype, "causal_conv1d");
 }
 
 class ShortConvGpu : public ::testing::TestWithParam<Device> {};
@@ -296,19 +250,10 @@ TEST_P(ShortConvGpu, BitIdenticalUnderEmulatorSchedules) {
     SCOPED_TRACE("W=" + std::to_string(W));
     const Case c{"schedules", 1, 0, 37, W, {0, 70, 1, 200, 3}, true, true, true};
     const Inputs in = make_inputs(c, 77);
-    const std::vector<Tensor> first = run(in, DType::float32, device, Impl::chunk).all();
-    std::vector<emulator::Options> schedules(2);
-    schedules[0].thread_order = schedules[0].block_order = emulator::Order::reverse;
-    schedules[1].thread_order = schedules[1].block_order = emulator::Order::random;
-    schedules[1].seed = 99;
-    for (const emulator::Options& options : schedules) {
-      emulator::ScopedOptions scope(options);
-      const std::vector<Tensor> again = run(in, DType::float32, device, Impl::chunk).all();
-      for (std::size_t i = 0; i < first.size(); ++i)
-        EXPECT_TRUE(again[i].bit_equal(first[i]))
-            << "output " << i << " under " << emulator::to_string(options);
-      if (device == Device::cuda) break;  // there: a second run
-    }
+    // Reversed and seeded random orders of threads and blocks (on cuda: a second run).
+    testing::expect_bit_identical_under_schedules(device, {"forward", "reverse", "random:99"}, [&] {
+      return run(in, DType::float32, device, Impl::chunk);
+    });
   }
 }
 

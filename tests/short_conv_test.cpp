@@ -6,57 +6,27 @@
 // thread-count invariance and argument validation.
 #include <cmath>
 #include <cstdint>
-#include <limits>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "phasor/short_conv.h"
-#include "test_util.h"
+#include "phasor/testing/cases.h"
+#include "phasor/testing/gtest.h"
+#include "phasor/testing/layout.h"
+#include "phasor/testing/random.h"
+#include "phasor/testing/short_conv_case.h"
 
 namespace phasor {
 namespace {
 
 using testing::Tensor;
 
-constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
-
-struct Case {
-  std::string name;
-  std::int64_t B, T, D, W;
-  std::vector<std::int64_t> lengths = {};  // non-empty: packed with cu_seqlens (B = 1)
-  bool bias = true;
-  bool cache = true;
-  bool silu = false;
-  double x_scale = 1.0;
-};
-
-// float64 master copies of every input.
-struct Inputs {
-  Case c;
-  std::int64_t N = 0;
-  Tensor x, weight, bias, cache, cu, dy, dfc;
-};
+using Case = testing::ShortConvCase;
+using Inputs = testing::ShortConvInputs;
 
 Inputs make_inputs(const Case& c, std::uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  Inputs in;
-  in.c = c;
-  const std::int64_t T = c.lengths.empty() ? c.T : [&] {
-    std::int64_t s = 0;
-    for (auto l : c.lengths) s += l;
-    return s;
-  }();
-  const std::int64_t B = c.lengths.empty() ? c.B : 1;
-  in.N = c.lengths.empty() ? B : static_cast<std::int64_t>(c.lengths.size());
-  in.x = testing::randn({B, T, c.D}, rng, c.x_scale);
-  in.weight = testing::randn({c.D, c.W}, rng, 0.5);
-  if (c.bias) in.bias = testing::randn({c.D}, rng, 0.5);
-  if (c.cache) in.cache = testing::randn({in.N, c.D, c.W - 1}, rng, c.x_scale);
-  if (!c.lengths.empty()) in.cu = testing::cu_seqlens(c.lengths);
-  in.dy = testing::randn({B, T, c.D}, rng);
-  in.dfc = testing::randn({in.N, c.D, c.W - 1}, rng);
-  return in;
+  return testing::make_short_conv_inputs(c, seed);
 }
 
 ShortConvParams params_of(const Inputs& in, const Tensor& x, const Tensor& weight,
@@ -71,12 +41,6 @@ ShortConvParams params_of(const Inputs& in, const Tensor& x, const Tensor& weigh
   return p;
 }
 
-Tensor nan_tensor(const std::vector<std::int64_t>& shape, DType dtype) {
-  Tensor t(shape, dtype);
-  t.fill(kNaN);  // every output element must be overwritten
-  return t;
-}
-
 struct Forward {
   Tensor y, final_cache;
 };
@@ -84,7 +48,7 @@ Forward run_forward(const Inputs& in, Impl impl, DType dtype) {
   const Tensor x = in.x.to(dtype), w = in.weight.to(dtype);
   const Tensor b = in.bias.defined() ? in.bias.to(dtype) : Tensor();
   const Tensor h = in.cache.defined() ? in.cache.to(dtype) : Tensor();
-  Forward f{nan_tensor(in.x.shape(), dtype), nan_tensor({in.N, in.c.D, in.c.W - 1}, dtype)};
+  Forward f{Tensor::nans(in.x.shape(), dtype), Tensor::nans({in.N, in.c.D, in.c.W - 1}, dtype)};
   short_conv_forward(params_of(in, x, w, b, h), impl, f.y.view(), f.final_cache.view());
   return f;
 }
@@ -98,10 +62,10 @@ Backward run_backward(const Inputs& in, Impl impl, DType dtype, bool with_dfc = 
   const Tensor h = in.cache.defined() ? in.cache.to(dtype) : Tensor();
   const Tensor dy = in.dy.to(dtype), dfc = in.dfc.to(dtype);
   Backward g;
-  g.dx = nan_tensor(in.x.shape(), dtype);
-  g.dweight = nan_tensor(in.weight.shape(), dtype);
-  if (in.bias.defined()) g.dbias = nan_tensor(in.bias.shape(), dtype);
-  if (in.cache.defined()) g.dcache = nan_tensor(in.cache.shape(), dtype);
+  g.dx = Tensor::nans(in.x.shape(), dtype);
+  g.dweight = Tensor::nans(in.weight.shape(), dtype);
+  if (in.bias.defined()) g.dbias = Tensor::nans(in.bias.shape(), dtype);
+  if (in.cache.defined()) g.dcache = Tensor::nans(in.cache.shape(), dtype);
   short_conv_backward(params_of(in, x, w, b, h), impl, dy.view(),
                       with_dfc ? dfc.view() : TensorView{},
                       {g.dx.view(), g.dweight.view(), g.dbias.view(), g.dcache.view()});
@@ -169,18 +133,8 @@ double loss(const Inputs& in) {
 }
 
 void check_fd(Inputs in, Tensor Inputs::*member, const Tensor& analytic, const char* what) {
-  const double eps = 1e-6;
-  Tensor fd(analytic.shape(), DType::float64);
-  for (std::int64_t i = 0; i < fd.numel(); ++i) {
-    const double v = (in.*member).at(i);
-    (in.*member).set(i, v + eps);
-    const double lp = loss(in);
-    (in.*member).set(i, v - eps);
-    const double lm = loss(in);
-    (in.*member).set(i, v);
-    fd.set(i, (lp - lm) / (2 * eps));
-  }
-  PHASOR_EXPECT_CLOSE(analytic, fd, 1e-7, what);
+  PHASOR_EXPECT_GRADIENT(
+      analytic, in.*member, [&] { return loss(in); }, 1e-7, what);
 }
 
 TEST(ShortConvReference, GradientsMatchFiniteDifferences) {
@@ -257,27 +211,24 @@ TEST(ShortConvKernel, StridedViewsAndMixedDtypes) {
   const Case c{"strided", 2, 13, 5, 4, {}, true, true, true};
   const Inputs in = make_inputs(c, 9);
   const Forward rf = run_forward(in, Impl::reference, DType::float64);
-  Tensor wide({2, 13, 10}, DType::float32), ywide({2, 13, 10}, DType::float32);
-  ywide.fill(kNaN);
-  for (std::int64_t i = 0; i < in.x.numel(); ++i) wide.set(2 * i, in.x.at(i));
-  auto strided = [](const Tensor& t) {
-    return TensorView::strided(t.view().data, DType::float32, {2, 13, 5}, {130, 10, 2});
-  };
+  const testing::MemoryLayout every_other{{}, 0, 2};
+  const testing::StridedTensor x(in.x, DType::float32, every_other),
+      y_strided = testing::StridedTensor::nans({2, 13, 5}, DType::float32, every_other);
+  ASSERT_EQ(x.view().stride(0), 130);
   ShortConvParams p;
-  p.x = strided(wide);
+  p.x = x.view();
   p.weight = in.weight.view();
   p.bias = in.bias.view();
   p.initial_cache = in.cache.view();
   p.activation = "swish";
-  short_conv_forward(p, Impl::chunk, strided(ywide));
-  Tensor y({2, 13, 5}, DType::float64);
-  for (std::int64_t i = 0; i < y.numel(); ++i) y.set(i, ywide.at(2 * i));
-  PHASOR_EXPECT_CLOSE(y, rf.y, 1e-5, "strided y");
-  for (std::int64_t i = 0; i < y.numel(); ++i) EXPECT_TRUE(std::isnan(ywide.at(2 * i + 1)));
+  short_conv_forward(p, Impl::chunk, y_strided.view());
+  PHASOR_EXPECT_CLOSE(y_strided.gather(), rf.y, 1e-5, "strided y");
+  const Tensor& ywide = y_strided.storage();
+  for (std::int64_t i = 0; i < rf.y.numel(); ++i) EXPECT_TRUE(std::isnan(ywide.at(2 * i + 1)));
 }
 
 TEST(ShortConvKernel, LongSequence) {
-  const Case c{"long", 1, 65536, 16, 4, {}, true, true, true};
+  const Case c{"long", 1, testing::long_sequence_length(), 16, 4, {}, true, true, true};
   const Inputs in = make_inputs(c, 3);
   const Forward rf = run_forward(in, Impl::reference, DType::float64);
   const Backward rb = run_backward(in, Impl::reference, DType::float64);

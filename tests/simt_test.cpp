@@ -18,6 +18,7 @@
 
 #include "phasor/device.h"
 #include "phasor/emulator.h"
+#include "phasor/testing/device.h"
 #include "simt_kernels.h"
 
 namespace phasor {
@@ -36,6 +37,7 @@ using phasor::emulator::Order;
 using phasor::emulator::ScopedOptions;
 using phasor::simt::FaultKind;
 using phasor::simt::KernelFault;
+using phasor::testing::Tensor;
 
 // Runs a test kernel on the device's build of simt_kernels.cu.
 #if PHASOR_HAS_CUDA
@@ -417,80 +419,35 @@ TEST_P(Simt, GridAndBlockDimensions) {
   }
 }
 
-double as_double(const void* data, DType dtype, std::int64_t i) {
-  switch (dtype) {
-    case DType::float32:
-      return static_cast<const float*>(data)[i];
-    case DType::float64:
-      return static_cast<const double*>(data)[i];
-    case DType::bfloat16:
-      return static_cast<const phasor::bfloat16*>(data)[i].to_float();
-    case DType::float16:
-      return static_cast<const phasor::float16*>(data)[i].to_float();
-    case DType::int32:
-      return static_cast<const std::int32_t*>(data)[i];
-    case DType::int64:
-      return static_cast<double>(static_cast<const std::int64_t*>(data)[i]);
-  }
-  return 0;
-}
-// What simt::store writes for `value` into dtype, as raw bytes.
-std::vector<unsigned char> stored(double value, DType dtype) {
-  std::vector<unsigned char> bytes(phasor::element_size(dtype));
-  auto put = [&](auto v) { std::memcpy(bytes.data(), &v, sizeof v); };
-  switch (dtype) {
-    case DType::float32:
-      put(static_cast<float>(value));
-      break;
-    case DType::float64:
-      put(value);
-      break;
-    case DType::bfloat16:
-      put(phasor::bfloat16::from_float(static_cast<float>(value)));
-      break;
-    case DType::float16:
-      put(phasor::float16::from_float(static_cast<float>(value)));
-      break;
-    case DType::int32:
-      put(static_cast<std::int32_t>(value));
-      break;
-    case DType::int64:
-      put(static_cast<std::int64_t>(value));
-      break;
-  }
-  return bytes;
-}
-
 TEST_P(Simt, AccessorsConvertEveryDtypeThroughStrides) {
   const DType dtypes[] = {DType::float32, DType::float64, DType::bfloat16,
                           DType::float16, DType::int32,   DType::int64};
   const std::int64_t A = 3, B = 5, C = 7, n = A * B * C;
   for (const DType from : dtypes) {
     // x is stored as [C, A, B] and viewed as [A, B, C] (permuted strides), with values that
-    // each dtype holds exactly or rounds (half types).
-    std::vector<unsigned char> host(n * phasor::element_size(from));
-    for (std::int64_t i = 0; i < n; ++i) {
-      const double value =
-          phasor::is_floating(from) ? (i - 40) * 0.3173 : static_cast<double>(i * 7 - 100);
-      const auto bytes = stored(value, from);
-      std::memcpy(&host[i * bytes.size()], bytes.data(), bytes.size());
-    }
-    Buffer<unsigned char> xb(device(), host);
-    const TensorView x = TensorView::strided(xb.get(), from, {A, B, C}, {B, 1, A * B}, device());
+    // each dtype holds exactly or rounds (half types). A host Tensor stores a value in a dtype as
+    // simt::store does (16-bit types through float).
+    Tensor host({n}, from);
+    for (std::int64_t i = 0; i < n; ++i)
+      host.set(i, phasor::is_floating(from) ? (i - 40) * 0.3173 : static_cast<double>(i * 7 - 100));
+    const phasor::testing::DeviceTensor xb(host, device());
+    const TensorView x =
+        TensorView::strided(xb.view().data, from, {A, B, C}, {B, 1, A * B}, device());
     for (const DType to : dtypes) {
       SCOPED_TRACE(std::string(phasor::to_string(from)) + " -> " + phasor::to_string(to));
-      Buffer<unsigned char> yb(device(), n * phasor::element_size(to));
-      const TensorView y = TensorView::contiguous(yb.get(), to, {A, B, C}, device());
-      RUN(device(), convert, x, y);
-      const std::vector<unsigned char> got = yb.host();
+      const auto yb = phasor::testing::DeviceTensor::nans({A, B, C}, to, device());
+      RUN(device(), convert, x, yb.view());
+      const Tensor got = yb.to_host();
       for (std::int64_t a = 0; a < A; ++a)
         for (std::int64_t b = 0; b < B; ++b)
           for (std::int64_t c = 0; c < C; ++c) {
-            const double value = as_double(host.data(), from, a * B + b + c * A * B);
-            const auto expected = stored(value, to);
-            const std::int64_t at =
-                ((a * B + b) * C + c) * static_cast<std::int64_t>(expected.size());
-            ASSERT_EQ(std::memcmp(&got[at], expected.data(), expected.size()), 0)
+            Tensor expected({1}, to);
+            expected.set(0, host.at(a * B + b + c * A * B));
+            const std::int64_t at = (a * B + b) * C + c;
+            ASSERT_EQ(std::memcmp(static_cast<const unsigned char*>(got.data()) +
+                                      at * static_cast<std::int64_t>(expected.nbytes()),
+                                  expected.data(), expected.nbytes()),
+                      0)
                 << "element [" << a << ", " << b << ", " << c << "]";
           }
     }

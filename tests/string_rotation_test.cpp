@@ -14,13 +14,13 @@
 #include <cmath>
 #include <complex>
 #include <functional>
-#include <limits>
 #include <random>
 #include <unsupported/Eigen/MatrixFunctions>
 #include <vector>
 
 #include "phasor/rotary.h"
-#include "test_util.h"
+#include "phasor/testing/gtest.h"
+#include "phasor/testing/random.h"
 
 namespace phasor {
 namespace {
@@ -28,32 +28,8 @@ namespace {
 using testing::Tensor;
 using Md = Eigen::MatrixXd;
 
-constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 constexpr double kPi = 3.14159265358979323846;
 constexpr Impl kFast = Impl::chunk;
-
-Tensor output(const std::vector<std::int64_t>& shape, DType dtype = DType::float64) {
-  Tensor t(shape, dtype);
-  t.fill(kNaN);
-  return t;
-}
-
-// Central finite difference of f with respect to every element of x (float64), compared with the
-// analytic gradient g: relative RMS over all elements.
-void expect_fd(Tensor& x, const Tensor& g, const std::function<double()>& f, const char* what,
-               double eps = 1e-6, double tol = 1e-7) {
-  Tensor fd(x.shape(), DType::float64);
-  for (std::int64_t i = 0; i < x.numel(); ++i) {
-    const double x0 = x.at(i);
-    x.set(i, x0 + eps);
-    const double fp = f();
-    x.set(i, x0 - eps);
-    const double fm = f();
-    x.set(i, x0);
-    fd.set(i, (fp - fm) / (2 * eps));
-  }
-  PHASOR_EXPECT_CLOSE(g, fd, tol, what);
-}
 
 // ---------------------------------------------------------------------------------------------
 // N-d RoPE angles.
@@ -70,14 +46,14 @@ TEST(NdRopeAngles, KernelMatchesReference) {
                                 : testing::randn({C, R}, rng, 1.0, dtype);
       const std::vector<std::int64_t> ts =
           per_head ? std::vector<std::int64_t>{B, T, H, R} : std::vector<std::int64_t>{B, T, R};
-      Tensor th_ref = output(ts), th = output(ts, dtype);
+      Tensor th_ref = Tensor::nans(ts), th = Tensor::nans(ts, dtype);
       nd_rope_angles_forward(r.view(), w.view(), Impl::reference, th_ref.view());
       nd_rope_angles_forward(r.view(), w.view(), kFast, th.view());
       const double tol = dtype == DType::float32 ? 1e-6 : 1e-14;
       PHASOR_EXPECT_CLOSE(th, th_ref, tol, "theta");
       const Tensor dth = testing::randn(ts, rng, 1.0, dtype);
-      Tensor dr_ref = output({B, T, C}), dw_ref = output(w.shape());
-      Tensor dr = output({B, T, C}, dtype), dw = output(w.shape(), dtype);
+      Tensor dr_ref = Tensor::nans({B, T, C}), dw_ref = Tensor::nans(w.shape());
+      Tensor dr = Tensor::nans({B, T, C}, dtype), dw = Tensor::nans(w.shape(), dtype);
       nd_rope_angles_backward(r.view(), w.view(), Impl::reference, dth.view(), dr_ref.view(),
                               dw_ref.view());
       nd_rope_angles_backward(r.view(), w.view(), kFast, dth.view(), dr.view(), dw.view());
@@ -96,26 +72,26 @@ TEST(NdRopeAngles, FiniteDifferences) {
       const std::vector<std::int64_t> ts =
           per_head ? std::vector<std::int64_t>{B, T, H, R} : std::vector<std::int64_t>{B, T, R};
       const Tensor dth = testing::randn(ts, rng);
-      Tensor dr = output({B, T, C}), dw = output(w.shape());
+      Tensor dr = Tensor::nans({B, T, C}), dw = Tensor::nans(w.shape());
       nd_rope_angles_backward(r.view(), w.view(), impl, dth.view(), dr.view(), dw.view());
       auto loss = [&] {
-        Tensor th = output(ts);
+        Tensor th = Tensor::nans(ts);
         nd_rope_angles_forward(r.view(), w.view(), impl, th.view());
         return testing::dot(th, dth);
       };
-      expect_fd(r, dr, loss, "d_positions");
-      expect_fd(w, dw, loss, "d_omega");
+      PHASOR_EXPECT_GRADIENT(dr, r, loss, 1e-7, "d_positions");
+      PHASOR_EXPECT_GRADIENT(dw, w, loss, 1e-7, "d_omega");
     }
 }
 
 // With one axis, the axis-split spectrum is RoPE's base^(−2i/K) and θ = t ω is rope_angles.
 TEST(NdRopeAngles, AxisSplitFrequencies) {
   const std::int64_t K = 12, R = K / 2, T = 5;
-  Tensor w1 = output({1, R});
+  Tensor w1 = Tensor::nans({1, R});
   nd_rope_axis_split_frequencies(1, K, 10000.0, w1.view());
   Tensor pos({1, T, 1}, DType::float64);
   for (std::int64_t t = 0; t < T; ++t) pos.set(t, static_cast<double>(t));
-  Tensor th = output({1, T, R}), th_rope = output({1, T, R});
+  Tensor th = Tensor::nans({1, T, R}), th_rope = Tensor::nans({1, T, R});
   nd_rope_angles_forward(pos.view(), w1.view(), kFast, th.view());
   RopeAnglesParams rp;
   rp.T = T;
@@ -124,7 +100,7 @@ TEST(NdRopeAngles, AxisSplitFrequencies) {
   PHASOR_EXPECT_CLOSE(th, th_rope, 1e-15, "1-axis split vs rope_angles");
   // Three axes over R = 7 pairs: slices of 3, 2, 2 pairs, each pair owned by exactly one axis,
   // each slice starting at frequency 1 and decaying to base^(−(n−1)/n).
-  Tensor w3 = output({3, 7});
+  Tensor w3 = Tensor::nans({3, 7});
   nd_rope_axis_split_frequencies(3, 14, 100.0, w3.view());
   const std::int64_t start[3] = {0, 3, 5}, n[3] = {3, 2, 2};
   for (std::int64_t c = 0; c < 3; ++c)
@@ -148,7 +124,7 @@ Md dense(const Encoder& enc, std::int64_t K, const std::vector<double>& r) {
     z.set(t * K + t, 1.0);
     for (std::int64_t c = 0; c < C; ++c) pos.set(t * C + c, r[static_cast<std::size_t>(c)]);
   }
-  Tensor y = output({1, K, 1, K});
+  Tensor y = Tensor::nans({1, K, 1, K});
   enc(z, pos, y);
   Md M(K, K);
   for (std::int64_t t = 0; t < K; ++t)
@@ -182,7 +158,7 @@ double logit(const Encoder& enc, const Tensor& q, const Tensor& k, const std::ve
     pi.set(c, ri[static_cast<std::size_t>(c)]);
     pj.set(c, rj[static_cast<std::size_t>(c)]);
   }
-  Tensor yq = output({1, 1, 1, K}), yk = output({1, 1, 1, K});
+  Tensor yq = Tensor::nans({1, 1, 1, K}), yk = Tensor::nans({1, 1, 1, K});
   enc(q, pi, yq);
   enc(k, pj, yk);
   return testing::dot(yq, yk);
@@ -198,7 +174,7 @@ void check_separable(const Encoder& enc, const Tensor& z, const Tensor& pos, con
       Tensor zt({1, 1, H, K}, DType::float64), pt({1, 1, C}, DType::float64);
       for (std::int64_t i = 0; i < H * K; ++i) zt.set(i, z.at((b * T + t) * H * K + i));
       for (std::int64_t c = 0; c < C; ++c) pt.set(c, pos.at((b * T + t) * C + c));
-      Tensor yt = output({1, 1, H, K});
+      Tensor yt = Tensor::nans({1, 1, H, K});
       enc(zt, pt, yt);
       for (std::int64_t i = 0; i < H * K; ++i)
         worst = std::max(worst, std::fabs(yt.at(i) - y.at((b * T + t) * H * K + i)));
@@ -211,7 +187,7 @@ Encoder nd_rope_encoder(const Tensor& omega, RotaryLayout layout) {
   return [&omega, layout](const Tensor& z, const Tensor& pos, Tensor& y) {
     const auto& s = z.shape();
     const std::int64_t R = s[3] / 2;
-    Tensor th = output({s[0], s[1], R});
+    Tensor th = Tensor::nans({s[0], s[1], R});
     nd_rope_angles_forward(pos.view(), omega.view(), kFast, th.view());
     apply_rotary_forward(z.view(),
                          TensorView::strided(th.view().data, DType::float64, {s[0], s[1], s[2], R},
@@ -229,7 +205,7 @@ TEST(NdRope, RelativeLawOrthogonalitySeparability) {
     // A one-parameter group: R(a)ᵀR(b) = R(b − a) exactly (to rounding).
     EXPECT_LE(check_rotation_laws(enc, K, {0.7, -2.5}, {3.1, 1.2}), 1e-12);
     const Tensor z = testing::randn({2, 3, 2, K}, rng), pos = testing::randn({2, 3, C}, rng, 5.0);
-    Tensor y = output({2, 3, 2, K});
+    Tensor y = Tensor::nans({2, 3, 2, K});
     enc(z, pos, y);
     check_separable(enc, z, pos, y);
   }
@@ -263,12 +239,12 @@ struct CayleyOut {
 CayleyOut run_cayley(const CayleyCase& c, Impl impl, const Tensor& dy, DType out = DType::float64) {
   const auto& s = c.z.shape();
   CayleyOut o;
-  o.y = output(s, out);
+  o.y = Tensor::nans(s, out);
   cayley_string_forward(c.params(), impl, o.y.view());
-  o.dz = output(s, out);
-  o.dpos = output(c.pos.shape(), out);
-  o.domega = output(c.omega.shape(), out);
-  o.dA = output(c.A.shape(), out);
+  o.dz = Tensor::nans(s, out);
+  o.dpos = Tensor::nans(c.pos.shape(), out);
+  o.domega = Tensor::nans(c.omega.shape(), out);
+  o.dA = Tensor::nans(c.A.shape(), out);
   cayley_string_backward(c.params(), impl, dy.view(),
                          {o.dz.view(), o.dpos.view(), o.domega.view(), o.dA.view()});
   return o;
@@ -305,6 +281,25 @@ TEST(CayleyString, KernelMatchesReference) {
       }
 }
 
+// A huge generator (|A| ≈ 1e4, found by the numerical soak, tests/soak_test.cpp): I + S has a
+// condition number of about |S|. The float32 kernel solved with it in float32 and summed du + dz
+// (≈ 0: P ≈ −I away from S's small eigenvalues), so y, dz and dA lost about eps |S| (dA off by 6e-4
+// relative); it now applies Q = (I + S)⁻¹ formed in float64, with u = 2 Q z − z and
+// du + dz = 2 Qᵀ du, and keeps float32's accuracy.
+TEST(CayleyString, HugeGeneratorKeepsFloat32Accuracy) {
+  std::mt19937_64 rng(14);
+  for (bool per_head : {false, true}) {
+    SCOPED_TRACE(per_head ? "per head" : "shared");
+    const CayleyCase c = cayley_case(rng, 1, 9, 2, 20, 2, per_head, DType::float32, 1e4, 1.0);
+    const Tensor dy = testing::randn(c.z.shape(), rng, 1.0, DType::float32);
+    const CayleyOut ref = run_cayley(c, Impl::reference, dy);
+    const CayleyOut fast = run_cayley(c, kFast, dy, DType::float32);
+    PHASOR_EXPECT_CLOSE(fast.y, ref.y, 1e-5, "y");
+    PHASOR_EXPECT_CLOSE(fast.dz, ref.dz, 1e-5, "dz");
+    PHASOR_EXPECT_CLOSE(fast.dA, ref.dA, 1e-5, "d_generator");
+  }
+}
+
 TEST(CayleyString, FiniteDifferences) {
   std::mt19937_64 rng(5);
   for (bool per_head : {false, true})
@@ -314,14 +309,14 @@ TEST(CayleyString, FiniteDifferences) {
       const Tensor dy = testing::randn(c.z.shape(), rng);
       const CayleyOut o = run_cayley(c, impl, dy);
       auto loss = [&] {
-        Tensor y = output(c.z.shape());
+        Tensor y = Tensor::nans(c.z.shape());
         cayley_string_forward(c.params(), impl, y.view());
         return testing::dot(y, dy);
       };
-      expect_fd(c.z, o.dz, loss, "dz");
-      expect_fd(c.pos, o.dpos, loss, "d_positions");
-      expect_fd(c.omega, o.domega, loss, "d_omega");
-      expect_fd(c.A, o.dA, loss, "d_generator");
+      PHASOR_EXPECT_GRADIENT(o.dz, c.z, loss, 1e-7, "dz");
+      PHASOR_EXPECT_GRADIENT(o.dpos, c.pos, loss, 1e-7, "d_positions");
+      PHASOR_EXPECT_GRADIENT(o.domega, c.omega, loss, 1e-7, "d_omega");
+      PHASOR_EXPECT_GRADIENT(o.dA, c.A, loss, 1e-7, "d_generator");
     }
 }
 
@@ -371,7 +366,7 @@ TEST(CayleyString, RelativeLawForLogitsNotForMatrices) {
     EXPECT_NEAR(l0, l1, 1e-12 * (1 + std::fabs(l0)));
     EXPECT_GT(std::fabs(l0 - logit(enc, q, k, a, {b[0] + 1, b[1]})), 1e-3);  // and r does matter
     const Tensor z = testing::randn({2, 3, 2, K}, rng), pos = testing::randn({2, 3, C}, rng, 5.0);
-    Tensor y = output({2, 3, 2, K});
+    Tensor y = Tensor::nans({2, 3, 2, K});
     cayley_string_forward({z.view(), pos.view(), omega.view(), A.view()}, impl, y.view());
     check_separable(enc, z, pos, y);
   }
@@ -400,11 +395,11 @@ struct CircOut {
 CircOut run_circ(const CircCase& c, Impl impl, const Tensor& dy, DType out = DType::float64) {
   const auto& s = c.z.shape();
   CircOut o;
-  o.y = output(s, out);
+  o.y = Tensor::nans(s, out);
   circulant_string_forward(c.params(), impl, o.y.view());
-  o.dz = output(s, out);
-  o.dpos = output(c.pos.shape(), out);
-  o.dc = output(c.c.shape(), out);
+  o.dz = Tensor::nans(s, out);
+  o.dpos = Tensor::nans(c.pos.shape(), out);
+  o.dc = Tensor::nans(c.c.shape(), out);
   circulant_string_backward(c.params(), impl, dy.view(), {o.dz.view(), o.dpos.view(), o.dc.view()});
   return o;
 }
@@ -456,13 +451,13 @@ TEST(CirculantString, FiniteDifferences) {
         const Tensor dy = testing::randn(c.z.shape(), rng);
         const CircOut o = run_circ(c, impl, dy);
         auto loss = [&] {
-          Tensor y = output(c.z.shape());
+          Tensor y = Tensor::nans(c.z.shape());
           circulant_string_forward(c.params(), impl, y.view());
           return testing::dot(y, dy);
         };
-        expect_fd(c.z, o.dz, loss, "dz");
-        expect_fd(c.pos, o.dpos, loss, "d_positions");
-        expect_fd(c.c, o.dc, loss, "dc");
+        PHASOR_EXPECT_GRADIENT(o.dz, c.z, loss, 1e-7, "dz");
+        PHASOR_EXPECT_GRADIENT(o.dpos, c.pos, loss, 1e-7, "d_positions");
+        PHASOR_EXPECT_GRADIENT(o.dc, c.c, loss, 1e-7, "dc");
       }
 }
 
@@ -501,7 +496,7 @@ TEST(CirculantString, MatchesDenseExpmAndGroupLaws) {
           logit(enc, q, k, {a[0] + 9, a[1] - 3, a[2] + 1}, {b[0] + 9, b[1] - 3, b[2] + 1});
       EXPECT_NEAR(l0, l1, 1e-12 * (1 + std::fabs(l0)));
       const Tensor z = testing::randn({2, 3, 2, K}, rng), pos = testing::randn({2, 3, C}, rng, 5.0);
-      Tensor y = output({2, 3, 2, K});
+      Tensor y = Tensor::nans({2, 3, 2, K});
       enc(z, pos, y);
       check_separable(enc, z, pos, y);
     }
@@ -542,7 +537,7 @@ TEST(StringRotation, Errors) {
   using testing::expect_error;
   // N-d RoPE angles.
   const Tensor pos = testing::randn({2, 3, 2}, rng), w = testing::randn({2, 4}, rng);
-  Tensor th = output({2, 3, 4});
+  Tensor th = Tensor::nans({2, 3, 4});
   expect_error(
       [&] {
         nd_rope_angles_forward(pos.view(), testing::randn({3, 4}, rng).view(), kFast, th.view());
@@ -555,11 +550,12 @@ TEST(StringRotation, Errors) {
       {"nd_rope_angles", "omega"});
   expect_error(
       [&] {
-        nd_rope_angles_forward(pos.view(), w.view(), Impl::reference, output({2, 3, 5}).view());
+        nd_rope_angles_forward(pos.view(), w.view(), Impl::reference,
+                               Tensor::nans({2, 3, 5}).view());
       },
       {"nd_rope_angles_reference", "theta"});
   {
-    Tensor buf = output({2 * 3 * 4});
+    Tensor buf = Tensor::nans({2 * 3 * 4});
     const TensorView bad =
         TensorView::strided(buf.view().data, DType::float64, {2, 3, 4}, {12, 0, 1});
     expect_error([&] { nd_rope_angles_forward(pos.view(), w.view(), kFast, bad); },
@@ -567,16 +563,16 @@ TEST(StringRotation, Errors) {
   }
   expect_error(
       [&] {
-        nd_rope_axis_split_frequencies(2, 7, 100.0, output({2, 3}).view());
+        nd_rope_axis_split_frequencies(2, 7, 100.0, Tensor::nans({2, 3}).view());
       },
       {"nd_rope_axis_split_frequencies", "head_dim"});
   // Cayley.
   CayleyCase c = cayley_case(rng, 1, 2, 2, 6, 2, false);
-  Tensor y = output({1, 2, 2, 6});
+  Tensor y = Tensor::nans({1, 2, 2, 6});
   {
     CayleyCase odd = cayley_case(rng, 1, 2, 2, 5, 2, false);
     odd.omega = testing::randn({2, 2}, rng);
-    Tensor yo = output({1, 2, 2, 5});
+    Tensor yo = Tensor::nans({1, 2, 2, 5});
     expect_error([&] { cayley_string_forward(odd.params(), kFast, yo.view()); },
                  {"cayley_string", "'z'", "even"});
   }
@@ -597,7 +593,7 @@ TEST(StringRotation, Errors) {
     bad.omega = testing::randn({2, 4}, rng);
     expect_error([&] { cayley_string_forward(bad.params(), kFast, y.view()); },
                  {"cayley_string", "omega", "K/2"});
-    Tensor dA = output({5, 5});
+    Tensor dA = Tensor::nans({5, 5});
     expect_error(
         [&] {
           cayley_string_backward(c.params(), kFast, y.view(), {{}, {}, {}, dA.view()});
@@ -606,7 +602,7 @@ TEST(StringRotation, Errors) {
   }
   // Circulant.
   CircCase cc = circ_case(rng, 1, 2, 2, 5, 2, true);
-  Tensor yc = output({1, 2, 2, 5});
+  Tensor yc = Tensor::nans({1, 2, 2, 5});
   {
     CircCase bad = cc;
     bad.c = testing::randn({2, 2, 4}, rng);
@@ -614,15 +610,15 @@ TEST(StringRotation, Errors) {
                  {"circulant_string", "'c'", "K"});
     bad = cc;
     bad.z = testing::randn({1, 2, 2, 0}, rng);
-    Tensor y0 = output({1, 2, 2, 0});
+    Tensor y0 = Tensor::nans({1, 2, 2, 0});
     expect_error([&] { circulant_string_forward(bad.params(), kFast, y0.view()); },
                  {"circulant_string", "'z'", "K ≥ 1"});
     expect_error(
         [&] {
-          circulant_string_forward(cc.params(), kFast, output({1, 2, 2, 6}).view());
+          circulant_string_forward(cc.params(), kFast, Tensor::nans({1, 2, 2, 6}).view());
         },
         {"circulant_string", "'y'"});
-    Tensor dc = output({2, 3, 5});
+    Tensor dc = Tensor::nans({2, 3, 5});
     expect_error(
         [&] {
           circulant_string_backward(cc.params(), kFast, yc.view(), {{}, {}, dc.view()});

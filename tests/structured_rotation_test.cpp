@@ -14,13 +14,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <limits>
 #include <random>
 #include <unsupported/Eigen/MatrixFunctions>
 #include <vector>
 
 #include "phasor/rotary.h"
-#include "test_util.h"
+#include "phasor/testing/gtest.h"
+#include "phasor/testing/random.h"
 
 namespace phasor {
 namespace {
@@ -29,14 +29,7 @@ using Eigen::MatrixXd;
 using Eigen::VectorXd;
 using testing::Tensor;
 
-constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 constexpr Impl kFast = Impl::chunk;
-
-Tensor output(const std::vector<std::int64_t>& shape, DType dtype = DType::float64) {
-  Tensor t(shape, dtype);
-  t.fill(kNaN);
-  return t;
-}
 
 MatrixXd to_eigen(const Tensor& t) {
   const auto r = t.shape()[0], c = t.shape()[1];
@@ -101,7 +94,8 @@ struct Decomposition {
 };
 Decomposition decompose(const Tensor& gens, double tol = 1e-8) {
   const auto C = gens.shape()[0], K = gens.shape()[1];
-  Tensor U = output({K, K}), lam = output({C, K / 2}), Pa = output({K, K}), Pn = output({K, K});
+  Tensor U = Tensor::nans({K, K}), lam = Tensor::nans({C, K / 2}), Pa = Tensor::nans({K, K}),
+         Pn = Tensor::nans({K, K});
   Decomposition d;
   d.m = structured_decomposition({gens.view(), tol}, {U.view(), lam.view(), Pa.view(), Pn.view()});
   d.U = to_eigen(U);
@@ -121,7 +115,7 @@ MatrixXd encode(const Encoding& e, const MatrixXd& X, const MatrixXd& Rpos, Impl
   Tensor x = from_eigen(X, dtype), r = from_eigen(Rpos, dtype), U = from_eigen(e.U_act, dtype),
          lam = from_eigen(e.lam, dtype), P;
   if (e.P.size() > 0) P = from_eigen(e.P, dtype);
-  Tensor y = output({T, K}, dtype);
+  Tensor y = Tensor::nans({T, K}, dtype);
   StructuredRotationParams params;
   params.x = TensorView::strided(x.view().data, dtype, {1, T, 1, K}, {T * K, K, K, 1});
   params.positions = TensorView::strided(r.view().data, dtype, {1, T, 1, C}, {T * C, C, C, 1});
@@ -310,7 +304,7 @@ TEST(StructuredRotation, RecoversRope) {
     }
   }
   auto rope = [&](const MatrixXd& th) {
-    Tensor x = from_eigen(X), tt = from_eigen(th), y = output({T, K});
+    Tensor x = from_eigen(X), tt = from_eigen(th), y = Tensor::nans({T, K});
     apply_rotary_forward(TensorView::of(static_cast<double*>(x.view().data), {1, T, 1, K}),
                          TensorView::of(static_cast<double*>(tt.view().data), {1, T, 1, R}),
                          RotaryLayout::half_split, Impl::reference,
@@ -330,7 +324,7 @@ TEST(StructuredRotation, RecoversRope) {
 
 MatrixXd cayley(const MatrixXd& S, const MatrixXd& N) {
   Tensor s = from_eigen(S),
-         p = output({N.size() > 0 ? N.rows() : S.rows(), N.size() > 0 ? N.rows() : S.rows()});
+         p = Tensor::nans({N.size() > 0 ? N.rows() : S.rows(), N.size() > 0 ? N.rows() : S.rows()});
   Tensor nb;
   if (N.size() > 0) nb = from_eigen(N);
   structured_cayley_forward(s.view(), nb.view(), p.view());
@@ -580,12 +574,12 @@ struct Result {
 };
 Result run(const Case& c, Impl impl, const Tensor& dy, DType out = DType::float64) {
   Result r;
-  r.y = output({c.B, c.T, c.H, c.K}, out);
+  r.y = Tensor::nans({c.B, c.T, c.H, c.K}, out);
   structured_rotation_forward(c.params(), impl, r.y.view());
-  r.dx = output({c.B, c.T, c.H, c.K}, out);
-  r.dpos = output({c.B, c.T, c.H, c.C}, out);
-  r.dlam = output({c.C, c.m}, out);
-  if (c.post.defined()) r.dpost = output({c.K, c.K}, out);
+  r.dx = Tensor::nans({c.B, c.T, c.H, c.K}, out);
+  r.dpos = Tensor::nans({c.B, c.T, c.H, c.C}, out);
+  r.dlam = Tensor::nans({c.C, c.m}, out);
+  if (c.post.defined()) r.dpost = Tensor::nans({c.K, c.K}, out);
   structured_rotation_backward(c.params(), impl, dy.view(),
                                {r.dx.view(), r.dpos.view(), r.dlam.view(), r.dpost.view()});
   return r;
@@ -654,21 +648,13 @@ TEST(StructuredRotation, GradientsMatchFiniteDifferences) {
   const Tensor dy = testing::randn({1, 4, 2, 7}, rng);
   const Result ref = run(c, Impl::reference, dy);
   auto loss = [&] {
-    Tensor y = output({1, 4, 2, 7});
+    Tensor y = Tensor::nans({1, 4, 2, 7});
     structured_rotation_forward(c.params(), Impl::reference, y.view());
     return testing::dot(y, dy);
   };
-  const double h = 1e-6;
+  // Element by element: |analytic − numeric| ≤ 1e-7.
   auto check = [&](Tensor& input, const Tensor& grad, const char* what) {
-    for (std::int64_t i = 0; i < input.numel(); ++i) {
-      const double v = input.at(i);
-      input.set(i, v + h);
-      const double lp = loss();
-      input.set(i, v - h);
-      const double lm = loss();
-      input.set(i, v);
-      EXPECT_NEAR(grad.at(i), (lp - lm) / (2 * h), 1e-7) << what << "[" << i << "]";
-    }
+    PHASOR_EXPECT_ALL_NEAR(grad, testing::numerical_gradient(input, loss), 1e-7, 0, what);
   };
   check(c.x, ref.dx, "dx");
   check(c.positions, ref.dpos, "d_positions");
@@ -684,23 +670,15 @@ TEST(StructuredCayley, GradientMatchesFiniteDifferences) {
     Tensor nb;
     if (with_basis) nb = from_eigen(random_orthogonal(K, rng).rightCols(n));
     const Tensor dp = testing::randn({K, K}, rng);
-    Tensor ds = output({n, n});
+    Tensor ds = Tensor::nans({n, n});
     structured_cayley_backward(s.view(), nb.view(), dp.view(), ds.view());
     auto loss = [&] {
-      Tensor p = output({K, K});
+      Tensor p = Tensor::nans({K, K});
       structured_cayley_forward(s.view(), nb.view(), p.view());
       return testing::dot(p, dp);
     };
-    const double h = 1e-6;
-    for (std::int64_t i = 0; i < s.numel(); ++i) {  // every entry independently (not only skew)
-      const double v = s.at(i);
-      s.set(i, v + h);
-      const double lp = loss();
-      s.set(i, v - h);
-      const double lm = loss();
-      s.set(i, v);
-      EXPECT_NEAR(ds.at(i), (lp - lm) / (2 * h), 1e-7) << "ds[" << i << "]";
-    }
+    // Every entry independently (not only skew), element by element: |analytic − numeric| ≤ 1e-7.
+    PHASOR_EXPECT_ALL_NEAR(ds, testing::numerical_gradient(s, loss), 1e-7, 0, "ds");
   }
 }
 
@@ -710,7 +688,7 @@ TEST(StructuredCayley, GradientMatchesFiniteDifferences) {
 TEST(StructuredRotation, Errors) {
   std::mt19937_64 rng(41);
   const Family f = coincident_family(rng);
-  Tensor U = output({9, 9}), lam = output({3, 4});
+  Tensor U = Tensor::nans({9, 9}), lam = Tensor::nans({3, 4});
   // Non-skew generator (named), non-commuting pair (named, with the commutator norm).
   std::vector<MatrixXd> bad = f.L;
   bad[1](0, 1) += 0.1;
@@ -736,7 +714,7 @@ TEST(StructuredRotation, Errors) {
   testing::expect_error(
       [&] {
         structured_decomposition({stack(f.L).view(), 1e-8, 1},
-                                 {U.view(), output({3, 3}).view(), {}, {}});
+                                 {U.view(), Tensor::nans({3, 3}).view(), {}, {}});
       },
       {"coefficients", "K/2=4"});
   testing::expect_error(
@@ -747,7 +725,7 @@ TEST(StructuredRotation, Errors) {
   // The encoding: m > K/2, a non-orthonormal basis, mismatched positions, d_post_rotation without
   // post_rotation, a broadcast output.
   Case c = make_case(rng, 1, 3, 2, 6, 2, 2, false, 1.0, DType::float64);
-  Tensor y = output({1, 3, 2, 6});
+  Tensor y = Tensor::nans({1, 3, 2, 6});
   {
     Case w = c;
     w.coefficients = testing::randn({2, 4}, rng);
@@ -770,19 +748,19 @@ TEST(StructuredRotation, Errors) {
   testing::expect_error(
       [&] {
         structured_rotation_backward(c.params(), kFast, y.view(),
-                                     {{}, {}, {}, output({6, 6}).view()});
+                                     {{}, {}, {}, Tensor::nans({6, 6}).view()});
       },
       {"d_post_rotation", "post_rotation to be given"});
   testing::expect_error(
       [&] {
-        Tensor small = output({1, 3, 1, 6});
+        Tensor small = Tensor::nans({1, 3, 1, 6});
         structured_rotation_forward(
             c.params(), kFast,
             TensorView::strided(small.view().data, DType::float64, {1, 3, 2, 6}, {18, 6, 0, 1}));
       },
       {"y", "zero (broadcast) strides"});
   // Cayley: a non-square s, a basis of the wrong height, a singular I + s.
-  Tensor p = output({4, 4});
+  Tensor p = Tensor::nans({4, 4});
   testing::expect_error(
       [&] {
         structured_cayley_forward(Tensor::zeros({3, 4}).view(), {}, p.view());
@@ -796,7 +774,8 @@ TEST(StructuredRotation, Errors) {
       {"null_basis", "n (as s)=2"});
   testing::expect_error(
       [&] {
-        structured_cayley_forward(Tensor::from({1, 1}, {-1.0}).view(), {}, output({1, 1}).view());
+        structured_cayley_forward(Tensor::from({1, 1}, {-1.0}).view(), {},
+                                  Tensor::nans({1, 1}).view());
       },
       {"s", "invertible"});
 }

@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "phasor/tasks/data.h"
-#include "test_util.h"
+#include "phasor/testing/gtest.h"
 
 namespace phasor::tasks {
 namespace {

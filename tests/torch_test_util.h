@@ -1,6 +1,8 @@
 // Helpers shared by the LibTorch-layer tests (torch_test, favor_torch_test, rotations_torch_test):
-// dtype shorthands, a view of a tensor for calling the core directly, a relative error, the
-// EXPECT_CLOSE check, autograd leaves and the expected-c10::Error check.
+// the at::Tensor side of the test-support library (tests/support, phasor_testing) — dtype
+// shorthands, a view of a tensor for calling the core directly, the relative RMS error of
+// at::Tensors, the EXPECT_CLOSE check, autograd leaves, the expected-c10::Error check, and finite
+// differences through the torch API on the library's central-difference core.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -14,6 +16,8 @@
 #include <vector>
 
 #include "phasor/common.h"
+#include "phasor/testing/finite_differences.h"
+#include "phasor/testing/tensor.h"
 
 namespace phasor::torch_test {
 
@@ -25,35 +29,27 @@ inline const at::TensorOptions f32 = at::TensorOptions().dtype(at::kFloat);
 inline TensorView core_view(const at::Tensor& t) {
   if (!t.defined()) return {};
   EXPECT_TRUE(t.is_contiguous());
-  TensorView v;
-  v.data = t.data_ptr();
+  DType dtype = DType::float32;
   switch (t.scalar_type()) {
     case at::kFloat:
-      v.dtype = DType::float32;
       break;
     case at::kDouble:
-      v.dtype = DType::float64;
+      dtype = DType::float64;
       break;
     case at::kInt:
-      v.dtype = DType::int32;
+      dtype = DType::int32;
       break;
     case at::kLong:
-      v.dtype = DType::int64;
+      dtype = DType::int64;
       break;
     default:
       ADD_FAILURE() << "unexpected dtype " << t.scalar_type();
   }
-  v.rank = static_cast<int>(t.dim());
-  std::int64_t stride = 1;
-  for (int d = v.rank - 1; d >= 0; --d) {
-    v.sizes[static_cast<std::size_t>(d)] = t.size(d);
-    v.strides[static_cast<std::size_t>(d)] = stride;
-    stride *= t.size(d);
-  }
-  return v;
+  return testing::contiguous_view(t.data_ptr(), dtype,
+                                  testing::Shape(t.sizes().begin(), t.sizes().end()));
 }
 
-// sqrt(Σ(a − b)² / Σb²) in float64; b is trusted.
+// sqrt(Σ(a − b)² / Σb²) in float64; b is trusted (testing::rel_rms's measure, in at:: ops).
 inline double rel_rms(const at::Tensor& a, const at::Tensor& b) {
   const at::Tensor x = a.detach().to(at::kDouble), y = b.detach().to(at::kDouble);
   const double num = (x - y).pow(2).sum().item<double>(), den = y.pow(2).sum().item<double>();
@@ -108,14 +104,14 @@ inline void check_finite_differences(
   for (std::size_t i = 0; i < values.size(); ++i) {
     ASSERT_TRUE(leaves[i].grad().defined()) << "no gradient for " << names[i];
     const at::Tensor analytic = leaves[i].grad().reshape(-1);
-    at::Tensor numeric = at::empty_like(analytic);
-    for (std::int64_t e = 0; e < analytic.numel(); ++e) {
-      std::vector<at::Tensor> plus = values, minus = values;
-      plus[i] = values[i].clone(), minus[i] = values[i].clone();
-      plus[i].view(-1)[e] += eps;
-      minus[i].view(-1)[e] -= eps;
-      numeric[e] = (loss(plus).item<double>() - loss(minus).item<double>()) / (2 * eps);
-    }
+    const std::vector<double> central =
+        testing::central_differences(analytic.numel(), eps, [&](std::int64_t e, double shift) {
+          std::vector<at::Tensor> shifted = values;
+          shifted[i] = values[i].clone();
+          shifted[i].view(-1)[e] += shift;
+          return loss(shifted).item<double>();
+        });
+    const at::Tensor numeric = at::tensor(central, f64);
     if (expect_nonzero) {
       EXPECT_GT(numeric.abs().max().item<double>(), 1e-8) << names[i] << ": a vacuous check";
     }

@@ -12,11 +12,12 @@
 #include <string>
 
 #include "common/dispatch.h"
-#include "device_test_util.h"
 #include "phasor/forgetting_attn.h"
 #include "phasor/gla.h"
 #include "phasor/rotary.h"
 #include "phasor/structured_rotation.h"
+#include "phasor/testing/gpu_gtest.h"
+#include "phasor/testing/random.h"
 
 namespace phasor {
 namespace {

@@ -2,15 +2,21 @@
 // emulated GPU: the feature map with its stabilisers and dW, and the causal and non-causal
 // attention. They compute what src/favor/kernels.cpp computes:
 //   u_t,r = w_rᵀx̂_t − |x̂_t|²/2,   φ(x̂_t)_r = exp(u_t,r − c_t)/√m,
-// with c the query (row max), key (max over the sequence) or running (max over the tokens so far,
-// causal keys) stabiliser, or 0; the backward holds c constant: with G = dΦ ⊙ Φ,
+// with c the query (row max; the |x̂_t|²/2 then cancels and is left out of u) or key (max over the
+// sequence) stabiliser, or 0; the backward holds c constant: with G = dΦ ⊙ Φ,
 //   dX̂ = G W − diag(Σ_r G) X̂,   dW = Σ_tokens Gᵀ X̂.
+// The attention's features are stabilised per feature, as on the CPU (src/favor/kernels.cpp,
+// attention_features): the keys' u_j,r − c_r with c_r their max over the sequence (or the running
+// max c_t,r, causal, with the log gates g_t,r = c_{t−1},r − c_t,r), and the queries' w_rᵀq̂_i + c_r
+// minus its row max (no |q̂_i|²/2: it cancels in o, and so does Σ_r G in the queries' dX̂).
 // Kernels (row = one token of one head; row-local work in tiles of 16 tokens of one sequence,
 // found on the device from cu_seqlens like the chunk kernels' chunks, cuda/common/chunks.h):
 //   project    (tile, head): u and each row's max, W streamed through shared memory in tiles of
 //              32 features.
-//   stabilise  (sequence, head): the key max, or the running max and the causal log gates
-//              g_t = c_{t−1} − c_t (one thread walks the sequence).
+//   stabilise  (sequence, head): the key max (one thread walks the sequence); for the attention
+//              feature_stabilise (sequence, head, feature): c_r or the running c_t,r, moved from
+//              the keys' exponents to the queries', and the gates; then row_shift: the queries'
+//              row max.
 //   features   (element): φ = exp(u − c)/√m.
 //   grads      (tile, head): G and dX̂; dw_parts (256-token segment, w head, 32 × 32 block of W)
 //              sums Gᵀ X̂ over the segment and dw_sum adds the segments in order.
@@ -18,7 +24,7 @@
 // attend (tile, head) Ox = φ(q̂) Sx, o = num / den (and for the backward dOx and dΦ_q), dkv
 // (sequence, head, columns) dSx = Σ_i φ(q̂_i)ᵀ dOx_i, kv_grads (tile, head) dΦ_k = [v | 1] dSxᵀ
 // and dv. Causal attention runs GLA (phasor/gla.h, on the same device) on φ(q̂), the running-
-// stabilised φ(k̂), [v | 1] and the gates, exactly as the CPU kernel does.
+// stabilised φ(k̂), [v | 1] and the per-feature gates, exactly as the CPU kernel does.
 //
 // Every product is an exact FMA tile in float32 (float64 for float64 inputs), also for 16-bit
 // inputs: an error δ in u = wᵀx̂ is a relative error δ in φ, and bfloat16 operands would make it
@@ -53,7 +59,7 @@ constexpr int kSegment = 256;  // tokens per dW partial
 constexpr std::int64_t kNoShift = 0;
 
 // How the stabiliser of a row is found.
-enum class Shift : int { none = 0, row = 1, key = 2, running = 3 };
+enum class Shift : int { none = 0, row = 1, key = 2 };
 
 // The sizes every FAVOR kernel needs, as plain data.
 struct Dims {
@@ -123,7 +129,8 @@ PHASOR_DEVICE void load_w_tile(const Dims& dm, const TensorView& w, std::int64_t
 // ---- features -----------------------------------------------------------------------------------
 
 // u (rows × m) and each row's max; shift = the row max (Shift::row) or 0 (Shift::none) — the key
-// and running stabilisers are set by stabilise_kernel from the maxima.
+// stabiliser is set by stabilise_kernel from the maxima. With the row max u leaves out the row's
+// |x̂|²/2, which cancels in u − max_r u (in float32 it would round the exponent by eps |x̂|²/2).
 template <class A>
 PHASOR_GLOBAL void PHASOR_LAUNCH_BOUNDS(kThreads)
     project_kernel(Dims dm, TensorView x, A s, TensorView w, simt::Span<A> u, simt::Span<A> rowmax,
@@ -157,7 +164,8 @@ PHASOR_GLOBAL void PHASOR_LAUNCH_BOUNDS(kThreads)
     for (int e = tid; e < tile.len * kTile; e += kThreads) {
       const int j = e / kTile, rr = e % kTile;
       if (r0 + rr >= dm.m) continue;
-      const A value = sh[u_at + e], half = sh[half_at + j];
+      const A value = sh[u_at + e],
+              half = shift_kind == static_cast<int>(Shift::row) ? A(0) : sh[half_at + j];
       const A ur = value - half;
       u[dm.row(tile.batch, tile.first + j, h) * dm.m + r0 + rr] = ur;
       sh[u_at + e] = ur;
@@ -182,30 +190,54 @@ PHASOR_GLOBAL void PHASOR_LAUNCH_BOUNDS(kThreads)
   }
 }
 
-// Key stabiliser: shift = the sequence's max over its rows; running: shift_t = c_t = max_{s ≤ t}
-// rowmax_s and gates_t = c_{t−1} − c_t (0 at the first token). One thread per (sequence, head).
+// Key stabiliser: shift = the sequence's max over its rows. One thread per (sequence, head).
 template <class A>
-PHASOR_GLOBAL void stabilise_kernel(Dims dm, simt::Span<A> rowmax, simt::Span<A> shift,
-                                    simt::Span<A> gates, int shift_kind) {
+PHASOR_GLOBAL void stabilise_kernel(Dims dm, simt::Span<A> rowmax, simt::Span<A> shift) {
   const std::int64_t item = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (item >= dm.sequences.size() * dm.H) return;
   const std::int64_t n = item / dm.H, h = item % dm.H;
   const Sequence s = dm.sequences[n];
-  if (shift_kind == static_cast<int>(Shift::key)) {
-    A best = -std::numeric_limits<A>::infinity();
+  A best = -std::numeric_limits<A>::infinity();
+  for (std::int64_t t = 0; t < s.length; ++t)
+    best = simt::fmax(best, rowmax[dm.row(s.batch, s.start + t, h)]);
+  for (std::int64_t t = 0; t < s.length; ++t) shift[dm.row(s.batch, s.start + t, h)] = best;
+}
+
+// The attention's stabiliser per feature (see the top of this file), one thread per (sequence,
+// head, feature r): c_r = max_t u_k[t, r] (non-causal) or the running c_t,r (causal, with the
+// gates g_t,r = c_{t−1},r − c_t,r, 0 at the first token) moves from the keys' exponents u_k to the
+// queries' u_q (w_rᵀq̂ without |q̂|²/2).
+template <class A>
+PHASOR_GLOBAL void feature_stabilise_kernel(Dims dm, simt::Span<A> u_k, simt::Span<A> u_q,
+                                            simt::Span<A> gates, bool causal) {
+  const std::int64_t item = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (item >= dm.sequences.size() * dm.H * dm.m) return;
+  const std::int64_t r = item % dm.m, h = item / dm.m % dm.H, n = item / dm.m / dm.H;
+  const Sequence s = dm.sequences[n];
+  A c = -std::numeric_limits<A>::infinity();
+  if (!causal)
     for (std::int64_t t = 0; t < s.length; ++t)
-      best = simt::fmax(best, rowmax[dm.row(s.batch, s.start + t, h)]);
-    for (std::int64_t t = 0; t < s.length; ++t) shift[dm.row(s.batch, s.start + t, h)] = best;
-    return;
-  }
-  A c = 0;
+      c = simt::fmax(c, u_k[dm.row(s.batch, s.start + t, h) * dm.m + r]);
   for (std::int64_t t = 0; t < s.length; ++t) {
-    const std::int64_t row = dm.row(s.batch, s.start + t, h);
-    const A u = rowmax[row], next = t == 0 ? u : simt::fmax(c, u);
-    if (gates.size > 0) gates[row] = t == 0 ? A(0) : c - next;
-    shift[row] = next;
-    c = next;
+    const std::int64_t e = dm.row(s.batch, s.start + t, h) * dm.m + r;
+    if (causal) {
+      const A next = t == 0 ? u_k[e] : simt::fmax(c, u_k[e]);
+      gates[e] = t == 0 ? A(0) : c - next;
+      c = next;
+    }
+    u_k[e] -= c;
+    u_q[e] += c;
   }
+}
+
+// shift = each row's max of u.
+template <class A>
+PHASOR_GLOBAL void row_shift_kernel(Dims dm, simt::Span<A> u, simt::Span<A> shift) {
+  const std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (row >= dm.rows()) return;
+  A best = -std::numeric_limits<A>::infinity();
+  for (std::int64_t r = 0; r < dm.m; ++r) best = simt::fmax(best, u[row * dm.m + r]);
+  shift[row] = best;
 }
 
 // φ = exp(u − shift)/√m into a workspace (`out`) or a [B, T, H, m] view (`view`).
@@ -224,12 +256,14 @@ PHASOR_GLOBAL void features_kernel(Dims dm, simt::Span<A> u, simt::Span<A> shift
   }
 }
 
-// For one tile and head: G = dΦ ⊙ Φ (stored to `g` for dW) and dx = s · (G W − diag(Σ_r G) X̂).
+// For one tile and head: G = dΦ ⊙ Φ (stored to `g` for dW) and dx = s · (G W − diag(Σ_r G) X̂),
+// or s · G W for the attention's queries (`half` false: their exponent has no −|q̂|²/2).
 // Φ and dΦ come from workspaces (phi, d_phi: rows × m) or views (phi_view, d_phi_view).
 template <class A>
 PHASOR_GLOBAL void PHASOR_LAUNCH_BOUNDS(kThreads)
     grads_kernel(Dims dm, TensorView x, A s, TensorView w, simt::Span<A> phi, TensorView phi_view,
-                 simt::Span<A> d_phi, TensorView d_phi_view, simt::Span<A> g, TensorView dx) {
+                 simt::Span<A> d_phi, TensorView d_phi_view, simt::Span<A> g, TensorView dx,
+                 bool half) {
   Tile tile;
   if (!tile_of(dm, blockIdx.x, tile)) return;
   const std::int64_t h = blockIdx.y;
@@ -275,7 +309,7 @@ PHASOR_GLOBAL void PHASOR_LAUNCH_BOUNDS(kThreads)
     for (int e = tid; e < tile.len * d; e += kThreads) {
       const int j = e / d, i = e % d;
       const A acc = sh[dx_at + e], sum = sh[sum_at + j], xv = sh[x_at + e];
-      simt::store(dx, s * (acc - sum * xv), tile.batch, tile.first + j, h, i);
+      simt::store(dx, half ? s * (acc - sum * xv) : s * acc, tile.batch, tile.first + j, h, i);
     }
 }
 
@@ -596,21 +630,43 @@ struct Runner {
     return static_cast<std::size_t>(kRows * dm.d + kTile * dm.d + kRows * kTile + 2 * kRows) *
            sizeof(A);
   }
-  // u, the row maxima and the shifts of x̂ = s·x; `gates` (causal keys) optional.
-  void features(const TensorView& x, A s, const TensorView& w, Shift kind, simt::Span<A> u,
-                simt::Span<A> rowmax, simt::Span<A> shift, simt::Span<A> gates, simt::Span<A> out,
-                const TensorView& view) const {
-    if (dm.rows() == 0) return;
+  // u (and its row maxima) of x̂ = s·x; shift = 0, the row max or the key max.
+  void project(const TensorView& x, A s, const TensorView& w, Shift kind, simt::Span<A> u,
+               simt::Span<A> rowmax, simt::Span<A> shift) const {
     PHASOR_LAUNCH((project_kernel<A>),
                   simt::Dim3(static_cast<unsigned>(slots), static_cast<unsigned>(dm.H)),
                   simt::Dim3(kThreads), project_bytes(), stream, dm, x, s, w, u, rowmax, shift,
                   static_cast<int>(kind));
-    if (kind == Shift::key || kind == Shift::running)
+    if (kind == Shift::key)
       PHASOR_LAUNCH((stabilise_kernel<A>), simt::Dim3(blocks_for(dm.sequences.size() * dm.H)),
-                    simt::Dim3(kThreads), 0, stream, dm, rowmax, shift, gates,
-                    static_cast<int>(kind));
+                    simt::Dim3(kThreads), 0, stream, dm, rowmax, shift);
+  }
+  // The features of x̂ = s·x with one of favor.h's stabilisers.
+  void features(const TensorView& x, A s, const TensorView& w, Shift kind, simt::Span<A> u,
+                simt::Span<A> rowmax, simt::Span<A> shift, simt::Span<A> out,
+                const TensorView& view) const {
+    if (dm.rows() == 0) return;
+    project(x, s, w, kind, u, rowmax, shift);
     PHASOR_LAUNCH((features_kernel<A>), simt::Dim3(blocks_for(dm.rows() * dm.m)),
                   simt::Dim3(kThreads), 0, stream, dm, u, shift, out, view);
+  }
+  // The attention's features of q̂ = s·q and k̂ = s·k, stabilised per feature (and the causal
+  // gates, rows × m, when `gates` is given).
+  void attention_features(const AttentionProblem& p, A s, simt::Span<A> u_q, simt::Span<A> u_k,
+                          simt::Span<A> rowmax, simt::Span<A> shift_q, simt::Span<A> shift_k,
+                          simt::Span<A> gates, simt::Span<A> phi_q, simt::Span<A> phi_k) const {
+    if (dm.rows() == 0) return;
+    project(p.q, s, p.w, Shift::row, u_q, rowmax, shift_q);  // w_rᵀq̂: no |q̂|²/2
+    project(p.k, s, p.w, Shift::none, u_k, rowmax, shift_k);
+    PHASOR_LAUNCH((feature_stabilise_kernel<A>),
+                  simt::Dim3(blocks_for(dm.sequences.size() * dm.H * dm.m)), simt::Dim3(kThreads),
+                  0, stream, dm, u_k, u_q, gates, p.causal);
+    PHASOR_LAUNCH((row_shift_kernel<A>), simt::Dim3(blocks_for(dm.rows())), simt::Dim3(kThreads), 0,
+                  stream, dm, u_q, shift_q);
+    PHASOR_LAUNCH((features_kernel<A>), simt::Dim3(blocks_for(dm.rows() * dm.m)),
+                  simt::Dim3(kThreads), 0, stream, dm, u_q, shift_q, phi_q, TensorView{});
+    PHASOR_LAUNCH((features_kernel<A>), simt::Dim3(blocks_for(dm.rows() * dm.m)),
+                  simt::Dim3(kThreads), 0, stream, dm, u_k, shift_k, phi_k, TensorView{});
   }
   std::size_t grads_bytes() const {
     return static_cast<std::size_t>(kRows * dm.d + kTile * dm.d + kRows * dm.m + kRows * dm.d +
@@ -619,12 +675,12 @@ struct Runner {
   }
   void grads(const TensorView& x, A s, const TensorView& w, simt::Span<A> phi,
              const TensorView& phi_view, simt::Span<A> d_phi, const TensorView& d_phi_view,
-             simt::Span<A> g, const TensorView& dx) const {
+             simt::Span<A> g, const TensorView& dx, bool half = true) const {
     if (dm.rows() == 0) return;
     PHASOR_LAUNCH((grads_kernel<A>),
                   simt::Dim3(static_cast<unsigned>(slots), static_cast<unsigned>(dm.H)),
                   simt::Dim3(kThreads), grads_bytes(), stream, dm, x, s, w, phi, phi_view, d_phi,
-                  d_phi_view, g, dx);
+                  d_phi_view, g, dx, half);
   }
   void dw(const DwSource<A>& first, const DwSource<A>& second, const TensorView& dw) const {
     const std::int64_t heads_w = dm.w_per_head ? dm.H : 1;
@@ -673,7 +729,7 @@ void features_forward_typed(const FeatureProblem& p, const TensorView& phi, cuda
   const Shift kind = p.stabilizer == FavorStabilizer::query ? Shift::row
                      : p.stabilizer == FavorStabilizer::key ? Shift::key
                                                             : Shift::none;
-  run.features(p.x, A(1), p.w, kind, u, rowmax, shift, {}, {}, phi);
+  run.features(p.x, A(1), p.w, kind, u, rowmax, shift, {}, phi);
 }
 
 template <class A>
@@ -690,7 +746,7 @@ void features_backward_typed(const FeatureProblem& p, const TensorView& d_phi, c
   const Shift kind = p.stabilizer == FavorStabilizer::query ? Shift::row
                      : p.stabilizer == FavorStabilizer::key ? Shift::key
                                                             : Shift::none;
-  run.features(p.x, A(1), p.w, kind, u, rowmax, shift, {}, phi, {});
+  run.features(p.x, A(1), p.w, kind, u, rowmax, shift, phi, {});
   run.grads(p.x, A(1), p.w, phi, {}, {}, d_phi, g, dx);
   if (dw.defined()) run.dw({g, p.x, A(1)}, {}, dw);
 }
@@ -711,26 +767,25 @@ struct Causal {
     const Device device = p.q.device;
     phi_q_span = carve.take(rows * dm.m);
     phi_k_span = carve.take(rows * dm.m);
-    const simt::Span<A> gate_span = carve.take(rows), v_span = carve.take(rows * (V + 1)),
-                        o_span = carve.take(rows * (V + 1)), u = carve.take(rows * dm.m),
-                        rowmax = carve.take(rows), shift = carve.take(rows);
+    const simt::Span<A> gate_span = carve.take(rows * dm.m), v_span = carve.take(rows * (V + 1)),
+                        o_span = carve.take(rows * (V + 1)), u_q = carve.take(rows * dm.m),
+                        u_k = carve.take(rows * dm.m), rowmax = carve.take(rows),
+                        shift_q = carve.take(rows), shift_k = carve.take(rows);
     phi_q = scratch_view(phi_q_span.data, dtype, dm, dm.m, device);
     phi_k = scratch_view(phi_k_span.data, dtype, dm, dm.m, device);
-    gates = scratch_view(gate_span.data, dtype, dm, 1, device);
+    gates = scratch_view(gate_span.data, dtype, dm, dm.m, device);
     v_ext = scratch_view(v_span.data, dtype, dm, V + 1, device);
     o_ext = scratch_view(o_span.data, dtype, dm, V + 1, device);
     const A s = static_cast<A>(p.input_scale);
-    run.features(p.q, s, p.w, Shift::row, u, rowmax, shift, {}, phi_q_span, {});
-    run.features(p.k, s, p.w, Shift::running, u, rowmax, shift, gate_span, phi_k_span, {});
+    run.attention_features(p, s, u_q, u_k, rowmax, shift_q, shift_k, gate_span, phi_q_span,
+                           phi_k_span);
     if (rows > 0)
       PHASOR_LAUNCH((extend_kernel<A>), simt::Dim3(blocks_for(rows * (V + 1))),
                     simt::Dim3(kThreads), 0, stream, dm, V, p.v, v_ext);
     gla.q = phi_q;
     gla.k = phi_k;
     gla.v = v_ext;
-    // The token's gate for every feature channel: a zero stride over m.
-    gla.g = TensorView::strided(gate_span.data, dtype, {dm.B, dm.T, dm.H, dm.m},
-                                {dm.T * dm.H, dm.H, 1, 0}, device);
+    gla.g = gates;  // one log gate per token and feature
     gla.cu_seqlens = p.cu_seqlens;
     gla.scale = 1.0;
     gla.chunk_size = p.chunk_size;
@@ -738,7 +793,7 @@ struct Causal {
   }
   static std::size_t bytes(const AttentionProblem& p, const Dims& dm) {
     const std::int64_t rows = dm.rows();
-    return static_cast<std::size_t>(3 * rows * dm.m + 3 * rows + 2 * rows * (p.V + 1)) * sizeof(A);
+    return static_cast<std::size_t>(5 * rows * dm.m + 3 * rows + 2 * rows * (p.V + 1)) * sizeof(A);
   }
 };
 
@@ -755,15 +810,15 @@ void attention_forward_typed(const AttentionProblem& p, const TensorView& o, cud
     return;
   }
   const std::int64_t N = dm.sequences.size();
-  const std::int64_t total = 3 * rows * dm.m + 2 * rows + N * dm.H * dm.m * (V + 1);
+  const std::int64_t total = 4 * rows * dm.m + 3 * rows + N * dm.H * dm.m * (V + 1);
   simt::Workspace work(static_cast<std::size_t>(total) * sizeof(A), stream);
   Carve<A> carve{static_cast<A*>(work.data())};
-  const simt::Span<A> u = carve.take(rows * dm.m), phi_q = carve.take(rows * dm.m),
-                      phi_k = carve.take(rows * dm.m), rowmax = carve.take(rows),
-                      shift = carve.take(rows), sx = carve.take(N * dm.H * dm.m * (V + 1));
+  const simt::Span<A> u_q = carve.take(rows * dm.m), u_k = carve.take(rows * dm.m),
+                      phi_q = carve.take(rows * dm.m), phi_k = carve.take(rows * dm.m),
+                      rowmax = carve.take(rows), shift_q = carve.take(rows),
+                      shift_k = carve.take(rows), sx = carve.take(N * dm.H * dm.m * (V + 1));
   const A s = static_cast<A>(p.input_scale);
-  run.features(p.q, s, p.w, Shift::row, u, rowmax, shift, {}, phi_q, {});
-  run.features(p.k, s, p.w, Shift::key, u, rowmax, shift, {}, phi_k, {});
+  run.attention_features(p, s, u_q, u_k, rowmax, shift_q, shift_k, {}, phi_q, phi_k);
   if (rows == 0) return;
   PHASOR_LAUNCH(
       (kv_kernel<A>),
@@ -809,7 +864,7 @@ void attention_backward_typed(const AttentionProblem& p, const TensorView& d_o,
     gg.dk = scratch_view(d_phi_k.data, dtype, dm, dm.m, p.q.device);
     gg.dv = d_v_ext;
     gla_backward(causal.gla, p.impl, d_o_ext, {}, gg);
-    run.grads(p.q, s, p.w, causal.phi_q_span, {}, d_phi_q, {}, g_q, grads.dq);
+    run.grads(p.q, s, p.w, causal.phi_q_span, {}, d_phi_q, {}, g_q, grads.dq, /*half=*/false);
     run.grads(p.k, s, p.w, causal.phi_k_span, {}, d_phi_k, {}, g_k, grads.dk);
     if (grads.dv.defined() && rows > 0)
       PHASOR_LAUNCH((copy_columns_kernel<A>), simt::Dim3(blocks_for(rows * V)),
@@ -819,17 +874,17 @@ void attention_backward_typed(const AttentionProblem& p, const TensorView& d_o,
   }
   const std::int64_t state = N * dm.H * dm.m * (V + 1);
   const std::int64_t total =
-      5 * rows * dm.m + 2 * rows + 2 * state + rows * (V + 1) + (want_w ? 2 * rows * dm.m : 0);
+      6 * rows * dm.m + 3 * rows + 2 * state + rows * (V + 1) + (want_w ? 2 * rows * dm.m : 0);
   simt::Workspace work(static_cast<std::size_t>(total) * sizeof(A), stream);
   Carve<A> carve{static_cast<A*>(work.data())};
-  const simt::Span<A> u = carve.take(rows * dm.m), phi_q = carve.take(rows * dm.m),
-                      phi_k = carve.take(rows * dm.m), d_phi_q = carve.take(rows * dm.m),
-                      d_phi_k = carve.take(rows * dm.m), rowmax = carve.take(rows),
-                      shift = carve.take(rows), sx = carve.take(state), dsx = carve.take(state),
+  const simt::Span<A> u_q = carve.take(rows * dm.m), u_k = carve.take(rows * dm.m),
+                      phi_q = carve.take(rows * dm.m), phi_k = carve.take(rows * dm.m),
+                      d_phi_q = carve.take(rows * dm.m), d_phi_k = carve.take(rows * dm.m),
+                      rowmax = carve.take(rows), shift_q = carve.take(rows),
+                      shift_k = carve.take(rows), sx = carve.take(state), dsx = carve.take(state),
                       d_ox = carve.take(rows * (V + 1)), g_q = carve.take(want_w ? rows * dm.m : 0),
                       g_k = carve.take(want_w ? rows * dm.m : 0);
-  run.features(p.q, s, p.w, Shift::row, u, rowmax, shift, {}, phi_q, {});
-  run.features(p.k, s, p.w, Shift::key, u, rowmax, shift, {}, phi_k, {});
+  run.attention_features(p, s, u_q, u_k, rowmax, shift_q, shift_k, {}, phi_q, phi_k);
   if (rows == 0) return;
   const simt::Dim3 kv_grid(static_cast<unsigned>(N * dm.H),
                            static_cast<unsigned>(ceil_div(V + 1, kTile)));
@@ -850,7 +905,7 @@ void attention_backward_typed(const AttentionProblem& p, const TensorView& d_o,
                                          kRows * dm.m + kRows * kTile) *
                     sizeof(A),
                 stream, dm, V, p.v, phi_k, dsx, d_phi_k, grads.dv);
-  run.grads(p.q, s, p.w, phi_q, {}, d_phi_q, {}, g_q, grads.dq);
+  run.grads(p.q, s, p.w, phi_q, {}, d_phi_q, {}, g_q, grads.dq, /*half=*/false);
   run.grads(p.k, s, p.w, phi_k, {}, d_phi_k, {}, g_k, grads.dk);
   if (want_w) run.dw({g_q, p.q, s}, {g_k, p.k, s}, grads.dw);
 }

@@ -694,11 +694,13 @@ PHASOR_GLOBAL void PHASOR_LAUNCH_BOUNDS(kThreads) dq_kernel(Inputs in, Backward<
     simt::syncthreads();
     tile_logits(p, I, J, gap, bias, s_s, Bt);
     simt::syncthreads();
-    // P = e^{ℓ − lse} (exactly 0 where masked), dℓ = P ⊙ (dP − D).
+    // P = e^{min(ℓ − lse, 0)} (exactly 0 where masked), dℓ = P ⊙ (dP − D). Exactly, ℓ ≤ lse; the
+    // clamp keeps P ≤ 1 when a saved lse comes from other arithmetic (logits of 1e9 in float32
+    // differ by hundreds between two summation orders: e^{ℓ − lse} would overflow), as the CPU.
     for (int e = tid; e < nI * nJ; e += kThreads) {
       const int r = e / nJ, at = r * Bt + e % nJ;
       const A x = s_s[at], row_lse = lse_s[r], d = delta_s[r], dpv = dp_s[at];
-      const A prob = x == neg_inf ? A(0) : simt::exp(x - row_lse);
+      const A prob = x == neg_inf ? A(0) : simt::exp(simt::fmin(x - row_lse, A(0)));
       s_s[at] = prob;
       dp_s[at] = prob * (dpv - d);
     }
@@ -914,7 +916,7 @@ PHASOR_GLOBAL void PHASOR_LAUNCH_BOUNDS(kThreads)
       for (int e = tid; e < nI * nJ; e += kThreads) {
         const int r = e / nJ, c = e % nJ, at = r * Bt + c;
         const A x = s_s[at], row_lse = lse_s[r];
-        const A prob = x == neg_inf ? A(0) : simt::exp(x - row_lse);
+        const A prob = x == neg_inf ? A(0) : simt::exp(simt::fmin(x - row_lse, A(0)));
         s_s[at] = prob;
         if (dlogits) {
           const std::int64_t star = star_s[r];

@@ -76,17 +76,11 @@ void favor_random_matrix(FavorMatrixKind kind, std::uint64_t seed, const TensorV
 // The backward treats c as a constant (the gradient of exp(wᵀx − |x|²/2 − c)/√m at fixed c).
 // That is exact for the attention output, which does not depend on c at all; for the features on
 // their own it is the gradient of the features up to the factor exp(−c).
-// The causal attention (optimized kernels) does NOT use the whole-sequence key max: there a later
-// key with a large logit would scale every earlier key feature by exp(−(c − u_j)), which in
-// float32 underflows to 0 once the gap passes ~100 (e.g. keys of norm 48 at d = 64, u ≈ −100,
-// then a key along a row of W, u = |w_r|²/2 ≈ +40): the normalisers of earlier outputs become 0
-// and those outputs 0/0 — a future token would change past outputs. It uses the running max
-//   c_t = max_{s ≤ t} max_r (w_rᵀk̂_s − |k̂_s|²/2),
-// which restarts at each sequence, so token t's key features exp(u_t − c_t)/√m ≤ 1/√m depend on
-// keys s ≤ t only; the prefix sums carry the rescaling exp(c_{t−1} − c_t) ≤ 1 from token to token
-// (S_t = exp(c_{t−1} − c_t) S_{t−1} + φ_t v_tᵀ, likewise z_t), so S_t and z_t share the factor
-// exp(−c_t), which cancels in o_t (see favor_attention_* below). The float64 reference keeps the
-// whole-sequence max (ample range in float64 for gaps up to ~700).
+// The attention (favor_attention_*, optimized kernels) stabilises its features otherwise, per
+// feature, see below: with one constant for all features, a query whose features miss the
+// largest keys' by more than ~100 in the exponent (|q̂|, |k̂| of ~100) gets φ(q̂)ᵀz = 0 in float32
+// and o = 0/0, even for T = 1; and in the causal case a later key would scale every earlier key
+// feature down to 0 — a future token changing past outputs.
 enum class FavorStabilizer : std::uint8_t { query, key, none };
 
 // Layouts:
@@ -112,13 +106,21 @@ void favor_features_backward(const FavorFeatureParams& params, Impl impl, const 
 // q and k each scaled by d^{−1/4}, so that φ(q̂)ᵀφ(k̂) estimates exp(qᵀk/√d)):
 //   o_i = φ(q̂_i)ᵀ S_i / φ(q̂_i)ᵀ z_i,   S_i = Σ_j φ(k̂_j) v_jᵀ,   z_i = Σ_j φ(k̂_j)
 // over all j of the sequence (non-causal) or j ≤ i (causal): softmax attention with its
-// normaliser, in O(T·m·(d + V)) instead of O(T²). Queries use the per-row stabiliser; keys one
-// per (sequence, head) when non-causal, the running max c_t when causal (see above); all cancel
-// exactly in o. The causal prefix sums run on phasor's GLA kernel (phasor/gla.h) with v extended
-// by a column of ones (the normaliser z) and the log gate g_t = c_{t−1} − c_t ≤ 0 (one per token,
-// broadcast over the m feature channels): GLA's S_t = diag(exp(g_t)) S_{t−1} + k_t v_tᵀ is then
-// exactly the rescaled prefix sum exp(−c_t) Σ_{j ≤ t} φ(k̂_j) [v_j | 1]ᵀ. The backward holds c
-// constant (exact: o does not depend on it), so the gates' gradient is not needed.
+// normaliser, in O(T·m·(d + V)) instead of O(T²). Stabilisers, all of which cancel exactly in o:
+// with u_j,r = w_rᵀk̂_j − |k̂_j|²/2, each feature r has its own key stabiliser c_r = max_j u_j,r
+// over the sequence (non-causal), or the running c_t,r = max_{s ≤ t} u_s,r restarting at each
+// sequence (causal: token t's key features depend on keys s ≤ t only), so every key feature is
+// exp(u_j,r − c_r) ≤ 1; c_r moves to the queries, whose features are exp(w_rᵀq̂_i + c_r − C_i) with
+// C_i their row max (|q̂_i|²/2 is common to a query's features and cancels in o_i). A_ij is then
+// φ(q̂_i)·φ(k̂_j) times a factor of row i alone, and the normaliser is at least 1 (at the query's
+// largest feature r*, whose z_r* holds the key that sets c_r*): no 0/0 for any finite input.
+// The causal prefix sums run on phasor's GLA kernel (phasor/gla.h) with v extended by a column of
+// ones (the normaliser z) and the log gates g_t,r = c_{t−1},r − c_t,r ≤ 0 (one per token and
+// feature channel): GLA's S_t = diag(exp(g_t)) S_{t−1} + k_t v_tᵀ is then exactly the prefix sum
+// Σ_{j ≤ t} exp(u_j,r − c_t,r) [v_j | 1]ᵀ of each feature. The backward holds the stabilisers
+// constant (exact: o does not depend on them), so the gates' gradient is not needed. The float64
+// reference computes the same attention in log space (a softmax over j of
+// ℓ_ij = log Σ_r exp(e_q(i, r) + e_k(j, r))), which no input can underflow.
 // Layouts: q, k [B, T, H, d]; v [B, T, H, V]; w [m, d] or [H, m, d]; cu_seqlens optional [N + 1]
 // (B = 1; sequences are independent, empty ones allowed). o: [B, T, H, V].
 struct FavorAttentionParams {

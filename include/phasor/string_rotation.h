@@ -56,9 +56,11 @@ void nd_rope_axis_split_frequencies(std::int64_t num_axes, std::int64_t head_dim
 // 2. Cayley-STRING (paper eq. 10 and Theorem 3.4):  y = R(r) z = RoPE(r) · P · z  with
 //   P = (I − S)(I + S)^(−1),   S = A − Aᵀ  (skew-symmetric; A is the learnable parameter).
 // P is orthogonal with det P = +1 (S skew ⇒ I + S invertible, its eigenvalues are 1 + iλ).
-// P z is applied by one LU factorisation of I + S per head (shared by all tokens) and a solve,
-// never an explicit inverse:  (I + S) w = z,  u = (I − S) w = P z,  y = RoPE(r) u  (apply_rotary
-// with θ from (A1), in the given layout).
+// P z is applied through Q = (I + S)^(−1), formed once per head in float64 (an LU of I + S) and
+// rounded once to the compute type:  w = Q z,  u = (I − S) w = 2 w − z = P z,  y = RoPE(r) u
+// (apply_rotary with θ from (A1), in the given layout). I + S has a condition number of about |S|:
+// solving with it in float32 would lose that many digits, while |Q| ≤ 1 and products with it lose
+// none.
 // Parameterisation choice: we take a general matrix A and form S = A − Aᵀ, so every A is valid
 // (no skew check) and S = 0 (e.g. A = 0 or A symmetric) recovers N-d RoPE exactly.
 // Note: R(r_i)ᵀ R(r_j) = Pᵀ RoPE(r_j − r_i) P is NOT R(r_j − r_i) = RoPE(r_j − r_i) P; only the
@@ -76,7 +78,9 @@ struct CayleyStringParams {
 //   (I + S) w = z        ⇒  dz = (I + S)^(−T) dw  (a solve with (I + S)ᵀ = I − S, same LU)
 //                            ∂L/∂S ∋ −dz wᵀ          (d(M⁻¹) = −M⁻¹ dM M⁻¹)
 //   so dz = Pᵀ du,  G = ∂L/∂S = −Σ_tokens (du + dz) wᵀ,  dA = G − Gᵀ   (S = A − Aᵀ),
-// and dr, dω from dθ by (A2), (A3). Each gradient output is optional.
+// and dr, dω from dθ by (A2), (A3). Each gradient output is optional. Computed as v = Qᵀ du,
+// dz = 2 v − du and du + dz = 2 v ((I + S)ᵀ + (I + S) = 2I), never as the sum du + dz, which
+// cancels for large S (P ≈ −I away from S's small eigenvalues).
 struct CayleyStringGrads {
   TensorView dz;           // [B, T, H, K]
   TensorView d_positions;  // [B, T, C]

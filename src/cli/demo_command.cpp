@@ -1,6 +1,8 @@
 // `phasor demo`: runs every op through every implementation on one random problem and prints how
 // far each result is from the float64 reference, and how long it took. Core API only (no torch):
-// this is also the smallest complete example of calling the core with TensorViews.
+// this is also the smallest complete example of calling the core with TensorViews. Its tensors,
+// random inputs, device staging and error measure are the test suites' (tests/support,
+// phasor_testing), so the demo and the tests measure agreement the same way.
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
@@ -8,6 +10,7 @@
 #include <cmath>
 #include <cstdio>
 #include <functional>
+#include <initializer_list>
 #include <random>
 #include <string>
 #include <vector>
@@ -16,66 +19,36 @@
 #include "phasor/device.h"
 #include "phasor/ops.h"
 #include "phasor/phasor.h"
+#include "phasor/testing/compare.h"
+#include "phasor/testing/device.h"
+#include "phasor/testing/random.h"
+#include "phasor/testing/tensor.h"
 
 namespace phasor::cli {
 namespace {
 
-// An owning contiguous buffer of float or double with its view.
-template <class T>
-struct Buffer {
-  std::vector<T> data;
-  std::vector<std::int64_t> shape;
-  Buffer() = default;
-  explicit Buffer(std::vector<std::int64_t> s) : shape(std::move(s)) {
-    std::int64_t n = 1;
-    for (auto d : shape) n *= d;
-    data.assign(static_cast<std::size_t>(n), T(0));
-  }
-  TensorView view() const {
-    TensorView v;
-    v.data = const_cast<T*>(data.data());
-    v.dtype = dtype_of<T>();
-    v.rank = static_cast<int>(shape.size());
-    std::int64_t stride = 1;
-    for (int d = v.rank - 1; d >= 0; --d) {
-      v.sizes[static_cast<std::size_t>(d)] = shape[static_cast<std::size_t>(d)];
-      v.strides[static_cast<std::size_t>(d)] = stride;
-      stride *= shape[static_cast<std::size_t>(d)];
-    }
-    return v;
-  }
-};
+using testing::Tensor;
 
-using F = Buffer<float>;
-
-F randn(std::vector<std::int64_t> shape, std::mt19937_64& rng, double stddev = 1.0) {
-  F b(std::move(shape));
-  std::normal_distribution<double> dist(0.0, stddev);
-  for (auto& x : b.data) x = static_cast<float>(dist(rng));
-  return b;
+// float32 inputs (every implementation reads the same values; the reference computes in float64).
+Tensor randn(const testing::Shape& shape, std::mt19937_64& rng, double stddev = 1.0) {
+  return testing::randn(shape, rng, stddev, DType::float32);
 }
 
 // log σ(x), x ~ N(mean, 1): forget gates around σ(mean).
-F log_gates(std::vector<std::int64_t> shape, std::mt19937_64& rng, double mean) {
-  F b(std::move(shape));
-  std::normal_distribution<double> dist(mean, 1.0);
-  for (auto& x : b.data) x = static_cast<float>(-std::log1p(std::exp(-dist(rng))));
-  return b;
+Tensor log_gates(const testing::Shape& shape, std::mt19937_64& rng, double mean) {
+  return testing::log_sigmoid_gates(shape, rng, mean, 1.0, DType::float32);
 }
 
-F uniform01(std::vector<std::int64_t> shape, std::mt19937_64& rng) {
-  F b(std::move(shape));
-  std::uniform_real_distribution<double> dist(0.0, 1.0);
-  for (auto& x : b.data) x = static_cast<float>(dist(rng));
-  return b;
+Tensor uniform01(const testing::Shape& shape, std::mt19937_64& rng) {
+  return testing::uniform(shape, rng, 0.0, 1.0, DType::float32);
 }
 
 // Selective-RoPE-like rotation angles [B, T, H, K/2]: running sums of random positive phase
 // increments times a RoPE spectrum ω_i = 10000^(−2i/K), so angles reach thousands of radians.
-F cumulative_phases(std::int64_t B, std::int64_t T, std::int64_t H, std::int64_t K,
-                    std::mt19937_64& rng) {
+Tensor cumulative_phases(std::int64_t B, std::int64_t T, std::int64_t H, std::int64_t K,
+                         std::mt19937_64& rng) {
   const std::int64_t R = K / 2;
-  F theta({B, T, H, R});
+  Tensor theta({B, T, H, R}, DType::float32);
   std::uniform_real_distribution<double> increment(0.0, 2.0);
   for (std::int64_t b = 0; b < B; ++b)
     for (std::int64_t h = 0; h < H; ++h)
@@ -84,22 +57,10 @@ F cumulative_phases(std::int64_t B, std::int64_t T, std::int64_t H, std::int64_t
         double phase = 0.0;
         for (std::int64_t t = 0; t < T; ++t) {
           phase += increment(rng);
-          theta.data[static_cast<std::size_t>(((b * T + t) * H + h) * R + i)] =
-              static_cast<float>(omega * phase);
+          theta.set(((b * T + t) * H + h) * R + i, omega * phase);
         }
       }
   return theta;
-}
-
-template <class A, class B>
-double rel_rms(const A& actual, const B& trusted) {
-  double num = 0, den = 0;
-  for (std::size_t i = 0; i < trusted.data.size(); ++i) {
-    const double d = double(actual.data[i]) - double(trusted.data[i]);
-    num += d * d;
-    den += double(trusted.data[i]) * double(trusted.data[i]);
-  }
-  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
 }
 
 double seconds(const std::function<void()>& fn, int repeats) {
@@ -113,46 +74,13 @@ double seconds(const std::function<void()>& fn, int repeats) {
   return best;
 }
 
-// Views of host buffers for a call on `device`: the buffers themselves on the cpu; otherwise
-// copies in the device's memory (inputs copied there by in(), outputs copied back by finish()).
-class Staging {
- public:
-  explicit Staging(Device device) : device_(device) {}
-  Staging(const Staging&) = delete;
-  Staging& operator=(const Staging&) = delete;
-  ~Staging() {
-    for (const Copy& c : copies_) device_free(device_, c.device_data);
-  }
-  TensorView in(const TensorView& host) { return stage(host, false); }
-  TensorView out(const TensorView& host) { return stage(host, true); }
-  // Copies every output back to its host buffer (and waits for the device: a GPU's work is
-  // asynchronous, so timings include this wait).
-  void finish() {
-    for (const Copy& c : copies_)
-      if (c.output) copy_bytes(c.host_data, Device::cpu, c.device_data, device_, c.bytes);
-  }
-
- private:
-  struct Copy {
-    void* device_data;
-    void* host_data;
-    std::size_t bytes;
-    bool output;
-  };
-  TensorView stage(const TensorView& host, bool output) {
-    if (device_ == Device::cpu || !host.defined()) return host;
-    const std::size_t bytes =
-        std::max<std::size_t>(1, static_cast<std::size_t>(host.numel()) * element_size(host.dtype));
-    TensorView view = host;  // contiguous host buffers: the same strides on the device
-    view.device = device_;
-    view.data = device_allocate(device_, bytes);
-    copies_.push_back({view.data, host.data, bytes, output});
-    if (!output && host.numel() > 0) copy_bytes(view.data, device_, host.data, Device::cpu, bytes);
-    return view;
-  }
-  Device device_;
-  std::vector<Copy> copies_;
-};
+// The host copies of a call's outputs, after it ran (an absent output: an undefined Tensor).
+std::vector<Tensor> fetch(const testing::OnDevice& at, std::initializer_list<TensorView> outputs) {
+  std::vector<Tensor> host;
+  for (const TensorView& view : outputs)
+    host.push_back(view.defined() ? at.to_host(view) : Tensor());
+  return host;
+}
 
 struct Row {
   std::string op, impl;
@@ -224,10 +152,11 @@ int run_demo(int argc, char** argv) {
 
   // Runs `run` (which returns o, then every gradient) for the reference in float64 on the cpu
   // and the recurrent and chunk kernels in float32 on the device, and reports each against the
-  // reference.
+  // reference. The inputs are staged on the device before the clock starts; the timings include
+  // waiting for the device (a GPU's work is asynchronous), not copying the outputs back.
   auto compare = [&](Op which, const std::string& op, auto&& run) {
     Row ref_row{op, "reference", 0, 0, 0, 0};
-    auto ref = run(Impl::reference, double{}, 1, ref_row, Device::cpu);
+    auto ref = run(Impl::reference, DType::float64, 1, ref_row, Device::cpu);
     report(ref_row);
     for (Impl impl : {Impl::recurrent, Impl::chunk}) {
       if (device != Device::cpu && !op_info(which).on_gpu[static_cast<std::size_t>(impl)]) {
@@ -235,143 +164,128 @@ int run_demo(int argc, char** argv) {
         continue;
       }
       Row row{op, to_string(impl), 0, 0, 0, 0};
-      auto out = run(impl, float{}, repeats, row, device);
-      row.err_out = rel_rms(out[0], ref[0]);
+      auto out = run(impl, DType::float32, repeats, row, device);
+      row.err_out = testing::rel_rms(out[0], ref[0]);
       for (std::size_t i = 1; i < out.size(); ++i)
-        row.err_grad = std::max(row.err_grad, rel_rms(out[i], ref[i]));
+        row.err_grad = std::max(row.err_grad, testing::rel_rms(out[i], ref[i]));
       report(row);
     }
   };
   // Every op runs without rotation and with Selective-RoPE-like angles θ fused into the kernel
   // (rows "<op>+theta"; their gradients include dθ).
   const std::int64_t R = K / 2;
-  const F theta = cumulative_phases(B, T, H, K, rng);
+  const Tensor theta = cumulative_phases(B, T, H, K, rng);
   if (K % 2 != 0) std::printf("(K is odd: the rotated rows are skipped)\n");
   const std::vector<bool> rotations =
       K % 2 == 0 ? std::vector<bool>{false, true} : std::vector<bool>{false};
 
   // ---- GLA -----------------------------------------------------------------------------------
   for (bool rotate : rotations) {
-    F q = randn({B, T, H, K}, rng), k = randn({B, T, H, K}, rng), v = randn({B, T, H, V}, rng);
-    F g = log_gates({B, T, H, K}, rng, 3.0), h0 = randn({B, H, K, V}, rng, 0.1);
-    F d_o = randn({B, T, H, V}, rng), dht = randn({B, H, K, V}, rng, 0.1);
-    GlaParams p;
-    p.q = q.view(), p.k = k.view(), p.v = v.view(), p.g = g.view(), p.initial_state = h0.view();
-    if (rotate) p.theta = theta.view();
-    auto run = [&](Impl impl, auto scalar, int reps, Row& row, Device on) {
-      using S = decltype(scalar);
-      Buffer<S> o({B, T, H, V}), ht({B, H, K, V});
-      Buffer<S> dq({B, T, H, K}), dk({B, T, H, K}), dv({B, T, H, V}), dg({B, T, H, K}),
-          dh0({B, H, K, V}), dtheta({B, T, H, rotate ? R : 0});
-      Staging at(on);
-      GlaParams pd = p;
-      pd.q = at.in(p.q), pd.k = at.in(p.k), pd.v = at.in(p.v), pd.g = at.in(p.g);
-      pd.initial_state = at.in(p.initial_state), pd.theta = at.in(p.theta);
-      const TensorView o_d = at.out(o.view()), ht_d = at.out(ht.view()), do_d = at.in(d_o.view()),
-                       dht_d = at.in(dht.view());
+    const Tensor q = randn({B, T, H, K}, rng), k = randn({B, T, H, K}, rng),
+                 v = randn({B, T, H, V}, rng);
+    const Tensor g = log_gates({B, T, H, K}, rng, 3.0), h0 = randn({B, H, K, V}, rng, 0.1);
+    const Tensor d_o = randn({B, T, H, V}, rng), dht = randn({B, H, K, V}, rng, 0.1);
+    auto run = [&](Impl impl, DType out, int reps, Row& row, Device on) {
+      testing::OnDevice at(on);
+      GlaParams p;
+      p.q = at.in(q), p.k = at.in(k), p.v = at.in(v), p.g = at.in(g);
+      p.initial_state = at.in(h0);
+      if (rotate) p.theta = at.in(theta);
+      const TensorView o = at.out({B, T, H, V}, out), ht = at.out({B, H, K, V}, out),
+                       do_d = at.in(d_o), dht_d = at.in(dht);
       GlaGrads grads;
-      grads.dq = at.out(dq.view()), grads.dk = at.out(dk.view()), grads.dv = at.out(dv.view());
-      grads.dg = at.out(dg.view()), grads.dh0 = at.out(dh0.view());
-      if (rotate) grads.dtheta = at.out(dtheta.view());
+      grads.dq = at.out({B, T, H, K}, out), grads.dk = at.out({B, T, H, K}, out);
+      grads.dv = at.out({B, T, H, V}, out), grads.dg = at.out({B, T, H, K}, out);
+      grads.dh0 = at.out({B, H, K, V}, out);
+      if (rotate) grads.dtheta = at.out({B, T, H, R}, out);
       row.fwd_ms = 1e3 * seconds(
                              [&] {
-                               gla_forward(pd, impl, o_d, ht_d);
-                               at.finish();
+                               gla_forward(p, impl, o, ht);
+                               at.synchronize();
                              },
                              reps);
       row.fwd_bwd_ms = 1e3 * seconds(
                                  [&] {
-                                   gla_forward(pd, impl, o_d, ht_d);
-                                   gla_backward(pd, impl, do_d, dht_d, grads);
-                                   at.finish();
+                                   gla_forward(p, impl, o, ht);
+                                   gla_backward(p, impl, do_d, dht_d, grads);
+                                   at.synchronize();
                                  },
                                  reps);
-      return std::vector<Buffer<S>>{o, ht, dq, dk, dv, dg, dh0, dtheta};
+      return fetch(at, {o, ht, grads.dq, grads.dk, grads.dv, grads.dg, grads.dh0, grads.dtheta});
     };
     compare(Op::gla, rotate ? "gla+theta" : "gla", run);
   }
 
   // ---- Gated DeltaNet ------------------------------------------------------------------------
   for (bool rotate : rotations) {
-    F q = randn({B, T, H, K}, rng), k = randn({B, T, H, K}, rng), v = randn({B, T, H, V}, rng);
-    F g = log_gates({B, T, H}, rng, 4.0), beta = uniform01({B, T, H}, rng);
-    F h0 = randn({B, H, K, V}, rng, 0.1), d_o = randn({B, T, H, V}, rng),
-      dht = randn({B, H, K, V}, rng, 0.1);
-    GatedDeltaRuleParams p;
-    p.q = q.view(), p.k = k.view(), p.v = v.view(), p.g = g.view(), p.beta = beta.view();
-    p.initial_state = h0.view();
-    p.use_qk_l2norm_in_kernel = true;
-    if (rotate) p.theta = theta.view();
-    auto run = [&](Impl impl, auto scalar, int reps, Row& row, Device on) {
-      using S = decltype(scalar);
-      Buffer<S> o({B, T, H, V}), ht({B, H, K, V});
-      Buffer<S> dq({B, T, H, K}), dk({B, T, H, K}), dv({B, T, H, V}), dg({B, T, H}), db({B, T, H}),
-          dh0({B, H, K, V}), dtheta({B, T, H, rotate ? R : 0});
-      Staging at(on);
-      GatedDeltaRuleParams pd = p;
-      pd.q = at.in(p.q), pd.k = at.in(p.k), pd.v = at.in(p.v), pd.g = at.in(p.g);
-      pd.beta = at.in(p.beta), pd.initial_state = at.in(p.initial_state);
-      pd.theta = at.in(p.theta);
-      const TensorView o_d = at.out(o.view()), ht_d = at.out(ht.view()), do_d = at.in(d_o.view()),
-                       dht_d = at.in(dht.view());
+    const Tensor q = randn({B, T, H, K}, rng), k = randn({B, T, H, K}, rng),
+                 v = randn({B, T, H, V}, rng);
+    const Tensor g = log_gates({B, T, H}, rng, 4.0), beta = uniform01({B, T, H}, rng);
+    const Tensor h0 = randn({B, H, K, V}, rng, 0.1), d_o = randn({B, T, H, V}, rng),
+                 dht = randn({B, H, K, V}, rng, 0.1);
+    auto run = [&](Impl impl, DType out, int reps, Row& row, Device on) {
+      testing::OnDevice at(on);
+      GatedDeltaRuleParams p;
+      p.q = at.in(q), p.k = at.in(k), p.v = at.in(v), p.g = at.in(g), p.beta = at.in(beta);
+      p.initial_state = at.in(h0);
+      p.use_qk_l2norm_in_kernel = true;
+      if (rotate) p.theta = at.in(theta);
+      const TensorView o = at.out({B, T, H, V}, out), ht = at.out({B, H, K, V}, out),
+                       do_d = at.in(d_o), dht_d = at.in(dht);
       GatedDeltaRuleGrads grads;
-      grads.dq = at.out(dq.view()), grads.dk = at.out(dk.view()), grads.dv = at.out(dv.view());
-      grads.dg = at.out(dg.view()), grads.dbeta = at.out(db.view());
-      grads.dh0 = at.out(dh0.view());
-      if (rotate) grads.dtheta = at.out(dtheta.view());
+      grads.dq = at.out({B, T, H, K}, out), grads.dk = at.out({B, T, H, K}, out);
+      grads.dv = at.out({B, T, H, V}, out), grads.dg = at.out({B, T, H}, out);
+      grads.dbeta = at.out({B, T, H}, out), grads.dh0 = at.out({B, H, K, V}, out);
+      if (rotate) grads.dtheta = at.out({B, T, H, R}, out);
       row.fwd_ms = 1e3 * seconds(
                              [&] {
-                               gated_delta_rule_forward(pd, impl, o_d, ht_d);
-                               at.finish();
+                               gated_delta_rule_forward(p, impl, o, ht);
+                               at.synchronize();
                              },
                              reps);
       row.fwd_bwd_ms = 1e3 * seconds(
                                  [&] {
-                                   gated_delta_rule_forward(pd, impl, o_d, ht_d);
-                                   gated_delta_rule_backward(pd, impl, do_d, dht_d, grads);
-                                   at.finish();
+                                   gated_delta_rule_forward(p, impl, o, ht);
+                                   gated_delta_rule_backward(p, impl, do_d, dht_d, grads);
+                                   at.synchronize();
                                  },
                                  reps);
-      return std::vector<Buffer<S>>{o, ht, dq, dk, dv, dg, db, dh0, dtheta};
+      return fetch(at, {o, ht, grads.dq, grads.dk, grads.dv, grads.dg, grads.dbeta, grads.dh0,
+                        grads.dtheta});
     };
     compare(Op::gated_delta_rule, rotate ? "gated_delta_rule+theta" : "gated_delta_rule", run);
   }
 
   // ---- FoX (forgetting attention) -------------------------------------------------------------
   for (bool rotate : rotations) {
-    F q = randn({B, T, H, K}, rng), k = randn({B, T, H, K}, rng), v = randn({B, T, H, V}, rng);
-    F g = log_gates({B, T, H}, rng, 4.0), d_o = randn({B, T, H, V}, rng);
-    ForgettingAttnParams p;
-    p.q = q.view(), p.k = k.view(), p.v = v.view(), p.g = g.view();
-    if (rotate) p.theta = theta.view();
-    auto run = [&](Impl impl, auto scalar, int reps, Row& row, Device on) {
-      using S = decltype(scalar);
-      Buffer<S> o({B, T, H, V}), lse({B, T, H});
-      Buffer<S> dq({B, T, H, K}), dk({B, T, H, K}), dv({B, T, H, V}), dg({B, T, H}),
-          dtheta({B, T, H, rotate ? R : 0});
-      Staging at(on);
-      ForgettingAttnParams pd = p;
-      pd.q = at.in(p.q), pd.k = at.in(p.k), pd.v = at.in(p.v), pd.g = at.in(p.g);
-      pd.theta = at.in(p.theta);
-      const TensorView o_d = at.out(o.view()), lse_d = at.out(lse.view()), do_d = at.in(d_o.view());
+    const Tensor q = randn({B, T, H, K}, rng), k = randn({B, T, H, K}, rng),
+                 v = randn({B, T, H, V}, rng);
+    const Tensor g = log_gates({B, T, H}, rng, 4.0), d_o = randn({B, T, H, V}, rng);
+    auto run = [&](Impl impl, DType out, int reps, Row& row, Device on) {
+      testing::OnDevice at(on);
+      ForgettingAttnParams p;
+      p.q = at.in(q), p.k = at.in(k), p.v = at.in(v), p.g = at.in(g);
+      if (rotate) p.theta = at.in(theta);
+      const TensorView o = at.out({B, T, H, V}, out), lse = at.out({B, T, H}, out),
+                       do_d = at.in(d_o);
       ForgettingAttnGrads grads;
-      grads.dq = at.out(dq.view()), grads.dk = at.out(dk.view()), grads.dv = at.out(dv.view());
-      grads.dg = at.out(dg.view());
-      if (rotate) grads.dtheta = at.out(dtheta.view());
+      grads.dq = at.out({B, T, H, K}, out), grads.dk = at.out({B, T, H, K}, out);
+      grads.dv = at.out({B, T, H, V}, out), grads.dg = at.out({B, T, H}, out);
+      if (rotate) grads.dtheta = at.out({B, T, H, R}, out);
       row.fwd_ms = 1e3 * seconds(
                              [&] {
-                               forgetting_attn_forward(pd, impl, o_d, lse_d);
-                               at.finish();
+                               forgetting_attn_forward(p, impl, o, lse);
+                               at.synchronize();
                              },
                              reps);
       row.fwd_bwd_ms = 1e3 * seconds(
                                  [&] {
-                                   forgetting_attn_forward(pd, impl, o_d, lse_d);
-                                   forgetting_attn_backward(pd, impl, do_d, o_d, lse_d, grads);
-                                   at.finish();
+                                   forgetting_attn_forward(p, impl, o, lse);
+                                   forgetting_attn_backward(p, impl, do_d, o, lse, grads);
+                                   at.synchronize();
                                  },
                                  reps);
-      return std::vector<Buffer<S>>{o, dq, dk, dv, dg, dtheta};
+      return fetch(at, {o, grads.dq, grads.dk, grads.dv, grads.dg, grads.dtheta});
     };
     compare(Op::forgetting_attn, rotate ? "forgetting_attn+theta" : "forgetting_attn", run);
   }

@@ -99,6 +99,9 @@ inline std::int64_t rotation_pair_b(RotaryLayout layout, std::int64_t i, std::in
 template <class S, class X>
 void rotate_rows(X&& x, const PairAngles<S>& angles, RotaryLayout layout, std::int64_t first = 0) {
   const std::int64_t R = angles.cos.cols(), L = x.rows();
+  // Nothing to rotate; and Eigen's blocks of an empty matrix offset a null pointer (undefined
+  // behaviour, found by UBSan).
+  if (L == 0 || R == 0) return;
   if (layout == RotaryLayout::half_split) {  // contiguous halves: vectorised array expressions
     const auto c = angles.cos.middleRows(first, L).array();
     const auto s = angles.sin.middleRows(first, L).array();
@@ -125,6 +128,7 @@ template <class S, class DY, class Y, class DT>
 void unrotate_gradient_rows(DY&& dy, const Y& y, const PairAngles<S>& angles, RotaryLayout layout,
                             DT&& dtheta, std::int64_t first = 0) {
   const std::int64_t R = angles.cos.cols(), L = dy.rows();
+  if (L == 0 || R == 0) return;  // nothing to unrotate (see rotate_rows)
   if (layout == RotaryLayout::half_split) {
     const auto c = angles.cos.middleRows(first, L).array();
     const auto s = angles.sin.middleRows(first, L).array();

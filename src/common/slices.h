@@ -36,8 +36,8 @@ template <class S>
 inline void load_2d(const TensorView& x, std::int64_t base, std::int64_t rows, std::int64_t rs,
                     std::int64_t cols, std::int64_t cs, Mat<S>& out) {
   out.resize(rows, cols);
-  // An empty slice reads nothing: its view's data may be null (allowed for empty views), and even
-  // an offset of 0 rows must not be added to it.
+  // An empty block reads nothing; its view's data may be null (a zero-sized tensor), and
+  // null + base is undefined behaviour even when nothing is dereferenced.
   if (rows == 0 || cols == 0) return;
   if (x.dtype == dtype_of<S>() &&
       (cs == 1 || cols == 1)) {  // same type, rows contiguous: copy rows
@@ -78,7 +78,7 @@ template <class M>
 inline void store_2d(const M& in, const TensorView& x, std::int64_t base, std::int64_t rs,
                      std::int64_t cs) {
   const std::int64_t rows = in.rows(), cols = in.cols();
-  if (rows == 0 || cols == 0) return;  // nothing to write (the view's data may be null)
+  if (rows == 0 || cols == 0) return;  // writes nothing; x.data may be null (see load_2d)
   using Scalar = typename M::Scalar;
   if constexpr (std::is_base_of_v<Eigen::PlainObjectBase<M>, M> &&
                 (static_cast<int>(M::Flags) & Eigen::RowMajorBit)) {

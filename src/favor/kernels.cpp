@@ -101,55 +101,84 @@ void store_w(const Shape& sh, const M& in, const TensorView& w, std::int64_t h) 
   slices_impl::store_2d(in, w, base, w.stride(w.rank - 2), w.stride(w.rank - 1));
 }
 
-// Φ = exp(X Wᵀ − |x|²/2 − c)/√m (L × m), c as in favor.h.
+// Φ = exp(X Wᵀ − |x|²/2 − c)/√m (L × m), c as in favor.h. With the query stabiliser the row's
+// |x|²/2 cancels in the exponent, u − max_r u = w_rᵀx − max_r w_rᵀx, and is left out: in float32
+// it would round the exponent by eps |x|²/2 (3e-4 at |x| = 100) for nothing.
 template <class S>
 void compute_features(const Mat<S>& X, const Mat<S>& W, FavorStabilizer stabilizer, Mat<S>& phi) {
   phi.noalias() = X * W.transpose();
   if (phi.size() == 0) return;
-  const Vec<S> half_sq = S(0.5) * X.rowwise().squaredNorm();
-  phi.colwise() -= half_sq;
   if (stabilizer == FavorStabilizer::query) {
     const Vec<S> c = phi.rowwise().maxCoeff();  // evaluated before phi changes
     phi.colwise() -= c;
-  } else if (stabilizer == FavorStabilizer::key) {
-    const S c = phi.maxCoeff();
-    phi.array() -= c;
+  } else {
+    const Vec<S> half_sq = S(0.5) * X.rowwise().squaredNorm();
+    phi.colwise() -= half_sq;
+    if (stabilizer == FavorStabilizer::key) {
+      const S c = phi.maxCoeff();
+      phi.array() -= c;
+    }
   }
   phi = (phi.array().exp() * (S(1) / std::sqrt(static_cast<S>(W.rows())))).matrix();
 }
 
-// The causal path's key features with the running stabiliser of favor.h:
-//   u_t,r = w_rᵀk̂_t − |k̂_t|²/2,   c_t = max_{s ≤ t} max_r u_s,r,   Φ_t,r = exp(u_t,r − c_t)/√m,
-// and the log gates g_t = c_{t−1} − c_t ≤ 0 (g_0 = 0: it multiplies the empty state). Then
-//   Σ_{j ≤ t} exp(g_{j+1} + … + g_t) Φ_j = Σ_{j ≤ t} exp(c_j − c_t) Φ_j
-//                                        = exp(−c_t) Σ_{j ≤ t} φ(k̂_j)
-// (unstabilised φ): GLA with these gates computes the prefix sums S_t, z_t of favor.h scaled by
-// the common factor exp(−c_t), which cancels in o_t = φ(q̂_t)ᵀS_t / φ(q̂_t)ᵀz_t. Every exponent is
-// ≤ 0 and c_t depends on keys s ≤ t only: a later key cannot change (or flush to 0) an earlier
-// token's features, as one whole-sequence max would in float32.
+// The attention's features, stabilised per feature (favor.h). With the key exponents
+// u_j,r = w_rᵀk̂_j − |k̂_j|²/2 and a stabiliser c_r per feature r — the max over the sequence's keys
+// (non-causal), or the running max c_t,r = max_{s ≤ t} u_s,r (causal) — the key features are
+// Φ_k(j, r) = exp(u_j,r − c_r) ≤ 1, and c_r moves to the queries: Φ_q(i, r) = exp(w_rᵀq̂_i + c_r
+// − C_i) with C_i = max_r (w_rᵀq̂_i + c_r) (the query's |q̂_i|²/2 is common to its features and
+// cancels, as C_i does, in o_i = Φ_q(i)ᵀ S_i / Φ_q(i)ᵀ z_i). So A_ij = Σ_r Φ_q(i, r) Φ_k(j, r) is
+// φ(q̂_i)·φ(k̂_j) times a factor of row i alone, and the normaliser is never below 1: at the
+// query's largest feature r*, Φ_q(i, r*) = 1 and z_r* ≥ 1 (it holds the key that sets c_r*).
+// One stabiliser for all features (favor.h's former key max) left Φ_q(i)ᵀ z_i = 0 in float32 —
+// o_i = 0/0 — whenever the query's features missed the largest keys' by more than ~100 in the
+// exponent (|q̂|, |k̂| of ~100; even for T = 1).
 template <class S>
-void causal_key_features(const Mat<S>& X, const Mat<S>& W, Mat<S>& phi, Vec<S>& gates) {
-  phi.noalias() = X * W.transpose();
-  phi.colwise() -= Vec<S>(S(0.5) * X.rowwise().squaredNorm());
-  const std::int64_t L = phi.rows();
-  Vec<S> c(L);
-  gates.resize(L);
-  for (std::int64_t t = 0; t < L; ++t) {
-    const S u = phi.row(t).maxCoeff();
-    c(t) = t == 0 ? u : std::max(c(t - 1), u);
-    gates(t) = t == 0 ? S(0) : c(t - 1) - c(t);
+struct AttentionFeatures {
+  Mat<S> Fq, Fk;  // L × m
+  Mat<S> gates;   // causal: L × m log gates g_t,r = c_{t−1},r − c_t,r ≤ 0 (0 at t = 0)
+};
+
+template <class S>
+AttentionFeatures<S> attention_features(const Mat<S>& Q, const Mat<S>& K, const Mat<S>& W,
+                                        bool causal) {
+  AttentionFeatures<S> f;
+  const std::int64_t L = K.rows(), m = W.rows();
+  Mat<S> u = K * W.transpose();
+  u.colwise() -= Vec<S>(S(0.5) * K.rowwise().squaredNorm());
+  Mat<S> c(causal ? L : std::min<std::int64_t>(L, 1), m);  // c_r, or c_t,r (causal)
+  if (causal) {
+    f.gates.resize(L, m);
+    for (std::int64_t t = 0; t < L; ++t)
+      for (std::int64_t r = 0; r < m; ++r) {
+        c(t, r) = t == 0 ? u(t, r) : std::max(c(t - 1, r), u(t, r));
+        f.gates(t, r) = t == 0 ? S(0) : c(t - 1, r) - c(t, r);
+      }
+    f.Fk = (u - c).array().exp().matrix();
+  } else if (L > 0) {
+    c = u.colwise().maxCoeff();
+    f.Fk = (u.rowwise() - c.row(0)).array().exp().matrix();
   }
-  phi.colwise() -= c;
-  phi = (phi.array().exp() * (S(1) / std::sqrt(static_cast<S>(W.rows())))).matrix();
+  Mat<S> a = Q * W.transpose();
+  if (causal)
+    a += c;
+  else if (L > 0)
+    a.rowwise() += c.row(0);
+  const Vec<S> top = a.rowwise().maxCoeff();
+  f.Fq = (a.colwise() - top).array().exp().matrix();
+  return f;
 }
 
-// G = dΦ ⊙ Φ: dX = G W − diag(Σ_r G) X;  dW += Gᵀ X when dW is wanted (c held constant).
+// G = dΦ ⊙ Φ: dX = G W − diag(Σ_r G) X;  dW += Gᵀ X when dW is wanted (c held constant). For the
+// attention's query features, whose exponent has no −|x|²/2 (see attention_features), the second
+// term is not there (with_half_square false): Σ_r G is 0 exactly (o does not change when all of a
+// row's features scale together), and computed it is rounding, times |q̂|.
 template <class S>
 void features_grad(const Mat<S>& X, const Mat<S>& W, const Mat<S>& phi, const Mat<S>& d_phi,
-                   Mat<S>& dX, Mat<S>* dW) {
+                   Mat<S>& dX, Mat<S>* dW, bool with_half_square = true) {
   const Mat<S> G = d_phi.cwiseProduct(phi);
   dX.noalias() = G * W;
-  dX -= G.rowwise().sum().asDiagonal() * X;
+  if (with_half_square) dX -= G.rowwise().sum().asDiagonal() * X;
   if (dW) dW->noalias() += G.transpose() * X;  // m·L·d: skipped for fixed features
 }
 
@@ -251,13 +280,14 @@ struct Scratch {
         view(TensorView::of(data.data(), {B, T, H, n})) {}
 };
 
-// The causal path: φ(q̂), the running-stabilised key features Φ, their log gates g (one per
-// token, see causal_key_features) and [v | 1] written to scratch tensors, then
-//   Ox_i = Σ_{j ≤ i} exp(c_j − c_i) (φ(q̂_i)·Φ_j) [v_j | 1]
-// by GLA (S_t = exp(g_t) S_{t−1} + Φ_t [v_t | 1]ᵀ, o_t = S_tᵀ φ(q̂_t); scale 1), the gate
-// broadcast over the m feature channels. Both columns of Ox carry the factor exp(−c_i), which
-// cancels in o_i = num/den. The backward holds c (so Φ's stabiliser and g) constant, exact
-// because o does not depend on c: GLA's dg is not needed.
+// The causal path: the features of attention_features (keys with the running stabiliser per
+// feature, its log gates g_t,r, and the queries carrying c_t,r) and [v | 1] written to scratch
+// tensors, then
+//   Ox_t = Σ_{j ≤ t} (Σ_r Φ_q(t, r) exp(u_j,r − c_t,r)) [v_j | 1]
+// by GLA (S_t = diag(exp(g_t)) S_{t−1} + Φ_k(t) [v_t | 1]ᵀ, o_t = S_tᵀ Φ_q(t); scale 1): the
+// prefix sums of every feature r scaled by its own exp(−c_t,r), which the queries' exp(+c_t,r)
+// undoes, leaving a factor of row t alone that cancels in o_t = num/den. The backward holds c (so
+// the gates) constant, exact because o does not depend on c: GLA's dg is not needed.
 template <class S>
 struct CausalState {
   std::int64_t B, T;
@@ -268,7 +298,7 @@ struct CausalState {
         T(p.q.size(1)),
         phi_q(B, T, p.shape.H, p.shape.m),
         phi_k(B, T, p.shape.H, p.shape.m),
-        gates(B, T, p.shape.H, 1),
+        gates(B, T, p.shape.H, p.shape.m),
         v_ext(B, T, p.shape.H, p.V + 1),
         o_ext(B, T, p.shape.H, p.V + 1) {
     const Shape& sh = p.shape;
@@ -276,22 +306,17 @@ struct CausalState {
       const Sequence& s = sh.sequences[static_cast<std::size_t>(item / sh.H)];
       const std::int64_t h = item % sh.H;
       if (s.length == 0) return;
-      const Mat<S> W = load_w<S>(sh, p.w, h);
-      Mat<S> F;
-      compute_features(load_scaled<S>(p, p.q, s, h), W, FavorStabilizer::query, F);
-      store_rows(F, phi_q.view, s, h);
-      Vec<S> g;
-      causal_key_features(load_scaled<S>(p, p.k, s, h), W, F, g);
-      store_rows(F, phi_k.view, s, h);
-      store_rows(Mat<S>(g), gates.view, s, h);  // restarts at each sequence's first token
+      const AttentionFeatures<S> f = attention_features(
+          load_scaled<S>(p, p.q, s, h), load_scaled<S>(p, p.k, s, h), load_w<S>(sh, p.w, h), true);
+      store_rows(f.Fq, phi_q.view, s, h);
+      store_rows(f.Fk, phi_k.view, s, h);
+      store_rows(f.gates, gates.view, s, h);  // restart at each sequence's first token
       store_rows(load_v_ext<S>(p, s, h), v_ext.view, s, h);
     });
     gla.q = phi_q.view;
     gla.k = phi_k.view;
     gla.v = v_ext.view;
-    // The token's gate for every feature channel: [B, T, H, 1] read with a zero stride over m.
-    gla.g = TensorView::strided(gates.data.data(), dtype_of<S>(), {B, T, sh.H, sh.m},
-                                {T * sh.H, sh.H, 1, 0});
+    gla.g = gates.view;
     gla.cu_seqlens = p.cu_seqlens;
     gla.scale = 1.0;
     gla.chunk_size = p.chunk_size;
@@ -319,12 +344,10 @@ void attention_forward_impl(const AttentionProblem& p, const TensorView& o) {
     const Sequence& s = sh.sequences[static_cast<std::size_t>(item / sh.H)];
     const std::int64_t h = item % sh.H;
     if (s.length == 0) return;
-    const Mat<S> W = load_w<S>(sh, p.w, h);
-    Mat<S> Fq, Fk;
-    compute_features(load_scaled<S>(p, p.q, s, h), W, FavorStabilizer::query, Fq);
-    compute_features(load_scaled<S>(p, p.k, s, h), W, FavorStabilizer::key, Fk);
-    const Mat<S> Sx = Fk.transpose() * load_v_ext<S>(p, s, h);  // [S | z], m × (V + 1)
-    const Mat<S> Ox = Fq * Sx;
+    const AttentionFeatures<S> f = attention_features(
+        load_scaled<S>(p, p.q, s, h), load_scaled<S>(p, p.k, s, h), load_w<S>(sh, p.w, h), false);
+    const Mat<S> Sx = f.Fk.transpose() * load_v_ext<S>(p, s, h);  // [S | z], m × (V + 1)
+    const Mat<S> Ox = f.Fq * Sx;
     const Mat<S> O = Ox.col(p.V).cwiseInverse().asDiagonal() * Ox.leftCols(p.V);
     store_rows(O, o, s, h);
   });
@@ -336,7 +359,7 @@ void qk_grads(const AttentionProblem& p, const FavorAttentionGrads& grads, const
               std::int64_t h, const Mat<S>& W, const Mat<S>& Fq, const Mat<S>& dFq,
               const Mat<S>& Fk, const Mat<S>& dFk, Mat<S>* dW) {
   Mat<S> dX;
-  features_grad(load_scaled<S>(p, p.q, s, h), W, Fq, dFq, dX, dW);
+  features_grad(load_scaled<S>(p, p.q, s, h), W, Fq, dFq, dX, dW, /*with_half_square=*/false);
   if (grads.dq.defined()) store_rows(Mat<S>(dX * static_cast<S>(p.input_scale)), grads.dq, s, h);
   features_grad(load_scaled<S>(p, p.k, s, h), W, Fk, dFk, dX, dW);
   if (grads.dk.defined()) store_rows(Mat<S>(dX * static_cast<S>(p.input_scale)), grads.dk, s, h);
@@ -393,9 +416,10 @@ void attention_backward_impl(const AttentionProblem& p, const TensorView& d_o,
       Mat<S> dWi = grads.dw.defined() ? Mat<S>(Mat<S>::Zero(sh.m, sh.d)) : Mat<S>();
       if (s.length > 0) {
         const Mat<S> W = load_w<S>(sh, p.w, h);
-        Mat<S> Fq, Fk, dO;
-        compute_features(load_scaled<S>(p, p.q, s, h), W, FavorStabilizer::query, Fq);
-        compute_features(load_scaled<S>(p, p.k, s, h), W, FavorStabilizer::key, Fk);
+        const AttentionFeatures<S> f = attention_features(load_scaled<S>(p, p.q, s, h),
+                                                          load_scaled<S>(p, p.k, s, h), W, false);
+        const Mat<S>&Fq = f.Fq, &Fk = f.Fk;
+        Mat<S> dO;
         const Mat<S> Vx = load_v_ext<S>(p, s, h);
         const Mat<S> Sx = Fk.transpose() * Vx;
         load_rows(d_o, s, h, dO);

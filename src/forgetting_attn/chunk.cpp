@@ -169,15 +169,19 @@ void tile_logits(const Mat<S>& q_scaled, const Mat<S>& k, const BlockGates& gate
   add_tile_bias<S>(gates, slopes, window, i0, j0, nJ, gap, logits);
 }
 
-// exp(logits − offset_r) row by row, with masked (−inf) logits giving exactly 0 (Eigen's
+// exp(min(logits − offset_r, 0)) row by row, with masked (−inf) logits giving exactly 0 (Eigen's
 // vectorised exp only flushes to the smallest normal number in float64). The exp runs row by
 // row on contiguous memory so that Eigen vectorises it (neither a column broadcast over a
 // row-major matrix nor a select() would be), and the masked entries are fixed after.
+// The offset is the row's running max (forward) or its lse (backward), so exactly the exponent
+// is ≤ 0. The clamp keeps the backward's probabilities ≤ 1 when a saved lse comes from other
+// arithmetic (the forward's key runs, another implementation): logits of 1e9 in float32 differ
+// by hundreds between two summation orders, and e^{ℓ − lse} would overflow to inf.
 template <class S>
 void masked_exp(const Mat<S>& logits, const Vec<S>& row_offset, Mat<S>& out) {
   out.resize(logits.rows(), logits.cols());
   for (Eigen::Index r = 0; r < logits.rows(); ++r)
-    out.row(r).array() = (logits.row(r).array() - row_offset[r]).exp();
+    out.row(r).array() = (logits.row(r).array() - row_offset[r]).min(S(0)).exp();
   const S neg_inf = -std::numeric_limits<S>::infinity();
   const S* in = logits.data();
   S* result = out.data();

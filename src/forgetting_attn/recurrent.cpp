@@ -164,8 +164,8 @@ void forward_typed(const Problem& p, const TensorView& o, const TensorView& lse)
   parallel_for(p.num_items(), [&](std::int64_t item) {
     const Sequence& seq = p.sequences[static_cast<std::size_t>(item / p.H)];
     const std::int64_t h = item % p.H, L = seq.length, G = p.group();
-    // An empty sequence has no output row (and the blocks below would take columns of 0-row
-    // matrices, a null pointer plus an offset).
+    // An empty sequence has no output rows; and Eigen's col(r) of an empty matrix offsets a null
+    // pointer (undefined behaviour, found by UBSan).
     if (L == 0) return;
     Mat<S> k, v;
     load_rows(p.k, seq, h, k);
@@ -286,7 +286,9 @@ void backward_typed(const Problem& p, const TensorView& d_o, const TensorView& o
           lse_t = max_logit + std::log(sum);
           o_t = v.middleRows(first, n).transpose() * probs / sum;
         }
-        probs = (logits.array() - lse_t).exp();
+        // Clamped at 1: a saved lse_t comes from the decoding path's arithmetic, and logits of 1e9
+        // in float32 differ from it by hundreds (e^{ℓ − lse} would overflow; exactly, ℓ ≤ lse).
+        probs = (logits.array() - lse_t).min(S(0)).exp();
         // Adjoint of the softmax: dℓ_tj = P_tj (do_t·v_j − do_t·o_t); a dominant token's from the
         // others.
         const Vec<S> do_t = dout.row(t).transpose();

@@ -83,7 +83,10 @@ inline Sequence block_of(const Sequence& s, std::int64_t t0, std::int64_t L) {
 // contiguous in memory and already of the compute type.
 template <class S>
 void load_block(const TensorView& x, const Sequence& b, std::int64_t h, Mat<S>& out) {
-  if (x.dtype != dtype_of<S>() || x.stride(3) != 1) return load_rows(x, b, h, out);
+  // Empty blocks go through load_rows too: the fast path's base pointer would offset a null
+  // pointer (a zero-sized tensor's data), undefined behaviour (found by UBSan).
+  if (x.dtype != dtype_of<S>() || x.stride(3) != 1 || b.length == 0 || x.size(3) == 0)
+    return load_rows(x, b, h, out);
   const S* base = static_cast<const S*>(x.data) + b.batch * x.stride(0) + b.start * x.stride(1) +
                   h * x.stride(2);
   out = Eigen::Map<const Mat<S>, 0, Eigen::OuterStride<>>(base, b.length, x.size(3),
@@ -91,7 +94,8 @@ void load_block(const TensorView& x, const Sequence& b, std::int64_t h, Mat<S>& 
 }
 template <class S>
 void store_block(const Mat<S>& in, const TensorView& x, const Sequence& b, std::int64_t h) {
-  if (x.dtype != dtype_of<S>() || x.stride(3) != 1) return store_rows(in, x, b, h);
+  if (x.dtype != dtype_of<S>() || x.stride(3) != 1 || b.length == 0 || x.size(3) == 0)
+    return store_rows(in, x, b, h);  // (see load_block)
   S* base =
       static_cast<S*>(x.data) + b.batch * x.stride(0) + b.start * x.stride(1) + h * x.stride(2);
   Eigen::Map<Mat<S>, 0, Eigen::OuterStride<>>(base, b.length, x.size(3),

@@ -183,9 +183,9 @@ struct ChunkWork {
     q_p = scale * (q.array() * prefix.array()).matrix();
     out.noalias() = q_p * state;
     intra_attention();
-    // (Eigen's triangular product takes a reference to each operand's first element: with no
-    // value columns, V = 0, there is nothing to add and no element to take.)
-    if (v.size() > 0) out.noalias() += attn.template triangularView<Eigen::Lower>() * v;
+    // Eigen's triangular product reads element (0, 0) of its operands even when the product is
+    // empty (V = 0): a null reference, undefined behaviour (found by UBSan). Nothing to add then.
+    if (v.cols() > 0) out.noalias() += attn.template triangularView<Eigen::Lower>() * v;
   }
 
   // The chunk's own contribution to the state, L = (k ⊙ E)ᵀ v (K × V): S_next = diag(P_last)
@@ -269,7 +269,7 @@ struct ChunkWork {
         }
       }
     }
-    if (d_out.size() > 0)  // V = 0: nothing to add (see forward_output)
+    if (d_out.cols() > 0)  // V = 0: nothing to add (see forward_output)
       dv.noalias() += attn.template triangularView<Eigen::Lower>().transpose() * d_out;
     dq = dq_inter + dq_off + dq_diag;
     dk = dk_state + dk_off + dk_diag;

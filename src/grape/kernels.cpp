@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <vector>
 
 #include "common/parallel.h"
@@ -59,6 +60,19 @@ Plane make_plane(const PlaneProblem& p, std::int64_t h) {
   pl.alpha = pl.a.squaredNorm();
   pl.c = pl.alpha > 0 ? pl.a.dot(b) / pl.alpha : 0.0;
   pl.b_perp = b - pl.c * pl.a;
+  // Twice (Gram–Schmidt's "twice is enough"): after one pass a·b⊥ is the rounding of a·b, which is
+  // not small next to |a||b⊥| when b is nearly parallel to a, and the Rodrigues terms assume
+  // a ⊥ b⊥ (L² z = −(β⊥ (a·z) a + α (b⊥·z) b⊥)). b = b⊥ + c a still holds for the gradients.
+  if (pl.alpha > 0) {
+    const double again = pl.a.dot(pl.b_perp) / pl.alpha;
+    pl.b_perp -= again * pl.a;
+    pl.c += again;
+  }
+  // b parallel to a to working precision (always so for K = 1: R¹ has no plane): what is left of
+  // b⊥ is rounding, which would rotate by ν = |a||b⊥| ≈ eps |a||b| per unit of η — with η of 1e4
+  // and |a|, |b| of 1e4, a visible turn of a plane that does not exist. There is no plane: G = I.
+  const double noise = 8 * static_cast<double>(p.K) * std::numeric_limits<double>::epsilon();
+  if (pl.b_perp.squaredNorm() <= noise * noise * b.squaredNorm()) pl.b_perp.setZero();
   pl.beta_perp = pl.b_perp.squaredNorm();
   pl.nu = std::sqrt(pl.alpha * pl.beta_perp);
   return pl;

@@ -14,11 +14,17 @@ using Vector = std::vector<double>;
 using Matrix = std::vector<double>;  // K × K, row-major
 
 // L = a bᵀ − b aᵀ (§2.1).
+// L = a bᵀ − b aᵀ, skew by construction: L_ii = 0 and L_ji = −L_ij exactly. Computed entry by
+// entry, a_i b_i − b_i a_i is not 0 when the compiler contracts it into an FMA (it is then the
+// rounding error of the product): for K = 1, or a ∥ b, L would rotate by that noise.
 Matrix generator(const Vector& a, const Vector& b) {
   const std::size_t K = a.size();
-  Matrix L(K * K);
+  Matrix L(K * K, 0.0);
   for (std::size_t i = 0; i < K; ++i)
-    for (std::size_t j = 0; j < K; ++j) L[i * K + j] = a[i] * b[j] - b[i] * a[j];
+    for (std::size_t j = i + 1; j < K; ++j) {
+      L[i * K + j] = a[i] * b[j] - b[i] * a[j];
+      L[j * K + i] = -L[i * K + j];
+    }
   return L;
 }
 Vector times(const Matrix& L, const Vector& x) {

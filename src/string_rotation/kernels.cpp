@@ -1,8 +1,9 @@
 // STRING ops: the optimized CPU kernels.
 //   N-d RoPE angles:  (A1)–(A3) in float64 over blocks of tokens (C ≤ 3 in practice: plain loops).
-//   Cayley-STRING:    one PartialPivLU of I + S per head in the compute type, shared by all tokens
-//                     of the head and applied as one multi-right-hand-side solve per sequence
-//                     (never an explicit inverse); the rotation is phasor's apply_rotary.
+//   Cayley-STRING:    per head, Q = (I + S)⁻¹ from one LU of I + S in float64, rounded once to the
+//                     compute type and shared by all tokens of the head: products with Q per
+//                     sequence (see CayleyHead for why not float32 solves); the rotation is
+//                     phasor's apply_rotary.
 //   Circulant-STRING: θ = (A1) with frequencies μ_c = 2 Im FFT(c_c) (computed once per call), then
 //                     per token a real FFT (Eigen's FFT module, kissfft backend), the phase
 //                     multiplication e^{iθ} on the half spectrum and an inverse real FFT.
@@ -182,29 +183,24 @@ ColMat<S> skew_matrix(const TensorView& generator, std::int64_t h) {
   return (A - A.transpose()).template cast<S>();
 }
 
-// Per head: the LU of I + S and S itself.
+// Per head: Q = (I + S)⁻¹, formed in float64 (one LU of I + S and K solves, O(K³) once per call)
+// and rounded once to the compute type. Every token then needs products with Q only:
+//   w = Q z,   u = P z = (I − S) w = 2 w − z   (I − S = 2I − (I + S)),
+// and in the backward v = Qᵀ du, dz = Pᵀ du = 2 v − du, G = −Σ (du + dz) wᵀ = −2 Σ v wᵀ.
+// For large S, (I + S) has a condition number of about |S|: a solve in float32 loses that many
+// digits (u, dz and dA off by ~1e-4 at |A| ≈ 1e4), while Q in float64 is exact to float32's
+// rounding, and |Q| ≤ 1 (S is skew), so the products lose nothing. The forms 2 w − z, 2 v − du
+// and 2 v wᵀ also avoid the cancellations of (I − S) w (terms of |S||w| summing to |z|) and of
+// du + dz (P ≈ −I away from S's small eigenvalues, so dz ≈ −du).
 template <class S>
 struct CayleyHead {
-  ColMat<S> S_;
-  Eigen::PartialPivLU<ColMat<S>> lu;
+  ColMat<S> Q;
 };
 
-// x = M⁻¹ rhs for an LU of M (or of its transpose). An empty right-hand side (no tokens) has the
-// empty solution: Eigen's permutation product would still take its rows, each a null pointer plus
-// an offset.
-template <class S, class LU, class Rhs>
-ColMat<S> lu_solve(const LU& lu, const Rhs& rhs) {
-  if (rhs.size() == 0) return ColMat<S>(rhs.rows(), rhs.cols());
-  return lu.solve(rhs);
-}
-
-// Wᵀ = (I + S)⁻¹ Zᵀ (K × T, tokens as columns) of sequence b, head h.
+// Wᵀ = Q Zᵀ (K × T, tokens as columns) for the tokens Z (rows) of one sequence and head.
 template <class S>
-ColMat<S> solve_tokens(const CayleyHead<S>& head, const TensorView& z, std::int64_t b,
-                       std::int64_t h) {
-  Mat<S> Z;
-  load_rows(z, Sequence{b, 0, z.size(1)}, h, Z);
-  return lu_solve<S>(head.lu, Z.transpose());
+ColMat<S> w_of_tokens(const CayleyHead<S>& head, const Mat<S>& Z) {
+  return head.Q * Z.transpose();
 }
 
 template <class S>
@@ -212,9 +208,9 @@ std::vector<CayleyHead<S>> cayley_heads(const CayleyProblem& p) {
   const std::int64_t K = p.z.size(3);
   std::vector<CayleyHead<S>> heads(static_cast<std::size_t>(p.generator.size(0)));
   parallel_for(p.generator.size(0), [&](std::int64_t h) {
-    auto& hd = heads[static_cast<std::size_t>(h)];
-    hd.S_ = skew_matrix<S>(p.generator, h);
-    hd.lu.compute(ColMat<S>::Identity(K, K) + hd.S_);
+    const ColMat<double> I = ColMat<double>::Identity(K, K);
+    const Eigen::PartialPivLU<ColMat<double>> lu(I + skew_matrix<double>(p.generator, h));
+    heads[static_cast<std::size_t>(h)].Q = lu.solve(I).template cast<S>();
   });
   return heads;
 }
@@ -227,8 +223,9 @@ void cayley_apply_P(const CayleyProblem& p, const std::vector<CayleyHead<S>>& he
   parallel_for(B * H, [&](std::int64_t item) {
     const std::int64_t b = item / H, h = item % H;
     const auto& hd = heads[static_cast<std::size_t>(heads.size() == 1 ? 0 : h)];
-    const ColMat<S> Wt = solve_tokens(hd, p.z, b, h);
-    const Mat<S> U = (Wt - hd.S_ * Wt).transpose();  // u = (I − S) w
+    Mat<S> Z;
+    load_rows(p.z, Sequence{b, 0, p.z.size(1)}, h, Z);
+    const Mat<S> U = (S(2) * w_of_tokens(hd, Z)).transpose() - Z;  // u = 2 w − z
     store_rows(U, u, Sequence{b, 0, p.z.size(1)}, h);
   });
 }
@@ -258,7 +255,8 @@ void cayley_backward_t(const CayleyProblem& p, const TensorView& dy, const Cayle
   apply_rotary_backward(u.view, th, p.layout, Impl::chunk, dy, du.view, dtheta.view);
   if (g.d_positions.defined() || g.d_omega.defined())
     angles_backward(p.positions, p.omega, dtheta.view, g.d_positions, g.d_omega);
-  // dz = (I + S)⁻ᵀ (I + S) du, G_h = −Σ (du + dz) wᵀ (float64 accumulation per (b, h) item).
+  // dz = 2 v − du and G_h = −2 Σ v wᵀ with v = Qᵀ du (see CayleyHead; float64 accumulation per
+  // (b, h) item).
   const bool want_dA = g.d_generator.defined();
   std::vector<ColMat<double>> G(static_cast<std::size_t>(B * H));
   parallel_for(B * H, [&](std::int64_t item) {
@@ -266,13 +264,13 @@ void cayley_backward_t(const CayleyProblem& p, const TensorView& dy, const Cayle
     const auto& hd = heads[static_cast<std::size_t>(heads.size() == 1 ? 0 : h)];
     Mat<S> DU;
     load_rows(du.view, Sequence{b, 0, T}, h, DU);
-    const ColMat<S> DUt = DU.transpose();
-    const ColMat<S> DWt = DUt + hd.S_ * DUt;  // (I − S)ᵀ = I + S
-    const ColMat<S> DZt = lu_solve<S>(hd.lu.transpose(), DWt);
-    if (g.dz.defined()) store_rows(Mat<S>(DZt.transpose()), g.dz, Sequence{b, 0, T}, h);
+    const ColMat<S> Vt = hd.Q.transpose() * DU.transpose();  // v = Qᵀ du
+    if (g.dz.defined()) store_rows(Mat<S>(S(2) * Vt.transpose() - DU), g.dz, Sequence{b, 0, T}, h);
     if (want_dA) {
-      const ColMat<S> Wt = solve_tokens(hd, p.z, b, h);
-      G[static_cast<std::size_t>(item)] = -((DUt + DZt) * Wt.transpose()).template cast<double>();
+      Mat<S> Z;
+      load_rows(p.z, Sequence{b, 0, T}, h, Z);
+      G[static_cast<std::size_t>(item)] =
+          -(S(2) * Vt * w_of_tokens(hd, Z).transpose()).template cast<double>();
     }
   });
   if (!want_dA) return;

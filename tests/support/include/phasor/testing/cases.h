@@ -1,0 +1,26 @@
+// phasor_testing — parameters of op test cases that several suites share.
+#pragma once
+
+#include <cstdint>
+
+#include "phasor/common.h"
+
+namespace phasor::testing {
+
+// The rotation by θ fused into the attention kernels (GLA, Gated DeltaNet, FoX), as a case
+// parameter: none, or θ given in one of the two pair layouts.
+enum class Rotation { none, half_split, interleaved };
+constexpr Rotation kRotations[] = {Rotation::none, Rotation::half_split, Rotation::interleaved};
+
+// "no theta", "half_split" or "interleaved".
+const char* to_string(Rotation rotation);
+// The pair layout of a rotation (half_split for none, whose layout is not used).
+RotaryLayout layout_of(Rotation rotation);
+
+// The length of the suites' long-sequence cases: 65,536 tokens, or 4,096 when the environment has
+// PHASOR_TEST_SIZE=small (scripts/sanitize.sh sets it: instrumented builds run 5–20× slower, and a
+// 4,096-token sequence still spans 64 chunks and the kernels' by-chunk schedules). Any other
+// value of PHASOR_TEST_SIZE is an error, so a typo cannot silently change what runs.
+std::int64_t long_sequence_length();
+
+}  // namespace phasor::testing
