@@ -5,14 +5,14 @@
 #   scripts/fuzz.sh [SECONDS_PER_TARGET]      (default 60)
 #   FUZZ_TARGETS="op_args_fuzz" scripts/fuzz.sh 300     (a subset)
 #
-# Configures and builds build-fuzz/ (clang, -fsanitize=address,undefined, libFuzzer's coverage
+# Configures and builds build-asan/ (clang, -fsanitize=address,undefined, libFuzzer's coverage
 # instrumentation everywhere) when needed, then for every target, one at a time:
 #   1. replays its committed inputs — tests/fuzz/corpus/<target>/ and tests/fuzz/regressions/<target>/
 #      — once each: any failure stops the script;
 #   2. fuzzes for SECONDS_PER_TARGET with -rss_limit_mb=4096 (also the limit of any one
 #      allocation) and -timeout=25, starting from those inputs and writing new interesting ones to
-#      build-fuzz/fuzz-out/<target>/corpus/ (never to the committed corpus); a crash lands in
-#      build-fuzz/fuzz-out/<target>/ as crash-<sha1> (or leak-, timeout-, oom-).
+#      build-asan/fuzz-out/<target>/corpus/ (never to the committed corpus); a crash lands in
+#      build-asan/fuzz-out/<target>/ as crash-<sha1> (or leak-, timeout-, oom-).
 # Prints per target the executions, executions per second, coverage (libFuzzer's cov: edges and
 # ft: features), new inputs and crashes; exits non-zero if any target crashed.
 # A crash input, once fixed, belongs in tests/fuzz/regressions/<target>/ (replayed by step 1 and
@@ -28,18 +28,12 @@ all_targets=(op_args_fuzz op_inputs_fuzz task_config_fuzz checkpoint_fuzz)
 read -r -a targets <<<"${FUZZ_TARGETS:-${all_targets[*]}}"
 
 bash scripts/install-deps.sh
-build=build-fuzz
-# CMakePresets.json's asan preset (clang, RelWithDebInfo at -O1 -g, no CUDA backend, ucontext
-# fibers, PHASOR_BUILD_FUZZERS=ON) in build-fuzz/, with its CMAKE_CXX_FLAGS plus
-# _GLIBCXX_ASSERTIONS (bounds-checked std::array / std::vector operator[] in the library too).
-flags="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fsanitize=fuzzer-no-link"
-flags+=" -D_GLIBCXX_ASSERTIONS"
-launcher=()
-command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
-if [[ ! -f $build/CMakeCache.txt ]]; then
-  cmake --preset asan -B "$build" "-DCMAKE_CXX_FLAGS=$flags" "${launcher[@]}" \
-    -DPHASOR_BUILD_TESTS=OFF >/dev/null
-fi
+# The asan preset's build (build-asan/, shared with scripts/sanitize.sh): clang, ASan + UBSan,
+# libFuzzer's coverage instrumentation everywhere (-fsanitize=fuzzer-no-link), _GLIBCXX_ASSERTIONS
+# (bounds-checked std::array / std::vector operator[] in the library too), no CUDA backend,
+# ucontext fibers, PHASOR_BUILD_FUZZERS=ON.
+build=build-asan
+cmake --preset asan >/dev/null
 cmake --build "$build" -j "$(nproc)" --target "${targets[@]}"
 
 # Sanitizers as in the asan preset's tests: stop at the first report, with a stack. libFuzzer

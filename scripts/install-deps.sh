@@ -6,6 +6,7 @@ packages=(
   libeigen3-dev          # CPU dense math
   libboost-context-dev   # fibers of the emulated GPU (cuda/simt)
   libtorch-dev           # LibTorch layer, the phasor command, the task harness
+  libgloo-dev            # headers of c10d's Gloo process group (phasor/distributed.h)
   # LibTorch's matrix products go through libblas.so.3, which is Debian's reference (netlib)
   # BLAS unless an optimised one is installed: OpenBLAS (OpenMP build, like LibTorch's own
   # threads) takes over the alternative and makes nn::Linear ~30x faster here (2.4 → 82 GFLOP/s

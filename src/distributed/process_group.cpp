@@ -1,0 +1,204 @@
+// Process groups from torchrun's environment, and the local launcher (phasor/distributed.h).
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+
+#include "phasor/common.h"
+#include "phasor/distributed.h"
+
+namespace phasor::distributed {
+namespace {
+
+// The integer value of environment variable `name` in [lo, hi], or nullopt when it is unset.
+std::optional<int> int_variable(const char* name, long lo, long hi) {
+  const char* text = std::getenv(name);
+  if (text == nullptr) return std::nullopt;
+  char* end = nullptr;
+  errno = 0;
+  const long value = std::strtol(text, &end, 10);
+  if (*text == '\0' || *end != '\0' || errno != 0 || value < lo || value > hi) {
+    throw Error("phasor::distributed: environment variable " + std::string(name) +
+                ": expected an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) +
+                "], got '" + text + "'");
+  }
+  return static_cast<int>(value);
+}
+
+}  // namespace
+
+std::optional<LaunchEnvironment> launch_environment() {
+  const auto world_size = int_variable("WORLD_SIZE", 1, 1 << 20);
+  const auto rank = int_variable("RANK", 0, (1 << 20) - 1);
+  if (!rank && !world_size) return std::nullopt;
+  if (!rank || !world_size) {
+    throw Error(std::string("phasor::distributed: environment variable ") +
+                (rank ? "WORLD_SIZE" : "RANK") + ": expected it set beside " +
+                (rank ? "RANK" : "WORLD_SIZE") + " (torchrun's launch environment), got it unset");
+  }
+  if (*rank >= *world_size) {
+    throw Error(
+        "phasor::distributed: environment variable RANK: expected a rank below "
+        "WORLD_SIZE = " +
+        std::to_string(*world_size) + ", got " + std::to_string(*rank));
+  }
+  LaunchEnvironment env;
+  env.rank = *rank;
+  env.world_size = *world_size;
+  if (const char* addr = std::getenv("MASTER_ADDR"); addr != nullptr && *addr != '\0') {
+    env.master_addr = addr;
+  }
+  env.master_port = int_variable("MASTER_PORT", 1, 65535).value_or(env.master_port);
+  env.local_rank = int_variable("LOCAL_RANK", 0, (1 << 20) - 1).value_or(env.rank);
+  return env;
+}
+
+ProcessGroupPtr gloo_group(const c10::intrusive_ptr<c10d::Store>& store, int rank, int world_size,
+                           std::chrono::milliseconds timeout, const std::string& hostname) {
+  if (world_size < 1 || rank < 0 || rank >= world_size) {
+    throw Error(
+        "phasor::distributed::gloo_group: argument 'rank': expected 0 ≤ rank < world_size "
+        "= " +
+        std::to_string(world_size) + ", got " + std::to_string(rank));
+  }
+  auto options = c10d::ProcessGroupGloo::Options::create();
+  options->timeout = timeout;
+  if (!hostname.empty()) {
+    options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(hostname));
+  } else if (const char* name = std::getenv("GLOO_SOCKET_IFNAME"); name != nullptr && *name) {
+    options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(name));
+  } else {
+    options->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
+  }
+  store->setTimeout(timeout);
+  return c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world_size, options);
+}
+
+ProcessGroupPtr init_process_group(std::chrono::milliseconds timeout) {
+  const auto env = launch_environment();
+  if (!env) return gloo_group(c10::make_intrusive<c10d::HashStore>(), 0, 1, timeout);
+  c10d::TCPStoreOptions options;
+  options.port = static_cast<std::uint16_t>(env->master_port);
+  options.isServer = env->rank == 0;
+  options.numWorkers = static_cast<std::size_t>(env->world_size);
+  options.waitWorkers = false;
+  options.timeout = timeout;
+  auto store = c10::make_intrusive<c10d::TCPStore>(env->master_addr, options);
+  // Gloo's sockets: on the loopback for a run on one machine; otherwise on the interface
+  // GLOO_SOCKET_IFNAME names, or the one this machine's hostname resolves to (Gloo's default).
+  const bool local = env->master_addr == "127.0.0.1" || env->master_addr == "localhost";
+  return gloo_group(store, env->rank, env->world_size, timeout, local ? "127.0.0.1" : "");
+}
+
+int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0)
+    throw Error(std::string("phasor::distributed::free_port: socket: ") + std::strerror(errno));
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  address.sin_port = 0;
+  socklen_t length = sizeof(address);
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
+    const std::string message = std::strerror(errno);
+    ::close(fd);
+    throw Error("phasor::distributed::free_port: bind on 127.0.0.1: " + message);
+  }
+  ::close(fd);
+  return ntohs(address.sin_port);
+}
+
+int launch_local(int nproc, const std::vector<std::string>& argv, std::chrono::milliseconds grace) {
+  if (nproc < 1) {
+    throw Error("phasor::distributed::launch_local: argument 'nproc': expected ≥ 1, got " +
+                std::to_string(nproc));
+  }
+  if (argv.empty()) {
+    throw Error("phasor::distributed::launch_local: argument 'argv': expected a program, got none");
+  }
+  const std::string port = std::to_string(free_port());
+  std::vector<pid_t> children;
+  for (int rank = 0; rank < nproc; ++rank) {
+    const pid_t pid = ::fork();
+    if (pid < 0) {
+      const std::string message = std::strerror(errno);
+      for (pid_t child : children) ::kill(child, SIGKILL);
+      for (pid_t child : children) ::waitpid(child, nullptr, 0);
+      throw Error("phasor::distributed::launch_local: fork of rank " + std::to_string(rank) + ": " +
+                  message);
+    }
+    if (pid == 0) {
+      ::setenv("RANK", std::to_string(rank).c_str(), 1);
+      ::setenv("LOCAL_RANK", std::to_string(rank).c_str(), 1);
+      ::setenv("WORLD_SIZE", std::to_string(nproc).c_str(), 1);
+      ::setenv("LOCAL_WORLD_SIZE", std::to_string(nproc).c_str(), 1);
+      ::setenv("MASTER_ADDR", "127.0.0.1", 1);
+      ::setenv("MASTER_PORT", port.c_str(), 1);
+      std::vector<char*> args;
+      for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+      args.push_back(nullptr);
+      ::execvp(args[0], args.data());
+      std::fprintf(stderr, "phasor::distributed::launch_local: cannot run '%s': %s\n", args[0],
+                   std::strerror(errno));
+      ::_exit(127);
+    }
+    children.push_back(pid);
+  }
+  // Wait for every rank; on the first failure, terminate the rest (they would otherwise wait on
+  // their collectives until the timeout).
+  int first_failure = 0;
+  std::vector<bool> done(children.size(), false);
+  std::size_t remaining = children.size();
+  auto deadline = std::chrono::steady_clock::time_point::max();
+  bool killed = false;
+  while (remaining > 0) {
+    int status = 0;
+    const pid_t pid = ::waitpid(-1, &status, WNOHANG);
+    if (pid > 0) {
+      for (std::size_t i = 0; i < children.size(); ++i) {
+        if (children[i] != pid || done[i]) continue;
+        done[i] = true;
+        --remaining;
+        const int code = WIFEXITED(status)     ? WEXITSTATUS(status)
+                         : WIFSIGNALED(status) ? 128 + WTERMSIG(status)
+                                               : 1;
+        if (code != 0 && first_failure == 0) {
+          first_failure = code;
+          std::fprintf(stderr,
+                       "phasor: rank %zu of %d failed (exit status %d); stopping the "
+                       "others\n",
+                       i, nproc, code);
+          for (std::size_t j = 0; j < children.size(); ++j) {
+            if (!done[j]) ::kill(children[j], SIGTERM);
+          }
+          deadline = std::chrono::steady_clock::now() + grace;
+        }
+      }
+      continue;
+    }
+    if (pid < 0 && errno != EINTR) break;
+    if (!killed && std::chrono::steady_clock::now() > deadline) {
+      for (std::size_t j = 0; j < children.size(); ++j) {
+        if (!done[j]) ::kill(children[j], SIGKILL);
+      }
+      killed = true;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return first_failure;
+}
+
+}  // namespace phasor::distributed

@@ -1,0 +1,147 @@
+// phasor/distributed.h: the launch environment, Gloo groups on the loopback, the local launcher.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cstdlib>
+
+#include "phasor/common.h"
+#include "phasor/distributed.h"
+#include "phasor/testing/distributed.h"
+
+namespace {
+
+using phasor::distributed::launch_environment;
+
+// Sets environment variables for one test and restores them.
+class ScopedEnvironment {
+ public:
+  ScopedEnvironment(std::initializer_list<std::pair<const char*, const char*>> values) {
+    for (const char* name : {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK"}) {
+      const char* old = std::getenv(name);
+      saved_.emplace_back(name, old ? std::optional<std::string>(old) : std::nullopt);
+      ::unsetenv(name);
+    }
+    for (auto [name, value] : values) ::setenv(name, value, 1);
+  }
+  ~ScopedEnvironment() {
+    for (auto& [name, value] : saved_) {
+      if (value)
+        ::setenv(name.c_str(), value->c_str(), 1);
+      else
+        ::unsetenv(name.c_str());
+    }
+  }
+
+ private:
+  std::vector<std::pair<std::string, std::optional<std::string>>> saved_;
+};
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const phasor::Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+TEST(LaunchEnvironment, AbsentWhenUnset) {
+  ScopedEnvironment env({});
+  EXPECT_FALSE(launch_environment().has_value());
+}
+
+TEST(LaunchEnvironment, ReadsTorchrunVariables) {
+  ScopedEnvironment env({{"RANK", "2"},
+                         {"WORLD_SIZE", "4"},
+                         {"MASTER_ADDR", "10.0.0.7"},
+                         {"MASTER_PORT", "1234"},
+                         {"LOCAL_RANK", "0"}});
+  const auto e = launch_environment();
+  ASSERT_TRUE(e.has_value());
+  EXPECT_EQ(e->rank, 2);
+  EXPECT_EQ(e->world_size, 4);
+  EXPECT_EQ(e->master_addr, "10.0.0.7");
+  EXPECT_EQ(e->master_port, 1234);
+  EXPECT_EQ(e->local_rank, 0);
+}
+
+TEST(LaunchEnvironment, MalformedValuesNameTheVariable) {
+  {
+    ScopedEnvironment env({{"RANK", "1"}});
+    EXPECT_NE(error_of([] { launch_environment(); }).find("WORLD_SIZE"), std::string::npos);
+  }
+  {
+    ScopedEnvironment env({{"RANK", "4"}, {"WORLD_SIZE", "4"}});
+    EXPECT_NE(error_of([] { launch_environment(); }).find("RANK"), std::string::npos);
+  }
+  {
+    ScopedEnvironment env({{"RANK", "0"}, {"WORLD_SIZE", "2x"}});
+    EXPECT_NE(error_of([] { launch_environment(); }).find("got '2x'"), std::string::npos);
+  }
+  {
+    ScopedEnvironment env({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "70000"}});
+    EXPECT_NE(error_of([] { launch_environment(); }).find("MASTER_PORT"), std::string::npos);
+  }
+}
+
+TEST(GlooGroup, AllReduceOverThreeRanks) {
+  phasor::testing::run_ranks(3, [](int rank, const phasor::distributed::ProcessGroupPtr& group) {
+    EXPECT_EQ(group->getRank(), rank);
+    EXPECT_EQ(group->getSize(), 3);
+    std::vector<at::Tensor> t{torch::full({4}, static_cast<double>(rank + 1), torch::kFloat64)};
+    group->allreduce(t)->wait();
+    EXPECT_TRUE(torch::equal(t[0], torch::full({4}, 6.0, torch::kFloat64)));
+  });
+}
+
+TEST(GlooGroup, SingleProcessWithoutEnvironment) {
+  ScopedEnvironment env({});
+  auto group = phasor::distributed::init_process_group();
+  EXPECT_EQ(group->getSize(), 1);
+  std::vector<at::Tensor> t{torch::arange(3, torch::kFloat64)};
+  group->allreduce(t)->wait();
+  EXPECT_TRUE(torch::equal(t[0], torch::arange(3, torch::kFloat64)));
+}
+
+TEST(GlooGroup, DeadRankMakesOthersFailWithinTimeout) {
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_THROW(phasor::testing::run_ranks(
+                   2,
+                   [](int rank, const phasor::distributed::ProcessGroupPtr& group) {
+                     if (rank == 1) throw std::runtime_error("rank 1 dies");
+                     std::vector<at::Tensor> t{torch::ones({2})};
+                     group->allreduce(t)->wait();
+                   },
+                   std::chrono::seconds(3)),
+               std::runtime_error);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(60));
+}
+
+TEST(LaunchLocal, EveryRankSeesItsEnvironment) {
+  // Each rank checks its variables and exits 0 only if they are right.
+  const int status = phasor::distributed::launch_local(
+      3, {"/bin/sh", "-c",
+          "[ \"$WORLD_SIZE\" = 3 ] && [ \"$RANK\" -ge 0 ] && [ \"$RANK\" -lt 3 ] && "
+          "[ \"$LOCAL_RANK\" = \"$RANK\" ] && [ \"$MASTER_ADDR\" = 127.0.0.1 ] && "
+          "[ \"$MASTER_PORT\" -gt 0 ]"});
+  EXPECT_EQ(status, 0);
+}
+
+TEST(LaunchLocal, AFailingRankStopsTheOthers) {
+  const auto start = std::chrono::steady_clock::now();
+  const int status = phasor::distributed::launch_local(
+      3, {"/bin/sh", "-c", "if [ \"$RANK\" = 1 ]; then exit 3; fi; sleep 60"},
+      std::chrono::milliseconds(500));
+  EXPECT_EQ(status, 3);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30));
+}
+
+TEST(LaunchLocal, BadArgumentsAreNamed) {
+  EXPECT_NE(error_of([] { phasor::distributed::launch_local(0, {"true"}); }).find("'nproc'"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { phasor::distributed::launch_local(2, {}); }).find("'argv'"),
+            std::string::npos);
+}
+
+}  // namespace
