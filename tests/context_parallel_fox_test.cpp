@@ -15,6 +15,7 @@
 #include "phasor/context_parallel.h"
 #include "phasor/testing/distributed.h"
 #include "phasor/torch.h"
+#include "torch/layer_util.h"  // torch_detail::view_of
 
 namespace {
 
@@ -29,6 +30,7 @@ struct Case {
   bool theta = false, slope_q = false, slope_k = false;
   RotaryLayout layout = RotaryLayout::half_split;
   double gate_min = -1.0;            // g uniform in [gate_min, 0]
+  double q_gain = 1.0;               // sharper softmax rows: dominant keys (P > 1/2) anywhere
   std::int64_t minus_inf_gate = -1;  // a token whose gates are −inf (−1: none)
   at::ScalarType dtype = at::kDouble;
   Impl impl = Impl::chunk;
@@ -52,7 +54,7 @@ Inputs make_inputs(const Case& c, std::int64_t T) {
   at::manual_seed(1234);
   const auto opt = at::TensorOptions().dtype(c.dtype);
   Inputs in;
-  in.q = at::randn({c.B, T, c.HQ, c.K}, opt);
+  in.q = at::randn({c.B, T, c.HQ, c.K}, opt) * c.q_gain;
   in.k = at::randn({c.B, T, c.H, c.K}, opt);
   in.v = at::randn({c.B, T, c.H, c.V}, opt);
   in.g = at::rand({c.B, T, c.HQ}, opt) * c.gate_min;
@@ -193,6 +195,20 @@ TEST(ContextParallelFox, StrongGates) {
   Case c;
   c.lengths = {6, 4, 7};
   c.gate_min = -20;
+  check_case(c);
+}
+
+// Sharp rows put a dominant key (P_ij* > 1/2, whose dℓ the kernels form from the rest of the row)
+// in the diagonal block or on an earlier rank; the row's cross-block sums must reach the kernel.
+TEST(ContextParallelFox, DominantKeysOnEitherSide) {
+  Case c;
+  c.lengths = {6, 5, 7};
+  c.q_gain = 6;
+  c.gate_min = -0.05;
+  check_case(c);
+  c.impl = Impl::recurrent;
+  check_case(c);
+  c.dtype = at::kFloat;
   check_case(c);
 }
 
@@ -369,6 +385,26 @@ TEST(ContextParallelFoxErrors, ArgumentsNamed) {
                    c10::nullopt, c10::nullopt, 64, c10::nullopt, RotaryLayout::half_split,
                    c10::nullopt, c10::nullopt, phasor::distributed::ProcessGroupPtr()),
                c10::Error);
+}
+
+// The core's dlogit_sums_elsewhere needs a kernel that takes the merged o and lse.
+TEST(ContextParallelFoxErrors, DlogitSumsElsewhereNeedsChunkOrRecurrent) {
+  const at::Tensor q = randn({1, 4, 2, 8}), g = -at::rand({1, 4, 2}, at::kDouble);
+  const at::Tensor d_o = randn({1, 4, 2, 8}), sums = randn({1, 4, 2}), dq = at::empty_like(q);
+  phasor::ForgettingAttnParams p;
+  p.q = phasor::torch_detail::view_of(q), p.k = p.q, p.v = p.q;
+  p.g = phasor::torch_detail::view_of(g);
+  p.dlogit_sums_elsewhere = phasor::torch_detail::view_of(sums);
+  phasor::ForgettingAttnGrads grads;
+  grads.dq = phasor::torch_detail::view_of(dq);
+  try {
+    phasor::forgetting_attn_backward(p, Impl::reference, phasor::torch_detail::view_of(d_o), {}, {},
+                                     grads);
+    ADD_FAILURE() << "no error";
+  } catch (const phasor::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("argument 'dlogit_sums_elsewhere'"), std::string::npos)
+        << e.what();
+  }
 }
 
 }  // namespace
