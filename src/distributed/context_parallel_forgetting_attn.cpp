@@ -32,8 +32,13 @@
 // (dk', dv, db summed over the query heads of a key head's group). The diagonal block is the core
 // backward given the MERGED o and lse: both kernels form D_i = do_i·o_i from the o passed and
 // P = e^{ℓ − lse} from the lse passed (src/forgetting_attn/chunk.cpp and recurrent.cpp), so they
-// return exactly the diagonal block's share of (4) — gate gradient included, for pairs inside
-// the slice. Cross blocks add, through (2):
+// return the diagonal block's share of (4) — gate gradient included, for pairs inside the slice —
+// with one exception that needs the cross blocks: the kernels take the dℓ of a row's dominant key
+// (P_ij* > 1/2) as −Σ_{j≠j*} dℓ_ij, the whole row summing to 0, which holds only over all keys.
+// So the cross blocks run first and their row sums dA_i reach the kernel as
+// ForgettingAttnParams::dlogit_sums_elsewhere. (A dominant key on another rank gets the direct
+// P(dP − D) in the cross block: the kernels' cancellation-free form only for local dominants.)
+// Cross blocks add, through (2):
 //   dA_i = Σ_{j cross} dℓ_ij,  dG_j = Σ_{i cross} dℓ_ij,  dM_br = Σ_{i∈r, j∈b} dℓ_ij,
 //   dg_l += Σ_{i ≥ l, i ∈ rank(l)} dA_i + Σ_{j < l, j ∈ rank(l)} dG_j + Σ_{b < rank(l) < r} dM_br
 // (a local reverse cumulative sum, a local exclusive cumulative sum, and the whole-rank terms,
@@ -41,6 +46,10 @@
 // db) of a cross block are sent back to the rank that owns the keys. θ's gradient comes from
 // autograd through the rotation, which is applied (as common/rotation.h, (R1)) before the
 // Function, so the kernel and the cross blocks see the same q', k'.
+//
+// Cross blocks are computed in query tiles of about 2^21 logits, with Eigen's GEMM for the
+// products and ATen for the element-wise work (the softmax of a row uses ℓ' = ℓ − c_i, see
+// cross_logits).
 //
 // Communication (c10d point-to-point on the group): rank b sends each later rank r the rows of its
 // keys that r's queries can see, [max(s_b, reach(s_r)), e_b), as four messages (k', v, G, b);
@@ -62,9 +71,10 @@
 #include <utility>
 #include <vector>
 
-#include "../torch/layer_util.h"
+#include "common/eigen.h"
 #include "phasor/context_parallel.h"
 #include "phasor/forgetting_attn.h"
+#include "torch/layer_util.h"
 
 namespace phasor::cp {
 namespace {
@@ -151,6 +161,51 @@ WorkPtr recv(const Setup& s, const at::Tensor& t, int peer, Tag tag) {
   return s.group->recv(list, peer, tag);
 }
 
+// ---- batched products ---------------------------------------------------------------------------
+// The cross blocks' matrix products, by Eigen's GEMM (ATen's CPU matmul in Debian's LibTorch goes
+// to a BLAS that is about half as fast at these shapes, single-threaded). a, b: [..., rows, cols]
+// with the same leading dimensions, float or double, unit stride along the last dimension
+// (anything else is copied first). Returns a contiguous [..., m, n] tensor.
+enum class Product { nn, nt, tn };  // a·b, a·bᵀ, aᵀ·b
+
+template <class S>
+void batched_product(const at::Tensor& a, const at::Tensor& b, at::Tensor& c, Product op) {
+  using Mat = Eigen::Matrix<S, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+  using In = Eigen::Map<const Mat, 0, Eigen::OuterStride<>>;
+  using Out = Eigen::Map<Mat>;
+  const std::int64_t batch = a.size(0);
+  const S* pa = a.data_ptr<S>();
+  const S* pb = b.data_ptr<S>();
+  S* pc = c.data_ptr<S>();
+  for (std::int64_t i = 0; i < batch; ++i) {
+    const In A(pa + i * a.stride(0), a.size(1), a.size(2), Eigen::OuterStride<>(a.stride(1)));
+    const In Bm(pb + i * b.stride(0), b.size(1), b.size(2), Eigen::OuterStride<>(b.stride(1)));
+    Out C(pc + i * c.stride(0), c.size(1), c.size(2));
+    if (op == Product::nn) C.noalias() = A * Bm;
+    if (op == Product::nt) C.noalias() = A * Bm.transpose();
+    if (op == Product::tn) C.noalias() = A.transpose() * Bm;
+  }
+}
+
+at::Tensor product(const at::Tensor& a, const at::Tensor& b, Product op) {
+  auto as_3d = [](const at::Tensor& x) {
+    at::Tensor y = x.reshape({-1, x.size(-2), x.size(-1)});
+    return y.stride(2) == 1 && y.stride(1) >= y.size(2) ? y : y.contiguous();
+  };
+  const at::Tensor a3 = as_3d(a), b3 = as_3d(b);
+  const std::int64_t m = op == Product::tn ? a3.size(2) : a3.size(1);
+  const std::int64_t n = op == Product::nt ? b3.size(1) : b3.size(2);
+  at::Tensor c = at::empty({a3.size(0), m, n}, a3.options());
+  if (a3.scalar_type() == at::kDouble)
+    batched_product<double>(a3, b3, c, op);
+  else
+    batched_product<float>(a3, b3, c, op);
+  std::vector<std::int64_t> sizes(a.sizes().begin(), a.sizes().end() - 2);
+  sizes.push_back(m);
+  sizes.push_back(n);
+  return c.view(sizes);
+}
+
 // This rank's keys in the message layout, token-major so that a run of rows is contiguous:
 // k' [T_r, B, H, K], v [T_r, B, H, V] (compute type), G [T_r, B, HQ] and b [T_r, B, H] (float64).
 struct OwnKeys {
@@ -229,40 +284,46 @@ KeyBlock post_receive(const Setup& s, int b) {
 
 // A received block in the compute layout: heads first, the group of a key head as its own axis.
 struct BlockView {
-  at::Tensor k;          // [B, H, n, K]
-  at::Tensor kt;         // [B, H, K, n]
-  at::Tensor v;          // [B, H, n, V]
-  at::Tensor gate_bias;  // [B, H, G, 1, n] float64: G_j + M_br of (2)
-  at::Tensor key_slope;  // [B, H, 1, 1, n] float64, or undefined
-  at::Tensor position;   // [n] int64: global key indices
+  at::Tensor k;           // [B, H, n, K]
+  at::Tensor v;           // [B, H, n, V]
+  at::Tensor gate_col;    // [B, H, G, 1, n] float64: G_j of (2)
+  at::Tensor gate_col_c;  // the same in the compute type
+  at::Tensor between;     // [B, H, G, 1] float64: M_br of (2)
+  at::Tensor key_slope;   // [B, H, 1, 1, n] float64, or undefined
+  at::Tensor position;    // [n] int64: global key indices
+  std::int64_t first = 0;
 };
 
 BlockView view_block(const Setup& s, const KeyBlock& kb) {
   BlockView bv;
   bv.k = kb.k.permute({1, 2, 0, 3}).contiguous();
-  bv.kt = bv.k.transpose(2, 3);
   bv.v = kb.v.permute({1, 2, 0, 3}).contiguous();
-  const at::Tensor m = s.between_totals(kb.owner, s.rank).view({s.B, s.H, s.G, 1, 1});
-  bv.gate_bias = kb.gate_suffix.view({kb.n, s.B, s.H, s.G}).permute({1, 2, 3, 0}).unsqueeze(3) + m;
+  bv.between = s.between_totals(kb.owner, s.rank).view({s.B, s.H, s.G, 1});
+  bv.gate_col =
+      kb.gate_suffix.view({kb.n, s.B, s.H, s.G}).permute({1, 2, 3, 0}).unsqueeze(3).contiguous();
+  bv.gate_col_c = bv.gate_col.to(s.compute);
   if (s.has_b) bv.key_slope = kb.key_slope.permute({1, 2, 0}).reshape({s.B, s.H, 1, 1, kb.n});
   bv.position = at::arange(kb.first, kb.first + kb.n, at::TensorOptions().dtype(at::kLong));
+  bv.first = kb.first;
   return bv;
 }
 
 // The query side of this rank in the compute layout.
 struct Queries {
-  at::Tensor q;         // [B, H, G, T_r, K]
+  at::Tensor q;         // [B, H, G, T_r, K], times scale
   at::Tensor prefix;    // [B, H, G, T_r] float64: A_i of (2)
   at::Tensor slope;     // [B, H, G, T_r] float64, or undefined
   at::Tensor position;  // [T_r] int64: global query indices
   at::Tensor reach;     // [T_r] int64: (1)
+  std::vector<std::int64_t> reach_host;
 };
 
 Queries make_queries(const Setup& s, const at::Tensor& q, const at::Tensor& g,
                      const at::Tensor& a) {
   const std::int64_t T = s.local_length();
   Queries qs;
-  qs.q = q.reshape({s.B, T, s.H, s.G, s.K}).permute({0, 2, 3, 1, 4}).contiguous();
+  // scale q_i (as the kernels do): then dk'_j = Σ_i dℓ_ij (scale q'_i).
+  qs.q = (q.reshape({s.B, T, s.H, s.G, s.K}) * s.scale).permute({0, 2, 3, 1, 4}).contiguous();
   qs.prefix =
       g.to(at::kDouble).cumsum(1).view({s.B, T, s.H, s.G}).permute({0, 2, 3, 1}).contiguous();
   if (a.defined())
@@ -273,6 +334,7 @@ Queries make_queries(const Setup& s, const at::Tensor& q, const at::Tensor& g,
   for (std::int64_t t = 0; t < T; ++t)
     reach[static_cast<std::size_t>(t)] = s.reach(s.start[s.rank] + t);
   qs.reach = at::tensor(reach, at::TensorOptions().dtype(at::kLong));
+  qs.reach_host = std::move(reach);
   return qs;
 }
 
@@ -282,10 +344,16 @@ std::int64_t query_tile(const Setup& s, std::int64_t n) {
   return std::max<std::int64_t>(16, (std::int64_t{1} << 21) / per_row);
 }
 
-// ℓ of query rows [i0, i0 + tq) against a block: [B, H, G, tq, n] in the compute type, −inf where
-// (1) hides the key. The gate sum and the slope bias are formed in float64 and rounded once.
+// The logits of query rows [i0, i0 + tq) against a block, split by (2) into a part that varies
+// along the row and a row constant:
+//   ℓ_ij = ℓ'_ij + c_i,  ℓ'_ij = scale q'_i·k'_j + G_j − (i − j)(a_i + b_j),  c_i = A_i + M_br,
+// ℓ' [B, H, G, tq, n] in the compute type (−inf where (1) hides the key; with slopes the pair term
+// is formed with G_j in float64 and rounded once), c [B, H, G, tq] in float64. The softmax of a
+// row is that of ℓ'; c only shifts its log-sum-exp. The gate terms are all ≤ 0, so rounding G_j
+// and c_i apart costs what the kernels' one rounding of their sum costs.
 struct Logits {
-  at::Tensor logits;    // [B, H, G, tq, n]
+  at::Tensor logits;    // ℓ' [B, H, G, tq, n]
+  at::Tensor row;       // c [B, H, G, tq] float64
   at::Tensor distance;  // [tq, n] compute type: i − j (slopes only)
 };
 
@@ -293,21 +361,26 @@ Logits cross_logits(const Setup& s, const Queries& qs, const BlockView& bv, std:
                     std::int64_t tq) {
   const std::int64_t n = bv.k.size(2);
   const at::Tensor qt = qs.q.narrow(3, i0, tq).reshape({s.B, s.H, s.G * tq, s.K});
-  at::Tensor scores = at::matmul(qt, bv.kt).view({s.B, s.H, s.G, tq, n});
-  at::Tensor bias = qs.prefix.narrow(3, i0, tq).unsqueeze(-1) + bv.gate_bias;  // (2)
   Logits out;
-  const at::Tensor qpos = qs.position.narrow(0, i0, tq);
+  out.logits = product(qt, bv.k, Product::nt).view({s.B, s.H, s.G, tq, n});
+  out.row = qs.prefix.narrow(3, i0, tq) + bv.between;
   if (s.has_a || s.has_b) {
+    const at::Tensor qpos = qs.position.narrow(0, i0, tq);
     const at::Tensor distance = (qpos.unsqueeze(1) - bv.position.unsqueeze(0)).to(at::kDouble);
     at::Tensor slopes;  // a_i + b_j
     if (s.has_a) slopes = qs.slope.narrow(3, i0, tq).unsqueeze(-1);
     if (s.has_b) slopes = slopes.defined() ? slopes + bv.key_slope : bv.key_slope;
-    bias = bias - distance * slopes;
+    out.logits.add_((bv.gate_col - distance * slopes).to(s.compute));
     out.distance = distance.to(s.compute);
+  } else {
+    out.logits.add_(bv.gate_col_c);
   }
-  out.logits = scores.mul_(s.scale).add_(bias.to(s.compute));
-  const at::Tensor hidden = bv.position.unsqueeze(0) < qs.reach.narrow(0, i0, tq).unsqueeze(1);
-  out.logits.masked_fill_(hidden, -std::numeric_limits<double>::infinity());
+  // reach() grows along the rows: unless the tile's last query reaches past the block's first
+  // key, every query of the tile sees every key of the block.
+  if (qs.reach_host[static_cast<std::size_t>(i0 + tq - 1)] > bv.first) {
+    const at::Tensor hidden = bv.position.unsqueeze(0) < qs.reach.narrow(0, i0, tq).unsqueeze(1);
+    out.logits.masked_fill_(hidden, -std::numeric_limits<double>::infinity());
+  }
   return out;
 }
 
@@ -378,14 +451,22 @@ struct CrossForgettingAttn : torch::autograd::Function<CrossForgettingAttn> {
         const std::int64_t tile = query_tile(s, block.n);
         for (std::int64_t i0 = 0; i0 < T; i0 += tile) {
           const std::int64_t tq = std::min(tile, T - i0);
-          const at::Tensor l = cross_logits(s, qs, bv, i0, tq).logits;
-          // (3): lse' = logaddexp(lse, lse_B); o' = e^{lse − lse'} o + Σ_j e^{ℓ_ij − lse'} v_j.
+          const Logits lg = cross_logits(s, qs, bv, i0, tq);
+          // (3) with ℓ = ℓ' + c: m = max_j ℓ', E = e^{ℓ' − m}, lse_B = m + c + log Σ_j E,
+          // lse' = logaddexp(lse, lse_B), o' = e^{lse − lse'} o + e^{m + c − lse'} E V.
+          at::Tensor e = lg.logits;
+          at::Tensor m = std::get<0>(e.max(-1));
+          m.masked_fill_(at::isinf(m), 0);  // a row without a visible key: E = 0
+          e.sub_(m.unsqueeze(-1)).exp_();
+          const at::Tensor shift = m.to(at::kDouble) + lg.row;  // m + c
+          const at::Tensor lse_block = e.sum(-1).log().to(at::kDouble) + shift;
           at::Tensor lse_rows = lw.narrow(3, i0, tq), o_rows = ow.narrow(3, i0, tq);
-          const at::Tensor merged = at::logaddexp(lse_rows, at::logsumexp(l, -1));
-          const at::Tensor p = (l - merged.unsqueeze(-1)).exp_();
-          const at::Tensor pv = at::matmul(p.view({s.B, s.H, s.G * tq, block.n}), bv.v)
+          const at::Tensor lse_prev = lse_rows.to(at::kDouble);
+          const at::Tensor merged = at::logaddexp(lse_prev, lse_block);
+          const at::Tensor ev = product(e.view({s.B, s.H, s.G * tq, block.n}), bv.v, Product::nn)
                                     .view({s.B, s.H, s.G, tq, s.V});
-          o_rows.mul_((lse_rows - merged).exp_().unsqueeze(-1)).add_(pv);
+          o_rows.mul_((lse_prev - merged).exp().to(s.compute).unsqueeze(-1))
+              .add_(ev.mul_((shift - merged).exp().to(s.compute).unsqueeze(-1)));
           lse_rows.copy_(merged);
         }
       }
@@ -478,19 +559,20 @@ struct CrossForgettingAttn : torch::autograd::Function<CrossForgettingAttn> {
         for (std::int64_t i0 = 0; i0 < T; i0 += tile) {
           const std::int64_t tq = std::min(tile, T - i0);
           const Logits lg = cross_logits(s, qs, bv, i0, tq);
-          // P = e^{ℓ − lse} (clamped at 1 like the kernels: exactly, ℓ ≤ lse).
-          const at::Tensor p =
-              (lg.logits - lse_w.narrow(3, i0, tq).unsqueeze(-1)).clamp_max_(0).exp_();
+          // P = e^{ℓ' − (lse − c)} (clamped at 1 like the kernels: exactly, ℓ ≤ lse).
+          const at::Tensor offset =
+              (lse_w.narrow(3, i0, tq).to(at::kDouble) - lg.row).to(s.compute);
+          const at::Tensor p = lg.logits.sub_(offset.unsqueeze(-1)).clamp_max_(0).exp_();
           const at::Tensor do_t = do_w.narrow(3, i0, tq).reshape({s.B, s.H, s.G * tq, s.V});
-          const at::Tensor dp = at::matmul(do_t, bv.v.transpose(2, 3)).view({s.B, s.H, s.G, tq, n});
+          const at::Tensor dp = product(do_t, bv.v, Product::nt).view({s.B, s.H, s.G, tq, n});
           // (4): dℓ = P (do·v − D).
           const at::Tensor dl = p * (dp - delta.narrow(3, i0, tq).unsqueeze(-1));
           const at::Tensor dl_flat = dl.view({s.B, s.H, s.G * tq, n});
           const at::Tensor q_t = qs.q.narrow(3, i0, tq).reshape({s.B, s.H, s.G * tq, s.K});
-          dq_w.narrow(3, i0, tq).add_(at::matmul(dl_flat, bv.k).view({s.B, s.H, s.G, tq, s.K}),
-                                      s.scale);
-          dk_b.add_(at::matmul(dl_flat.transpose(2, 3), q_t), s.scale);
-          dv_b.add_(at::matmul(p.view({s.B, s.H, s.G * tq, n}).transpose(2, 3), do_t));
+          dq_w.narrow(3, i0, tq).add_(
+              product(dl_flat, bv.k, Product::nn).view({s.B, s.H, s.G, tq, s.K}), s.scale);
+          dk_b.add_(product(dl_flat, q_t, Product::tn));  // q_t holds scale q'
+          dv_b.add_(product(p.view({s.B, s.H, s.G * tq, n}), do_t, Product::tn));
           const at::Tensor row_sums = at::sum(dl, {-1}, false, at::kDouble);  // dA_i
           dprefix.narrow(3, i0, tq).add_(row_sums);
           dgate_b.add_(at::sum(dl, {-2}, false, at::kDouble));  // dG_j
