@@ -564,9 +564,11 @@ struct CrossForgettingAttn : torch::autograd::Function<CrossForgettingAttn> {
               (lse_w.narrow(3, i0, tq).to(at::kDouble) - lg.row).to(s.compute);
           const at::Tensor p = lg.logits.sub_(offset.unsqueeze(-1)).clamp_max_(0).exp_();
           const at::Tensor do_t = do_w.narrow(3, i0, tq).reshape({s.B, s.H, s.G * tq, s.V});
-          const at::Tensor dp = product(do_t, bv.v, Product::nt).view({s.B, s.H, s.G, tq, n});
-          // (4): dℓ = P (do·v − D).
-          const at::Tensor dl = p * (dp - delta.narrow(3, i0, tq).unsqueeze(-1));
+          // (4): dℓ = P (do·v − D), in the storage of do·v.
+          const at::Tensor dl = product(do_t, bv.v, Product::nt)
+                                    .view({s.B, s.H, s.G, tq, n})
+                                    .sub_(delta.narrow(3, i0, tq).unsqueeze(-1))
+                                    .mul_(p);
           const at::Tensor dl_flat = dl.view({s.B, s.H, s.G * tq, n});
           const at::Tensor q_t = qs.q.narrow(3, i0, tq).reshape({s.B, s.H, s.G * tq, s.K});
           dq_w.narrow(3, i0, tq).add_(
