@@ -35,6 +35,7 @@ struct Case {
   at::ScalarType dtype = at::kDouble;
   Impl impl = Impl::chunk;
   std::int64_t block_size = 4;
+  bool strided = false;  // each rank's q, k, v, g as non-contiguous views (heads-major storage)
 };
 
 double relative_rms(const at::Tensor& got, const at::Tensor& want) {
@@ -118,6 +119,9 @@ void check_case(const Case& c) {
         };
         Inputs mine{slice(in.q),     slice(in.k), slice(in.v), slice(in.g),
                     slice(in.theta), slice(in.a), slice(in.b), slice(in.d_o)};
+        if (c.strided)
+          for (at::Tensor* t : {&mine.q, &mine.k, &mine.v, &mine.g})
+            *t = t->transpose(1, 2).contiguous().transpose(1, 2);
         const std::vector<at::Tensor> got = run(
             leaves(mine), mine.d_o, [&](auto q, auto k, auto v, auto g, auto th, auto a, auto b) {
               return phasor::cp::forgetting_attn(q, k, v, g, c.impl, c10::nullopt, c.window, cu,
@@ -165,6 +169,8 @@ TEST(ContextParallelFox, GroupedQueriesAndKDifferentFromV) {
   Case c;
   c.lengths = {4, 6, 5};
   c.HQ = 4, c.H = 2, c.K = 6, c.V = 10;
+  check_case(c);
+  c.strided = true;
   check_case(c);
 }
 
