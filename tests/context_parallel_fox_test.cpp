@@ -393,6 +393,19 @@ TEST(ContextParallelFoxErrors, ArgumentsNamed) {
                c10::Error);
 }
 
+TEST(ContextParallelFoxErrors, CpuComputeDeviceOnly) {
+  const auto errors = errors_of(2, [](int, const auto& group) {
+    phasor::ComputeDeviceGuard device(phasor::Device::emulated);
+    phasor::cp::parallel_forgetting_attn(
+        randn({1, 4, 2, 8}), randn({1, 4, 2, 8}), randn({1, 4, 2, 8}),
+        -at::rand({1, 4, 2}, at::TensorOptions().dtype(at::kDouble)), c10::nullopt, c10::nullopt,
+        c10::nullopt, 64, c10::nullopt, RotaryLayout::half_split, c10::nullopt, c10::nullopt,
+        group);
+  });
+  for (const auto& e : errors)
+    EXPECT_NE(e.find("argument 'compute device'"), std::string::npos) << e;
+}
+
 // The core's dlogit_sums_elsewhere needs a kernel that takes the merged o and lse.
 TEST(ContextParallelFoxErrors, DlogitSumsElsewhereNeedsChunkOrRecurrent) {
   const at::Tensor q = randn({1, 4, 2, 8}), g = -at::rand({1, 4, 2}, at::kDouble);

@@ -46,9 +46,11 @@ namespace phasor::cp {
 // recomputed from the same messages; key-side gradients go back to the rank that owns the keys.
 // Exchanged per call (forward; the backward sends the keys again plus their gradients): rank b
 // sends to each later rank r the rows of its keys r can see — without a window all of them — so
-// per rank at most (R − 1) slices of k, v and the gate and slope columns; a receiver holds one
-// block at a time. The gate of a key block's own positions is sent as suffix sums, so the logits
-// never subtract two cumulative sums (exact for −inf gates).
+// per rank at most (R − 1) slices of k, v and the gate and slope columns; a receiver holds at
+// most two blocks at a time (the one computed, the next in flight); in the backward a rank also
+// holds the buffers of the gradients its readers return (up to (R − 1) slices for rank 0). The
+// gates of a key block's own positions are sent as suffix sums, so the logits never subtract two
+// cumulative sums (exact for −inf gates). CPU tensors (the cross blocks run on the CPU).
 at::Tensor forgetting_attn(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                            const at::Tensor& g, Impl impl, c10::optional<double> scale,
                            c10::optional<std::int64_t> window_size,

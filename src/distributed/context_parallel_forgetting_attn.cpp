@@ -688,6 +688,10 @@ void check_local(const std::string& op, const at::Tensor& q, const at::Tensor& k
     torch_detail::fail(
         op, "impl", "Impl::chunk or Impl::recurrent (the diagonal block's kernel)",
         "Impl::reference (its backward recomputes o and lse from its own keys only)");
+  if (compute_device() != Device::cpu)
+    torch_detail::fail(op, "compute device",
+                       "Device::cpu (phasor::set_compute_device; the cross blocks run on the cpu)",
+                       std::string("Device::") + to_string(compute_device()));
   check_float(op, "q", q, 4, "[B, T, HQ, K]");
   check_float(op, "k", k, 4, "[B, T, H, K]");
   check_float(op, "v", v, 4, "[B, T, H, V]");
