@@ -4,9 +4,9 @@
 // argument, the group, and gives each rank the outputs of its own slice — equal to the slice of
 // the single-process result — with autograd through the communication (backward included).
 //
-//   #include <phasor/context_parallel.h>  // CMake: target_link_libraries(app PRIVATE phasor::distributed)
-//   auto group = phasor::distributed::init_process_group();
-//   auto [o, final_state] = phasor::cp::chunk_gla(q_slice, k_slice, v_slice, g_slice, group);
+//   #include <phasor/context_parallel.h>  // CMake: target_link_libraries(app PRIVATE
+//   phasor::distributed) auto group = phasor::distributed::init_process_group(); auto [o,
+//   final_state] = phasor::cp::chunk_gla(q_slice, k_slice, v_slice, g_slice, group);
 //
 // Every collective is c10d's, on the group given (Gloo on CPUs).
 #pragma once
