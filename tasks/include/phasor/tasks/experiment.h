@@ -77,6 +77,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -158,6 +159,14 @@ struct ExperimentOptions {
   // Time LibTorch ops and phasor kernels during training (an OpTimer), so that each run's
   // "time_breakdown" in timings.json splits its forward and backward passes (format_time_table).
   bool profile = false;
+  // Data parallel (phasor/tasks/data_parallel.h): every rank of the group calls run_experiment
+  // with the same config and options; each run trains on all of them (train.batch_size must be
+  // divisible by the number of ranks) and evaluates with them; only rank 0 writes into out_dir
+  // (and prints progress). With resume, every rank reads out_dir (a folder all of them see) and
+  // they must find the same finished runs and checkpoints. results.json's "machine" and
+  // timings.json gain "processes"; the results equal the single-process run's up to
+  // floating-point summation order. Null, or a group of one: one process.
+  std::shared_ptr<DataParallel> data_parallel;
 };
 
 struct ExperimentOutput {
