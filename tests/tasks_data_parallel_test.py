@@ -15,7 +15,7 @@
 2. Resume: a data-parallel run stopped at step 12 (--stop-at-step) and continued with --resume
    gives results.json and results.csv byte-identical to the uninterrupted data-parallel run.
 3. A rank killed mid-run (SIGKILL): under --nproc, the command exits non-zero naming the rank
-   within seconds; with ranks launched by hand, the surviving rank exits non-zero with the data-
+   within seconds (and a killed launcher takes its ranks with it); with ranks launched by hand, the surviving rank exits non-zero with the data-
    parallel error naming the failed collective, within the --timeout-s; a rank stopped (SIGSTOP,
    alive but silent) makes the other fail at the timeout.
 4. Bad input: --nproc 0, a batch not divisible by the processes (--nproc 3, WORLD_SIZE=3), --nproc
@@ -290,6 +290,34 @@ else:
         except subprocess.TimeoutExpired:
             launcher.kill()
             report("--nproc 2 with rank 1 killed", False, "still running 30 s later")
+# --nproc: SIGKILL the launcher; its ranks end too (no orphan keeps training and writing).
+out = os.path.join(WORK, "killed_launcher")
+launcher = subprocess.Popen([PHASOR, "tasks", "run", long_path, "--out", out, "--threads", "1",
+                             "--quiet", "--nproc", "2"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+if not wait_for_checkpoint(out, [launcher]):
+    launcher.kill()
+    report("--nproc 2 with the launcher killed", False, "the ranks did not start training")
+else:
+    kids = [pid for _, pid in children_of(launcher.pid)]
+    launcher.kill()
+    launcher.communicate()
+
+    def running(pid):  # neither gone nor a zombie (reaped by whoever adopted it, or not)
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+        except OSError:
+            return False
+
+    end = time.time() + 20
+    while time.time() < end and any(running(pid) for pid in kids):
+        time.sleep(0.05)
+    alive = [pid for pid in kids if running(pid)]
+    report("--nproc 2 with the launcher killed: its ranks end", len(kids) == 2 and not alive,
+           f"ranks {kids}, still alive {alive}")
+    for pid in alive:
+        os.kill(pid, signal.SIGKILL)
 # Ranks by hand (no launcher to stop the others): the survivor's collective fails.
 for sig, name in ((signal.SIGKILL, "killed"), (signal.SIGSTOP, "stopped (alive, silent)")):
     out = os.path.join(WORK, "by_hand_" + name.split()[0])

@@ -47,7 +47,8 @@
 //
 // clang-format on
 // Output folder:
-//   results.json    the config, the machine (threads), every run (losses, periodic
+//   results.json    the config, the machine (threads; data parallel: processes), every run (losses,
+//   periodic
 //                   evaluations, per-length token / sequence accuracy, loss and cumulative
 //                   sequence-accuracy curve, copy: char_accuracy) and the summary (best lr per
 //                   arm, means). No clock readings: for a config, seeds and thread counts its
@@ -186,7 +187,7 @@ std::string format_result_table(const nlohmann::json& results,
 // The training-speed table printed by `phasor tasks run --profile`: per run of timings.json,
 // training tokens/s and the milliseconds per step of each phase of its "time_breakdown" (train.h's
 // TimeBreakdown; forward and backward split into phasor kernels, other LibTorch ops and the rest
-// when timed).
+// when timed; data parallel's wait for the all-reduces, sync_s, counts as "other").
 std::string format_time_table(const nlohmann::json& timings);
 
 }  // namespace phasor::tasks
