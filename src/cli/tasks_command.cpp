@@ -214,7 +214,7 @@ struct RunOptions {
   bool profile = false;
   // Data parallel: --nproc N launches N local ranks of this command (the arguments without
   // --nproc); under a launch environment (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT: a rank of
-  // --nproc, of torchrun, or set by hand on several machines) this process is one rank.
+  // --nproc, or set by hand / by a scheduler on several machines) this process is one rank.
   std::optional<int> nproc;
   double timeout_s = 300;  // of every collective and of the rendezvous
   double bucket_mb = 25;   // gradient all-reduce buckets (MiB)
@@ -431,8 +431,8 @@ int run_tasks(int argc, char** argv) {
                   "data parallel: train on N local processes (ranks on the loopback, c10d/Gloo), "
                   "each on batch_size / N rows of every batch, gradients all-reduced; each uses "
                   "--threads / --kernel-threads. Several machines: run this command (without "
-                  "--nproc) on each with RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set, as "
-                  "torchrun does");
+                  "--nproc) once per rank with torchrun's variables RANK, WORLD_SIZE, "
+                  "MASTER_ADDR (rank 0's machine), MASTER_PORT set");
   run->add_option("--timeout-s", r.timeout_s,
                   "data parallel: seconds a collective (and the rendezvous) may wait for the "
                   "other ranks before failing (default 300)");
