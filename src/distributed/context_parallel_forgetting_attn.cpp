@@ -870,10 +870,11 @@ at::Tensor forgetting_attn(const at::Tensor& q, const at::Tensor& k, const at::T
     m[kTheta] = theta.defined(), m[kSlopeQ] = a.defined(), m[kSlopeK] = b.defined();
     m[kCuCount] = cu.defined() ? cu.numel() : -1;
     if (cu.defined()) {
-      const at::Tensor c = cu.to(at::kLong);
-      std::uint64_t hash = 1469598103934665603ull;
+      const at::Tensor c = cu.to(at::kLong).contiguous();
+      const std::int64_t* offsets = c.data_ptr<std::int64_t>();
+      std::uint64_t hash = 1469598103934665603ull;  // FNV-1a over the offsets
       for (std::int64_t n = 0; n < c.numel(); ++n)
-        hash = (hash ^ static_cast<std::uint64_t>(c[n].item<std::int64_t>())) * 1099511628211ull;
+        hash = (hash ^ static_cast<std::uint64_t>(offsets[n])) * 1099511628211ull;
       std::int64_t h;
       std::memcpy(&h, &hash, sizeof h);
       m[kCuHash] = h;
