@@ -48,8 +48,11 @@ namespace phasor::cp {
 // C_r = P_r C_{r−1} + S⁰_r (an allgather of the maps: O(R) bytes and O(R·K²V) work per rank for R
 // ranks), and each rank corrects its outputs with one batched product. The backward pass is the
 // reverse scan of the state gradients (G_{r−1} = P_rᵀ G_r + Σ_t A_t do_tᵀ) and one backward call
-// of the augmented op. Cost per rank: the single-process op on T_r tokens with V + K value
-// columns (twice the work for K = V), plus the exchange of R maps of H·K·(K + V) numbers.
+// of the augmented op. GLA's transition is diagonal (P_{≤t} = diag(exp(Σ_{s≤t} g_s))), so for GLA
+// A_t = scale · exp(Σ g) ⊙ q'_t comes from elementwise torch ops and the op runs on V columns
+// only. Cost per rank: the single-process op on T_r tokens (Gated DeltaNet: with V + K value
+// columns, twice the work for K = V), the correction (2·K·V multiply-adds per continuing token
+// and head), plus the exchange of R maps of H·K·(K + V) numbers.
 //
 // Autograd: every input that requires grad gets its gradient (q, k, v, g, beta, theta,
 // initial_state). final_state is replicated: its incoming gradient must be the same on every rank

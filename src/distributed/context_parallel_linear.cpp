@@ -51,6 +51,7 @@
 #include <ATen/ATen.h>
 #include <torch/autograd.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <functional>
@@ -348,6 +349,14 @@ at::ScalarType state_dtype(const at::Tensor& t) {
   return t.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
 }
 
+// This slice's results, connected to the leaves by autograd when gradients are needed.
+struct LocalResult {
+  at::Tensor o0;  // [B, T_r, Hs, V]: outputs from S_in = 0 (from h0 where a sequence starts here)
+  at::Tensor a;   // [B, n, Hs, K]: A_t of the n tokens that continue a sequence (n > 0 only)
+  at::Tensor x;   // [P, Hs, K, V]: each piece's final state from S_in = 0 (or from its h0)
+  at::Tensor y;   // [L, Hs, K, K]: the transition P of each lane's continuing piece (n > 0 only)
+};
+
 // What a forward pass leaves for its backward pass.
 struct Saved : torch::CustomClassHolder {
   distributed::ProcessGroupPtr group;
@@ -355,10 +364,11 @@ struct Saved : torch::CustomClassHolder {
   std::string op;
   // The augmented call's leaves (detached inputs) and its outputs, with their autograd graph.
   std::vector<at::Tensor> leaves;  // q, k, v, g, beta, h0, theta (undefined when absent)
-  at::Tensor out_aug, state_aug;   // [B, T_r, Hs, V + K], [P, Hs, K, V + K] (or [P, H, R])
+  at::Tensor out_aug, state_aug;   // phases: θ⁰ [B, T_r, H, R] and the pieces' final phases
   at::Tensor s_in;                 // [L, Hs, K, V]: the state carried into this slice
   at::Tensor later_maps;           // [R, L, Hs, K, K] (or [R, L]): every rank's M_j
   at::Tensor omega;                // phases: ω (for the correction's gradient)
+  LocalResult local;               // GLA / Gated DeltaNet: this slice's results
   bool output_final = false;
   std::int64_t value_dim = 0;
 };
@@ -456,6 +466,83 @@ void check_linear_local(const std::string& op, Family family, const at::Tensor& 
   (void)V;
 }
 
+// The initial states of the pieces: h0[n] (or 0) for a piece that starts its sequence here, 0 for
+// one that continues a sequence from an earlier rank ([P, Hs, K, V], differentiable in h0).
+at::Tensor piece_initial_states(const Layout& layout, const at::Tensor& h0, std::int64_t Hs,
+                                std::int64_t K, std::int64_t V, const at::TensorOptions& options) {
+  const auto P = static_cast<std::int64_t>(layout.pieces.size());
+  const auto sd = options.dtype().toScalarType();
+  if (!h0.defined()) return at::zeros({P, Hs, K, V}, options);
+  return h0.to(sd).index_select(0, piece_sequences(layout)) * (1 - carry_in_mask(layout, sd));
+}
+
+// Any family: one call of the op with v_aug = [v | 0_K] from [h0 | 0] or [0 | I_K]:
+// o_aug = [o⁰ | A], S_aug = [S⁰ | P].
+LocalResult local_by_augmentation(const Layout& layout, const std::vector<at::Tensor>& lv,
+                                  const LinearOptions& o) {
+  const at::Tensor &q = lv[0], &v = lv[2];
+  const std::int64_t B = q.size(0), T = q.size(1), Hs = v.size(2), K = q.size(3), V = v.size(3),
+                     P = static_cast<std::int64_t>(layout.pieces.size()),
+                     n = layout.corrected_tokens;
+  const auto options = q.options().dtype(state_dtype(q));
+  const at::Tensor identity =
+      at::eye(K, options).expand({P, Hs, K, K}) * carry_in_mask(layout, state_dtype(q));
+  const at::Tensor h0_aug =
+      at::cat({piece_initial_states(layout, lv[5], Hs, K, V, options), identity}, -1);
+  const at::Tensor v_aug = at::cat({v, at::zeros({B, T, Hs, K}, v.options())}, -1);
+  const auto local_cu =
+      layout.varlen ? c10::optional<at::Tensor>(local_cu_seqlens(layout)) : c10::nullopt;
+  OutputAndState out;
+  if (o.family == Family::gla)
+    out = phasor::gla(q, lv[1], v_aug, lv[3], o.impl, o.scale, h0_aug, true, local_cu, o.chunk_size,
+                      as_optional(lv[6]), o.rotary_layout);
+  else
+    out = phasor::gated_delta_rule(q, lv[1], v_aug, lv[3], lv[4], o.impl, o.scale, h0_aug, true,
+                                   local_cu, o.use_qk_l2norm_in_kernel, o.chunk_size,
+                                   as_optional(lv[6]), o.rotary_layout);
+  const at::Tensor o_aug = std::get<0>(out), s_aug = *std::get<1>(out);
+  LocalResult r;
+  r.o0 = o_aug.narrow(-1, 0, V);
+  r.x = s_aug.narrow(-1, 0, V);
+  if (n > 0) {
+    r.a = o_aug.narrow(1, 0, n).narrow(-1, V, K);
+    std::vector<at::Tensor> ys;
+    for (std::int64_t lane = 0; lane < layout.lanes; ++lane)
+      ys.push_back(s_aug[layout.first_piece(lane)].narrow(-1, V, K));
+    r.y = at::stack(ys);
+  }
+  return r;
+}
+
+// GLA: the transition is diagonal, P_{≤t} = diag(exp(G_t)) with G_t = Σ_{s ≤ t} g_s from the
+// piece's first token, so A_t = scale · exp(G_t) ⊙ q'_t comes from elementwise torch ops and the
+// op runs on the V value columns only (half the work of the augmented call for K = V).
+LocalResult local_gla(const Layout& layout, const std::vector<at::Tensor>& lv,
+                      const LinearOptions& o) {
+  const at::Tensor &q = lv[0], &g = lv[3], &theta = lv[6];
+  const std::int64_t Hs = lv[2].size(2), K = q.size(3), V = lv[2].size(3),
+                     n = layout.corrected_tokens;
+  const auto sd = state_dtype(q);
+  const auto options = q.options().dtype(sd);
+  const auto local_cu =
+      layout.varlen ? c10::optional<at::Tensor>(local_cu_seqlens(layout)) : c10::nullopt;
+  const auto out = phasor::gla(q, lv[1], lv[2], g, o.impl, o.scale,
+                               piece_initial_states(layout, lv[5], Hs, K, V, options), true,
+                               local_cu, o.chunk_size, as_optional(theta), o.rotary_layout);
+  LocalResult r;
+  r.o0 = std::get<0>(out);
+  r.x = *std::get<1>(out);
+  if (n > 0) {
+    const double scale = o.scale ? *o.scale : 1.0 / std::sqrt(static_cast<double>(K));
+    const at::Tensor decay = g.narrow(1, 0, n).to(sd).cumsum(1);  // G_t [B, n, H, K]
+    at::Tensor qn = q.narrow(1, 0, n);
+    if (theta.defined()) qn = phasor::apply_rotary(qn, theta.narrow(1, 0, n), o.rotary_layout);
+    r.a = at::exp(decay) * qn.to(sd) * scale;
+    r.y = at::diag_embed(at::exp(decay.select(1, n - 1)));  // [L = B, H, K, K]
+  }
+  return r;
+}
+
 struct LinearFunction : torch::autograd::Function<LinearFunction> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
                                const at::Tensor& v, const at::Tensor& g,
@@ -518,42 +605,26 @@ struct LinearFunction : torch::autograd::Function<LinearFunction> {
     const at::ScalarType sd = state_dtype(q);
     const auto state_options = q.options().dtype(sd);
 
-    // 2. The augmented call on this slice: [o⁰ | A] and [S⁰ | P] per piece.
+    // 2. This slice's results: o⁰, A of the continuing tokens, S⁰ and P.
     auto saved = c10::make_intrusive<Saved>();
     saved->group = group, saved->op = op, saved->output_final = o.output_final_state;
     saved->value_dim = V;
     saved->leaves = {leaf(q, o.needs_grad),    leaf(k, o.needs_grad),    leaf(v, o.needs_grad),
                      leaf(g, o.needs_grad),    leaf(beta, o.needs_grad), leaf(h0, o.needs_grad),
                      leaf(theta, o.needs_grad)};
+    LocalResult& local = saved->local;
     std::string call_error;
     if (!layout.empty()) {
       call_error = error_of([&] {
         at::AutoGradMode grad_mode(o.needs_grad);
-        const auto& lv = saved->leaves;
-        const std::int64_t P = static_cast<std::int64_t>(layout.pieces.size());
-        // Initial states: [h0[n] | 0] for a piece that starts its sequence here, [0 | I] for one
-        // that continues a sequence from an earlier rank.
-        const at::Tensor carry = carry_in_mask(layout, sd);
-        at::Tensor start = lv[5].defined() ? lv[5].to(sd).index_select(0, piece_sequences(layout))
-                                           : at::zeros({P, Hs, K, V}, state_options);
-        start = start * (1 - carry);
-        const at::Tensor identity = at::eye(K, state_options).expand({P, Hs, K, K}) * carry;
-        const at::Tensor h0_aug = at::cat({start, identity}, -1);
-        const at::Tensor v_aug = at::cat({lv[2], at::zeros({B, T, Hs, K}, lv[2].options())}, -1);
-        const auto local_cu =
-            layout.varlen ? c10::optional<at::Tensor>(local_cu_seqlens(layout)) : c10::nullopt;
-        OutputAndState out;
-        if (o.family == Family::gla)
-          out = phasor::gla(lv[0], lv[1], v_aug, lv[3], o.impl, o.scale, h0_aug, true, local_cu,
-                            o.chunk_size, as_optional(lv[6]), o.rotary_layout);
-        else
-          out = phasor::gated_delta_rule(lv[0], lv[1], v_aug, lv[3], lv[4], o.impl, o.scale, h0_aug,
-                                         true, local_cu, o.use_qk_l2norm_in_kernel, o.chunk_size,
-                                         as_optional(lv[6]), o.rotary_layout);
-        saved->out_aug = std::get<0>(out);
-        saved->state_aug = *std::get<1>(out);
+        local = o.family == Family::gla ? local_gla(layout, saved->leaves, o)
+                                        : local_by_augmentation(layout, saved->leaves, o);
       });
     }
+    const at::Tensor o0 = local.o0.defined() ? local.o0.detach() : at::Tensor();
+    const at::Tensor a = local.a.defined() ? local.a.detach().to(sd) : at::Tensor();
+    const at::Tensor x = local.x.defined() ? local.x.detach() : at::Tensor();
+    const at::Tensor y = local.y.defined() ? local.y.detach() : at::Tensor();
 
     // 3. Every rank's map (M_r, c_r) and a failure flag, allgathered.
     at::Tensor map_m, map_c;
@@ -562,11 +633,12 @@ struct LinearFunction : torch::autograd::Function<LinearFunction> {
       map_c = at::zeros({L, Hs, K, V}, state_options);
     } else if (layout.carry_out && call_error.empty()) {
       std::vector<at::Tensor> ms, cs;
-      const at::Tensor s_aug = saved->state_aug.detach();
       for (std::int64_t lane = 0; lane < L; ++lane) {
-        const at::Tensor last = s_aug[layout.last_piece(lane)];
-        cs.push_back(last.narrow(-1, 0, V));
-        ms.push_back(last.narrow(-1, V, K));
+        const std::int64_t p = layout.last_piece(lane);
+        cs.push_back(x[p]);
+        ms.push_back(layout.pieces[static_cast<std::size_t>(p)].carry_in
+                         ? y[lane]
+                         : at::zeros({Hs, K, K}, state_options));
       }
       map_m = at::stack(ms), map_c = at::stack(cs);
     } else {
@@ -599,33 +671,29 @@ struct LinearFunction : torch::autograd::Function<LinearFunction> {
     if (layout.empty()) {
       out = at::empty({B, T, Hs, V}, q.options());
     } else {
-      const at::Tensor o_aug = saved->out_aug.detach();
-      out = o_aug.narrow(-1, 0, V).clone();
+      out = o0.clone();
       const std::int64_t n = layout.corrected_tokens;
-      if (n > 0) {
-        const at::Tensor a = o_aug.narrow(1, 0, n).narrow(-1, V, K).to(sd);
-        const at::Tensor o0 = o_aug.narrow(1, 0, n).narrow(-1, 0, V).to(sd);
-        out.narrow(1, 0, n).copy_(o0 + at::einsum("bthk,bhkv->bthv", {a, s_in}));
-      }
+      if (n > 0)
+        out.narrow(1, 0, n).copy_(o0.narrow(1, 0, n).to(sd) +
+                                  at::einsum("bthk,bhkv->bthv", {a, s_in}));
     }
 
     // 6. Final states: S⁰_n + P_n S_in on the rank holding sequence n's last token, summed.
     at::Tensor final_state;
     if (o.output_final_state) {
       final_state = at::zeros({layout.num_sequences, Hs, K, V}, state_options);
-      const at::Tensor s_aug = layout.empty() ? at::Tensor() : saved->state_aug.detach();
       for (std::size_t p = 0; p < layout.pieces.size(); ++p) {
         const Piece& piece = layout.pieces[p];
         if (!piece.owns_final) continue;
-        const at::Tensor sp = s_aug[static_cast<std::int64_t>(p)];
-        at::Tensor f = sp.narrow(-1, 0, V);
-        if (piece.carry_in)
-          f = f +
-              at::matmul(sp.narrow(-1, V, K), s_in[layout.lane_of(static_cast<std::int64_t>(p))]);
+        at::Tensor f = x[static_cast<std::int64_t>(p)];
+        if (piece.carry_in) {
+          const std::int64_t lane = layout.lane_of(static_cast<std::int64_t>(p));
+          f = f + at::matmul(y[lane], s_in[lane]);
+        }
         final_state[piece.seq].copy_(f);
       }
       if (layout.rank == 0 && h0.defined())
-        for (auto n : layout.empty_sequences) final_state[n].copy_(h0[n]);
+        for (auto seq : layout.empty_sequences) final_state[seq].copy_(h0[seq]);
       allreduce_sum(group, final_state);
     }
 
@@ -642,33 +710,32 @@ struct LinearFunction : torch::autograd::Function<LinearFunction> {
     const Layout& layout = saved->layout;
     const auto& group = saved->group;
     const auto& lv = saved->leaves;
+    const LocalResult& local = saved->local;
     const at::Tensor& q = lv[0];
     const std::int64_t B = q.size(0), T = q.size(1), Hs = saved->s_in.size(1), K = q.size(3),
                        V = saved->value_dim, L = layout.lanes, R = layout.world;
     const at::Tensor& s_in = saved->s_in;
     const auto state_options = s_in.options();
     const at::ScalarType sd = s_in.scalar_type();
+    const std::int64_t n = layout.corrected_tokens;
 
     at::Tensor d_out = grads.size() > 0 ? grads[0] : at::Tensor();
     at::Tensor d_final = saved->output_final && grads.size() > 1 ? grads[1] : at::Tensor();
     if (!d_out.defined()) d_out = at::zeros({B, T, Hs, V}, q.options());
     if (!d_final.defined()) d_final = at::zeros({layout.num_sequences, Hs, K, V}, state_options);
     d_final = d_final.to(sd);
+    const at::Tensor d_out_n = n > 0 ? d_out.narrow(1, 0, n).to(sd) : at::Tensor();
 
     // 1. Λ_r = Σ_t A_t do_tᵀ + Σ_{n owned, continuing} P_nᵀ dF_n: ∂L/∂S_in through this slice.
     at::Tensor lambda = at::zeros({L, Hs, K, V}, state_options);
-    const std::int64_t n = layout.corrected_tokens;
-    at::Tensor s_aug = layout.empty() ? at::Tensor() : saved->state_aug.detach();
     if (n > 0) {
-      const at::Tensor a = saved->out_aug.detach().narrow(1, 0, n).narrow(-1, V, K).to(sd);
-      lambda = lambda + at::einsum("bthk,bthv->bhkv", {a, d_out.narrow(1, 0, n).to(sd)});
-    }
-    for (std::size_t p = 0; p < layout.pieces.size(); ++p) {
-      const Piece& piece = layout.pieces[p];
-      if (!piece.owns_final || !piece.carry_in) continue;
-      const at::Tensor pm = s_aug[static_cast<std::int64_t>(p)].narrow(-1, V, K);
-      const std::int64_t lane = layout.lane_of(static_cast<std::int64_t>(p));
-      lambda[lane] += at::matmul(pm.transpose(-1, -2), d_final[piece.seq]);
+      lambda = lambda + at::einsum("bthk,bthv->bhkv", {local.a.detach().to(sd), d_out_n});
+      for (std::size_t p = 0; p < layout.pieces.size(); ++p) {
+        const Piece& piece = layout.pieces[p];
+        if (!piece.owns_final || !piece.carry_in) continue;
+        const std::int64_t lane = layout.lane_of(static_cast<std::int64_t>(p));
+        lambda[lane] += at::matmul(local.y.detach()[lane].transpose(-1, -2), d_final[piece.seq]);
+      }
     }
 
     // 2. The reverse scan: G_{j−1} = M_jᵀ G_j + Λ_j from G_{R−1} = 0 down to this rank's G_r.
@@ -678,22 +745,23 @@ struct LinearFunction : torch::autograd::Function<LinearFunction> {
       g_out = at::matmul(saved->later_maps[j].transpose(-1, -2), g_out) +
               lambdas[static_cast<std::size_t>(j)].view({L, Hs, K, V});
 
-    // 3. One backward call of the augmented op.
+    // 3. The backward pass of this slice's results:
+    //    ∂L/∂o⁰ = do, ∂L/∂A_t = S_in do_t, and for S = S⁰ + P S_in (S_in = 0 for a piece that
+    //    starts its sequence here): ∂L/∂S⁰ = dS, ∂L/∂P = dS S_inᵀ, with dS = G_r for the piece
+    //    that goes on to the next rank and dS = dF_n for the piece that ends sequence n.
     std::vector<at::Tensor> result(lv.size());
     std::string call_error;
     if (!layout.empty()) {
       call_error = error_of([&] {
-        at::Tensor d_aug_out = at::cat({d_out, at::zeros({B, T, Hs, K}, d_out.options())}, -1);
-        if (n > 0)
-          d_aug_out.narrow(1, 0, n).narrow(-1, V, K).copy_(
-              at::einsum("bhkv,bthv->bthk", {s_in, d_out.narrow(1, 0, n).to(sd)}));
-        at::Tensor d_aug_state = at::zeros(s_aug.sizes(), state_options);
+        std::vector<at::Tensor> outputs{local.o0, local.x}, output_grads{d_out, {}};
+        at::Tensor d_x = at::zeros(local.x.sizes(), state_options);
+        at::Tensor d_y = n > 0 ? at::zeros(local.y.sizes(), state_options) : at::Tensor();
         auto add = [&](std::int64_t p, const at::Tensor& d_state) {
-          // S = S⁰ + P S_in_piece: ∂L/∂[S⁰ | P] = [dS | dS S_in_pieceᵀ].
-          d_aug_state[p].narrow(-1, 0, V) += d_state;
-          if (layout.pieces[static_cast<std::size_t>(p)].carry_in)
-            d_aug_state[p].narrow(-1, V, K) +=
-                at::matmul(d_state, s_in[layout.lane_of(p)].transpose(-1, -2));
+          d_x[p] += d_state;
+          if (layout.pieces[static_cast<std::size_t>(p)].carry_in) {
+            const std::int64_t lane = layout.lane_of(p);
+            d_y[lane] += at::matmul(d_state, s_in[lane].transpose(-1, -2));
+          }
         };
         if (layout.carry_out)
           for (std::int64_t lane = 0; lane < L; ++lane) add(layout.last_piece(lane), g_out[lane]);
@@ -701,16 +769,22 @@ struct LinearFunction : torch::autograd::Function<LinearFunction> {
           for (std::size_t p = 0; p < layout.pieces.size(); ++p)
             if (layout.pieces[p].owns_final)
               add(static_cast<std::int64_t>(p), d_final[layout.pieces[p].seq]);
+        output_grads[1] = d_x.to(local.x.scalar_type());
+        if (n > 0) {
+          outputs.push_back(local.a);
+          output_grads.push_back(
+              at::einsum("bhkv,bthv->bthk", {s_in, d_out_n}).to(local.a.scalar_type()));
+          outputs.push_back(local.y);
+          output_grads.push_back(d_y.to(local.y.scalar_type()));
+        }
         std::vector<at::Tensor> inputs;
         std::vector<std::size_t> which;
         for (std::size_t i = 0; i < lv.size(); ++i)
           if (lv[i].defined() && lv[i].requires_grad()) inputs.push_back(lv[i]), which.push_back(i);
         if (inputs.empty()) return;
-        const auto d =
-            torch::autograd::grad({saved->out_aug, saved->state_aug}, inputs,
-                                  {d_aug_out.to(saved->out_aug.scalar_type()), d_aug_state},
-                                  /*retain_graph=*/false, /*create_graph=*/false,
-                                  /*allow_unused=*/true);
+        const auto d = torch::autograd::grad(outputs, inputs, output_grads,
+                                             /*retain_graph=*/false, /*create_graph=*/false,
+                                             /*allow_unused=*/true);
         for (std::size_t i = 0; i < which.size(); ++i) result[which[i]] = d[i];
       });
     }
@@ -735,7 +809,6 @@ struct LinearFunction : torch::autograd::Function<LinearFunction> {
     }
     if (want_h0)
       result[5] = reduced.narrow(0, 0, dh0.numel()).view(h0.sizes()).to(h0.scalar_type());
-    ctx->saved_data.erase("saved");  // frees the augmented graph
     return {result[0], result[1], result[2],    result[3],   result[4],
             result[5], result[6], at::Tensor(), at::Tensor()};
   }
@@ -1025,7 +1098,6 @@ struct PhaseFunction : torch::autograd::Function<PhaseFunction> {
     if (want_h0)
       result[2] =
           reduced.narrow(0, d_omega.numel(), dh0.numel()).view(h0.sizes()).to(h0.scalar_type());
-    ctx->saved_data.erase("saved");
     return {result[0], result[1], result[2], at::Tensor(), at::Tensor()};
   }
 };
