@@ -209,6 +209,119 @@ std::string error_of(const std::function<void()>& f) {
   return {};
 }
 
+// ---- token-layout products ---------------------------------------------------------------------
+// Per (lane b, head h) products on the [B, n, Hs, ·] token layout, one GEMM per pair: BLAS takes
+// the strided [n, ·] slice of one head as it is (no permuted copies, as einsum would make).
+
+// out[b, t, h, :] += A[b, t, h, :] S[b, h] (o_t += S_inᵀ A_t), in place on out (dtype of S).
+void add_a_times_state(const at::Tensor& out, const at::Tensor& a, const at::Tensor& s) {
+  for (std::int64_t b = 0; b < out.size(0); ++b)
+    for (std::int64_t h = 0; h < out.size(2); ++h)
+      out.select(0, b).select(1, h).addmm_(a.select(0, b).select(1, h), s[b][h]);
+}
+
+// Λ[b, h] = Σ_t A[b, t, h, :] do[b, t, h, :]ᵀ  [B, Hs, K, V].
+at::Tensor sum_a_outer_grad(const at::Tensor& a, const at::Tensor& d_out) {
+  at::Tensor lambda = at::zeros({a.size(0), a.size(2), a.size(3), d_out.size(3)}, d_out.options());
+  for (std::int64_t b = 0; b < a.size(0); ++b)
+    for (std::int64_t h = 0; h < a.size(2); ++h)
+      lambda[b][h].addmm_(a.select(0, b).select(1, h).t(), d_out.select(0, b).select(1, h));
+  return lambda;
+}
+
+// dA[b, t, h, :] = S[b, h] do[b, t, h, :]  [B, n, Hs, K].
+at::Tensor state_times_grad(const at::Tensor& s, const at::Tensor& d_out) {
+  at::Tensor d_a =
+      at::zeros({d_out.size(0), d_out.size(1), d_out.size(2), s.size(2)}, d_out.options());
+  for (std::int64_t b = 0; b < d_out.size(0); ++b)
+    for (std::int64_t h = 0; h < d_out.size(2); ++h)
+      d_a.select(0, b).select(1, h).addmm_(d_out.select(0, b).select(1, h), s[b][h].t());
+  return d_a;
+}
+
+// GLA's A_t = scale · exp(G_t) ⊙ q'_t with G_t = Σ_{s ≤ t} g_s (from the piece's first token),
+// and exp(G_last), for g, q' [B, n, H, K] of one dtype (float32/float64), by plain loops with G
+// accumulated in float64: one pass forward, two backward (ATen 1.13's cumsum over a dimension
+// other than the innermost alone is an order of magnitude slower than a pass over memory, and
+// the autograd graph of the elementwise formula makes about ten passes). Backward:
+//   ∂L/∂q'_t = scale · exp(G_t) ⊙ ∂L/∂A_t,   ∂L/∂G_t = A_t ⊙ ∂L/∂A_t (+ exp(G_last) ⊙
+//   ∂L/∂exp(G_last) at the last token),   ∂L/∂g_t = Σ_{s ≥ t} ∂L/∂G_s.
+struct DecayedQueryFunction : torch::autograd::Function<DecayedQueryFunction> {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& g_in, const at::Tensor& q_in,
+                               double scale) {
+    const at::Tensor g = g_in.contiguous(), q = q_in.contiguous();
+    const std::int64_t B = g.size(0), n = g.size(1), inner = g.size(2) * g.size(3);
+    at::Tensor a = at::empty_like(q), last = at::empty({B, g.size(2), g.size(3)}, g.options());
+    AT_DISPATCH_FLOATING_TYPES(g.scalar_type(), "cp_decayed_query", [&] {
+      const scalar_t *gp = g.data_ptr<scalar_t>(), *qp = q.data_ptr<scalar_t>();
+      scalar_t *ap = a.data_ptr<scalar_t>(), *lp = last.data_ptr<scalar_t>();
+      std::vector<double> decay(static_cast<std::size_t>(inner));
+      for (std::int64_t b = 0; b < B; ++b) {
+        std::fill(decay.begin(), decay.end(), 0.0);
+        for (std::int64_t t = 0; t < n; ++t) {
+          const std::int64_t base = (b * n + t) * inner;
+          for (std::int64_t i = 0; i < inner; ++i) {
+            double& d = decay[static_cast<std::size_t>(i)];
+            d += static_cast<double>(gp[base + i]);
+            ap[base + i] =
+                static_cast<scalar_t>(std::exp(d) * scale * static_cast<double>(qp[base + i]));
+          }
+        }
+        for (std::int64_t i = 0; i < inner; ++i)
+          lp[b * inner + i] = static_cast<scalar_t>(std::exp(decay[static_cast<std::size_t>(i)]));
+      }
+    });
+    ctx->save_for_backward({g, q});
+    ctx->saved_data["scale"] = scale;
+    return {a, last};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor &g = saved[0], &q = saved[1];
+    const double scale = ctx->saved_data["scale"].toDouble();
+    const std::int64_t B = g.size(0), n = g.size(1), inner = g.size(2) * g.size(3);
+    const at::Tensor d_a = grads[0].defined() ? grads[0].contiguous() : at::zeros_like(q);
+    const at::Tensor d_last = grads[1].defined()
+                                  ? grads[1].contiguous()
+                                  : at::zeros({B, g.size(2), g.size(3)}, g.options());
+    at::Tensor d_g = at::empty_like(g), d_q = at::empty_like(q);
+    AT_DISPATCH_FLOATING_TYPES(g.scalar_type(), "cp_decayed_query_backward", [&] {
+      const scalar_t *gp = g.data_ptr<scalar_t>(), *qp = q.data_ptr<scalar_t>(),
+                     *dap = d_a.data_ptr<scalar_t>(), *dlp = d_last.data_ptr<scalar_t>();
+      scalar_t *dgp = d_g.data_ptr<scalar_t>(), *dqp = d_q.data_ptr<scalar_t>();
+      std::vector<double> acc(static_cast<std::size_t>(inner));
+      for (std::int64_t b = 0; b < B; ++b) {
+        // Forward order: G_t, ∂L/∂q'_t and ∂L/∂G_t (into d_g).
+        std::fill(acc.begin(), acc.end(), 0.0);
+        for (std::int64_t t = 0; t < n; ++t) {
+          const std::int64_t base = (b * n + t) * inner;
+          for (std::int64_t i = 0; i < inner; ++i) {
+            double& d = acc[static_cast<std::size_t>(i)];
+            d += static_cast<double>(gp[base + i]);
+            const double e = std::exp(d) * scale, da = static_cast<double>(dap[base + i]);
+            dqp[base + i] = static_cast<scalar_t>(e * da);
+            double dg = e * static_cast<double>(qp[base + i]) * da;
+            if (t == n - 1) dg += std::exp(d) * static_cast<double>(dlp[b * inner + i]);
+            dgp[base + i] = static_cast<scalar_t>(dg);
+          }
+        }
+        // Reverse order: ∂L/∂g_t = Σ_{s ≥ t} ∂L/∂G_s.
+        std::fill(acc.begin(), acc.end(), 0.0);
+        for (std::int64_t t = n - 1; t >= 0; --t) {
+          const std::int64_t base = (b * n + t) * inner;
+          for (std::int64_t i = 0; i < inner; ++i) {
+            double& s = acc[static_cast<std::size_t>(i)];
+            s += static_cast<double>(dgp[base + i]);
+            dgp[base + i] = static_cast<scalar_t>(s);
+          }
+        }
+      }
+    });
+    return {d_g, d_q, at::Tensor()};
+  }
+};
+
 // ---- the slice's place in the batch -------------------------------------------------------------
 
 // One piece: the tokens of one sequence on this rank (local offsets [begin, end)).
@@ -534,11 +647,11 @@ LocalResult local_gla(const Layout& layout, const std::vector<at::Tensor>& lv,
   r.x = *std::get<1>(out);
   if (n > 0) {
     const double scale = o.scale ? *o.scale : 1.0 / std::sqrt(static_cast<double>(K));
-    const at::Tensor decay = g.narrow(1, 0, n).to(sd).cumsum(1);  // G_t [B, n, H, K]
     at::Tensor qn = q.narrow(1, 0, n);
     if (theta.defined()) qn = phasor::apply_rotary(qn, theta.narrow(1, 0, n), o.rotary_layout);
-    r.a = at::exp(decay) * qn.to(sd) * scale;
-    r.y = at::diag_embed(at::exp(decay.select(1, n - 1)));  // [L = B, H, K, K]
+    const auto decayed = DecayedQueryFunction::apply(g.narrow(1, 0, n).to(sd), qn.to(sd), scale);
+    r.a = decayed[0];
+    r.y = at::diag_embed(decayed[1]);  // [L = B, H, K, K]
   }
   return r;
 }
@@ -671,11 +784,15 @@ struct LinearFunction : torch::autograd::Function<LinearFunction> {
     if (layout.empty()) {
       out = at::empty({B, T, Hs, V}, q.options());
     } else {
-      out = o0.clone();
+      // o⁰ is corrected in place when no graph refers to it.
+      out = o.needs_grad ? o0.clone() : o0;
       const std::int64_t n = layout.corrected_tokens;
-      if (n > 0)
-        out.narrow(1, 0, n).copy_(o0.narrow(1, 0, n).to(sd) +
-                                  at::einsum("bthk,bhkv->bthv", {a, s_in}));
+      if (n > 0) {
+        const at::Tensor target = out.narrow(1, 0, n);
+        const at::Tensor work = target.scalar_type() == sd ? target : target.to(sd);
+        add_a_times_state(work, a, s_in);
+        if (!work.is_same(target)) target.copy_(work);
+      }
     }
 
     // 6. Final states: S⁰_n + P_n S_in on the rank holding sequence n's last token, summed.
@@ -729,7 +846,7 @@ struct LinearFunction : torch::autograd::Function<LinearFunction> {
     // 1. Λ_r = Σ_t A_t do_tᵀ + Σ_{n owned, continuing} P_nᵀ dF_n: ∂L/∂S_in through this slice.
     at::Tensor lambda = at::zeros({L, Hs, K, V}, state_options);
     if (n > 0) {
-      lambda = lambda + at::einsum("bthk,bthv->bhkv", {local.a.detach().to(sd), d_out_n});
+      lambda = sum_a_outer_grad(local.a.detach().to(sd), d_out_n);
       for (std::size_t p = 0; p < layout.pieces.size(); ++p) {
         const Piece& piece = layout.pieces[p];
         if (!piece.owns_final || !piece.carry_in) continue;
@@ -772,8 +889,7 @@ struct LinearFunction : torch::autograd::Function<LinearFunction> {
         output_grads[1] = d_x.to(local.x.scalar_type());
         if (n > 0) {
           outputs.push_back(local.a);
-          output_grads.push_back(
-              at::einsum("bhkv,bthv->bthk", {s_in, d_out_n}).to(local.a.scalar_type()));
+          output_grads.push_back(state_times_grad(s_in, d_out_n).to(local.a.scalar_type()));
           outputs.push_back(local.y);
           output_grads.push_back(d_y.to(local.y.scalar_type()));
         }
