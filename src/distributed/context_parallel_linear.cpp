@@ -239,86 +239,58 @@ at::Tensor state_times_grad(const at::Tensor& s, const at::Tensor& d_out) {
   return d_a;
 }
 
-// GLA's A_t = scale · exp(G_t) ⊙ q'_t with G_t = Σ_{s ≤ t} g_s (from the piece's first token),
-// and exp(G_last), for g, q' [B, n, H, K] of one dtype (float32/float64), by plain loops with G
-// accumulated in float64: one pass forward, two backward (ATen 1.13's cumsum over a dimension
-// other than the innermost alone is an order of magnitude slower than a pass over memory, and
-// the autograd graph of the elementwise formula makes about ten passes). Backward:
-//   ∂L/∂q'_t = scale · exp(G_t) ⊙ ∂L/∂A_t,   ∂L/∂G_t = A_t ⊙ ∂L/∂A_t (+ exp(G_last) ⊙
-//   ∂L/∂exp(G_last) at the last token),   ∂L/∂g_t = Σ_{s ≥ t} ∂L/∂G_s.
-struct DecayedQueryFunction : torch::autograd::Function<DecayedQueryFunction> {
-  static variable_list forward(AutogradContext* ctx, const at::Tensor& g_in, const at::Tensor& q_in,
-                               double scale) {
-    const at::Tensor g = g_in.contiguous(), q = q_in.contiguous();
-    const std::int64_t B = g.size(0), n = g.size(1), inner = g.size(2) * g.size(3);
-    at::Tensor a = at::empty_like(q), last = at::empty({B, g.size(2), g.size(3)}, g.options());
-    AT_DISPATCH_FLOATING_TYPES(g.scalar_type(), "cp_decayed_query", [&] {
-      const scalar_t *gp = g.data_ptr<scalar_t>(), *qp = q.data_ptr<scalar_t>();
-      scalar_t *ap = a.data_ptr<scalar_t>(), *lp = last.data_ptr<scalar_t>();
-      std::vector<double> decay(static_cast<std::size_t>(inner));
-      for (std::int64_t b = 0; b < B; ++b) {
-        std::fill(decay.begin(), decay.end(), 0.0);
-        for (std::int64_t t = 0; t < n; ++t) {
-          const std::int64_t base = (b * n + t) * inner;
-          for (std::int64_t i = 0; i < inner; ++i) {
-            double& d = decay[static_cast<std::size_t>(i)];
-            d += static_cast<double>(gp[base + i]);
-            ap[base + i] =
-                static_cast<scalar_t>(std::exp(d) * scale * static_cast<double>(qp[base + i]));
-          }
+// Prefix sums along dimension 1 of a [B, n, ...] float32/float64 tensor (reverse: suffix sums),
+// accumulated in float64 by a plain loop: ATen 1.13's cumsum over a dimension other than the
+// innermost runs an order of magnitude slower than one pass over memory.
+at::Tensor prefix_sum_dim1(const at::Tensor& x_in, bool reverse) {
+  const at::Tensor x = x_in.contiguous();
+  at::Tensor out = at::empty_like(x);
+  const std::int64_t B = x.size(0), n = x.size(1);
+  const std::int64_t inner = B == 0 || n == 0 ? 0 : x.numel() / (B * n);
+  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "cp_prefix_sum", [&] {
+    const scalar_t* src = x.data_ptr<scalar_t>();
+    scalar_t* dst = out.data_ptr<scalar_t>();
+    std::vector<double> acc(static_cast<std::size_t>(inner));
+    for (std::int64_t b = 0; b < B; ++b) {
+      std::fill(acc.begin(), acc.end(), 0.0);
+      for (std::int64_t step = 0; step < n; ++step) {
+        const std::int64_t base = (b * n + (reverse ? n - 1 - step : step)) * inner;
+        for (std::int64_t i = 0; i < inner; ++i) {
+          acc[static_cast<std::size_t>(i)] += static_cast<double>(src[base + i]);
+          dst[base + i] = static_cast<scalar_t>(acc[static_cast<std::size_t>(i)]);
         }
-        for (std::int64_t i = 0; i < inner; ++i)
-          lp[b * inner + i] = static_cast<scalar_t>(std::exp(decay[static_cast<std::size_t>(i)]));
       }
-    });
-    ctx->save_for_backward({g, q});
+    }
+  });
+  return out;
+}
+
+// GLA's A_t = scale · exp(G_t) ⊙ q'_t with G_t = Σ_{s ≤ t} g_s (from the piece's first token),
+// and exp(G_last), for g, q' [B, n, H, K] of one dtype (float32/float64). A custom autograd node
+// (a prefix sum and three vectorised passes forward, four backward) where the graph of the
+// formula would make about ten. Backward, with E_t = exp(G_t):
+//   ∂L/∂q'_t = scale · E_t ⊙ ∂L/∂A_t,   ∂L/∂G_t = q'_t ⊙ ∂L/∂q'_t (+ E_last ⊙ ∂L/∂E_last at the
+//   last token),   ∂L/∂g_t = Σ_{s ≥ t} ∂L/∂G_s.
+struct DecayedQueryFunction : torch::autograd::Function<DecayedQueryFunction> {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& g, const at::Tensor& q,
+                               double scale) {
+    const at::Tensor e = prefix_sum_dim1(g, false).exp_();  // E_t
+    const at::Tensor a = at::mul(e, q).mul_(scale);
+    const at::Tensor last = e.select(1, e.size(1) - 1).clone();
+    ctx->save_for_backward({e, q});
     ctx->saved_data["scale"] = scale;
     return {a, last};
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto saved = ctx->get_saved_variables();
-    const at::Tensor &g = saved[0], &q = saved[1];
+    const at::Tensor &e = saved[0], &q = saved[1];
     const double scale = ctx->saved_data["scale"].toDouble();
-    const std::int64_t B = g.size(0), n = g.size(1), inner = g.size(2) * g.size(3);
-    const at::Tensor d_a = grads[0].defined() ? grads[0].contiguous() : at::zeros_like(q);
-    const at::Tensor d_last = grads[1].defined()
-                                  ? grads[1].contiguous()
-                                  : at::zeros({B, g.size(2), g.size(3)}, g.options());
-    at::Tensor d_g = at::empty_like(g), d_q = at::empty_like(q);
-    AT_DISPATCH_FLOATING_TYPES(g.scalar_type(), "cp_decayed_query_backward", [&] {
-      const scalar_t *gp = g.data_ptr<scalar_t>(), *qp = q.data_ptr<scalar_t>(),
-                     *dap = d_a.data_ptr<scalar_t>(), *dlp = d_last.data_ptr<scalar_t>();
-      scalar_t *dgp = d_g.data_ptr<scalar_t>(), *dqp = d_q.data_ptr<scalar_t>();
-      std::vector<double> acc(static_cast<std::size_t>(inner));
-      for (std::int64_t b = 0; b < B; ++b) {
-        // Forward order: G_t, ∂L/∂q'_t and ∂L/∂G_t (into d_g).
-        std::fill(acc.begin(), acc.end(), 0.0);
-        for (std::int64_t t = 0; t < n; ++t) {
-          const std::int64_t base = (b * n + t) * inner;
-          for (std::int64_t i = 0; i < inner; ++i) {
-            double& d = acc[static_cast<std::size_t>(i)];
-            d += static_cast<double>(gp[base + i]);
-            const double e = std::exp(d) * scale, da = static_cast<double>(dap[base + i]);
-            dqp[base + i] = static_cast<scalar_t>(e * da);
-            double dg = e * static_cast<double>(qp[base + i]) * da;
-            if (t == n - 1) dg += std::exp(d) * static_cast<double>(dlp[b * inner + i]);
-            dgp[base + i] = static_cast<scalar_t>(dg);
-          }
-        }
-        // Reverse order: ∂L/∂g_t = Σ_{s ≥ t} ∂L/∂G_s.
-        std::fill(acc.begin(), acc.end(), 0.0);
-        for (std::int64_t t = n - 1; t >= 0; --t) {
-          const std::int64_t base = (b * n + t) * inner;
-          for (std::int64_t i = 0; i < inner; ++i) {
-            double& s = acc[static_cast<std::size_t>(i)];
-            s += static_cast<double>(dgp[base + i]);
-            dgp[base + i] = static_cast<scalar_t>(s);
-          }
-        }
-      }
-    });
-    return {d_g, d_q, at::Tensor()};
+    at::Tensor d_q = grads[0].defined() ? at::mul(grads[0], e).mul_(scale) : at::zeros_like(q);
+    at::Tensor d_decay = at::mul(d_q, q);
+    if (grads[1].defined())
+      d_decay.select(1, e.size(1) - 1).addcmul_(e.select(1, e.size(1) - 1), grads[1]);
+    return {prefix_sum_dim1(d_decay, true), d_q, at::Tensor()};
   }
 };
 
