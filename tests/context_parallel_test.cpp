@@ -214,6 +214,21 @@ TEST_F(ContextParallel, GlaEmptySlicesAndNoInitialState) {
   EXPECT_LT(worst_error(Family::gla, c), tolerance(c));
 }
 
+TEST_F(ContextParallel, TinySlicesAndNoTokensAtAll) {
+  for (Family family : {Family::gla, Family::gdn}) {
+    Case c;
+    c.lengths = {1, 1, 2, 1};  // slices shorter than a chunk
+    c.HV = family == Family::gdn ? 4 : 2;
+    EXPECT_LT(worst_error(family, c), tolerance(c));
+    c.lengths = {0, 0, 0};  // no tokens: the final states are the initial ones
+    c.B = 2;
+    EXPECT_LT(worst_error(family, c), tolerance(c));
+    c.B = 1;
+    c.cu = {0, 0, 0};
+    EXPECT_LT(worst_error(family, c), tolerance(c));
+  }
+}
+
 TEST_F(ContextParallel, GlaVarlenSequencesStraddlingBoundaries) {
   for (Impl impl : {Impl::chunk, Impl::recurrent}) {
     Case c;
@@ -440,6 +455,23 @@ TEST_F(ContextParallel, BadInputNamesTheArgumentOnEveryRank) {
   ASSERT_EQ(messages.size(), 2u);
   for (const auto& m : messages)
     EXPECT_NE(m.find("cp::chunk_gated_delta_rule: argument 'v'"), std::string::npos) << m;
+  // A value only the single-process op checks (a positive log gate) on one rank: that rank
+  // raises the op's error, the others one naming the rank; nobody waits for the timeout.
+  messages.clear();
+  run_ranks(2, [&](int rank, const ProcessGroupPtr& group) {
+    const at::Tensor q = at::randn({1, 3, 2, 4}, opt);
+    const at::Tensor g = rank == 1 ? at::ones({1, 3, 2, 4}, opt) : -at::rand({1, 3, 2, 4}, opt);
+    const std::string m = error_of([&] {
+      phasor::cp::chunk_gla(q, q, q, g, c10::nullopt, c10::nullopt, true, c10::nullopt, 4,
+                            c10::nullopt, phasor::RotaryLayout::half_split, group);
+    });
+    std::lock_guard<std::mutex> lock(mutex);
+    messages.push_back(std::to_string(rank) + ": " + m);
+  });
+  ASSERT_EQ(messages.size(), 2u);
+  std::sort(messages.begin(), messages.end());
+  EXPECT_NE(messages[0].find("failed on rank 1"), std::string::npos) << messages[0];
+  EXPECT_NE(messages[1].find("'g'"), std::string::npos) << messages[1];
   // Different global cu_seqlens on the ranks.
   e = error_of([&] {
     run_ranks(2, [&](int rank, const ProcessGroupPtr& group) {
