@@ -45,8 +45,9 @@ namespace phasor::cp {
 // piece's state transition and A_t = scale · P_{≤t}ᵀ q'_t. One call of the single-process op with
 // the values augmented to [v | 0_K] and the initial state [0 | I_K] gives [o⁰ | A] and [S⁰ | P].
 // The incoming state of each rank is then a scan over the ranks of the affine maps
-// C_r = P_r C_{r−1} + S⁰_r (an allgather of the maps: O(R) bytes and O(R·K²V) work per rank for R
-// ranks), and each rank corrects its outputs with one batched product. The backward pass is the
+// C_r = P_r C_{r−1} + S⁰_r (one allgather of the maps: O(R) bytes and O(R·H·K²V) work per rank
+// for R ranks, where a Hillis–Steele scan of send/recv would take O(log R) rounds), and each rank
+// corrects its outputs with one GEMM per head. The backward pass is the
 // reverse scan of the state gradients (G_{r−1} = P_rᵀ G_r + Σ_t A_t do_tᵀ) and one backward call
 // of the augmented op. GLA's transition is diagonal (P_{≤t} = diag(exp(Σ_{s≤t} g_s))), so for GLA
 // A_t = scale · exp(Σ g) ⊙ q'_t comes from elementwise torch ops and the op runs on V columns
@@ -64,7 +65,9 @@ namespace phasor::cp {
 // Errors: c10::Error naming the op ("cp::chunk_gla", ...), the argument and, for arguments that
 // disagree across ranks, the ranks, raised on EVERY rank (the checks are exchanged before any
 // work), e.g. "cp::chunk_gla: argument 'cu_seqlens': expected cu_seqlens[N] = 30 (the sum of the
-// ranks' slice lengths), got 28".
+// ranks' slice lengths), got 28". A value that only the single-process op checks (e.g. a positive
+// log gate) fails on its rank with the op's own error, and on the other ranks with an error
+// naming that rank.
 
 OutputAndState gla(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                    const at::Tensor& g, Impl impl, c10::optional<double> scale,
