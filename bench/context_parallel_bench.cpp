@@ -50,17 +50,21 @@ double peak_rss_mib() {
 }
 
 // Payload bytes one rank sends in the collectives of one forward (and one backward) call with R
-// ranks: the header allgather (R ranks' 116 int64 fields, each rank's own sent once to each
-// peer), the maps allgather (1 + H·K·(K + V) numbers), the final-state allreduce (a ring:
-// 2·(R − 1)/R of the N·H·K·V numbers), and in the backward pass the Λ allgather (H·K·V numbers)
-// and the d(initial_state) allreduce (here: no initial state, only the flag).
+// ranks: the header allgather (116 int64 fields, each rank's own sent to each peer in Gloo's
+// ring), the maps allgather (1 + H·K·(K + V) numbers; GLA's transitions are diagonal:
+// 1 + H·K·(1 + V)), the final-state allreduce (a ring: 2·(R − 1)/R of the N·H·K·V numbers), and
+// in the backward pass the Λ allgather (H·K·V numbers) and the d(initial_state) allreduce (here:
+// no initial state, only the failure flag).
 struct Traffic {
   double forward = 0, backward = 0;
 };
-Traffic traffic(int ranks, std::int64_t value_heads) {
+Traffic traffic(int ranks, std::int64_t value_heads, bool diagonal) {
   if (ranks == 1) return {};
   const double peers = ranks - 1, f32 = 4, header = 116 * 8;
-  const double map = (1 + static_cast<double>(value_heads) * kKeyDim * (kKeyDim + kValueDim)) * f32;
+  const double transition = diagonal ? kKeyDim : static_cast<double>(kKeyDim) * kKeyDim;
+  const double map = (1 + static_cast<double>(value_heads) *
+                              (transition + static_cast<double>(kKeyDim) * kValueDim)) *
+                     f32;
   const double state = static_cast<double>(value_heads) * kKeyDim * kValueDim * f32;
   Traffic t;
   t.forward = peers * (header + map) + 2.0 * peers / ranks * state;
@@ -123,7 +127,7 @@ int run_rank(const std::string& op, std::int64_t total) {
   }
   const double both_s = seconds_since(start), both_cpu = cpu_seconds() - cpu_start;
   const double both_heap = static_cast<double>(phasor::bench::peak_heap_bytes());
-  const Traffic bytes = traffic(world, H);
+  const Traffic bytes = traffic(world, H, gla);
   group->barrier()->wait();
   std::printf(
       "%s T=%lld ranks=%d rank=%d slice=%lld: forward %.3f s (cpu %.3f s), forward+backward %.3f s "

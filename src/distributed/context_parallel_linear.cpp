@@ -439,8 +439,22 @@ struct LocalResult {
   at::Tensor o0;  // [B, T_r, Hs, V]: outputs from S_in = 0 (from h0 where a sequence starts here)
   at::Tensor a;   // [B, n, Hs, K]: A_t of the n tokens that continue a sequence (n > 0 only)
   at::Tensor x;   // [P, Hs, K, V]: each piece's final state from S_in = 0 (or from its h0)
-  at::Tensor y;   // [L, Hs, K, K]: the transition P of each lane's continuing piece (n > 0 only)
+  at::Tensor y;   // the transition P of each lane's continuing piece (n > 0 only): [L, Hs, K, K],
+                  // or its diagonal [L, Hs, K] when `diagonal` (GLA)
+  bool diagonal = false;
 };
+
+// The transitions P [.., K, K] (or their diagonals [.., K]) applied to states S [.., K, V]:
+// P S, Pᵀ S, and the gradient of P in S_out = P S_in given dS_out: dS_out S_inᵀ (its diagonal).
+at::Tensor transition_times(const at::Tensor& p, const at::Tensor& s, bool diagonal) {
+  return diagonal ? p.unsqueeze(-1) * s : at::matmul(p, s);
+}
+at::Tensor transition_transposed_times(const at::Tensor& p, const at::Tensor& s, bool diagonal) {
+  return diagonal ? p.unsqueeze(-1) * s : at::matmul(p.transpose(-1, -2), s);
+}
+at::Tensor transition_grad(const at::Tensor& d_out, const at::Tensor& s_in, bool diagonal) {
+  return diagonal ? (d_out * s_in).sum(-1) : at::matmul(d_out, s_in.transpose(-1, -2));
+}
 
 // What a forward pass leaves for its backward pass.
 struct Saved : torch::CustomClassHolder {
@@ -454,6 +468,7 @@ struct Saved : torch::CustomClassHolder {
   at::Tensor later_maps;           // [R, L, Hs, K, K] (or [R, L]): every rank's M_j
   at::Tensor omega;                // phases: ω (for the correction's gradient)
   LocalResult local;               // GLA / Gated DeltaNet: this slice's results
+  bool diagonal = false;           // the maps M_j are diagonals (GLA)
   bool output_final = false;
   std::int64_t value_dim = 0;
 };
@@ -615,6 +630,7 @@ LocalResult local_gla(const Layout& layout, const std::vector<at::Tensor>& lv,
                                piece_initial_states(layout, lv[5], Hs, K, V, options), true,
                                local_cu, o.chunk_size, as_optional(theta), o.rotary_layout);
   LocalResult r;
+  r.diagonal = true;
   r.o0 = std::get<0>(out);
   r.x = *std::get<1>(out);
   if (n > 0) {
@@ -623,7 +639,7 @@ LocalResult local_gla(const Layout& layout, const std::vector<at::Tensor>& lv,
     if (theta.defined()) qn = phasor::apply_rotary(qn, theta.narrow(1, 0, n), o.rotary_layout);
     const auto decayed = DecayedQueryFunction::apply(g.narrow(1, 0, n).to(sd), qn.to(sd), scale);
     r.a = decayed[0];
-    r.y = at::diag_embed(decayed[1]);  // [L = B, H, K, K]
+    r.y = decayed[1];  // diag(P) = exp(G_last) [L = B, H, K]
   }
   return r;
 }
@@ -711,10 +727,16 @@ struct LinearFunction : torch::autograd::Function<LinearFunction> {
     const at::Tensor x = local.x.defined() ? local.x.detach() : at::Tensor();
     const at::Tensor y = local.y.defined() ? local.y.detach() : at::Tensor();
 
-    // 3. Every rank's map (M_r, c_r) and a failure flag, allgathered.
+    // 3. Every rank's map (M_r, c_r) and a failure flag, allgathered. GLA's M_r are diagonal
+    //    and travel as [L, Hs, K].
+    const bool diagonal = o.family == Family::gla;
+    const std::vector<std::int64_t> m_shape =
+        diagonal ? std::vector<std::int64_t>{L, Hs, K} : std::vector<std::int64_t>{L, Hs, K, K};
+    const std::int64_t m_numel = diagonal ? L * Hs * K : L * Hs * K * K;
     at::Tensor map_m, map_c;
     if (layout.empty()) {
-      map_m = at::eye(K, state_options).expand({L, Hs, K, K}).contiguous();
+      map_m = diagonal ? at::ones(m_shape, state_options)
+                       : at::eye(K, state_options).expand(m_shape).contiguous();
       map_c = at::zeros({L, Hs, K, V}, state_options);
     } else if (layout.carry_out && call_error.empty()) {
       std::vector<at::Tensor> ms, cs;
@@ -723,11 +745,11 @@ struct LinearFunction : torch::autograd::Function<LinearFunction> {
         cs.push_back(x[p]);
         ms.push_back(layout.pieces[static_cast<std::size_t>(p)].carry_in
                          ? y[lane]
-                         : at::zeros({Hs, K, K}, state_options));
+                         : at::zeros(at::IntArrayRef(m_shape).slice(1), state_options));
       }
       map_m = at::stack(ms), map_c = at::stack(cs);
     } else {
-      map_m = at::zeros({L, Hs, K, K}, state_options);
+      map_m = at::zeros(m_shape, state_options);
       map_c = at::zeros({L, Hs, K, V}, state_options);
     }
     const at::Tensor flag = at::full({1}, call_error.empty() ? 0.0 : 1.0, state_options);
@@ -737,18 +759,19 @@ struct LinearFunction : torch::autograd::Function<LinearFunction> {
     for (std::int64_t r = 0; r < R; ++r) {
       const at::Tensor& buf = maps[static_cast<std::size_t>(r)];
       if (buf[0].item<double>() != 0) failed.push_back(static_cast<int>(r));
-      all_m.push_back(buf.narrow(0, 1, L * Hs * K * K).view({L, Hs, K, K}));
-      all_c.push_back(buf.narrow(0, 1 + L * Hs * K * K, L * Hs * K * V).view({L, Hs, K, V}));
+      all_m.push_back(buf.narrow(0, 1, m_numel).view(m_shape));
+      all_c.push_back(buf.narrow(0, 1 + m_numel, L * Hs * K * V).view({L, Hs, K, V}));
     }
     throw_if_any_failed(op, failed, call_error);
 
     // 4. S_in = C_{r−1}: the maps of the earlier ranks composed, C_j = M_j C_{j−1} + c_j.
     at::Tensor s_in = at::zeros({L, Hs, K, V}, state_options);
     for (int j = 0; j < layout.rank; ++j)
-      s_in =
-          at::matmul(all_m[static_cast<std::size_t>(j)], s_in) + all_c[static_cast<std::size_t>(j)];
+      s_in = transition_times(all_m[static_cast<std::size_t>(j)], s_in, diagonal) +
+             all_c[static_cast<std::size_t>(j)];
     saved->s_in = s_in;
     saved->later_maps = at::stack(all_m);
+    saved->diagonal = diagonal;
     saved->layout = layout;
 
     // 5. o_t = o⁰_t + S_inᵀ A_t on the tokens that continue a sequence.
@@ -777,7 +800,7 @@ struct LinearFunction : torch::autograd::Function<LinearFunction> {
         at::Tensor f = x[static_cast<std::int64_t>(p)];
         if (piece.carry_in) {
           const std::int64_t lane = layout.lane_of(static_cast<std::int64_t>(p));
-          f = f + at::matmul(y[lane], s_in[lane]);
+          f = f + transition_times(y[lane], s_in[lane], diagonal);
         }
         final_state[piece.seq].copy_(f);
       }
@@ -823,7 +846,8 @@ struct LinearFunction : torch::autograd::Function<LinearFunction> {
         const Piece& piece = layout.pieces[p];
         if (!piece.owns_final || !piece.carry_in) continue;
         const std::int64_t lane = layout.lane_of(static_cast<std::int64_t>(p));
-        lambda[lane] += at::matmul(local.y.detach()[lane].transpose(-1, -2), d_final[piece.seq]);
+        lambda[lane] +=
+            transition_transposed_times(local.y.detach()[lane], d_final[piece.seq], local.diagonal);
       }
     }
 
@@ -831,7 +855,7 @@ struct LinearFunction : torch::autograd::Function<LinearFunction> {
     const auto lambdas = allgather(group, lambda.flatten());
     at::Tensor g_out = at::zeros({L, Hs, K, V}, state_options);
     for (std::int64_t j = R - 1; j > layout.rank; --j)
-      g_out = at::matmul(saved->later_maps[j].transpose(-1, -2), g_out) +
+      g_out = transition_transposed_times(saved->later_maps[j], g_out, saved->diagonal) +
               lambdas[static_cast<std::size_t>(j)].view({L, Hs, K, V});
 
     // 3. The backward pass of this slice's results:
@@ -849,7 +873,7 @@ struct LinearFunction : torch::autograd::Function<LinearFunction> {
           d_x[p] += d_state;
           if (layout.pieces[static_cast<std::size_t>(p)].carry_in) {
             const std::int64_t lane = layout.lane_of(p);
-            d_y[lane] += at::matmul(d_state, s_in[lane].transpose(-1, -2));
+            d_y[lane] += transition_grad(d_state, s_in[lane], local.diagonal);
           }
         };
         if (layout.carry_out)
