@@ -143,6 +143,13 @@ std::map<std::string, at::Tensor> run_and_differentiate(Family family, const Cas
   return out;
 }
 
+// float64 to 1e-12, float32 to 1e-5; bfloat16 (rounded to 8 significant bits on input and
+// output, computed in float32) to 2e-2.
+double tolerance(const Case& c) {
+  if (c.dtype == at::kDouble) return 1e-12;
+  return c.dtype == at::kFloat ? 1e-5 : 2e-2;
+}
+
 // Runs the case single-process and on len(lengths) ranks; returns the worst relative RMS error
 // over every output and gradient of every rank (and checks each is present).
 double worst_error(Family family, const Case& c, std::uint64_t seed = 1) {
@@ -168,7 +175,7 @@ double worst_error(Family family, const Case& c, std::uint64_t seed = 1) {
       const bool shared = name == "final_state" || name == "dh0";
       const double err = rel_rms(it->second, shared ? e : e.narrow(1, begin, end - begin));
       if (err > worst) worst = err;
-      if (!(err < (c.dtype == at::kDouble ? 1e-12 : 1e-5)))
+      if (!(err < tolerance(c)))
         problems.push_back("rank " + std::to_string(rank) + ": " + name + " rel RMS " +
                            std::to_string(err));
     }
@@ -176,10 +183,6 @@ double worst_error(Family family, const Case& c, std::uint64_t seed = 1) {
   for (const auto& p : problems) ADD_FAILURE() << p;
   EXPECT_FALSE(expected.empty());
   return worst;
-}
-
-double tolerance(const Case& c) {
-  return c.dtype == at::kDouble ? 1e-12 : 1e-5;
 }
 
 class ContextParallel : public ::testing::Test {
@@ -307,6 +310,17 @@ TEST_F(ContextParallel, GatedDeltaRuleFloat32) {
   c.lengths = {9, 11};
   c.B = 2;
   EXPECT_LT(worst_error(Family::gdn, c), tolerance(c));
+}
+
+TEST_F(ContextParallel, Bfloat16Inputs) {
+  for (Family family : {Family::gla, Family::gdn}) {
+    Case c;
+    c.dtype = at::kBFloat16;
+    c.lengths = {6, 0, 9};
+    c.cu = {0, 4, 13, 15};
+    c.HV = family == Family::gdn ? 4 : 2;
+    EXPECT_LT(worst_error(family, c), tolerance(c));
+  }
 }
 
 // ---- Selective RoPE phases ----------------------------------------------------------------------
