@@ -50,9 +50,10 @@ ProcessGroupPtr gloo_group(const c10::intrusive_ptr<c10d::Store>& store, int ran
                            const std::string& hostname = "127.0.0.1");
 
 // The process group of this process's launch environment: a c10d::TCPStore served by rank 0 at
-// MASTER_ADDR:MASTER_PORT and a Gloo group on it (on the loopback when MASTER_ADDR is 127.0.0.1
-// or localhost, else as gloo_group with an empty hostname). Without a launch environment, a group
-// of one rank (every collective a no-op copy), so single-process code runs unchanged.
+// MASTER_ADDR:MASTER_PORT (by torchrun's agent when TORCHELASTIC_USE_AGENT_STORE=True) and a Gloo
+// group on it (on the loopback when MASTER_ADDR is 127.0.0.1 or localhost, else as gloo_group with
+// an empty hostname). Without a launch environment, a group of one rank (every collective a no-op
+// copy), so single-process code runs unchanged.
 ProcessGroupPtr init_process_group(std::chrono::milliseconds timeout = kDefaultTimeout);
 
 // A TCP port free on the loopback now (for a local launch).

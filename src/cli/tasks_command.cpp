@@ -2,14 +2,21 @@
 //   phasor tasks sample TASK [options] --out batch.pt   one batch of a generator, for torch.load
 //   phasor tasks run CONFIG.json [--out DIR] [...]      the experiment runner (tasks/experiment.h)
 #include <malloc.h>
+#include <signal.h>
+#include <sys/prctl.h>
 #include <torch/torch.h>
+#include <unistd.h>
 #include <CLI/CLI.hpp>
 
+#include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <optional>
 #include <set>
 #include <stdexcept>
@@ -18,7 +25,9 @@
 
 #include "cli/commands.h"
 #include "phasor/common.h"
+#include "phasor/distributed.h"
 #include "phasor/tasks/data.h"
+#include "phasor/tasks/data_parallel.h"
 #include "phasor/tasks/experiment.h"
 
 namespace phasor::cli {
@@ -203,6 +212,14 @@ struct RunOptions {
   bool quiet = false;
   std::int64_t stop_at_step = 0;
   bool profile = false;
+  // Data parallel: --nproc N launches N local ranks of this command (the arguments without
+  // --nproc); under a launch environment (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT: a rank of
+  // --nproc, or set by hand / by a scheduler on several machines) this process is one rank.
+  std::optional<int> nproc;
+  double timeout_s = 300;  // of every collective and of the rendezvous
+  double bucket_mb = 25;   // gradient all-reduce buckets (MiB)
+  bool no_overlap = false;
+  std::vector<std::string> argv;  // the command line as given, for --nproc's ranks
 };
 
 // Training allocates and frees the same tensors of a few hundred KiB every step. By default
@@ -218,9 +235,54 @@ void keep_freed_memory() {
   mallopt(M_TRIM_THRESHOLD, 512 << 20);
 }
 
+// Set by --nproc for its ranks: the launcher's process id.
+constexpr const char* kLauncherVariable = "PHASOR_TASKS_LAUNCHER_PID";
+
+// A rank of --nproc gets SIGTERM when its launcher ends, so that killing the launcher (SIGKILL
+// included) does not leave ranks training, and writing, without it.
+void end_with_launcher() {
+  const char* launcher = std::getenv(kLauncherVariable);
+  if (launcher == nullptr) return;
+  ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+  if (std::to_string(::getppid()) != launcher) ::raise(SIGTERM);  // it ended before the prctl
+}
+
+// The ranks of `phasor tasks run ... --nproc N`: this executable with the same arguments but
+// --nproc, each with torchrun's variables (phasor::distributed::launch_local).
+int launch_ranks(const RunOptions& o) {
+  std::vector<std::string> argv;
+  std::error_code ec;
+  const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ec);
+  argv.push_back(ec ? std::string("/proc/self/exe") : self.string());
+  argv.push_back("tasks");
+  for (std::size_t i = 1; i < o.argv.size(); ++i) {
+    const std::string& a = o.argv[i];
+    if (a == "--nproc") {
+      ++i;  // and its value
+      continue;
+    }
+    if (a.rfind("--nproc=", 0) == 0) continue;
+    argv.push_back(a);
+  }
+  if (!o.quiet)
+    std::fprintf(stderr,
+                 "phasor tasks run: %d processes × %d thread(s) of LibTorch's ops, on the "
+                 "loopback (Gloo)\n",
+                 *o.nproc, o.threads > 0 ? o.threads : 1);
+  // The ranks end with this launcher, whatever ends it (prctl in run_run).
+  ::setenv(kLauncherVariable, std::to_string(::getpid()).c_str(), 1);
+  const int status = distributed::launch_local(*o.nproc, argv);
+  if (status != 0)
+    std::fprintf(stderr,
+                 "phasor tasks run: data-parallel run failed: a rank exited with status %d\n",
+                 status);
+  return status;
+}
+
 int run_run(const RunOptions& o) {
-  const std::string prefix = "phasor tasks run: ";
+  std::string prefix = "phasor tasks run: ";
   tasks::ExperimentConfig config;
+  std::optional<distributed::LaunchEnvironment> env;
   try {  // a bad config is bad input (exit 2); failures while running are not (exit 1)
     if (o.threads < 0)
       throw InputError("argument '--threads': expected ≥ 0, got " + std::to_string(o.threads));
@@ -230,7 +292,31 @@ int run_run(const RunOptions& o) {
     if (o.stop_at_step < 0)
       throw InputError("argument '--stop-at-step': expected ≥ 0, got " +
                        std::to_string(o.stop_at_step));
+    if (o.nproc && *o.nproc < 1)
+      throw InputError("argument '--nproc': expected a number of processes ≥ 1, got " +
+                       std::to_string(*o.nproc));
+    if (!(o.timeout_s > 0) || !std::isfinite(o.timeout_s) || o.timeout_s > 1e6)
+      throw InputError("argument '--timeout-s': expected seconds in (0, 10^6], got " +
+                       std::to_string(o.timeout_s));
+    if (!(o.bucket_mb > 0) || !std::isfinite(o.bucket_mb) || o.bucket_mb > 1e6)
+      throw InputError("argument '--bucket-mb': expected MiB in (0, 10^6], got " +
+                       std::to_string(o.bucket_mb));
+    env = distributed::launch_environment();
+    if (o.nproc && env)
+      throw InputError(
+          "argument '--nproc': expected no launch environment (this process already is rank " +
+          std::to_string(env->rank) + " of " + std::to_string(env->world_size) +
+          ": RANK and WORLD_SIZE are set), got --nproc " + std::to_string(*o.nproc));
     config = tasks::load_experiment_config(o.config_path);
+    const int world = o.nproc ? *o.nproc : env ? env->world_size : 1;
+    if (config.train.batch_size % world != 0)
+      throw InputError(
+          (o.nproc ? std::string("argument '--nproc'") : std::string("environment WORLD_SIZE")) +
+          ": expected a number of processes dividing config.train.batch_size = " +
+          std::to_string(config.train.batch_size) +
+          " (data parallel: each process trains on batch_size / processes rows of every batch), "
+          "got " +
+          std::to_string(world));
   } catch (const InputError& e) {
     std::fprintf(stderr, "%s%s\n", prefix.c_str(), e.what());
     return 2;
@@ -238,7 +324,30 @@ int run_run(const RunOptions& o) {
     std::fprintf(stderr, "%s%s\n", prefix.c_str(), e.what());
     return 2;
   }
+  if (o.nproc && *o.nproc > 1) return launch_ranks(o);
   tasks::ExperimentOptions options;
+  bool writer = true;
+  try {
+    if (env && env->world_size > 1) {
+      end_with_launcher();
+      prefix = "phasor tasks run (rank " + std::to_string(env->rank) + " of " +
+               std::to_string(env->world_size) + "): ";
+      const auto timeout = std::chrono::milliseconds(std::llround(o.timeout_s * 1e3));
+      tasks::DataParallelOptions dp;
+      dp.bucket_bytes = std::max<std::int64_t>(1, std::llround(o.bucket_mb * (1 << 20)));
+      dp.overlap = !o.no_overlap;
+      dp.timeout = timeout;
+      options.data_parallel =
+          std::make_shared<tasks::DataParallel>(distributed::init_process_group(timeout), dp);
+      writer = options.data_parallel->writer();
+    }
+  } catch (const std::exception& e) {
+    const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
+    std::fprintf(stderr, "%sjoining the process group at %s:%d failed: %s\n", prefix.c_str(),
+                 env->master_addr.c_str(), env->master_port,
+                 c10_error ? c10_error->what_without_backtrace() : e.what());
+    return 1;
+  }
   options.out_dir = o.out_dir.empty() ? config.name : o.out_dir;
   options.resume = o.resume;
   options.threads = o.threads;
@@ -249,6 +358,7 @@ int run_run(const RunOptions& o) {
   keep_freed_memory();
   try {
     const tasks::ExperimentOutput output = tasks::run_experiment(config, options);
+    if (!writer) return 0;  // rank 0 prints
     std::fputs(tasks::format_result_table(output.results, output.timings).c_str(), stdout);
     if (o.profile) std::fputs(("\n" + tasks::format_time_table(output.timings)).c_str(), stdout);
     std::printf(
@@ -258,6 +368,9 @@ int run_run(const RunOptions& o) {
     return 0;
   } catch (const Error& e) {
     std::fprintf(stderr, "%s%s\n", prefix.c_str(), e.what());
+    return 1;
+  } catch (const c10::Error& e) {  // a collective failing inside LibTorch (data parallel)
+    std::fprintf(stderr, "%s%s\n", prefix.c_str(), e.what_without_backtrace());
     return 1;
   }
 }
@@ -314,6 +427,20 @@ int run_tasks(int argc, char** argv) {
   run->add_option("--stop-at-step", r.stop_at_step,
                   "stop every run after this step, as train.stop_at_step (default 0: the "
                   "config's); for speed measurements");
+  run->add_option("--nproc", r.nproc,
+                  "data parallel: train on N local processes (ranks on the loopback, c10d/Gloo), "
+                  "each on batch_size / N rows of every batch, gradients all-reduced; each uses "
+                  "--threads / --kernel-threads. Several machines: run this command (without "
+                  "--nproc) once per rank with torchrun's variables RANK, WORLD_SIZE, "
+                  "MASTER_ADDR (rank 0's machine), MASTER_PORT set");
+  run->add_option("--timeout-s", r.timeout_s,
+                  "data parallel: seconds a collective (and the rendezvous) may wait for the "
+                  "other ranks before failing (default 300)");
+  run->add_option("--bucket-mb", r.bucket_mb,
+                  "data parallel: MiB of gradients per all-reduce bucket (default 25)");
+  run->add_flag("--no-overlap", r.no_overlap,
+                "data parallel: all-reduce the gradients after the backward pass instead of "
+                "launching each bucket from it as soon as its gradients are ready");
   run->add_flag("--profile", r.profile,
                 "time phasor's kernels and LibTorch's ops during training and print each run's "
                 "time per step by phase (also timings.json: runs[].time_breakdown)");
@@ -323,7 +450,10 @@ int run_tasks(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 2;
   }
-  if (run->parsed()) return run_run(r);
+  if (run->parsed()) {
+    r.argv.assign(argv, argv + argc);
+    return run_run(r);
+  }
   return run_sample(*sample, s);
 }
 

@@ -91,7 +91,11 @@ ProcessGroupPtr init_process_group(std::chrono::milliseconds timeout) {
   if (!env) return gloo_group(c10::make_intrusive<c10d::HashStore>(), 0, 1, timeout);
   c10d::TCPStoreOptions options;
   options.port = static_cast<std::uint16_t>(env->master_port);
-  options.isServer = env->rank == 0;
+  // Rank 0 serves the store, except under torchrun's agent, which serves it itself and says so
+  // (TORCHELASTIC_USE_AGENT_STORE=True, as Python's env:// rendezvous reads it).
+  const char* agent_store = std::getenv("TORCHELASTIC_USE_AGENT_STORE");
+  options.isServer =
+      env->rank == 0 && !(agent_store != nullptr && std::string(agent_store) == "True");
   options.numWorkers = static_cast<std::size_t>(env->world_size);
   options.waitWorkers = false;
   options.timeout = timeout;

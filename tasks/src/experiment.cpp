@@ -20,6 +20,7 @@
 
 #include "check.h"
 #include "phasor/common.h"
+#include "phasor/tasks/data_parallel.h"
 #include "phasor/tasks/files.h"
 #include "phasor/tasks/plot.h"
 
@@ -503,16 +504,25 @@ ExperimentConfig parse_experiment_config_text(const std::string& text, const std
 ExperimentOutput run_experiment(const ExperimentConfig& config, const ExperimentOptions& options) {
   const auto start = std::chrono::steady_clock::now();
   if (options.out_dir.empty()) fail("run_experiment", "out_dir", "a folder", "an empty path");
+  // Data parallel over more than one rank: rank 0 alone writes (and reports progress).
+  DataParallel* const dp = options.data_parallel && options.data_parallel->world_size() > 1
+                               ? options.data_parallel.get()
+                               : nullptr;
+  if (dp) (void)dp->shard_rows(config.train.batch_size, kOp, "config.train.batch_size");
+  const bool writer = dp == nullptr || dp->writer();
+  const bool progress = options.progress && writer;
   const fs::path out = options.out_dir;
   const fs::path ckpt_dir = out / "checkpoints";
-  std::error_code ec;
-  fs::create_directories(ckpt_dir, ec);
-  if (ec || !fs::is_directory(ckpt_dir))
-    fail("run_experiment", "out_dir", "a folder that can be created",
-         in_quotes(out.string()) + " (" + ec.message() + ")");
-  // Temporary files of an earlier invocation killed mid-write: never read, removed here.
-  remove_stale_temp_files(out.string());
-  remove_stale_temp_files(ckpt_dir.string());
+  if (writer) {
+    std::error_code ec;
+    fs::create_directories(ckpt_dir, ec);
+    if (ec || !fs::is_directory(ckpt_dir))
+      fail("run_experiment", "out_dir", "a folder that can be created",
+           in_quotes(out.string()) + " (" + ec.message() + ")");
+    // Temporary files of an earlier invocation killed mid-write: never read, removed here.
+    remove_stale_temp_files(out.string());
+    remove_stale_temp_files(ckpt_dir.string());
+  }
   // threads = 0: LibTorch's ops on the calling thread, phasor's kernels on every core. The ops of
   // these small models (hidden 64, 2,048 tokens a step) are too short to gain from a second
   // thread — handing them out cost more than it saved — while the kernels split well over
@@ -541,7 +551,16 @@ ExperimentOutput run_experiment(const ExperimentConfig& config, const Experiment
                             {"model", arm.model},
                             {"train", config.train},
                             {"eval_lengths", task.eval_lengths}};
-        if (options.resume && fs::exists(record_path)) {
+        const bool finished = options.resume && fs::exists(record_path);
+        const bool resumed = !finished && options.resume && fs::exists(ckpt_path);
+        // Data parallel: every rank must take the same path (skip, continue, start), or the
+        // collectives would not match.
+        if (dp)
+          dp->check_same((finished ? 2 : 0) + (resumed ? 1 : 0), "run_experiment", "resume",
+                         "view of run " + stem +
+                             " in the output folder (finished: 2, checkpoint: 1, none: 0; the "
+                             "ranks must share the folder)");
+        if (finished) {
           json record = read_json_file(record_path.string());
           if (!record.contains("setup") || record["setup"] != setup) {
             std::string differing;
@@ -569,7 +588,7 @@ ExperimentOutput run_experiment(const ExperimentConfig& config, const Experiment
           timing["seed"] = seed;
           runs.push_back(std::move(record));
           run_timings.push_back(std::move(timing));
-          if (options.progress) std::fprintf(stderr, "%s: finished earlier\n", label.c_str());
+          if (progress) std::fprintf(stderr, "%s: finished earlier\n", label.c_str());
           continue;
         }
         TrainConfig tc = config.train;
@@ -579,7 +598,6 @@ ExperimentOutput run_experiment(const ExperimentConfig& config, const Experiment
         if (tc.checkpoint_every == 0)
           tc.checkpoint_every = std::max<std::int64_t>(1, tc.steps / 10);
         if (options.stop_at_step > 0) tc.stop_at_step = options.stop_at_step;
-        const bool resumed = options.resume && fs::exists(ckpt_path);
         if (resumed) tc.resume_from = ckpt_path.string();
 
         const BatchFn data = [&task, seed, rows = tc.batch_size](std::int64_t step) {
@@ -587,15 +605,15 @@ ExperimentOutput run_experiment(const ExperimentConfig& config, const Experiment
         };
         // The periodic evaluation: held-out rows at the reference length (stream position −1).
         const Batch held_out = task.eval_batch_at(ref, task.eval_batch, batch_seed(seed, -1));
-        const EvalFn eval = [&held_out](LanguageModel& m) {
-          return evaluate(m, held_out, rows_per_pass(held_out, m->config().vocab_size));
+        const EvalFn eval = [&held_out, dp](LanguageModel& m) {
+          return evaluate(m, held_out, rows_per_pass(held_out, m->config().vocab_size), dp);
         };
         torch::manual_seed(seed);
         LanguageModel model(arm.model);
         std::optional<OpTimer> op_timer;
         if (options.profile) op_timer.emplace();
         const TrainResult result =
-            train(model, tc, data, eval, options.progress ? stderr_progress(label) : ProgressFn{});
+            train(model, tc, data, eval, progress ? stderr_progress(label) : ProgressFn{}, dp);
         op_timer.reset();
 
         // Results only: a function of the config, the seed and the thread counts, the same bits
@@ -632,7 +650,7 @@ ExperimentOutput run_experiment(const ExperimentConfig& config, const Experiment
         for (std::int64_t length : task.eval_lengths) {
           const Batch b =
               task.eval_batch_at(length, task.eval_batch, batch_seed(seed, -2 - length));
-          const EvalResult r = evaluate(model, b, rows_per_pass(b, arm.model.vocab_size));
+          const EvalResult r = evaluate(model, b, rows_per_pass(b, arm.model.vocab_size), dp);
           json e = eval_json(length, r);
           if (task.name == "copy")  // letters only, without the '.' (data.h's copy_metrics)
             e["char_accuracy"] =
@@ -649,7 +667,7 @@ ExperimentOutput run_experiment(const ExperimentConfig& config, const Experiment
                 p, task.eval_batch,
                 batch_seed(seed, -(std::int64_t{1} << 40) - (p.length << 20) - p.num_kv_pairs));
             json e =
-                eval_json(p.length, evaluate(model, b, rows_per_pass(b, arm.model.vocab_size)));
+                eval_json(p.length, evaluate(model, b, rows_per_pass(b, arm.model.vocab_size), dp));
             e["num_kv_pairs"] = p.num_kv_pairs;
             points.push_back(std::move(e));
           }
@@ -660,7 +678,7 @@ ExperimentOutput run_experiment(const ExperimentConfig& config, const Experiment
         const bool complete =
             result.final_step >= tc.steps || result.stopped_early || result.diverged;
         record["complete"] = complete;
-        if (complete) {
+        if (complete && writer) {
           json file = record;
           file["timing"] = timing;
           write_text(record_path, file.dump(1));
@@ -730,7 +748,8 @@ ExperimentOutput run_experiment(const ExperimentConfig& config, const Experiment
                     {"hardware_concurrency", std::thread::hardware_concurrency()}}},
                   {"summary", arms_summary},
                   {"runs", runs}};
-  write_text(out / "results.json", results.dump(1));
+  if (dp) results["machine"]["processes"] = dp->world_size();
+  if (writer) write_text(out / "results.json", results.dump(1));
 
   // results.csv: one row per arm × lr × seed × eval length.
   std::ostringstream csv;
@@ -758,7 +777,7 @@ ExperimentOutput run_experiment(const ExperimentConfig& config, const Experiment
       for (const json& e : run["eval_points"])
         row(e, std::to_string(e["num_kv_pairs"].get<std::int64_t>()));
   }
-  write_text(out / "results.csv", csv.str());
+  if (writer) write_text(out / "results.csv", csv.str());
 
   // Plots: per arm at its best lr, means over seeds.
   const bool log_x =
@@ -788,10 +807,11 @@ ExperimentOutput run_experiment(const ExperimentConfig& config, const Experiment
           }
       spec.series.push_back(std::move(s));
     }
-    write_line_plot_png(
-        spec, (out / (std::string(metric) == "sequence_accuracy" ? "accuracy_vs_length.png"
-                                                                 : "token_accuracy_vs_length.png"))
-                  .string());
+    if (writer)
+      write_line_plot_png(spec, (out / (std::string(metric) == "sequence_accuracy"
+                                            ? "accuracy_vs_length.png"
+                                            : "token_accuracy_vs_length.png"))
+                                    .string());
   }
   {
     PlotSpec spec;
@@ -842,7 +862,7 @@ ExperimentOutput run_experiment(const ExperimentConfig& config, const Experiment
       }
       spec.series.push_back(std::move(s));
     }
-    write_line_plot_png(spec, (out / "loss.png").string());
+    if (writer) write_line_plot_png(spec, (out / "loss.png").string());
   }
 
   // timings.json: the clock's figures, apart so that results.json stays bit-identical across
@@ -859,8 +879,11 @@ ExperimentOutput run_experiment(const ExperimentConfig& config, const Experiment
                   {"wall_time_s", wall},
                   {"train_time_s", train_time},
                   {"runs", run_timings}};
-  write_text(out / "timings.json", timings.dump(1));
-  write_text(out / "table.txt", format_result_table(results, timings));
+  if (dp) timings["processes"] = dp->world_size();
+  if (writer) {
+    write_text(out / "timings.json", timings.dump(1));
+    write_text(out / "table.txt", format_result_table(results, timings));
+  }
   return {std::move(results), std::move(timings)};
 }
 
@@ -918,7 +941,11 @@ std::string format_result_table(const json& results, const json& timings) {
   if (timings.is_object() && timings.contains("wall_time_s"))
     t += fmt::format(" ({:.1f} s of training) in {:.1f} s", num(timings["train_time_s"]),
                      num(timings["wall_time_s"]));
-  t += fmt::format(" on {} threads", machine["threads"].get<int>());
+  if (machine.contains("processes"))
+    t += fmt::format(" on {} processes × {} threads", machine["processes"].get<int>(),
+                     machine["threads"].get<int>());
+  else
+    t += fmt::format(" on {} threads", machine["threads"].get<int>());
   if (machine.contains("kernel_threads"))
     t += fmt::format(" ({} for phasor's kernels)", machine["kernel_threads"].get<int>());
   t += "\n";
@@ -951,8 +978,10 @@ std::string format_time_table(const json& timings) {
       const double k = ms(kernels), o = ms(ops);
       return fmt::format("{:.2f}/{:.2f}/{:.2f}", k, o, total - k - o);
     };
+    // sync_s: data parallel's wait for the all-reduces (absent from older timings.json).
+    const double sync = b.contains("sync_s") ? ms("sync_s") : 0.0;
     const double per_step = ms("data_s") + fwd + bwd + ms("optimizer_s") + ms("metrics_s") +
-                            ms("eval_s") + ms("checkpoint_s") + ms("other_s");
+                            ms("eval_s") + ms("checkpoint_s") + ms("other_s") + sync;
     t += fmt::format(
         "{:<{}}  {:>6}  {:>8.0f}  {:>7.2f}  {:>6.2f}  {:>6.2f} {:>17}  {:>6.2f} {:>17}  {:>6.2f}  "
         "{:>7.2f}  {:>6.2f}\n",
@@ -960,7 +989,7 @@ std::string format_time_table(const json& timings) {
         w, static_cast<std::int64_t>(steps), num(run["tokens_per_s"]), per_step, ms("data_s"), fwd,
         split(fwd, "forward_kernels_s", "forward_ops_s"), bwd,
         split(bwd, "backward_kernels_s", "backward_ops_s"), ms("optimizer_s"), ms("metrics_s"),
-        ms("eval_s") + ms("checkpoint_s") + ms("other_s"));
+        ms("eval_s") + ms("checkpoint_s") + ms("other_s") + sync);
   }
   return t;
 }

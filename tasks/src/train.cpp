@@ -25,6 +25,7 @@
 #include <zlib.h>
 
 #include "check.h"
+#include "phasor/tasks/data_parallel.h"
 #include "phasor/tasks/files.h"
 
 namespace phasor::tasks {
@@ -122,14 +123,20 @@ ScoredLogits scored_logits(LanguageModel& model, const at::Tensor& inputs, const
   return out;
 }
 
-Metrics metrics_of(const ScoredLogits& s, const Batch& batch) {
+// The argmax predictions of every position of the batch, rows × cols row-major; unscored
+// positions get −100 when only the scored ones were computed (evaluate() never compares those).
+std::vector<std::int64_t> predictions_of(const ScoredLogits& s, const Batch& batch) {
   const at::Tensor pred = s.logits.detach().argmax(-1).contiguous();
   const std::int64_t* p = pred.data_ptr<std::int64_t>();
-  if (!s.index.defined()) return evaluate(p, batch.targets.data(), batch.rows, batch.cols);
-  // Unscored positions get −100, which evaluate() never compares.
+  if (!s.index.defined()) return std::vector<std::int64_t>(p, p + pred.numel());
   std::vector<std::int64_t> all(batch.targets.size(), kIgnoreIndex);
   const std::int64_t* at = s.index.data_ptr<std::int64_t>();
   for (std::int64_t i = 0; i < s.index.numel(); ++i) all[static_cast<std::size_t>(at[i])] = p[i];
+  return all;
+}
+
+Metrics metrics_of(const ScoredLogits& s, const Batch& batch) {
+  const std::vector<std::int64_t> all = predictions_of(s, batch);
   return evaluate(all.data(), batch.targets.data(), batch.rows, batch.cols);
 }
 
@@ -385,6 +392,20 @@ Entries parse_payload(const std::string& path, const std::string& p) {
     entries.emplace(name, std::move(e));
   }
   return entries;
+}
+
+// CRC-32 of the bytes of the model's parameters and buffers: data parallel's check that the
+// replicas are still identical.
+std::int64_t model_crc32(LanguageModel& model) {
+  uLong crc = crc32_z(0L, Z_NULL, 0);
+  const auto add = [&crc](const at::Tensor& t) {
+    const at::Tensor c = t.detach().contiguous();
+    crc = crc32_z(crc, static_cast<const Bytef*>(c.data_ptr()),
+                  static_cast<z_size_t>(c.numel() * c.element_size()));
+  };
+  for (const auto& p : model->parameters()) add(p);
+  for (const auto& b : model->buffers()) add(b);
+  return static_cast<std::int64_t>(crc);
 }
 
 void save_checkpoint(const std::string& path, LanguageModel& model, torch::optim::AdamW& optimizer,
@@ -936,29 +957,48 @@ at::Tensor targets_tensor(const Batch& b) {
 
 // ---- evaluation ---------------------------------------------------------------------------------
 
-EvalResult evaluate(LanguageModel& model, const Batch& batch, std::int64_t rows_per_pass) {
+EvalResult evaluate(LanguageModel& model, const Batch& batch, std::int64_t rows_per_pass,
+                    DataParallel* data_parallel) {
   check_batch(batch, model->config(), "evaluate");
   if (rows_per_pass < 1) fail("evaluate", "rows_per_pass", "≥ 1", std::to_string(rows_per_pass));
+  DataParallel* const dp =
+      data_parallel != nullptr && data_parallel->world_size() > 1 ? data_parallel : nullptr;
   const bool was_training = model->is_training();
   model->eval();
   torch::NoGradGuard no_grad;
   const at::Tensor inputs = inputs_tensor(batch), targets = targets_tensor(batch);
   EvalResult r;
-  r.predictions.reserve(batch.inputs.size());
-  double loss_sum = 0.0;
-  for (std::int64_t row = 0; row < batch.rows; row += rows_per_pass) {
+  // Each pass's predictions go to their rows' place and its loss sum to its slot; data parallel,
+  // pass p runs on rank p mod N and the other ranks contribute zeros to the sums (exact).
+  const std::int64_t passes = (batch.rows + rows_per_pass - 1) / rows_per_pass;
+  at::Tensor predictions = torch::zeros({batch.rows * batch.cols}, at::kLong);
+  at::Tensor pass_loss = torch::zeros({passes}, at::kDouble);
+  for (std::int64_t pass = 0; pass < passes; ++pass) {
+    if (dp && pass % dp->world_size() != dp->rank()) continue;
+    const std::int64_t row = pass * rows_per_pass;
     const std::int64_t n = std::min(rows_per_pass, batch.rows - row);
     const at::Tensor logits = model->forward(inputs.narrow(0, row, n));
     const std::int64_t V = logits.size(-1);
-    loss_sum +=
+    pass_loss.data_ptr<double>()[pass] =
         at::cross_entropy_loss(logits.reshape({-1, V}), targets.narrow(0, row, n).reshape({-1}), {},
                                at::Reduction::Sum, kIgnoreIndex)
             .item<double>();
-    const at::Tensor pred = logits.argmax(-1).contiguous();
-    r.predictions.insert(r.predictions.end(), pred.data_ptr<std::int64_t>(),
-                         pred.data_ptr<std::int64_t>() + pred.numel());
+    predictions.narrow(0, row * batch.cols, n * batch.cols).copy_(logits.argmax(-1).reshape({-1}));
   }
   model->train(was_training);
+  if (dp) {
+    std::vector<at::Tensor> p{predictions}, l{pass_loss};
+    auto predictions_work = dp->group()->allreduce(p);
+    auto loss_work = dp->group()->allreduce(l);
+    dp->wait(predictions_work, "the all-reduce of an evaluation's predictions");
+    dp->wait(loss_work, "the all-reduce of an evaluation's losses");
+  }
+  // The single-process order of the loss sum: pass by pass from 0.
+  double loss_sum = 0.0;
+  const double* per_pass = pass_loss.data_ptr<double>();
+  for (std::int64_t pass = 0; pass < passes; ++pass) loss_sum += per_pass[pass];
+  r.predictions.assign(predictions.data_ptr<std::int64_t>(),
+                       predictions.data_ptr<std::int64_t>() + predictions.numel());
   r.metrics = tasks::evaluate(r.predictions, batch.targets, batch.rows, batch.cols);
   r.loss = loss_sum / static_cast<double>(r.metrics.scored_tokens);  // NaN if nothing is scored
   return r;
@@ -1004,7 +1044,12 @@ void to_json(nlohmann::json& j, const TimeBreakdown& t) {
                      {"metrics_s", t.metrics_s},
                      {"eval_s", t.eval_s},
                      {"checkpoint_s", t.checkpoint_s},
-                     {"other_s", t.other_s}};
+                     {"other_s", t.other_s},
+                     {"sync_s", t.sync_s}};
+  if (t.buckets > 0) {
+    j["buckets"] = t.buckets;
+    j["buckets_launched_in_backward"] = t.buckets_launched_in_backward;
+  }
   if (t.ops_timed) {
     j["forward_kernels_s"] = t.forward_kernels_s;
     j["forward_ops_s"] = t.forward_ops_s;
@@ -1084,9 +1129,14 @@ bool OpTimer::active() {
 // ---- training -----------------------------------------------------------------------------------
 
 TrainResult train(LanguageModel& model, const TrainConfig& config, const BatchFn& data,
-                  const EvalFn& eval, const ProgressFn& progress) {
+                  const EvalFn& eval, const ProgressFn& progress, DataParallel* data_parallel) {
   validate(config);
   if (!data) fail("train", "data", "a batch function", "an empty function");
+  // Data parallel over more than one rank; a group of one trains as a single process.
+  DataParallel* const dp =
+      data_parallel != nullptr && data_parallel->world_size() > 1 ? data_parallel : nullptr;
+  if (dp) (void)dp->shard_rows(config.batch_size, "train");
+  const bool writer = dp == nullptr || dp->writer();
   const auto start_time = std::chrono::steady_clock::now();
   auto elapsed = [&] {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_time).count();
@@ -1094,6 +1144,13 @@ TrainResult train(LanguageModel& model, const TrainConfig& config, const BatchFn
   auto optimizer = make_optimizer(model, config);
   History h;
   if (!config.resume_from.empty()) h = resume(config.resume_from, model, *optimizer, config);
+  if (dp) {
+    // Every rank starts from the same step (the same checkpoint, or none) and from rank 0's
+    // parameters (the optimizer states, read from the same checkpoint, agree then too).
+    dp->check_same(h.step, "train", "resume_from",
+                   "step to start from (every rank must read the same checkpoint, or none)");
+    dp->broadcast_model(model);
+  }
   model->train();
 
   const std::int64_t last =
@@ -1106,6 +1163,8 @@ TrainResult train(LanguageModel& model, const TrainConfig& config, const BatchFn
         metric_of(config, h.evals.back().token_accuracy, h.evals.back().sequence_accuracy);
   const auto params = model->parameters();
   bool done = h.stopped_early || h.diverged;
+  std::optional<GradientReducer> reducer;
+  if (dp) reducer.emplace(*dp, params);
 
   // The time breakdown: each phase's wall time is added to its field (lap), and with an OpTimer
   // the time of ops and kernels inside the forward and backward phases (op_lap).
@@ -1130,24 +1189,52 @@ TrainResult train(LanguageModel& model, const TrainConfig& config, const BatchFn
   for (std::int64_t step = first; step <= last && !done; ++step) {
     lap(tb.other_s);
     op_lap(unused_ops, unused_kernels);
-    const Batch batch = data(step);
-    check_batch(batch, model->config(), "train");
+    const Batch global = data(step);
+    check_batch(global, model->config(), "train");
     // A batch without targets has no loss (the mean over nothing is NaN), which must not be
     // mistaken for divergence.
-    if (std::all_of(batch.targets.begin(), batch.targets.end(),
-                    [](std::int64_t t) { return t == kIgnoreIndex; }))
+    const auto scored_total = static_cast<std::int64_t>(
+        global.targets.size() -
+        static_cast<std::size_t>(std::count(global.targets.begin(), global.targets.end(),
+                                            static_cast<std::int64_t>(kIgnoreIndex))));
+    if (scored_total == 0)
       fail("train", "batch", "at least one scored target (≠ −100)",
            "a batch of step " + std::to_string(step) + " without any");
+    // Data parallel: this rank's rows of the global batch.
+    const Batch local = dp ? dp->shard(global, "train") : Batch{};
+    const Batch& batch = dp ? local : global;
     const at::Tensor inputs = inputs_tensor(batch), targets = targets_tensor(batch);
     lap(tb.data_s);
     op_lap(unused_ops, unused_kernels);
 
     const ScoredLogits scored = scored_logits(model, inputs, batch, targets);
-    const at::Tensor loss = loss_of(scored.logits, scored.targets);
-    const double loss_value = loss.item<double>();
+    // Data parallel: this rank's share of the global batch's mean loss, Σ_rank CE / scored_total,
+    // so that the sum over the ranks of the loss and of its gradient is the single-process one.
+    const at::Tensor loss =
+        dp ? at::cross_entropy_loss(scored.logits.reshape({-1, scored.logits.size(-1)}),
+                                    scored.targets.reshape({-1}), {}, at::Reduction::Sum,
+                                    kIgnoreIndex) /
+                 static_cast<double>(scored_total)
+           : loss_of(scored.logits, scored.targets);
+    double loss_value = loss.item<double>();
+    // Data parallel: the global loss and predictions, summed over the ranks while the backward
+    // pass runs — [loss, predictions of the global batch's positions] in float64 (the token ids
+    // are exact), each rank filling its own rows.
+    at::Tensor stats;
+    c10::intrusive_ptr<c10d::Work> stats_work;
+    if (dp) {
+      stats = torch::zeros({1 + global.rows * global.cols}, at::kDouble);
+      double* s = stats.data_ptr<double>();
+      s[0] = loss_value;
+      const std::vector<std::int64_t> pred = predictions_of(scored, batch);
+      double* own = s + 1 + dp->shard_rows(global.rows, "train").begin * global.cols;
+      for (std::size_t i = 0; i < pred.size(); ++i) own[i] = static_cast<double>(pred[i]);
+      std::vector<at::Tensor> t{stats};
+      stats_work = dp->group()->allreduce(t);
+    }
     lap(tb.forward_s);
     op_lap(tb.forward_ops_s, tb.forward_kernels_s);
-    if (!std::isfinite(loss_value)) {
+    if (!dp && !std::isfinite(loss_value)) {
       // No update from a non-finite loss: the parameters stay those of the last good step.
       h.diverged = true;
       break;
@@ -1158,6 +1245,25 @@ TrainResult train(LanguageModel& model, const TrainConfig& config, const BatchFn
     loss.backward();
     lap(tb.backward_s);
     op_lap(tb.backward_ops_s, tb.backward_kernels_s);
+    Metrics global_metrics;
+    if (dp) {
+      // Every rank takes the same decision from the summed loss.
+      reducer->finish(step);
+      tb.buckets = static_cast<std::int64_t>(reducer->num_buckets());
+      tb.buckets_launched_in_backward += static_cast<std::int64_t>(reducer->launched_in_backward());
+      dp->wait(stats_work,
+               "the all-reduce of the loss and predictions of step " + std::to_string(step));
+      const double* s = stats.data_ptr<double>();
+      loss_value = s[0];
+      std::vector<std::int64_t> pred(static_cast<std::size_t>(global.rows * global.cols));
+      for (std::size_t i = 0; i < pred.size(); ++i) pred[i] = static_cast<std::int64_t>(s[1 + i]);
+      global_metrics = evaluate(pred.data(), global.targets.data(), global.rows, global.cols);
+      lap(tb.sync_s);
+      if (!std::isfinite(loss_value)) {
+        h.diverged = true;
+        break;
+      }
+    }
     if (config.grad_clip > 0) torch::nn::utils::clip_grad_norm_(params, config.grad_clip);
     const double lr = learning_rate(config, step);
     for (auto& group : optimizer->param_groups())
@@ -1165,11 +1271,11 @@ TrainResult train(LanguageModel& model, const TrainConfig& config, const BatchFn
     optimizer->step();
     lap(tb.optimizer_s);
 
-    const Metrics m = metrics_of(scored, batch);
+    const Metrics m = dp ? std::move(global_metrics) : metrics_of(scored, batch);
     h.step = step;
     h.losses.push_back(loss_value);
     h.train_accuracies.push_back(m.token_accuracy);
-    tokens += batch.rows * batch.cols;
+    tokens += global.rows * global.cols;
     ++tb.steps;
     lap(tb.metrics_s);
 
@@ -1202,7 +1308,13 @@ TrainResult train(LanguageModel& model, const TrainConfig& config, const BatchFn
         !config.checkpoint_path.empty() &&
         ((config.checkpoint_every > 0 && step % config.checkpoint_every == 0) || step == last ||
          done);
-    if (checkpoint_now) {
+    // Data parallel: the replicas must still be the same bits (the same summed gradient, the
+    // same AdamW on every rank), checked wherever rank 0 writes them down.
+    if (dp && (checkpoint_now || step == last || done))
+      dp->check_same(
+          model_crc32(model), "train", "model",
+          "parameters (CRC-32; the replicas must stay identical), at step " + std::to_string(step));
+    if (checkpoint_now && writer) {
       save_checkpoint(config.checkpoint_path, model, *optimizer, config, h);
       lap(tb.checkpoint_s);
     }
@@ -1225,7 +1337,7 @@ TrainResult train(LanguageModel& model, const TrainConfig& config, const BatchFn
     }
   }
   lap(tb.other_s);
-  if (h.diverged && !config.checkpoint_path.empty()) {
+  if (h.diverged && !config.checkpoint_path.empty() && writer) {
     save_checkpoint(config.checkpoint_path, model, *optimizer, config, h);
     lap(tb.checkpoint_s);
   }

@@ -47,7 +47,8 @@
 //
 // clang-format on
 // Output folder:
-//   results.json    the config, the machine (threads), every run (losses, periodic
+//   results.json    the config, the machine (threads; data parallel: processes), every run (losses,
+//   periodic
 //                   evaluations, per-length token / sequence accuracy, loss and cumulative
 //                   sequence-accuracy curve, copy: char_accuracy) and the summary (best lr per
 //                   arm, means). No clock readings: for a config, seeds and thread counts its
@@ -77,6 +78,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -158,6 +160,14 @@ struct ExperimentOptions {
   // Time LibTorch ops and phasor kernels during training (an OpTimer), so that each run's
   // "time_breakdown" in timings.json splits its forward and backward passes (format_time_table).
   bool profile = false;
+  // Data parallel (phasor/tasks/data_parallel.h): every rank of the group calls run_experiment
+  // with the same config and options; each run trains on all of them (train.batch_size must be
+  // divisible by the number of ranks) and evaluates with them; only rank 0 writes into out_dir
+  // (and prints progress). With resume, every rank reads out_dir (a folder all of them see) and
+  // they must find the same finished runs and checkpoints. results.json's "machine" and
+  // timings.json gain "processes"; the results equal the single-process run's up to
+  // floating-point summation order. Null, or a group of one: one process.
+  std::shared_ptr<DataParallel> data_parallel;
 };
 
 struct ExperimentOutput {
@@ -177,7 +187,7 @@ std::string format_result_table(const nlohmann::json& results,
 // The training-speed table printed by `phasor tasks run --profile`: per run of timings.json,
 // training tokens/s and the milliseconds per step of each phase of its "time_breakdown" (train.h's
 // TimeBreakdown; forward and backward split into phasor kernels, other LibTorch ops and the rest
-// when timed).
+// when timed; data parallel's wait for the all-reduces, sync_s, counts as "other").
 std::string format_time_table(const nlohmann::json& timings);
 
 }  // namespace phasor::tasks

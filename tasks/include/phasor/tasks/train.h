@@ -37,6 +37,8 @@
 
 namespace phasor::tasks {
 
+class DataParallel;  // phasor/tasks/data_parallel.h
+
 // Size limits of a TrainConfig (validate): the history keeps a loss and an accuracy per step.
 inline constexpr std::int64_t kMaxSteps = std::int64_t{1} << 24;
 inline constexpr std::int64_t kMaxBatchSize = std::int64_t{1} << 20;
@@ -99,8 +101,11 @@ struct EvalResult {
 };
 // Teacher-forced evaluation in eval mode without gradients, rows_per_pass rows per forward pass
 // (bounding memory for large held-out sets; the result does not depend on it up to rounding of
-// the loss sum).
-EvalResult evaluate(LanguageModel& model, const Batch& batch, std::int64_t rows_per_pass = 64);
+// the loss sum). With a DataParallel of N ranks (every rank must call it, with the same batch):
+// forward pass p runs on rank p mod N, the predictions and the passes' loss sums are summed over
+// the ranks, and every rank gets the single-process result, bit for bit.
+EvalResult evaluate(LanguageModel& model, const Batch& batch, std::int64_t rows_per_pass = 64,
+                    DataParallel* data_parallel = nullptr);
 using EvalFn = std::function<EvalResult(LanguageModel& model)>;
 
 // ---- progress -----------------------------------------------------------------------------------
@@ -138,6 +143,13 @@ struct TimeBreakdown {
   double eval_s = 0.0;        // periodic evaluations
   double checkpoint_s = 0.0;  // checkpoint writes
   double other_s = 0.0;       // progress reports and the rest of the loop
+  // Data parallel only (else 0): waiting, after the backward pass, for the all-reduce of the
+  // gradients and of the step's loss and predictions (the communication not hidden behind the
+  // backward pass).
+  double sync_s = 0.0;
+  // Data parallel only (else 0): the gradient all-reduce buckets of a step, and how many of all
+  // the steps' bucket all-reduces were launched during the backward pass (overlapping it).
+  std::int64_t buckets = 0, buckets_launched_in_backward = 0;
   // Only while an OpTimer is alive on the training thread (else false and zeros): how much of
   // forward_s and backward_s ran inside phasor's kernels ("phasor::kernel" scopes of the LibTorch
   // layer) and inside the other LibTorch ops (outermost dispatched ops and autograd nodes, minus
@@ -185,8 +197,18 @@ struct TrainResult {
 // early stopping / divergence / stop_at_step. With resume_from, the model's parameters, the
 // optimizer, the step and the history come from that checkpoint (its model config must equal
 // model->config(), its training trajectory settings must equal config's).
+//
+// With a DataParallel of N > 1 ranks (phasor/tasks/data_parallel.h), every rank calls train() with
+// the same arguments (data: the global batch stream; eval: one that evaluates with the same
+// DataParallel, or none) and trains its replica on its batch_size / N rows of each global batch
+// (batch_size must be divisible by N), with the gradients summed over the ranks in buckets; the
+// losses, accuracies and evaluations of the result are those of the global batch, the same on
+// every rank and equal to the single-process run's up to floating-point summation order. Only
+// rank 0 writes the checkpoint; with resume_from, every rank reads it (a path every rank sees)
+// and must be at the same step; the parameters are broadcast from rank 0 before the first step.
 TrainResult train(LanguageModel& model, const TrainConfig& config, const BatchFn& data,
-                  const EvalFn& eval = {}, const ProgressFn& progress = {});
+                  const EvalFn& eval = {}, const ProgressFn& progress = {},
+                  DataParallel* data_parallel = nullptr);
 
 // ---- checkpoints --------------------------------------------------------------------------------
 // A checkpoint file (format 2) is a 32-byte header — the magic "PHSRCKPT", the format version 2,
