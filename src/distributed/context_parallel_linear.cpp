@@ -576,8 +576,25 @@ at::Tensor piece_initial_states(const Layout& layout, const at::Tensor& h0, std:
   return h0.to(sd).index_select(0, piece_sequences(layout)) * (1 - carry_in_mask(layout, sd));
 }
 
-// Any family: one call of the op with v_aug = [v | 0_K] from [h0 | 0] or [0 | I_K]:
-// o_aug = [o⁰ | A], S_aug = [S⁰ | P].
+// One call of the single-process op on tokens [begin, begin + length) of the slice.
+OutputAndState call_op(const std::vector<at::Tensor>& lv, const at::Tensor& values,
+                       const at::Tensor& initial, const c10::optional<at::Tensor>& cu,
+                       std::int64_t begin, std::int64_t length, const LinearOptions& o) {
+  auto part = [&](const at::Tensor& t) {
+    return !t.defined() || (begin == 0 && length == t.size(1)) ? t : t.narrow(1, begin, length);
+  };
+  if (o.family == Family::gla)
+    return phasor::gla(part(lv[0]), part(lv[1]), values, part(lv[3]), o.impl, o.scale, initial,
+                       true, cu, o.chunk_size, as_optional(part(lv[6])), o.rotary_layout);
+  return phasor::gated_delta_rule(part(lv[0]), part(lv[1]), values, part(lv[3]), part(lv[4]),
+                                  o.impl, o.scale, initial, true, cu, o.use_qk_l2norm_in_kernel,
+                                  o.chunk_size, as_optional(part(lv[6])), o.rotary_layout);
+}
+
+// Any family: the continuing piece(s) by one call of the op with v_aug = [v | 0_K] from
+// [0 | I_K] (o_aug = [o⁰ | A], S_aug = [S⁰ | P]); the pieces that start their sequence here by a
+// plain call from [h0 | …] (their A and P are 0), so a slice without a continuing sequence costs
+// no more than the single-process op.
 LocalResult local_by_augmentation(const Layout& layout, const std::vector<at::Tensor>& lv,
                                   const LinearOptions& o) {
   const at::Tensor &q = lv[0], &v = lv[2];
@@ -585,31 +602,37 @@ LocalResult local_by_augmentation(const Layout& layout, const std::vector<at::Te
                      P = static_cast<std::int64_t>(layout.pieces.size()),
                      n = layout.corrected_tokens;
   const auto options = q.options().dtype(state_dtype(q));
-  const at::Tensor identity =
-      at::eye(K, options).expand({P, Hs, K, K}) * carry_in_mask(layout, state_dtype(q));
-  const at::Tensor h0_aug =
-      at::cat({piece_initial_states(layout, lv[5], Hs, K, V, options), identity}, -1);
-  const at::Tensor v_aug = at::cat({v, at::zeros({B, T, Hs, K}, v.options())}, -1);
-  const auto local_cu =
-      layout.varlen ? c10::optional<at::Tensor>(local_cu_seqlens(layout)) : c10::nullopt;
-  OutputAndState out;
-  if (o.family == Family::gla)
-    out = phasor::gla(q, lv[1], v_aug, lv[3], o.impl, o.scale, h0_aug, true, local_cu, o.chunk_size,
-                      as_optional(lv[6]), o.rotary_layout);
-  else
-    out = phasor::gated_delta_rule(q, lv[1], v_aug, lv[3], lv[4], o.impl, o.scale, h0_aug, true,
-                                   local_cu, o.use_qk_l2norm_in_kernel, o.chunk_size,
-                                   as_optional(lv[6]), o.rotary_layout);
-  const at::Tensor o_aug = std::get<0>(out), s_aug = *std::get<1>(out);
+  const at::Tensor starts = piece_initial_states(layout, lv[5], Hs, K, V, options);
   LocalResult r;
+  if (n == 0) {  // every piece starts its sequence here
+    const auto local_cu =
+        layout.varlen ? c10::optional<at::Tensor>(local_cu_seqlens(layout)) : c10::nullopt;
+    const auto out = call_op(lv, v, starts, local_cu, 0, T, o);
+    r.o0 = std::get<0>(out);
+    r.x = *std::get<1>(out);
+    return r;
+  }
+  // The continuing pieces: every row without cu_seqlens, else the first piece (tokens [0, n)).
+  const std::int64_t first_rows = layout.varlen ? 1 : B;
+  const at::Tensor v_aug =
+      at::cat({layout.varlen ? v.narrow(1, 0, n) : v, at::zeros({B, n, Hs, K}, v.options())}, -1);
+  const at::Tensor h0_aug = at::cat({at::zeros({first_rows, Hs, K, V}, options),
+                                     at::eye(K, options).expand({first_rows, Hs, K, K})},
+                                    -1);
+  const auto first = call_op(lv, v_aug, h0_aug, c10::nullopt, 0, n, o);
+  const at::Tensor o_aug = std::get<0>(first), s_aug = *std::get<1>(first);
+  r.a = o_aug.narrow(-1, V, K);
+  r.y = s_aug.narrow(-1, V, K);  // [L, Hs, K, K]: lane l's continuing piece is row l
   r.o0 = o_aug.narrow(-1, 0, V);
   r.x = s_aug.narrow(-1, 0, V);
-  if (n > 0) {
-    r.a = o_aug.narrow(1, 0, n).narrow(-1, V, K);
-    std::vector<at::Tensor> ys;
-    for (std::int64_t lane = 0; lane < layout.lanes; ++lane)
-      ys.push_back(s_aug[layout.first_piece(lane)].narrow(-1, V, K));
-    r.y = at::stack(ys);
+  if (layout.varlen && P > 1) {  // the pieces after the first, from their own initial states
+    std::vector<std::int64_t> cu;
+    for (std::size_t p = 1; p < layout.pieces.size(); ++p) cu.push_back(layout.pieces[p].begin - n);
+    cu.push_back(T - n);
+    const auto rest = call_op(lv, v.narrow(1, n, T - n), starts.narrow(0, 1, P - 1),
+                              at::tensor(cu, at::kLong), n, T - n, o);
+    r.o0 = at::cat({r.o0, std::get<0>(rest)}, 1);
+    r.x = at::cat({r.x, *std::get<1>(rest)}, 0);
   }
   return r;
 }
