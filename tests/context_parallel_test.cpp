@@ -42,6 +42,7 @@ struct Case {
   std::int64_t H = 2, HV = 2, K = 8, V = 6;
   bool initial_state = true, final_state = true, theta = false, l2norm = false;
   bool loss_on_output = true;  // false: the loss uses the final state only
+  bool plain_sums = false;  // loss Σ o + Σ final: gradients arrive as expanded (stride 0) views
   Impl impl = Impl::chunk;
   std::int64_t chunk_size = 4;
   at::ScalarType dtype = at::kDouble;
@@ -134,6 +135,8 @@ std::map<std::string, at::Tensor> run_and_differentiate(Family family, const Cas
   at::Tensor loss = c.loss_on_output ? (o * in.tokens.at("do").narrow(1, begin, end - begin)).sum()
                                      : at::zeros({}, o.options());
   if (final_state) loss = loss + (*final_state * in.d_final).sum();
+  if (c.plain_sums)
+    loss = o.sum() + (final_state ? final_state->sum() : at::zeros({}, o.options()));
   loss.backward();
   std::map<std::string, at::Tensor> out;
   out["o"] = o.detach();
@@ -299,6 +302,17 @@ TEST_F(ContextParallel, GatedDeltaRuleVarlenL2NormRotation) {
     c.cu = {0, 2, 18, 20};
     c.initial_state = false;
     EXPECT_LT(worst_error(Family::gdn, c), tolerance(c)) << phasor::to_string(impl);
+  }
+}
+
+TEST_F(ContextParallel, ExpandedIncomingGradients) {
+  for (Family family : {Family::gla, Family::gdn}) {
+    Case c;
+    c.plain_sums = true;
+    c.lengths = {5, 7, 8};
+    c.cu = {0, 3, 3, 12, 13, 20};
+    c.HV = family == Family::gdn ? 4 : 2;
+    EXPECT_LT(worst_error(family, c), tolerance(c));
   }
 }
 

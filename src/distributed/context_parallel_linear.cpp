@@ -14,8 +14,10 @@
 // where o⁰, S⁰ are the results from S_in = 0. Running the op on the augmented values
 // v_aug = [v | 0_K] (V + K columns) from the state [0 | I_K] gives, column block by column block,
 // o_aug = [o⁰ | A] and S_aug = [S⁰ | P] (the last K columns start at I and receive no values, so
-// they are P_{≤t} I). A piece that starts its sequence on this rank runs from [h0 | 0] instead
-// (its A and P are then 0 and its outputs are final).
+// they are P_{≤t} I). A piece that starts its sequence on this rank needs neither: it runs from h0
+// with the plain values (its A and P are 0 and its outputs are final). GLA's transition is
+// diagonal, P_{≤t} = diag(exp(G_t)) with G_t = Σ_{s ≤ t} g_s, so for GLA A_t = scale · exp(G_t) ⊙
+// q'_t comes from elementwise ops and the op always runs on the plain values.
 //
 // Forward scan. C_r = the state carried out of rank r's slice into the next rank (of the sequence
 // that runs on past the end of the slice; 0 when none does):
@@ -45,12 +47,14 @@
 // S_in on the continuing piece, the carried phase C_r = (Σ φ over the last piece) + M_r C_{r−1}.
 //
 // Communication per call and rank: one allgather of a small header (lengths and the arguments
-// that must agree), one allgather of the R maps (R·L·H·K·(K + V) numbers: O(R), where a
-// Hillis–Steele scan of send/recv would take O(log R) rounds of one map each), one allreduce of
-// the final states. The same again in the backward pass.
+// that must agree), one allgather of the R maps (R·L·H·K·(K + V) numbers, R·L·H·K·(1 + V) for
+// GLA's diagonal maps: O(R), where a Hillis–Steele scan of send/recv would take O(log R) rounds of
+// one map each), one allreduce of the final states; backward: one allgather of the R maps Λ_r
+// (R·L·H·K·V numbers) and one allreduce of d(initial_state).
 #include <ATen/ATen.h>
 #include <torch/autograd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -563,7 +567,6 @@ void check_linear_local(const std::string& op, Family family, const at::Tensor& 
   if (h0.defined())
     check_float(op, "initial_state", h0, {N, Hs, K, V},
                 {"N", family == Family::gla ? "H" : "HV", "K", "V"});
-  (void)V;
 }
 
 // The initial states of the pieces: h0[n] (or 0) for a piece that starts its sequence here, 0 for
