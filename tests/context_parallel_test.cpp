@@ -226,6 +226,8 @@ TEST_F(ContextParallel, TinySlicesAndNoTokensAtAll) {
     c.lengths = {1, 1, 2, 1};  // slices shorter than a chunk
     c.HV = family == Family::gdn ? 4 : 2;
     EXPECT_LT(worst_error(family, c), tolerance(c));
+    c.lengths = {9};  // a group of one rank: the single-process op
+    EXPECT_LT(worst_error(family, c), tolerance(c));
     c.lengths = {0, 0, 0};  // no tokens: the final states are the initial ones
     c.B = 2;
     EXPECT_LT(worst_error(family, c), tolerance(c));
