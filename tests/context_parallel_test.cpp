@@ -45,6 +45,7 @@ struct Case {
   bool plain_sums = false;  // loss Σ o + Σ final: gradients arrive as expanded (stride 0) views
   Impl impl = Impl::chunk;
   std::int64_t chunk_size = 4;
+  phasor::RotaryLayout rotary_layout = phasor::RotaryLayout::half_split;
   at::ScalarType dtype = at::kDouble;
 };
 
@@ -111,10 +112,10 @@ OutputAndState call(Family family, const Case& c, const Leaves& l, const at::Ten
   if (family == Family::gla) {
     if (group)
       return phasor::cp::gla(t("q"), t("k"), t("v"), t("g"), c.impl, c10::nullopt, maybe(l.h0),
-                             c.final_state, maybe(cu), c.chunk_size, theta,
-                             phasor::RotaryLayout::half_split, *group);
+                             c.final_state, maybe(cu), c.chunk_size, theta, c.rotary_layout,
+                             *group);
     return phasor::gla(t("q"), t("k"), t("v"), t("g"), c.impl, c10::nullopt, maybe(l.h0),
-                       c.final_state, maybe(cu), c.chunk_size, theta);
+                       c.final_state, maybe(cu), c.chunk_size, theta, c.rotary_layout);
   }
   if (group)
     return phasor::cp::gated_delta_rule(
@@ -263,6 +264,9 @@ TEST_F(ContextParallel, GlaVarlenWithRotationAndEmptyTrailingSequence) {
   EXPECT_LT(worst_error(Family::gla, c), tolerance(c));
   c.initial_state = false;
   EXPECT_LT(worst_error(Family::gla, c, 2), tolerance(c));
+  c.rotary_layout = phasor::RotaryLayout::interleaved;
+  EXPECT_LT(worst_error(Family::gla, c, 3), tolerance(c));
+  EXPECT_LT(worst_error(Family::gdn, c, 3), tolerance(c));
 }
 
 TEST_F(ContextParallel, GlaFloat32) {
