@@ -661,9 +661,12 @@ LocalResult local_gla(const Layout& layout, const std::vector<at::Tensor>& lv,
   r.x = *std::get<1>(out);
   if (n > 0) {
     const double scale = o.scale ? *o.scale : 1.0 / std::sqrt(static_cast<double>(K));
-    at::Tensor qn = q.narrow(1, 0, n);
-    if (theta.defined()) qn = phasor::apply_rotary(qn, theta.narrow(1, 0, n), o.rotary_layout);
-    const auto decayed = DecayedQueryFunction::apply(g.narrow(1, 0, n).to(sd), qn.to(sd), scale);
+    // The first n tokens (all of them without cu_seqlens: no narrow, whose backward would write
+    // a zero-filled gradient of the whole slice).
+    auto head = [&](const at::Tensor& t) { return n == t.size(1) ? t : t.narrow(1, 0, n); };
+    at::Tensor qn = head(q);
+    if (theta.defined()) qn = phasor::apply_rotary(qn, head(theta), o.rotary_layout);
+    const auto decayed = DecayedQueryFunction::apply(head(g).to(sd), qn.to(sd), scale);
     r.a = decayed[0];
     r.y = decayed[1];  // diag(P) = exp(G_last) [L = B, H, K]
   }
