@@ -87,6 +87,14 @@ struct ForgettingAttnParams {
   // key token and key/value head, shared by the query heads of its group. Finite values, any
   // float dtype; either, both or neither. Undefined: that term is 0, and costs nothing.
   TensorView bias_q_slope, bias_k_slope;
+  // Backward only, optional [B, T, HQ] (any float dtype; Impl::chunk and Impl::recurrent on the
+  // cpu): for each query row i, Σ_j dℓ_ij over the keys of its softmax that are NOT in this call
+  // (context parallelism, phasor/context_parallel.h: the keys of other ranks; o and lse passed to
+  // the backward must then be the results over all keys). The backward forms the logit gradient
+  // of a dominant key (P_ij* > 1/2) from the rest of its row, dℓ_ij* = −Σ_{j≠j*} dℓ_ij, since the
+  // whole row sums to 0 (accurate where P_ij* ≈ 1 makes P(dP − D) cancel); with keys elsewhere
+  // the rest of the row includes these sums. Undefined: every key is in the call (sums of 0).
+  TensorView dlogit_sums_elsewhere;
 };
 
 struct ForgettingAttnGrads {

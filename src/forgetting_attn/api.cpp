@@ -129,7 +129,8 @@ void forgetting_attn_backward(const ForgettingAttnParams& params, Impl impl, con
                               const TensorView& o, const TensorView& lse,
                               const ForgettingAttnGrads& grads) {
   const std::string op = op_name(Op::forgetting_attn, impl);
-  const Problem p = make_problem(op, params, impl);
+  Problem p = make_problem(op, params, impl);
+  p.dlogit_sums_elsewhere = params.dlogit_sums_elsewhere;
   const std::initializer_list<detail::Dim> out = {{p.B, "B"}, {p.T, "T"}, {p.HQ, "HQ"}, {p.V, "V"}},
                                            rows = {{p.B, "B"}, {p.T, "T"}, {p.HQ, "HQ"}};
   detail::check_float_tensor(op, "d_o", d_o, out, p.device);
@@ -145,6 +146,14 @@ void forgetting_attn_backward(const ForgettingAttnParams& params, Impl impl, con
     detail::check_output(op, "dv", grads.dv, {{p.B, "B"}, {p.T, "T"}, {p.H, "H"}, {p.V, "V"}},
                          p.device);
   if (grads.dg.defined()) detail::check_output(op, "dg", grads.dg, rows, p.device);
+  if (params.dlogit_sums_elsewhere.defined()) {
+    if (impl == Impl::reference || p.device != Device::cpu)
+      detail::fail(op, "dlogit_sums_elsewhere",
+                   "Impl::chunk or Impl::recurrent on the cpu (the kernels that take o and lse)",
+                   impl == Impl::reference ? "Impl::reference" : "a GPU device");
+    detail::check_float_tensor(op, "dlogit_sums_elsewhere", params.dlogit_sums_elsewhere, rows,
+                               p.device);
+  }
   detail::check_dtheta(op, grads.dtheta, params.theta, p.device);
   check_slope_grad(op, "dbias_q_slope", grads.dbias_q_slope, "bias_q_slope", params.bias_q_slope,
                    p.device);

@@ -502,7 +502,9 @@ void backward_typed(const Problem& p, const TensorView& d_o, const TensorView& o
         load_rows(d_o, rows, hq, dout);
         const Vec<S> lse_rows = row_lse.segment(i0, nI), delta_rows = delta.segment(i0, nI);
         dq = Mat<S>::Zero(want_dq ? nI : 0, p.K);
-        other_sums = Vec<S>::Zero(nI);                      // Σ_{j≠j*} dℓ_ij
+        other_sums = Vec<S>::Zero(nI);          // Σ_{j≠j*} dℓ_ij
+        if (p.dlogit_sums_elsewhere.defined())  // the keys of the rows outside this call
+          load_column(p.dlogit_sums_elsewhere, rows, hq, other_sums);
         dominant.assign(static_cast<std::size_t>(nI), -1);  // j* of each row, or −1
         walk_key_blocks(gates, p.window, i0, [&](std::int64_t j0, std::int64_t nJ, double gap) {
           tile_logits(q_scaled, k, gates, slopes, p.window, i0, j0, nJ, gap, tmp.logits);

@@ -29,6 +29,9 @@ struct Problem {
   // 0. The kernels load them as float64 columns (zeros when absent) and skip every bias loop when
   // neither is given (has_slopes()).
   TensorView slope_q, slope_k;
+  // Backward only, optional [B, T, HQ]: Σ_j dℓ_ij over keys outside the call (see
+  // ForgettingAttnParams::dlogit_sums_elsewhere); added to a dominant key's "rest of the row".
+  TensorView dlogit_sums_elsewhere;
   Sequences sequences;
   double scale = 1.0;
   std::int64_t window = kNoWindow;  // ≥ 1

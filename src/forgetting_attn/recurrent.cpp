@@ -223,7 +223,7 @@ void backward_typed(const Problem& p, const TensorView& d_o, const TensorView& o
     const std::int64_t h = item % p.H, L = seq.length;
     if (L == 0) return;  // no row of any gradient belongs to an empty sequence
     Mat<S> k, v, q, dout, out;
-    Vec<S> saved_lse, logits, probs, dlogits;
+    Vec<S> saved_lse, logits, probs, dlogits, elsewhere;
     Vec<double> g, a, b;
     load_rows(p.k, seq, h, k);
     load_rows(p.v, seq, h, v);
@@ -251,6 +251,10 @@ void backward_typed(const Problem& p, const TensorView& d_o, const TensorView& o
         load_rows(o, seq, hq, out);
         load_column(lse, seq, hq, saved_lse);
       }
+      if (p.dlogit_sums_elsewhere.defined())
+        load_column(p.dlogit_sums_elsewhere, seq, hq, elsewhere);
+      else
+        elsewhere = Vec<S>::Zero(L);
       Mat<S> dq = Mat<S>::Zero(L, p.K);
       Vec<double> dg = Vec<double>::Zero(L);
       for (std::int64_t t = 0; t < L; ++t) {
@@ -297,7 +301,7 @@ void backward_typed(const Problem& p, const TensorView& d_o, const TensorView& o
         Eigen::Index dominant;
         if (probs.maxCoeff(&dominant) > S(0.5)) {
           dlogits[dominant] = 0;
-          dlogits[dominant] = -dlogits.sum();
+          dlogits[dominant] = -dlogits.sum() - elsewhere[t];  // the row's keys outside the call
         }
         dq.row(t) =
             static_cast<S>(p.scale) * (k.middleRows(first, n).transpose() * dlogits).transpose();
