@@ -20,6 +20,117 @@
 namespace phasor::cp {
 
 // ---- GLA, Gated DeltaNet and Selective RoPE phases ----------------------------------------------
+// Arguments are those of the phasor/torch.h op of the same name, with these differences:
+//  - q, k, v, g, beta, theta (and phi): THIS rank's slice [B, T_r, ...] of the tokens; T_r may
+//    differ between ranks and may be 0. Every other dimension, the dtypes and every option (scale,
+//    chunk_size, rotary_layout, impl, use_qk_l2norm_in_kernel, output_final_state, which optional
+//    arguments are given) must agree across ranks; a rank's offset in the sequence is the sum of
+//    the lengths of the slices before it (an allgather of the lengths).
+//  - cu_seqlens: the GLOBAL packed offsets [N + 1] of the whole batch (the same on every rank,
+//    cu_seqlens[N] = Σ_r T_r; B must be 1). Sequences may straddle any number of rank boundaries,
+//    start exactly at one, or be empty. Without cu_seqlens each of the B rows is one sequence
+//    running through every rank.
+//  - initial_state: [N, H, K, V] (GLA) or [N, HV, K, V] (Gated DeltaNet), the same on every rank
+//    (it enters where each sequence starts). final_state [N, ..., K, V] is returned identical on
+//    every rank.
+//  - theta: this rank's slice of the GLOBAL rotation angles (e.g. cp::selective_rope_phases
+//    below). The states are kept in the frame of zero angles, so no phase crosses a rank boundary
+//    inside the attention op itself.
+//  - group: the process group whose ranks hold the slices (rank r the r-th slice).
+// Returns (o of this slice [B, T_r, H or HV, V], final_state).
+//
+// Method (exact up to floating-point rounding; no new kernel). Both recurrences are affine in
+// the state S_in a piece of a sequence starts from: o_t = o⁰_t + S_inᵀ A_t and
+// S_out = S⁰ + P S_in, where o⁰, S⁰ are the results from a zero state, P [K, K] (per head) the
+// piece's state transition and A_t = scale · P_{≤t}ᵀ q'_t. One call of the single-process op with
+// the values augmented to [v | 0_K] and the initial state [0 | I_K] gives [o⁰ | A] and [S⁰ | P].
+// The incoming state of each rank is then a scan over the ranks of the affine maps
+// C_r = P_r C_{r−1} + S⁰_r (one allgather of the maps: O(R) bytes and O(R·H·K²V) work per rank
+// for R ranks, where a Hillis–Steele scan of send/recv would take O(log R) rounds), and each rank
+// corrects its outputs with one GEMM per head. The backward pass is the
+// reverse scan of the state gradients (G_{r−1} = P_rᵀ G_r + Σ_t A_t do_tᵀ) and one backward call
+// of the augmented op. GLA's transition is diagonal (P_{≤t} = diag(exp(Σ_{s≤t} g_s))), so for GLA
+// A_t = scale · exp(Σ g) ⊙ q'_t comes from elementwise torch ops and the op runs on V columns
+// only. Cost per rank: the single-process op on T_r tokens (Gated DeltaNet: with V + K value
+// columns, twice the work for K = V), the correction (2·K·V multiply-adds per continuing token
+// and head), plus the exchange of R maps of H·K·(K + V) numbers.
+//
+// Autograd: every input that requires grad gets its gradient (q, k, v, g, beta, theta,
+// initial_state). final_state is replicated: its incoming gradient must be the same on every rank
+// (the gradient of one loss) and is counted once; initial_state's gradient is returned whole and
+// identical on every rank. The backward pass runs collectives, so every rank must run it (as with
+// any distributed autograd): a rank whose loss does not use the outputs still calls backward on
+// a zero multiple of them. First order only.
+//
+// Errors: c10::Error naming the op ("cp::chunk_gla", ...), the argument and, for arguments that
+// disagree across ranks, the ranks, raised on EVERY rank (the checks are exchanged before any
+// work), e.g. "cp::chunk_gla: argument 'cu_seqlens': expected cu_seqlens[N] = 30 (the sum of the
+// ranks' slice lengths), got 28". A value that only the single-process op checks (e.g. a positive
+// log gate) fails on its rank with the op's own error, and on the other ranks with an error
+// naming that rank.
+
+OutputAndState gla(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                   const at::Tensor& g, Impl impl, c10::optional<double> scale,
+                   const c10::optional<at::Tensor>& initial_state, bool output_final_state,
+                   const c10::optional<at::Tensor>& cu_seqlens, std::int64_t chunk_size,
+                   const c10::optional<at::Tensor>& theta, RotaryLayout rotary_layout,
+                   const distributed::ProcessGroupPtr& group);
+
+OutputAndState chunk_gla(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                         const at::Tensor& g, c10::optional<double> scale,
+                         const c10::optional<at::Tensor>& initial_state, bool output_final_state,
+                         const c10::optional<at::Tensor>& cu_seqlens, std::int64_t chunk_size,
+                         const c10::optional<at::Tensor>& theta, RotaryLayout rotary_layout,
+                         const distributed::ProcessGroupPtr& group);
+
+OutputAndState fused_recurrent_gla(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                   const at::Tensor& g, c10::optional<double> scale,
+                                   const c10::optional<at::Tensor>& initial_state,
+                                   bool output_final_state,
+                                   const c10::optional<at::Tensor>& cu_seqlens,
+                                   const c10::optional<at::Tensor>& theta,
+                                   RotaryLayout rotary_layout,
+                                   const distributed::ProcessGroupPtr& group);
+
+// Gated DeltaNet: v [B, T_r, HV, V] with HV a multiple of H; g, beta [B, T_r, HV].
+OutputAndState gated_delta_rule(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                const at::Tensor& g, const at::Tensor& beta, Impl impl,
+                                c10::optional<double> scale,
+                                const c10::optional<at::Tensor>& initial_state,
+                                bool output_final_state,
+                                const c10::optional<at::Tensor>& cu_seqlens,
+                                bool use_qk_l2norm_in_kernel, std::int64_t chunk_size,
+                                const c10::optional<at::Tensor>& theta, RotaryLayout rotary_layout,
+                                const distributed::ProcessGroupPtr& group);
+
+OutputAndState chunk_gated_delta_rule(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g,
+    const at::Tensor& beta, c10::optional<double> scale,
+    const c10::optional<at::Tensor>& initial_state, bool output_final_state,
+    const c10::optional<at::Tensor>& cu_seqlens, bool use_qk_l2norm_in_kernel,
+    std::int64_t chunk_size, const c10::optional<at::Tensor>& theta, RotaryLayout rotary_layout,
+    const distributed::ProcessGroupPtr& group);
+
+OutputAndState fused_recurrent_gated_delta_rule(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g,
+    const at::Tensor& beta, c10::optional<double> scale,
+    const c10::optional<at::Tensor>& initial_state, bool output_final_state,
+    const c10::optional<at::Tensor>& cu_seqlens, bool use_qk_l2norm_in_kernel,
+    const c10::optional<at::Tensor>& theta, RotaryLayout rotary_layout,
+    const distributed::ProcessGroupPtr& group);
+
+// Selective RoPE phases θ_t = ω ⊙ (θ_0 + Σ_{s ≤ t} φ_s) with the running phase continued across
+// the ranks: rank r starts each sequence that began before its slice from θ_0 plus the φ summed
+// over the earlier ranks' pieces of it (an additive scan over ranks, exchanged by one allgather).
+// phi: this rank's slice [B, T_r, H, R]; omega [H, R] or [R] and initial_phase [N, H, R]: the
+// same on every rank; cu_seqlens: the global offsets as above. Returns (theta of this slice
+// [B, T_r, H, R], final_phase [N, H, R] identical on every rank). Differentiable in phi, omega
+// and initial_phase (their gradients summed over ranks: omega's and initial_phase's are returned
+// whole on every rank; final_phase's incoming gradient counted once, as above).
+std::tuple<at::Tensor, c10::optional<at::Tensor>> selective_rope_phases(
+    const at::Tensor& phi, const at::Tensor& omega, const c10::optional<at::Tensor>& initial_phase,
+    bool output_final_phase, const c10::optional<at::Tensor>& cu_seqlens,
+    const distributed::ProcessGroupPtr& group);
 
 // ---- Forgetting attention (FoX) -----------------------------------------------------------------
 // phasor::forgetting_attn (phasor/torch.h, phasor/forgetting_attn.h for the equations) on a
