@@ -14,8 +14,10 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "cli/op_context_parallel.h"
 #include "cli/op_inputs.h"
 #include "phasor/device.h"
+#include "phasor/distributed.h"
 #include "phasor/ops.h"
 #include "phasor/torch.h"
 
@@ -51,6 +53,8 @@ struct Options {
   bool output_final_state = false, use_qk_l2norm = false, rotary_interleaved = false;
   int threads = 0;
   std::string device = "cpu";
+  int context_parallel = 1;       // ranks the op is split across (--context-parallel)
+  std::vector<std::string> args;  // the command line after the program name, to relaunch it
 };
 
 int run(const Options& opt) {
@@ -110,9 +114,40 @@ int run(const Options& opt) {
   settings.use_qk_l2norm = opt.use_qk_l2norm;
   settings.rotary_layout =
       opt.rotary_interleaved ? RotaryLayout::interleaved : RotaryLayout::half_split;
-  const auto outputs = run_on_inputs(
-      op, settings, read_inputs(read_file(opt.in_path), op, opt.in_path), opt.in_path);
-  write_outputs(opt.out_path, outputs);
+  if (opt.context_parallel < 1)
+    throw InputError("argument '--context-parallel': expected a number of ranks ≥ 1, got " +
+                     std::to_string(opt.context_parallel));
+  if (opt.context_parallel == 1) {
+    const auto outputs = run_on_inputs(
+        op, settings, read_inputs(read_file(opt.in_path), op, opt.in_path), opt.in_path);
+    write_outputs(opt.out_path, outputs);
+    return 0;
+  }
+  // Context parallel: without torchrun's environment, this process launches the ranks on this
+  // machine (this same command line, one process per rank) and returns the first failing
+  // rank's exit status; with it (a launched rank, or torchrun across machines), it is one rank.
+  if (device != Device::cpu)
+    throw InputError(
+        "argument '--context-parallel': expected with --device cpu (the process "
+        "group is Gloo's, on CPU tensors), got --device " +
+        opt.device);
+  const auto env = distributed::launch_environment();
+  if (!env) {
+    std::vector<std::string> argv = {"/proc/self/exe"};
+    argv.insert(argv.end(), opt.args.begin(), opt.args.end());
+    return distributed::launch_local(opt.context_parallel, argv);
+  }
+  if (env->world_size != opt.context_parallel)
+    throw InputError(
+        "argument '--context-parallel': expected the launch environment's "
+        "WORLD_SIZE (" +
+        std::to_string(env->world_size) + "), got " + std::to_string(opt.context_parallel));
+  const auto group = distributed::init_process_group();
+  const auto outputs = run_context_parallel(
+      op, settings, read_inputs(read_file(opt.in_path), op, opt.in_path), opt.in_path, group);
+  if (group->getRank() == 0) write_outputs(opt.out_path, outputs);
+  // No rank exits before the file is written (a launcher may read it when the first rank ends).
+  group->barrier()->wait();
   return 0;
 }
 
@@ -159,6 +194,13 @@ int run_op(int argc, char** argv) {
       "cpu (default), cuda (the CUDA kernels on the GPU: inputs copied there and results "
       "back) or emulated (the CUDA kernels on the emulated GPU); see `phasor op --help` "
       "and README 'CUDA backend' for which implementations run where");
+  app.add_option("--context-parallel", opt.context_parallel,
+                 "split the tokens across N ranks (gla, gated_delta_rule, forgetting_attn; "
+                 "contiguous slices, the context-parallel ops of phasor/context_parallel.h over "
+                 "c10d/Gloo): launches N local processes on the loopback, or runs as one rank "
+                 "under torchrun's RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT; writes the same "
+                 "outputs and gradients as one process. Default 1");
+  for (int i = 0; i < argc; ++i) opt.args.emplace_back(argv[i]);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

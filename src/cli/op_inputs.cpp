@@ -40,15 +40,11 @@ std::set<std::string> allowed_keys(Op op) {
   }
 }
 
-namespace {
-
 std::string shape_of(const at::Tensor& t) {
   std::ostringstream s;
   s << t.sizes();
   return s.str();
 }
-
-}  // namespace
 
 NamedTensors read_inputs(const std::vector<char>& bytes, Op op, const std::string& source) {
   PtValue value;
@@ -94,9 +90,47 @@ NamedTensors read_inputs(const std::vector<char>& bytes, Op op, const std::strin
   return tensors;
 }
 
+std::pair<at::Tensor, c10::optional<at::Tensor>> forward_on_one_process(Op op,
+                                                                        const OpSettings& settings,
+                                                                        const NamedTensors& in) {
+  auto optional = [&](const std::string& key) -> c10::optional<at::Tensor> {
+    auto it = in.find(key);
+    if (it == in.end()) return c10::nullopt;
+    return it->second;
+  };
+  at::Tensor o;
+  c10::optional<at::Tensor> final_state;
+  switch (op) {
+    case Op::gla:
+      std::tie(o, final_state) = phasor::gla(
+          in.at("q"), in.at("k"), in.at("v"), in.at("g"), settings.impl, settings.scale,
+          optional("initial_state"), settings.output_final_state, optional("cu_seqlens"),
+          settings.chunk_size, optional("theta"), settings.rotary_layout);
+      break;
+    case Op::gated_delta_rule:
+      std::tie(o, final_state) = phasor::gated_delta_rule(
+          in.at("q"), in.at("k"), in.at("v"), in.at("g"), in.at("beta"), settings.impl,
+          settings.scale, optional("initial_state"), settings.output_final_state,
+          optional("cu_seqlens"), settings.use_qk_l2norm, settings.chunk_size, optional("theta"),
+          settings.rotary_layout);
+      break;
+    case Op::forgetting_attn:
+      o = phasor::forgetting_attn(in.at("q"), in.at("k"), in.at("v"), in.at("g"), settings.impl,
+                                  settings.scale, settings.window_size, optional("cu_seqlens"),
+                                  settings.chunk_size, optional("theta"), settings.rotary_layout);
+      break;
+    default:  // runs() admits only the ops above
+      throw InputError(std::string("argument 'NAME': '") + op_info(op).name +
+                       "' is not run by phasor op");
+  }
+
+  return {o, final_state};
+}
+
 std::vector<std::pair<std::string, at::Tensor>> run_on_inputs(Op op, const OpSettings& settings,
                                                               NamedTensors in,
-                                                              const std::string& source) {
+                                                              const std::string& source,
+                                                              const OpForward& forward) {
   auto required = [&](const std::string& key) -> at::Tensor& {
     auto it = in.find(key);
     if (it == in.end())
@@ -140,31 +174,8 @@ std::vector<std::pair<std::string, at::Tensor>> run_on_inputs(Op op, const OpSet
         it->second = it->second.detach().requires_grad_(true);
     }
 
-  at::Tensor o;
-  c10::optional<at::Tensor> final_state;
-  switch (op) {
-    case Op::gla:
-      std::tie(o, final_state) = phasor::gla(
-          in["q"], in["k"], in["v"], in["g"], settings.impl, settings.scale,
-          optional("initial_state"), settings.output_final_state, optional("cu_seqlens"),
-          settings.chunk_size, optional("theta"), settings.rotary_layout);
-      break;
-    case Op::gated_delta_rule:
-      std::tie(o, final_state) = phasor::gated_delta_rule(
-          in["q"], in["k"], in["v"], in["g"], in["beta"], settings.impl, settings.scale,
-          optional("initial_state"), settings.output_final_state, optional("cu_seqlens"),
-          settings.use_qk_l2norm, settings.chunk_size, optional("theta"), settings.rotary_layout);
-      break;
-    case Op::forgetting_attn:
-      o = phasor::forgetting_attn(in["q"], in["k"], in["v"], in["g"], settings.impl, settings.scale,
-                                  settings.window_size, optional("cu_seqlens"), settings.chunk_size,
-                                  optional("theta"), settings.rotary_layout);
-      break;
-    default:  // runs() admits only the ops above
-      throw InputError(std::string("argument 'NAME': '") + op_info(op).name +
-                       "' is not run by phasor op");
-  }
-
+  const auto [o, final_state] =
+      forward ? forward(op, settings, in) : forward_on_one_process(op, settings, in);
   std::vector<std::pair<std::string, at::Tensor>> outputs = {{"o", o}};
   if (final_state) outputs.push_back({"final_state", *final_state});
 

@@ -8,6 +8,7 @@
 #include <c10/util/Optional.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <set>
 #include <stdexcept>
@@ -34,6 +35,9 @@ std::set<std::string> allowed_keys(Op op);
 
 using NamedTensors = std::map<std::string, at::Tensor>;
 
+// A tensor's shape as messages print it, e.g. "[1, 10, 4, 32]".
+std::string shape_of(const at::Tensor& t);
+
 // The dict of named tensors in `bytes`, a file written by Python's torch.save (zip format, the
 // default since torch 1.6; read by cli/pt_file.h, not by LibTorch's unsafe pickle_load) called
 // `source` in messages: string keys allowed for `op`, tensor values, each with at most as many
@@ -53,12 +57,25 @@ struct OpSettings {
   RotaryLayout rotary_layout = RotaryLayout::half_split;
 };
 
-// Runs `op` on `in` (from read_inputs of `source`): the forward pass, and with `do` (and `dht`)
-// the backward pass through autograd. Returns o, final_state (with output_final_state) and the
-// gradients ("d" + the input's name; initial_state → dh0) in that order. Missing or inconsistent
-// keys raise InputError; the ops' own argument checks raise c10::Error (or phasor::Error).
+// The forward pass of `op` on the tensors of `in` (already marked as requiring grad when the
+// backward pass follows): (o, final_state), final_state present iff settings.output_final_state.
+// forward_on_one_process calls the LibTorch layer (phasor/torch.h); `phasor op
+// --context-parallel` gives the context-parallel ops (phasor/context_parallel.h) on each rank's
+// slice.
+using OpForward = std::function<std::pair<at::Tensor, c10::optional<at::Tensor>>(
+    Op op, const OpSettings& settings, const NamedTensors& in)>;
+std::pair<at::Tensor, c10::optional<at::Tensor>> forward_on_one_process(Op op,
+                                                                        const OpSettings& settings,
+                                                                        const NamedTensors& in);
+
+// Runs `op` on `in` (from read_inputs of `source`): the forward pass (`forward`, by default
+// forward_on_one_process), and with `do` (and `dht`) the backward pass through autograd. Returns o,
+// final_state (with output_final_state) and the gradients ("d" + the input's name; initial_state →
+// dh0) in that order. Missing or inconsistent keys raise InputError; the ops' own argument checks
+// raise c10::Error (or phasor::Error).
 std::vector<std::pair<std::string, at::Tensor>> run_on_inputs(Op op, const OpSettings& settings,
                                                               NamedTensors in,
-                                                              const std::string& source);
+                                                              const std::string& source,
+                                                              const OpForward& forward = {});
 
 }  // namespace phasor::cli
