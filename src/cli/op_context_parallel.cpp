@@ -18,7 +18,7 @@ const std::set<std::string> kWholeOutputs = {"final_state", "dh0"};
 // The forward pass of the context-parallel op on this rank's slices.
 OpForward context_parallel_forward(const distributed::ProcessGroupPtr& group) {
   return [group](Op op, const OpSettings& settings,
-                 const NamedTensors& in) -> std::pair<at::Tensor, c10::optional<at::Tensor>> {
+                 const NamedTensors& in) -> std::tuple<at::Tensor, c10::optional<at::Tensor>> {
     auto optional = [&](const std::string& key) -> c10::optional<at::Tensor> {
       auto it = in.find(key);
       if (it == in.end()) return c10::nullopt;

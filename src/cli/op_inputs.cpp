@@ -90,9 +90,9 @@ NamedTensors read_inputs(const std::vector<char>& bytes, Op op, const std::strin
   return tensors;
 }
 
-std::pair<at::Tensor, c10::optional<at::Tensor>> forward_on_one_process(Op op,
-                                                                        const OpSettings& settings,
-                                                                        const NamedTensors& in) {
+std::tuple<at::Tensor, c10::optional<at::Tensor>> forward_on_one_process(Op op,
+                                                                         const OpSettings& settings,
+                                                                         const NamedTensors& in) {
   auto optional = [&](const std::string& key) -> c10::optional<at::Tensor> {
     auto it = in.find(key);
     if (it == in.end()) return c10::nullopt;
@@ -138,12 +138,6 @@ std::vector<std::pair<std::string, at::Tensor>> run_on_inputs(Op op, const OpSet
                        source + "', got none");
     return it->second;
   };
-  auto optional = [&](const std::string& key) -> c10::optional<at::Tensor> {
-    auto it = in.find(key);
-    if (it == in.end()) return c10::nullopt;
-    return it->second;
-  };
-
   // Differentiable inputs: with `do`, each floating one becomes a leaf that requires grad, and
   // its gradient is written as "d" + its name (initial_state → dh0).
   const bool backward = in.count("do") > 0;

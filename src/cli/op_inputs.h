@@ -13,6 +13,7 @@
 #include <set>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -62,11 +63,11 @@ struct OpSettings {
 // forward_on_one_process calls the LibTorch layer (phasor/torch.h); `phasor op
 // --context-parallel` gives the context-parallel ops (phasor/context_parallel.h) on each rank's
 // slice.
-using OpForward = std::function<std::pair<at::Tensor, c10::optional<at::Tensor>>(
+using OpForward = std::function<std::tuple<at::Tensor, c10::optional<at::Tensor>>(
     Op op, const OpSettings& settings, const NamedTensors& in)>;
-std::pair<at::Tensor, c10::optional<at::Tensor>> forward_on_one_process(Op op,
-                                                                        const OpSettings& settings,
-                                                                        const NamedTensors& in);
+std::tuple<at::Tensor, c10::optional<at::Tensor>> forward_on_one_process(Op op,
+                                                                         const OpSettings& settings,
+                                                                         const NamedTensors& in);
 
 // Runs `op` on `in` (from read_inputs of `source`): the forward pass (`forward`, by default
 // forward_on_one_process), and with `do` (and `dht`) the backward pass through autograd. Returns o,
