@@ -1,7 +1,8 @@
-// Context parallelism against one process (issue 15's benchmark): chunk GLA or Gated DeltaNet at
-// T tokens (default 65,536), B = 1, H = 8, K = V = 128, float32, each process on one thread.
+// Context parallelism against one process (issue 15's benchmark): chunk GLA, Gated DeltaNet or
+// FoX (parallel_forgetting_attn, HQ = H) at T tokens (default 65,536; FoX, quadratic in T: 8,192),
+// B = 1, H = 8, K = V = 128, float32, each process on one thread.
 //
-//   context_parallel_bench [gla|gdn] [T] [ranks]   launches 1 process, then `ranks` processes
+//   context_parallel_bench [gla|gdn|fox] [T] [ranks]  launches 1 process, then `ranks` processes
 //                                                  (phasor::distributed::launch_local, Gloo on
 //                                                  the loopback), and prints one line per rank
 //   context_parallel_bench run OP T                one rank (RANK/WORLD_SIZE from the launcher)
@@ -87,12 +88,19 @@ int run_rank(const std::string& op, std::int64_t total) {
                    k = (at::randn({1, T, H, K}, f32) * 0.1).requires_grad_(true),
                    v = at::randn({1, T, H, V}, f32).requires_grad_(true),
                    d_o = at::randn({1, T, H, V}, f32);
-  const bool gla = op == "gla";
+  const bool gla = op == "gla", fox = op == "fox";
   const at::Tensor g = gla ? at::log_sigmoid(at::randn({1, T, H, K}, f32) + 4).requires_grad_(true)
                            : at::log_sigmoid(at::randn({1, T, H}, f32) + 4).requires_grad_(true);
   const at::Tensor beta = at::sigmoid(at::randn({1, T, H}, f32)).requires_grad_(true);
 
   auto forward = [&]() -> phasor::OutputAndState {
+    if (fox) {
+      if (world == 1) return {phasor::parallel_forgetting_attn(q, k, v, g), c10::nullopt};
+      return {phasor::cp::parallel_forgetting_attn(
+                  q, k, v, g, c10::nullopt, c10::nullopt, c10::nullopt, 64, c10::nullopt,
+                  phasor::RotaryLayout::half_split, c10::nullopt, c10::nullopt, group),
+              c10::nullopt};
+    }
     if (world == 1) {
       if (gla) return phasor::chunk_gla(q, k, v, g, c10::nullopt, c10::nullopt, true);
       return phasor::chunk_gated_delta_rule(q, k, v, g, beta, c10::nullopt, c10::nullopt, true,
@@ -127,7 +135,17 @@ int run_rank(const std::string& op, std::int64_t total) {
   }
   const double both_s = seconds_since(start), both_cpu = cpu_seconds() - cpu_start;
   const double both_heap = static_cast<double>(phasor::bench::peak_heap_bytes());
-  const Traffic bytes = traffic(world, H, gla);
+  Traffic bytes = traffic(world, H, gla);
+  if (fox && world > 1) {
+    // FoX sends its keys' rows (k', v in float32, the key-side gate sums in float64) to every
+    // later rank in the forward pass; the backward pass sends them again and returns dk, dv and
+    // the gate gradient of every earlier rank's rows it received (as many bytes as those rows).
+    const double per_token = static_cast<double>(H * K * 4 + H * V * 4 + H * 8);
+    const double later = static_cast<double>(world - 1 - rank),
+                 earlier_tokens = static_cast<double>(begin);
+    bytes.forward = per_token * static_cast<double>(T) * later;
+    bytes.backward = bytes.forward + per_token * earlier_tokens;
+  }
   group->barrier()->wait();
   std::printf(
       "%s T=%lld ranks=%d rank=%d slice=%lld: forward %.3f s (cpu %.3f s), forward+backward %.3f s "
@@ -148,17 +166,17 @@ int main(int argc, char** argv) {
     const std::string first = argc > 1 ? argv[1] : "gla";
     if (first == "run") {
       if (argc < 4) {
-        std::fprintf(stderr, "usage: %s run gla|gdn T\n", argv[0]);
+        std::fprintf(stderr, "usage: %s run gla|gdn|fox T\n", argv[0]);
         return 2;
       }
       return run_rank(argv[2], std::atoll(argv[3]));
     }
     const std::string op = first;
-    if (op != "gla" && op != "gdn") {
-      std::fprintf(stderr, "usage: %s [gla|gdn] [T] [ranks]\n", argv[0]);
+    if (op != "gla" && op != "gdn" && op != "fox") {
+      std::fprintf(stderr, "usage: %s [gla|gdn|fox] [T] [ranks]\n", argv[0]);
       return 2;
     }
-    const std::string total = argc > 2 ? argv[2] : "65536";
+    const std::string total = argc > 2 ? argv[2] : op == "fox" ? "8192" : "65536";
     const int ranks = argc > 3 ? std::atoi(argv[3]) : 2;
     for (int n : {1, ranks}) {
       const int status = phasor::distributed::launch_local(n, {argv[0], "run", op, total});
