@@ -35,7 +35,22 @@ bash examples/build_and_run.sh "$PWD/build/install"
 echo "== benchmark smoke run (smallest size, one iteration each)"
 benches=0
 smoke='(T:1024|K:64)/'  # the smallest sequence length, or the smallest head dimension
+# Plain programs (not Google Benchmark) and their smallest runs, separated by ';'.
+declare -A plain_smoke=(
+  [context_parallel_bench]="gla 256 2;gdn 256 2;fox 256 2"  # 1 process, then 2 (Gloo, loopback)
+)
 for b in build/bench/*_bench; do
+  name=$(basename "$b")
+  if [[ -n ${plain_smoke[$name]:-} ]]; then
+    IFS=';' read -r -a runs <<<"${plain_smoke[$name]}"
+    for run in "${runs[@]}"; do
+      read -r -a args <<<"$run"
+      "$b" "${args[@]}" >/dev/null
+    done
+    echo "$name: ok"
+    benches=$((benches + 1))
+    continue
+  fi
   # A filter that matches nothing would "pass" without running anything: refuse that.
   if [[ -z "$("$b" --benchmark_list_tests --benchmark_filter="$smoke")" ]]; then
     echo "$(basename "$b"): no benchmark matches the smoke filter '$smoke'" >&2
