@@ -159,6 +159,39 @@ TEST_F(ContextParallelLayers, CausalConvWidthOne) {
   check_conv(c);
 }
 
+TEST_F(ContextParallelLayers, CausalConvWithoutFinalStateAndVarlenWidthTwo) {
+  ConvCase c;
+  c.lengths = {4, 0, 3};
+  c.final_state = false;
+  check_conv(c);
+  ConvCase v;
+  v.lengths = {1, 1, 3, 2};
+  v.cu = {0, 1, 4, 7};
+  v.W = 2;
+  v.initial_state = false;
+  check_conv(v);
+}
+
+TEST_F(ContextParallelLayers, CausalConvOffsetsMustCoverTheSlices) {
+  std::mutex mutex;
+  std::vector<std::string> messages;
+  run_ranks(2, [&](int, const ProcessGroupPtr& group) {
+    const at::Tensor x = at::randn({1, 3, 2}, at::kDouble), w = at::randn({2, 4}, at::kDouble);
+    try {
+      phasor::cp::causal_conv1d(x, w, c10::nullopt, "silu", c10::nullopt, false,
+                                at::tensor(std::vector<std::int64_t>{0, 2, 5}, at::kLong), group);
+    } catch (const c10::Error& e) {
+      std::lock_guard<std::mutex> lock(mutex);
+      messages.push_back(e.what_without_backtrace());
+    }
+  });
+  ASSERT_EQ(messages.size(), 2u);
+  for (const auto& m : messages)
+    EXPECT_NE(m.find("cp::causal_conv1d: argument 'cu_seqlens': expected cu_seqlens[N] = 6"),
+              std::string::npos)
+        << m;
+}
+
 TEST_F(ContextParallelLayers, CausalConvMismatchRaisesOnEveryRank) {
   std::mutex mutex;
   std::vector<std::string> messages;
