@@ -14,8 +14,16 @@
 #include <ATen/core/Tensor.h>
 #include <c10/util/Optional.h>
 
+#include <memory>
+#include <string>
+#include <tuple>
+
 #include "phasor/distributed.h"
 #include "phasor/torch.h"
+
+namespace phasor::nn {
+struct ContextParallel;  // phasor/nn.h
+}  // namespace phasor::nn
 
 namespace phasor::cp {
 
@@ -181,5 +189,45 @@ at::Tensor parallel_forgetting_attn(const at::Tensor& q, const at::Tensor& k, co
                                     const c10::optional<at::Tensor>& bias_q_slope,
                                     const c10::optional<at::Tensor>& bias_k_slope,
                                     const distributed::ProcessGroupPtr& group);
+
+// ---- Short convolution and layers --------------------------------------------------------------
+// phasor::causal_conv1d (phasor/torch.h: y_t = act(bias + Σ_{j<W} weight[:, j] ⊙ x_{t−W+1+j})) on a
+// sequence split across the ranks of `group`:
+//   x:             THIS rank's slice [B, T_r, D] (T_r may differ between ranks and may be 0).
+//   weight [D, W], bias [D] (optional), activation ("none" or "silu"), output_final_state: the
+//                  same on every rank.
+//   initial_state: optional [N, D, W−1], the cache of the inputs before each sequence, the same on
+//                  every rank.
+//   cu_seqlens:    optional GLOBAL packed offsets [N + 1] (the same on every rank, B = 1);
+//                  sequences may straddle rank boundaries. Without it each row is one sequence.
+// Returns (y of this slice [B, T_r, D], final_state [N, D, W−1] — the last W−1 inputs of each
+// whole sequence — identical on every rank, present iff output_final_state).
+// Method: a halo exchange. The W−1 inputs before a slice always lie in the last W−1 tokens of the
+// ranks that own them, so one allgather of every rank's last min(T_r, W−1) inputs ([B, W−1, D]
+// per rank) gives each rank the cache its first piece continues from (several ranks' tokens when
+// slices are shorter than W−1; the initial state before a sequence's start); the single-process
+// op then runs from that cache. final_state comes from the rank holding each sequence's end (one
+// allreduce). Backward: the op's backward on each rank and one allreduce that returns each halo
+// input's gradient to its owner. Exact (the same arithmetic as one process).
+// Autograd: x gets its slice's gradient; weight, bias and initial_state get their gradients whole
+// and identical on every rank; final_state's incoming gradient must be the same on every rank and
+// is counted once. Every rank must run backward (it is a collective). First order only.
+// Errors: c10::Error naming "cp::causal_conv1d" and the argument, raised on every rank.
+std::tuple<at::Tensor, c10::optional<at::Tensor>> causal_conv1d(
+    const at::Tensor& x, const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
+    const std::string& activation, const c10::optional<at::Tensor>& initial_state,
+    bool output_final_state, const c10::optional<at::Tensor>& cu_seqlens,
+    const distributed::ProcessGroupPtr& group);
+
+// The context of the phasor::nn layers' option context_parallel (phasor/nn.h, "Context
+// parallelism") on `group`: its methods are the cp:: ops above on that group, with the gradients
+// of replicated arguments (conv weight and bias, Selective RoPE's ω, initial states) kept on rank
+// 0 only, so that every parameter gradient of a layer is a per-rank share whose sum over the ranks
+// (an allreduce, as data-parallel training does) is the single-process gradient.
+//   auto group = phasor::distributed::init_process_group();
+//   phasor::nn::GatedDeltaNet layer(phasor::nn::GatedDeltaNetOptions(256, 4, 64)
+//                                       .context_parallel(phasor::cp::layer_context(group)));
+//   at::Tensor y_slice = layer->forward(x_slice);  // x_slice: this rank's [B, T_r, 256]
+std::shared_ptr<nn::ContextParallel> layer_context(const distributed::ProcessGroupPtr& group);
 
 }  // namespace phasor::cp

@@ -50,6 +50,8 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
+#include <tuple>
 #include <utility>
 
 #include "phasor/common.h"
@@ -71,6 +73,67 @@ enum class PosEncoding {
   grape,             // multi-subspace GRAPE-M
 };
 
+// ---- Context parallelism (the option context_parallel of the layers) ----------------------------
+// One sequence split across the ranks of a process group, each rank holding a contiguous slice of
+// the tokens (rank r the r-th slice). A layer whose options carry a ContextParallel runs its
+// forward on this rank's slice x [B, T_r, hidden] and returns the slice of the single-process
+// output: the token-mixing ops (the attention op, the short convolutions, the Selective RoPE
+// phases) go through this interface, which exchanges the state across the ranks; the rest of the
+// layer is per token. RoPE and the rotation encodings (string_cayley, string_circulant, grape)
+// take the global positions (token_offset). phasor::cp::layer_context(group)
+// (phasor/context_parallel.h, target phasor::distributed) gives the c10d implementation; this
+// header depends on no c10d header.
+//   - every rank must call forward (and backward) together, with the same batch size B (each row
+//     one sequence running through every rank) and T_r ≥ 1;
+//   - gradients: each rank's parameter gradients are its share; their sum over the ranks (an
+//     allreduce, as data-parallel training does anyway) is the single-process gradient;
+//   - training and prefill only: a decoding cache (LayerCache, SelectiveRoPECache, a
+//     ShortConvolution state) with context_parallel set is refused with an error naming the
+//     option;
+//   - PerformerAttention refuses the option (its FAVOR+ form has no context-parallel path here).
+// The methods are the phasor/torch.h ops of the same name on this rank's slice, with cu_seqlens
+// the GLOBAL offsets (see phasor/context_parallel.h for every argument); they are collectives.
+struct ContextParallel {
+  virtual ~ContextParallel() = default;
+  virtual int rank() const = 0;
+  virtual int world_size() const = 0;
+  // The global position of this rank's first token: the sum of the earlier ranks' slice_length
+  // (a collective: every rank passes its own T_r).
+  virtual std::int64_t token_offset(std::int64_t slice_length) = 0;
+  virtual OutputAndState gla(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                             const at::Tensor& g, Impl impl, c10::optional<double> scale,
+                             const c10::optional<at::Tensor>& initial_state,
+                             bool output_final_state, const c10::optional<at::Tensor>& cu_seqlens,
+                             std::int64_t chunk_size, const c10::optional<at::Tensor>& theta,
+                             RotaryLayout rotary_layout) = 0;
+  virtual OutputAndState gated_delta_rule(
+      const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g,
+      const at::Tensor& beta, Impl impl, c10::optional<double> scale,
+      const c10::optional<at::Tensor>& initial_state, bool output_final_state,
+      const c10::optional<at::Tensor>& cu_seqlens, bool use_qk_l2norm_in_kernel,
+      std::int64_t chunk_size, const c10::optional<at::Tensor>& theta,
+      RotaryLayout rotary_layout) = 0;
+  virtual at::Tensor forgetting_attn(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                     const at::Tensor& g, Impl impl, c10::optional<double> scale,
+                                     c10::optional<std::int64_t> window_size,
+                                     const c10::optional<at::Tensor>& cu_seqlens,
+                                     std::int64_t block_size,
+                                     const c10::optional<at::Tensor>& theta,
+                                     RotaryLayout rotary_layout,
+                                     const c10::optional<at::Tensor>& bias_q_slope,
+                                     const c10::optional<at::Tensor>& bias_k_slope) = 0;
+  // omega's gradient: this rank's share (see above).
+  virtual std::tuple<at::Tensor, c10::optional<at::Tensor>> selective_rope_phases(
+      const at::Tensor& phi, const at::Tensor& omega,
+      const c10::optional<at::Tensor>& initial_phase, bool output_final_phase,
+      const c10::optional<at::Tensor>& cu_seqlens) = 0;
+  // weight's and bias's gradients: this rank's share (see above).
+  virtual std::tuple<at::Tensor, c10::optional<at::Tensor>> causal_conv1d(
+      const at::Tensor& x, const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
+      const std::string& activation, const c10::optional<at::Tensor>& initial_state,
+      bool output_final_state, const c10::optional<at::Tensor>& cu_seqlens) = 0;
+};
+
 // ---- ShortConvolution ---------------------------------------------------------------------------
 // y[t, d] = act(bias[d] + Σ_{j<W} weight[d, j] · x[t − W + 1 + j, d]) (causal_conv1d), with act
 // SiLU or identity; inputs before the start of the sequence are the cache (zeros when absent).
@@ -81,6 +144,9 @@ struct ShortConvolutionOptions {
   TORCH_ARG(std::int64_t, kernel_size);  // width W (≥ 1), default 4
   TORCH_ARG(bool, bias) = false;         // learnable bias [D], default off (as fla)
   TORCH_ARG(bool, silu) = true;          // SiLU activation after the convolution, default on
+  // Context parallelism (see "Context parallelism" above): x is this rank's slice. Set by the
+  // layers that own the convolution from their own option.
+  TORCH_ARG(std::shared_ptr<ContextParallel>, context_parallel) = nullptr;
 };
 
 class ShortConvolutionImpl : public torch::nn::Cloneable<ShortConvolutionImpl> {
@@ -145,6 +211,9 @@ struct SelectiveRoPEOptions {
   TORCH_ARG(Spectrum, spectrum) = Spectrum::rope;    // initial (or fixed) ω
   TORCH_ARG(double, spectrum_base) = 500000.0;       // base of Spectrum::rope (> 1)
   TORCH_ARG(bool, learnable_omega) = true;  // ω a parameter [H, R] (per head), else buffer [R]
+  // Context parallelism (see "Context parallelism" above): the phases continue across the ranks.
+  // Set by the layers that own the SelectiveRoPE from their own option.
+  TORCH_ARG(std::shared_ptr<ContextParallel>, context_parallel) = nullptr;
 };
 
 // Decode cache of a SelectiveRoPE: the conv state [B, H·R, W−1] and the running phase θ_0
@@ -361,6 +430,9 @@ struct GatedLinearAttentionOptions {
   // Options of the rotation encodings (string_cayley, string_circulant, grape); the layer sets
   // num_heads, head_dim, rope_theta and rotary_layout.
   TORCH_ARG(RotationEncodingOptions, rotation) = RotationEncodingOptions();
+  // Context parallelism (see "Context parallelism" above): forward(x) on this rank's slice of the
+  // tokens; passed on to the short convolutions and the SelectiveRoPE at every forward.
+  TORCH_ARG(std::shared_ptr<ContextParallel>, context_parallel) = nullptr;
 };
 
 class GatedLinearAttentionImpl : public torch::nn::Cloneable<GatedLinearAttentionImpl> {
@@ -415,6 +487,9 @@ struct GatedDeltaNetOptions {
   TORCH_ARG(SelectiveRoPEOptions, selective_rope) = SelectiveRoPEOptions(0, 0, 0);
   // Rotation-encoding options (as GatedLinearAttentionOptions::rotation).
   TORCH_ARG(RotationEncodingOptions, rotation) = RotationEncodingOptions();
+  // Context parallelism (see "Context parallelism" above): forward(x) on this rank's slice of the
+  // tokens; passed on to the short convolutions and the SelectiveRoPE at every forward.
+  TORCH_ARG(std::shared_ptr<ContextParallel>, context_parallel) = nullptr;
 };
 
 class GatedDeltaNetImpl : public torch::nn::Cloneable<GatedDeltaNetImpl> {
@@ -490,6 +565,9 @@ struct ForgettingAttentionOptions {
   TORCH_ARG(AdditiveBias, additive_bias) = AdditiveBias::none;
   // Rotation-encoding options (as GatedLinearAttentionOptions::rotation).
   TORCH_ARG(RotationEncodingOptions, rotation) = RotationEncodingOptions();
+  // Context parallelism (see "Context parallelism" above): forward(x) on this rank's slice of the
+  // tokens; passed on to the short convolutions and the SelectiveRoPE at every forward.
+  TORCH_ARG(std::shared_ptr<ContextParallel>, context_parallel) = nullptr;
 };
 
 class ForgettingAttentionImpl : public torch::nn::Cloneable<ForgettingAttentionImpl> {
@@ -545,6 +623,8 @@ struct PerformerAttentionOptions {
   TORCH_ARG(RotaryLayout, rotary_layout) = RotaryLayout::half_split;
   // SelectiveRoPE submodule options (sizes set by the layer: D, H, K).
   TORCH_ARG(SelectiveRoPEOptions, selective_rope) = SelectiveRoPEOptions(0, 0, 0);
+  // Refused when set (FAVOR+ has no context-parallel path here): an error names the option.
+  TORCH_ARG(std::shared_ptr<ContextParallel>, context_parallel) = nullptr;
 };
 
 class PerformerAttentionImpl : public torch::nn::Cloneable<PerformerAttentionImpl> {

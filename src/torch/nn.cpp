@@ -74,15 +74,15 @@ torch::nn::Linear linear(std::int64_t in, std::int64_t out, bool bias) {
 // The rotation angles θ [B, T, H, K/2] of a layer, or an undefined tensor for NoPE.
 at::Tensor position_angles(PosEncoding pe, SelectiveRoPE& rope, double rope_theta,
                            const at::Tensor& x, std::int64_t heads, std::int64_t head_dim,
-                           LayerCache* cache) {
+                           LayerCache* cache, std::int64_t offset) {
   const std::int64_t B = x.size(0), T = x.size(1);
   switch (pe) {
     case PosEncoding::none:
       return {};
     case PosEncoding::rope: {
       // Positions continue from the tokens already in the cache.
-      const at::Tensor a = phasor::rope_angles(
-          B, T, head_dim, rope_theta, cache ? cache->offset : 0, c10::nullopt, x.scalar_type());
+      const at::Tensor a =
+          phasor::rope_angles(B, T, head_dim, rope_theta, offset, c10::nullopt, x.scalar_type());
       return a.unsqueeze(2).expand({B, T, heads, head_dim / 2}).contiguous();
     }
     case PosEncoding::selective_rope:
@@ -130,6 +130,25 @@ c10::optional<at::Tensor> optional_of(const at::Tensor& t) {
   return t;
 }
 
+// Context parallelism (nn.h): refuses a decoding cache, passes the layer's option on to its short
+// convolutions and SelectiveRoPE (so that setting or clearing it on the layer is enough), and
+// returns the global position of this rank's first token (the cache's offset without the option).
+std::int64_t context_parallel_setup(const char* layer, const std::shared_ptr<ContextParallel>& cp,
+                                    const LayerCache* cache, PosEncoding pe, std::int64_t seq_len,
+                                    std::initializer_list<ShortConvolution*> convs,
+                                    SelectiveRoPE& rope) {
+  for (ShortConvolution* c : convs)
+    if (*c) (*c)->options.context_parallel(cp);
+  if (rope) rope->options.context_parallel(cp);
+  if (!cp) return cache ? cache->offset : 0;
+  TORCH_CHECK(cache == nullptr, layer,
+              ": option 'context_parallel': a decoding cache cannot be used with context "
+              "parallelism (it is for training and prefill); call forward(x) without a cache");
+  // Only RoPE and the rotation encodings read absolute positions (a collective: every rank calls).
+  if (pe == PosEncoding::rope || is_rotation_encoding(pe)) return cp->token_offset(seq_len);
+  return 0;
+}
+
 }  // namespace
 
 // ---- ShortConvolution ---------------------------------------------------------------------------
@@ -152,6 +171,14 @@ void ShortConvolutionImpl::reset() {
 at::Tensor ShortConvolutionImpl::forward(const at::Tensor& x, at::Tensor* state) {
   check_input("ShortConvolution", x, options.hidden_size());
   check_dtype_matches("ShortConvolution", x, weight);
+  if (const auto& cp = options.context_parallel()) {
+    TORCH_CHECK(state == nullptr,
+                "ShortConvolution: option 'context_parallel': a decoding cache (argument 'state') "
+                "cannot be used with context parallelism (it is for training and prefill)");
+    return std::get<0>(cp->causal_conv1d(x, weight, optional_of(bias),
+                                         options.silu() ? "silu" : "none", c10::nullopt, false,
+                                         c10::nullopt));
+  }
   c10::optional<at::Tensor> initial;
   if (state && state->defined()) initial = *state;
   auto [y, final_state] = phasor::causal_conv1d(
@@ -258,6 +285,15 @@ at::Tensor SelectiveRoPEImpl::phase_increments(const at::Tensor& x, at::Tensor* 
 }
 
 at::Tensor SelectiveRoPEImpl::forward(const at::Tensor& x, SelectiveRoPECache* cache) {
+  const auto& cp = options.context_parallel();
+  conv->options.context_parallel(cp);
+  if (cp) {
+    TORCH_CHECK(cache == nullptr,
+                "SelectiveRoPE: option 'context_parallel': a decoding cache cannot be used with "
+                "context parallelism (it is for training and prefill)");
+    return std::get<0>(cp->selective_rope_phases(phase_increments(x, nullptr), omega_, c10::nullopt,
+                                                 false, c10::nullopt));
+  }
   const at::Tensor phi = phase_increments(x, cache ? &cache->conv_state : nullptr);
   c10::optional<at::Tensor> initial;
   if (cache && cache->phase.defined()) initial = cache->phase;
@@ -333,6 +369,9 @@ at::Tensor GatedLinearAttentionImpl::forward(const at::Tensor& x, LayerCache* ca
   check_input("GatedLinearAttention", x, o.hidden_size());
   check_dtype_matches("GatedLinearAttention", x, q_proj->weight);
   const std::int64_t B = x.size(0), T = x.size(1), H = o.num_heads();
+  const auto& cp = o.context_parallel();
+  const std::int64_t offset = context_parallel_setup(
+      "GatedLinearAttention", cp, cache, o.pos_encoding(), T, {&q_conv, &k_conv, &v_conv}, rope);
   at::Tensor q = q_proj->forward(x), k = k_proj->forward(x), v = v_proj->forward(x);
   if (o.use_short_conv()) {
     q = q_conv->forward(q, cache ? &cache->q_conv : nullptr);
@@ -342,17 +381,21 @@ at::Tensor GatedLinearAttentionImpl::forward(const at::Tensor& x, LayerCache* ca
   q = q.reshape({B, T, H, head_k}), k = k.reshape({B, T, H, head_k});
   v = v.reshape({B, T, H, head_v});
   const at::Tensor g = forget_gates(x);
-  at::Tensor theta = position_angles(o.pos_encoding(), rope, o.rope_theta(), x, H, head_k, cache);
+  at::Tensor theta =
+      position_angles(o.pos_encoding(), rope, o.rope_theta(), x, H, head_k, cache, offset);
   // Learnable rotations (E1 in nn.h): q, k ← M q, M k, then RoPE(θ) as below.
-  if (rotations.defined()) theta = rotations.rotate(q, k, cache ? cache->offset : 0);
+  if (rotations.defined()) theta = rotations.rotate(q, k, offset);
   theta = unfused_rotation(o.fused_rotation(), theta, q, k, o.rotary_layout());
 
   c10::optional<at::Tensor> h0;
   if (cache && cache->state.defined()) h0 = cache->state;
   // Decoding one token: the recurrent kernel (fla's fused_recurrent_gla in generation).
   const Impl impl = cache && T == 1 ? Impl::recurrent : o.impl();
-  auto [out, ht] = phasor::gla(q, k, v, g, impl, c10::nullopt, h0, cache != nullptr, c10::nullopt,
-                               o.chunk_size(), optional_of(theta), o.rotary_layout());
+  auto [out, ht] =
+      cp ? cp->gla(q, k, v, g, impl, c10::nullopt, c10::nullopt, false, c10::nullopt,
+                   o.chunk_size(), optional_of(theta), o.rotary_layout())
+         : phasor::gla(q, k, v, g, impl, c10::nullopt, h0, cache != nullptr, c10::nullopt,
+                       o.chunk_size(), optional_of(theta), o.rotary_layout());
   if (cache) cache->state = *ht, cache->offset += T;
   at::Tensor y = rms_norm(out, o_norm_weight, o.norm_eps());
   if (g_proj) y = y * at::silu(g_proj->forward(x).reshape({B, T, H, head_v}));
@@ -418,6 +461,9 @@ at::Tensor GatedDeltaNetImpl::forward(const at::Tensor& x, LayerCache* cache) {
   check_dtype_matches("GatedDeltaNet", x, q_proj->weight);
   const std::int64_t B = x.size(0), T = x.size(1), H = o.num_heads(), K = o.head_dim(),
                      HV = num_v_heads;
+  const auto& cp = o.context_parallel();
+  const std::int64_t offset = context_parallel_setup("GatedDeltaNet", cp, cache, o.pos_encoding(),
+                                                     T, {&q_conv, &k_conv, &v_conv}, rope);
   at::Tensor q = q_proj->forward(x), k = k_proj->forward(x), v = v_proj->forward(x);
   if (o.use_short_conv()) {
     q = q_conv->forward(q, cache ? &cache->q_conv : nullptr);
@@ -430,18 +476,23 @@ at::Tensor GatedDeltaNetImpl::forward(const at::Tensor& x, LayerCache* cache) {
   at::Tensor beta = at::sigmoid(b_proj->forward(x));
   if (o.allow_neg_eigval()) beta = beta * 2.0;
   const at::Tensor g = -A_log.exp() * at::softplus(a_proj->forward(x) + dt_bias);
-  at::Tensor theta = position_angles(o.pos_encoding(), rope, o.rope_theta(), x, H, K, cache);
+  at::Tensor theta =
+      position_angles(o.pos_encoding(), rope, o.rope_theta(), x, H, K, cache, offset);
   // Learnable rotations (E1 in nn.h): q, k ← M q, M k, then RoPE(θ) as below.
-  if (rotations.defined()) theta = rotations.rotate(q, k, cache ? cache->offset : 0);
+  if (rotations.defined()) theta = rotations.rotate(q, k, offset);
   // ℓ2 normalisation in the kernel commutes with the rotation (rotations preserve norms).
   theta = unfused_rotation(o.fused_rotation(), theta, q, k, o.rotary_layout());
 
   c10::optional<at::Tensor> h0;
   if (cache && cache->state.defined()) h0 = cache->state;
   const Impl impl = cache && T == 1 ? Impl::recurrent : o.impl();
-  auto [out, ht] = phasor::gated_delta_rule(
-      q, k, v, g, beta, impl, c10::nullopt, h0, cache != nullptr, c10::nullopt,
-      /*use_qk_l2norm_in_kernel=*/true, o.chunk_size(), optional_of(theta), o.rotary_layout());
+  auto [out, ht] =
+      cp ? cp->gated_delta_rule(q, k, v, g, beta, impl, c10::nullopt, c10::nullopt, false,
+                                c10::nullopt, /*use_qk_l2norm_in_kernel=*/true, o.chunk_size(),
+                                optional_of(theta), o.rotary_layout())
+         : phasor::gated_delta_rule(q, k, v, g, beta, impl, c10::nullopt, h0, cache != nullptr,
+                                    c10::nullopt, /*use_qk_l2norm_in_kernel=*/true, o.chunk_size(),
+                                    optional_of(theta), o.rotary_layout());
   if (cache) cache->state = *ht, cache->offset += T;
   at::Tensor y = rms_norm(out, o_norm_weight, o.norm_eps());
   if (g_proj) y = y * at::silu(g_proj->forward(x).reshape({B, T, HV, head_v}));
@@ -550,6 +601,9 @@ at::Tensor ForgettingAttentionImpl::forward(const at::Tensor& x, LayerCache* cac
   check_dtype_matches("ForgettingAttention", x, q_proj->weight);
   const std::int64_t B = x.size(0), T = x.size(1), HQ = o.num_heads(), H = num_kv_heads,
                      K = head_dim;
+  const auto& cp = o.context_parallel();
+  const std::int64_t offset =
+      context_parallel_setup("ForgettingAttention", cp, cache, o.pos_encoding(), T, {}, rope);
   at::Tensor q = q_proj->forward(x).reshape({B, T, HQ, K});
   at::Tensor k = k_proj->forward(x).reshape({B, T, H, K});
   const at::Tensor v = v_proj->forward(x).reshape({B, T, H, K});
@@ -563,9 +617,10 @@ at::Tensor ForgettingAttentionImpl::forward(const at::Tensor& x, LayerCache* cac
       f_proj ? at::log_sigmoid(f_proj->forward(x)) : at::zeros({B, T, HQ}, x.options());
   // Additive bias slopes from the unrotated q, k (GRAPE-A reads their content).
   const auto [slope_q, slope_k] = bias_slopes(q, k);
-  at::Tensor theta = position_angles(o.pos_encoding(), rope, o.rope_theta(), x, H, K, cache);
+  at::Tensor theta =
+      position_angles(o.pos_encoding(), rope, o.rope_theta(), x, H, K, cache, offset);
   // Learnable rotations (E1 in nn.h): q, k ← M q, M k, then RoPE(θ) as below.
-  if (rotations.defined()) theta = rotations.rotate(q, k, cache ? cache->offset : 0);
+  if (rotations.defined()) theta = rotations.rotate(q, k, offset);
   theta = unfused_rotation(o.fused_rotation(), theta, q, k, o.rotary_layout());
 
   at::Tensor out;
@@ -587,6 +642,10 @@ at::Tensor ForgettingAttentionImpl::forward(const at::Tensor& x, LayerCache* cac
     }
     out = at::cat(rows, 1);
     cache->offset += T;
+  } else if (cp) {
+    out = cp->forgetting_attn(q, k, v, f, Impl::chunk, c10::nullopt, o.window_size(), c10::nullopt,
+                              o.block_size(), optional_of(theta), o.rotary_layout(),
+                              optional_of(slope_q), optional_of(slope_k));
   } else {
     out = phasor::parallel_forgetting_attn(q, k, v, f, c10::nullopt, o.window_size(), c10::nullopt,
                                            o.block_size(), optional_of(theta), o.rotary_layout(),

@@ -96,6 +96,10 @@ at::Tensor PerformerAttentionImpl::forward(const at::Tensor& x, LayerCache* cach
   TORCH_CHECK(x.scalar_type() == q_proj->weight.scalar_type(), kLayer,
               ": argument 'x': expected dtype ", q_proj->weight.scalar_type(),
               " (the module's parameters; convert with module->to(...)), got ", x.scalar_type());
+  TORCH_CHECK(!o.context_parallel(), kLayer,
+              ": option 'context_parallel': not supported (FAVOR+ attention has no "
+              "context-parallel path); use GatedLinearAttention, GatedDeltaNet or "
+              "ForgettingAttention, or run this layer on the whole sequence");
   TORCH_CHECK(cache == nullptr || o.causal(), kLayer,
               ": argument 'cache': expected no cache for a non-causal layer (incremental "
               "decoding needs causal = true), got a cache");
