@@ -3,6 +3,7 @@
 // run), and the config errors with their key paths.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -18,6 +19,10 @@
 
 #include "phasor/common.h"
 #include "phasor/tasks/experiment.h"
+
+#ifndef PHASOR_CONFIG_DIR
+#error "PHASOR_CONFIG_DIR must name tasks/configs (set by tests/CMakeLists.txt)"
+#endif
 
 namespace phasor::tasks {
 namespace {
@@ -503,6 +508,47 @@ TEST(TasksExperiment, ConfigErrorsNameTheKeyPath) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find(missing), std::string::npos) << e.what();
   }
+}
+
+// Every config the repository ships (tasks/configs/<suite>/*.json: quick, full, diagnostics,
+// encodings, claims, …) parses and validates — keys, values, size limits and each arm's layers,
+// which load_experiment_config builds once — and no two share a name (the default output folder).
+// The claims suite (docs/claims.md, "Reproduction by training") must hold its small and full
+// configs, each with at least 3 seeds.
+TEST(TasksExperiment, ShippedConfigsParse) {
+  const fs::path root = PHASOR_CONFIG_DIR;
+  ASSERT_TRUE(fs::is_directory(root)) << root;
+  std::vector<fs::path> files;
+  for (const auto& entry : fs::recursive_directory_iterator(root)) {
+    if (entry.is_regular_file() && entry.path().extension() == ".json") {
+      files.push_back(entry.path());
+    }
+  }
+  std::sort(files.begin(), files.end());
+  ASSERT_FALSE(files.empty()) << "no configs under " << root;
+  std::map<std::string, fs::path> names;
+  std::vector<std::string> claims;
+  for (const fs::path& file : files) {
+    SCOPED_TRACE(file.string());
+    ExperimentConfig config;
+    try {
+      config = load_experiment_config(file.string());
+    } catch (const Error& e) {
+      ADD_FAILURE() << e.what();
+      continue;
+    }
+    const auto [it, inserted] = names.emplace(config.name, file);
+    EXPECT_TRUE(inserted) << "name '" << config.name << "' also in " << it->second;
+    if (file.parent_path().filename() == "claims") {
+      claims.push_back(file.stem().string());
+      EXPECT_GE(config.seeds.size(), 3u) << "a claim's config runs at least 3 seeds";
+      EXPECT_EQ(config.name, "claims_" + file.stem().string());
+    }
+  }
+  const std::vector<std::string> expected_claims = {"mqar_L128_kv8_full",  "mqar_L256_kv16_full",
+                                                    "mqar_L64_kv4_full",   "mqar_small",
+                                                    "state_tracking_full", "state_tracking_small"};
+  EXPECT_EQ(claims, expected_claims);
 }
 
 }  // namespace
