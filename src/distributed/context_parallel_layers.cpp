@@ -35,6 +35,7 @@
 #include "distributed/collectives.h"
 #include "phasor/context_parallel.h"
 #include "phasor/nn.h"
+#include "torch/layer_util.h"
 
 namespace phasor::cp {
 namespace {
@@ -43,17 +44,12 @@ using detail::allgather;
 using detail::allreduce_sum;
 using detail::error_of;
 using detail::exchange_header;
+using torch_detail::shape_of;
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
 const char* const kConvOp = "cp::causal_conv1d";
-
-std::string shape_of(const at::Tensor& t) {
-  std::string s = "[";
-  for (std::int64_t d = 0; d < t.dim(); ++d) s += (d ? ", " : "") + std::to_string(t.size(d));
-  return s + "]";
-}
 
 // ---- the layout of the convolution --------------------------------------------------------------
 

@@ -67,6 +67,7 @@
 #include "distributed/collectives.h"
 #include "phasor/context_parallel.h"
 #include "phasor/ops.h"
+#include "torch/layer_util.h"
 
 namespace phasor::cp {
 namespace {
@@ -75,23 +76,14 @@ using detail::allgather;
 using detail::allreduce_sum;
 using detail::error_of;
 using detail::exchange_header;
+// The LibTorch layer's message helpers: "<op>: argument '<name>': expected <...>, got <...>".
+using torch_detail::fail;
+using torch_detail::shape_of;
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
 // ---- messages and checks ------------------------------------------------------------------------
-
-[[noreturn]] void fail(const std::string& op, const std::string& name, const std::string& expected,
-                       const std::string& got) {
-  TORCH_CHECK(false, op, ": argument '", name, "': expected ", expected, ", got ", got);
-  std::abort();  // unreachable
-}
-
-std::string shape_of(const at::Tensor& t) {
-  std::ostringstream s;
-  s << t.sizes();
-  return s.str();
-}
 
 std::string shape_string(const std::vector<std::int64_t>& sizes,
                          const std::vector<std::string>& names) {
