@@ -14,43 +14,21 @@ non-zero on any failure.
 """
 import math
 import os
-import subprocess
 import sys
 import tempfile
 
 import torch
 
+import phasor_check
+from phasor_check import report, summary, rel_rms
+
 PHASOR = sys.argv[1] if len(sys.argv) > 1 else "phasor"
 WORK = tempfile.mkdtemp(prefix="phasor_cp_cli_")
-passed = 0
-failed = 0
-
-
-def report(name, ok, detail=""):
-    global passed, failed
-    if ok:
-        passed += 1
-        print(f"PASS {name}")
-    else:
-        failed += 1
-        print(f"FAIL {name}: {detail}")
 
 
 def run_phasor(args, in_path, tag):
-    out_path = os.path.join(WORK, f"out_{tag}.pt")
-    if os.path.exists(out_path):
-        os.remove(out_path)
-    proc = subprocess.run([PHASOR, "op", *args, "--in", in_path, "--out", out_path, "--threads",
-                           "1"], capture_output=True, text=True, timeout=120)
-    outputs = torch.load(out_path) if proc.returncode == 0 and os.path.exists(out_path) else None
-    return proc.returncode, proc.stderr, outputs
-
-
-def rel_rms(actual, expected):
-    a, e = actual.double(), expected.double()
-    num = ((a - e) ** 2).sum().item()
-    den = (e ** 2).sum().item()
-    return math.sqrt(num / den) if den > 0 else math.sqrt(num)
+    return phasor_check.run_phasor(PHASOR, ["op", *args, "--in", in_path, "--threads", "1"],
+                                   os.path.join(WORK, f"out_{tag}.pt"), timeout=120)
 
 
 def case(name, op_args, inputs, ranks=(2, 3)):
@@ -160,5 +138,4 @@ bad_shape = linear_inputs(1, 8, 1, 4, 4, f64)
 bad_shape["do"] = bad_shape["do"][:, :5]
 bad("do with the wrong T", ["gla", "--context-parallel", "2"], bad_shape, "'do'")
 
-print(f"{passed} passed, {failed} failed")
-sys.exit(1 if failed else 0)
+sys.exit(summary())

@@ -10,7 +10,6 @@ states, and, when the input holds `do` / `dht`, the gradients torch.autograd com
 implementation. Also checks that bad input exits with status 2 and a message naming the argument.
 Prints 'N passed, M failed' last and exits non-zero on any failure.
 """
-import math
 import os
 import subprocess
 import sys
@@ -18,42 +17,20 @@ import tempfile
 
 import torch
 
+import phasor_check
+from phasor_check import report, summary, rel_rms
+
 PHASOR = sys.argv[1] if len(sys.argv) > 1 else "phasor"
 WORK = tempfile.mkdtemp(prefix="phasor_cli_")
 IMPLS = ("reference", "recurrent", "chunk")
-passed = 0
-failed = 0
-
-
-def report(name, ok, detail=""):
-    global passed, failed
-    if ok:
-        passed += 1
-        print(f"PASS {name}")
-    else:
-        failed += 1
-        print(f"FAIL {name}: {detail}")
 
 
 def run_phasor(args, inputs):
     """Saves `inputs`, runs `phasor op *args`, returns (exit status, stderr, outputs or None)."""
     in_path = os.path.join(WORK, "in.pt")
-    out_path = os.path.join(WORK, "out.pt")
-    if os.path.exists(out_path):
-        os.remove(out_path)
     torch.save(inputs, in_path)
-    proc = subprocess.run([PHASOR, "op", *args, "--in", in_path, "--out", out_path],
-                          capture_output=True, text=True, timeout=60)
-    outputs = torch.load(out_path) if proc.returncode == 0 and os.path.exists(out_path) else None
-    return proc.returncode, proc.stderr, outputs
-
-
-def rel_rms(actual, expected):
-    """sqrt(Σ(a − e)² / Σe²) in float64 (sqrt(Σ(a − e)²) when e is all zeros)."""
-    a, e = actual.double(), expected.double()
-    num = ((a - e) ** 2).sum().item()
-    den = (e ** 2).sum().item()
-    return math.sqrt(num / den) if den > 0 else math.sqrt(num)
+    return phasor_check.run_phasor(PHASOR, ["op", *args, "--in", in_path],
+                                   os.path.join(WORK, "out.pt"), timeout=60)
 
 
 # ---- independent float64 implementations -----------------------------------------------------------
@@ -563,8 +540,7 @@ def main():
             test()
         except Exception as e:  # a crash in one group must not hide the others' results
             report(test.__name__, False, f"raised {type(e).__name__}: {e}")
-    print(f"{passed} passed, {failed} failed")
-    return 1 if failed else 0
+    return summary()
 
 
 if __name__ == "__main__":

@@ -32,20 +32,10 @@ import sys
 import tempfile
 import time
 
+from phasor_check import report, summary
+
 PHASOR = sys.argv[1] if len(sys.argv) > 1 else "phasor"
 WORK = tempfile.mkdtemp(prefix="phasor_tasks_dp_")
-passed = 0
-failed = 0
-
-
-def report(name, ok, detail=""):
-    global passed, failed
-    if ok:
-        passed += 1
-        print(f"PASS {name}", flush=True)
-    else:
-        failed += 1
-        print(f"FAIL {name}: {detail}", flush=True)
 
 
 def write_config(name, config):
@@ -365,5 +355,4 @@ for name, args, env, message in bad:
     report(f"bad input: {name}", r.returncode == 2 and message in r.stderr and
            not os.path.exists(os.path.join(WORK, "bad")), f"exit {r.returncode}: {r.stderr}")
 
-print(f"{passed} passed, {failed} failed", flush=True)
-sys.exit(1 if failed else 0)
+sys.exit(summary())

@@ -35,6 +35,8 @@ import sys
 import tempfile
 import time
 
+from phasor_check import report, summary
+
 parser = argparse.ArgumentParser()
 parser.add_argument("phasor", nargs="?", default="phasor")
 parser.add_argument("--seed", type=int, default=14)
@@ -58,18 +60,6 @@ CONFIG = {
 }
 COMPARED = ("results.json", "results.csv", "accuracy_vs_length.png",
             "token_accuracy_vs_length.png", "loss.png")
-passed = 0
-failed = 0
-
-
-def report(name, ok, detail=""):
-    global passed, failed
-    if ok:
-        passed += 1
-        print(f"PASS {name}", flush=True)
-    else:
-        failed += 1
-        print(f"FAIL {name}: {detail}", flush=True)
 
 
 config_path = os.path.join(WORK, "config.json")
@@ -163,7 +153,7 @@ rc, stdout, stderr = finish(start(reference))
 uninterrupted_s = time.monotonic() - t0
 report("uninterrupted run", rc == 0, stdout + stderr)
 if rc != 0:
-    print(f"{passed} passed, {failed} failed")
+    summary()
     sys.exit(1)
 # The start-up (and the end: records read back, results written) of an invocation with nothing
 # left to train, which the random kills' delays are measured against.
@@ -283,5 +273,4 @@ report("timings.json says which runs were resumed", any(r.get("resumed") for r i
 print(f"{kills} kills: " + ", ".join(f"{n} {k}" for k, n in sorted(landed.items())) +
       f"; {write_kills_confirmed} of {write_kills} write kills confirmed inside their write; "
       f"{completed_early} invocations finished before their kill")
-print(f"{passed} passed, {failed} failed")
-sys.exit(1 if failed else 0)
+sys.exit(summary())

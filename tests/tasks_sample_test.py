@@ -19,32 +19,18 @@ import tempfile
 
 import torch
 
+import phasor_check
+from phasor_check import report, summary
+
 PHASOR = sys.argv[1] if len(sys.argv) > 1 else "phasor"
 WORK = tempfile.mkdtemp(prefix="phasor_tasks_sample_")
 IGNORE = -100
-passed = 0
-failed = 0
-
-
-def report(name, ok, detail=""):
-    global passed, failed
-    if ok:
-        passed += 1
-        print(f"PASS {name}")
-    else:
-        failed += 1
-        print(f"FAIL {name}: {detail}")
 
 
 def sample(task, *args):
     """Runs `phasor tasks sample TASK *args --out F`; returns (status, stderr, dict or None)."""
-    out = os.path.join(WORK, "batch.pt")
-    if os.path.exists(out):
-        os.remove(out)
-    proc = subprocess.run([PHASOR, "tasks", "sample", task, *args, "--out", out],
-                          capture_output=True, text=True, timeout=60)
-    data = torch.load(out) if proc.returncode == 0 and os.path.exists(out) else None
-    return proc.returncode, proc.stderr, data
+    return phasor_check.run_phasor(PHASOR, ["tasks", "sample", task, *args],
+                                   os.path.join(WORK, "batch.pt"), timeout=60)
 
 
 def check_layout(name, data, rows, cols, vocab):
@@ -311,5 +297,4 @@ proc, _ = run_config(TINY, "--threads", "-1")
 report("tasks run: negative --threads", proc.returncode == 2 and "--threads" in proc.stderr,
        proc.stderr)
 
-print(f"{passed} passed, {failed} failed")
-sys.exit(1 if failed else 0)
+sys.exit(summary())
