@@ -306,8 +306,12 @@ void write_line_plot_png(const PlotSpec& spec, const std::string& path, int widt
 
   // Title and axis labels.
   if (!spec.title.empty()) {
+    // A title wider than the image is set smaller until it fits (it was clipped at both sides).
     cairo_set_font_size(cr, font * 1.2);
-    cairo_move_to(cr, (left + right) / 2 - text_width(cr, spec.title) / 2, 1.6 * font);
+    const double title_room = width - 20.0, title_width = text_width(cr, spec.title);
+    if (title_width > title_room) cairo_set_font_size(cr, font * 1.2 * title_room / title_width);
+    const double title_x = std::max(10.0, (left + right) / 2 - text_width(cr, spec.title) / 2);
+    cairo_move_to(cr, std::min(title_x, width - 10.0 - text_width(cr, spec.title)), 1.6 * font);
     cairo_show_text(cr, spec.title.c_str());
     cairo_set_font_size(cr, font);
   }
