@@ -640,6 +640,31 @@ TEST(GlaKernels, ChunkParallelScheduleIsBitIdentical) {
   set_num_threads(0);
 }
 
+// The chunk forward walks groups of consecutive heads chunk by chunk (forward_heads), as many per
+// group as still leave a group per thread: here 9 items (3 sequences × 3 heads) give groups of 3
+// heads on 1 and 2 threads and single heads on 4. Same bits either way, with varlen sequences
+// (one empty, one shorter than a chunk), initial states, rotation and strided views.
+TEST(GlaKernels, ChunkHeadGroupsAreBitIdentical) {
+  Case c{"head_groups", 1, 61, 3, 12, 10, Gates::mixed_channels, 8, {37, 0, 5, 19}};
+  c.strided = true;
+  c.rotate = true;
+  const Inputs in = make_inputs(c, 47);
+  const Result expected = run(in, Impl::reference, DType::float64, DType::float64);
+  for (DType dtype : {DType::float32, DType::float64}) {
+    SCOPED_TRACE(to_string(dtype));
+    set_num_threads(1);
+    const Result groups_of_three = run(in, Impl::chunk, dtype, dtype);
+    for (int threads : {2, 4}) {
+      set_num_threads(threads);
+      expect_bit_equal(run(in, Impl::chunk, dtype, dtype), groups_of_three,
+                       std::to_string(threads) + " threads");
+    }
+    // And the reference agrees (the groups compute every head, not only the first of each).
+    expect_close(groups_of_three, expected, dtype == DType::float32 ? 1e-6 : 1e-12);
+  }
+  set_num_threads(0);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Fused rotation by θ (GlaParams::theta).
 

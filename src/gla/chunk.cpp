@@ -381,25 +381,57 @@ std::vector<ChunkUnit> chunk_units(const Problem& p, std::int64_t first, std::in
   return units;
 }
 
+// Heads [h0, h0 + count) of sequence n, walked chunk by chunk and, within a chunk, head by head:
+// chunk c of every head, then chunk c + 1. A token's rows of consecutive heads are adjacent in
+// [B, T, H, D] memory, so a group loads whole runs of count·D values per token where one head
+// alone loads D values 4 KiB apart (H·D floats at H = 8, D = 128) — a stride at which every row
+// lands on a new page and in the same few cache sets (one thread, K = V = 128, T = 4096: 6% less
+// time with groups of 4). Each head's arithmetic is the same in any grouping (its own state and
+// chunks, in order), so the grouping, chosen by thread count (head_group_size), never shows.
+// (A software prefetch of the next head's or chunk's rows changed nothing measurable here: the
+// hardware prefetchers follow the runs.)
 template <class S>
-void forward_item(const Problem& p, std::int64_t n, std::int64_t h, const TensorView& o,
-                  const TensorView& final_state) {
+void forward_heads(const Problem& p, std::int64_t n, std::int64_t h0, std::int64_t count,
+                   const TensorView& o, const TensorView& final_state) {
   const Sequence& s = p.sequences[static_cast<std::size_t>(n)];
-  Mat<S> state = Mat<S>::Zero(p.K, p.V), local(p.K, p.V);
-  if (p.initial_state.defined()) load_state(p.initial_state, n, h, state);
-  ChunkWork<S> work;
+  std::vector<Mat<S>> states(static_cast<std::size_t>(count));
+  for (std::int64_t i = 0; i < count; ++i) {
+    Mat<S>& state = states[static_cast<std::size_t>(i)];
+    state.setZero(p.K, p.V);
+    if (p.initial_state.defined()) load_state(p.initial_state, n, h0 + i, state);
+  }
+  Mat<S> local(p.K, p.V);
+  thread_local ChunkWork<S> work;
   const std::int64_t chunks = num_chunks(s, p.chunk_size);
   for (std::int64_t c = 0; c < chunks; ++c) {
     const Sequence part = chunk_of(s, p.chunk_size, c);
-    work.load(p, part, h, /*with_q=*/true, TensorView{});
-    if (c + 1 < chunks) prefetch_chunk(p, chunk_of(s, p.chunk_size, c + 1), h, true, TensorView{});
-    work.gate_factors();
-    work.forward_output(state);
-    store_token_rows(work.out, o, part, h);
-    work.state_contribution(local);
-    carry_state(state, work.p_last, local);
+    for (std::int64_t i = 0; i < count; ++i) {
+      const std::int64_t h = h0 + i;
+      work.load(p, part, h, /*with_q=*/true, TensorView{});
+      Mat<S>& state = states[static_cast<std::size_t>(i)];
+      work.gate_factors();
+      work.forward_output(state);
+      store_token_rows(work.out, o, part, h);
+      work.state_contribution(local);
+      carry_state(state, work.p_last, local);
+    }
   }
-  if (final_state.defined()) store_state(state, final_state, n, h);
+  if (final_state.defined())
+    for (std::int64_t i = 0; i < count; ++i)
+      store_state(states[static_cast<std::size_t>(i)], final_state, n, h0 + i);
+}
+
+// Heads per group of forward_heads: the most (up to H, and up to 4 K × V states, 256 KiB at
+// K = V = 128 in float32, which L2 holds beside the chunk's rows) that still leaves at least one
+// group per thread; a divisor of H, so that groups never straddle sequences.
+std::int64_t head_group_size(const Problem& p, std::int64_t state_bytes) {
+  const std::int64_t threads = num_threads();
+  const std::int64_t by_cache =
+      std::max<std::int64_t>(1, (std::int64_t(256) << 10) / std::max<std::int64_t>(1, state_bytes));
+  std::int64_t best = 1;
+  for (std::int64_t g = 1; g <= std::min<std::int64_t>(p.H, by_cache); ++g)
+    if (p.H % g == 0 && p.num_sequences() * (p.H / g) >= threads) best = g;
+  return best;
 }
 
 // The chunk-parallel forward, a window of chunks at a time (bounded memory: one K × V block per
@@ -567,8 +599,10 @@ void chunk_forward(const Problem& p, const TensorView& o, const TensorView& fina
   dispatch_float(p.q, [&](auto zero) {
     using S = decltype(zero);
     if (split_items(p.num_work_items())) return forward_by_chunk<S>(p, o, final_state);
-    parallel_for(p.num_work_items(), [&](std::int64_t item) {
-      forward_item<S>(p, item / p.H, item % p.H, o, final_state);
+    const std::int64_t group = head_group_size(p, p.K * p.V * static_cast<std::int64_t>(sizeof(S)));
+    parallel_for(p.num_work_items() / group, [&](std::int64_t index) {
+      const std::int64_t first = index * group;
+      forward_heads<S>(p, first / p.H, first % p.H, group, o, final_state);
     });
   });
 }
