@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <cstring>
 
+#include "torch/layer_util.h"
+
 namespace phasor::cp::detail {
 
 std::vector<at::Tensor> allgather(const distributed::ProcessGroupPtr& group, const at::Tensor& t) {
@@ -49,6 +51,30 @@ std::vector<std::vector<std::int64_t>> exchange_header(const distributed::Proces
     out.emplace_back(q + 1, q + 1 + nf);
   }
   return out;
+}
+
+void check_agreement(const std::string& op, const std::vector<std::vector<std::int64_t>>& all,
+                     const std::vector<AgreedField>& agreed) {
+  for (const auto& f : agreed)
+    for (std::size_t r = 1; r < all.size(); ++r)
+      if (all[r][f.index] != all[0][f.index])
+        torch_detail::fail(op, f.argument, std::string("the same ") + f.what + " on every rank",
+                           std::to_string(all[0][f.index]) + " on rank 0 and " +
+                               std::to_string(all[r][f.index]) + " on rank " + std::to_string(r));
+}
+
+std::int64_t fingerprint(const std::vector<std::int64_t>* offsets) {
+  if (!offsets) return -1;
+  std::uint64_t h = 1469598103934665603ULL;  // FNV-1a over the offsets
+  for (auto x : *offsets) h = (h ^ static_cast<std::uint64_t>(x)) * 1099511628211ULL;
+  return static_cast<std::int64_t>(h >> 1);  // ≥ 0: -1 stays "none"
+}
+
+std::int64_t double_bits(c10::optional<double> x) {
+  if (!x) return -1;
+  std::int64_t bits = 0;
+  std::memcpy(&bits, &*x, sizeof(bits));
+  return bits & 0x7fffffffffffffffLL;  // -1 stays "absent"
 }
 
 std::string error_of(const std::function<void()>& f) {

@@ -5,7 +5,9 @@
 #pragma once
 
 #include <ATen/ATen.h>
+#include <c10/util/Optional.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -28,6 +30,25 @@ void allreduce_sum(const distributed::ProcessGroupPtr& group, at::Tensor& t);
 std::vector<std::vector<std::int64_t>> exchange_header(const distributed::ProcessGroupPtr& group,
                                                        const std::vector<std::int64_t>& fields,
                                                        const std::string& error);
+
+// A field of the header that must agree across ranks: its index in `fields`, the argument it
+// belongs to and what to call it in the message.
+struct AgreedField {
+  std::size_t index;
+  const char* argument;
+  const char* what;
+};
+
+// After exchange_header: throws the same c10::Error on every rank when a field differs between
+// ranks ("<op>: argument '<argument>': expected the same <what> on every rank, got x on rank 0 and
+// y on rank r").
+void check_agreement(const std::string& op, const std::vector<std::vector<std::int64_t>>& all,
+                     const std::vector<AgreedField>& agreed);
+
+// Header values: an arbitrary 64-bit fingerprint of global cu_seqlens offsets (-1: none), and the
+// bits of an optional double (-1: none).
+std::int64_t fingerprint(const std::vector<std::int64_t>* offsets);
+std::int64_t double_bits(c10::optional<double> x);
 
 // The message of what `f` throws (c10::Error without its backtrace), or empty when it returns.
 std::string error_of(const std::function<void()>& f);

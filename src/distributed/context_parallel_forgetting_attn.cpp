@@ -72,6 +72,7 @@
 #include <vector>
 
 #include "common/eigen.h"
+#include "distributed/collectives.h"
 #include "phasor/context_parallel.h"
 #include "phasor/forgetting_attn.h"
 #include "torch/layer_util.h"
@@ -664,17 +665,14 @@ struct CrossForgettingAttn : torch::autograd::Function<CrossForgettingAttn> {
 
 // ---- argument checks ----------------------------------------------------------------------------
 
-std::string shape_string(at::IntArrayRef sizes) {
-  std::ostringstream out;
-  out << sizes;
-  return out.str();
-}
-
 void check_shape(const std::string& op, const char* name, const at::Tensor& t,
                  std::vector<std::int64_t> expected, const char* layout) {
-  if (t.sizes() != at::IntArrayRef(expected))
-    torch_detail::fail(op, name, std::string("shape ") + layout + " = " + shape_string(expected),
-                       "shape " + shape_string(t.sizes()));
+  if (t.sizes() != at::IntArrayRef(expected)) {
+    std::ostringstream shape;
+    shape << at::IntArrayRef(expected);
+    torch_detail::fail(op, name, std::string("shape ") + layout + " = " + shape.str(),
+                       "shape " + torch_detail::shape_of(t));
+  }
 }
 
 // The checks one rank can make alone; each failure is a c10::Error naming the argument.
@@ -747,11 +745,10 @@ void check_local(const std::string& op, const at::Tensor& q, const at::Tensor& k
   }
 }
 
-// What every rank must agree on, gathered once. Entry 0: whether this rank's input passed
-// check_local; entry 1: its slice length T_r.
-enum Meta : int {
-  kOk = 0,
-  kLength,
+// What every rank sends in the header exchange (collectives.h): its slice length T_r, and what
+// all ranks must agree on.
+enum Header : int {
+  kLength = 0,
   kBatch,
   kQHeads,
   kKHeads,
@@ -768,46 +765,8 @@ enum Meta : int {
   kLayout,
   kScale,
   kBlock,
-  kMetaSize
+  kHeaderSize
 };
-
-const char* meta_argument(int field) {
-  switch (field) {
-    case kBatch:
-      return "q (B)";
-    case kQHeads:
-      return "q (HQ)";
-    case kKHeads:
-      return "k (H)";
-    case kKeyDim:
-      return "q (K)";
-    case kValueDim:
-      return "v (V)";
-    case kDouble:
-      return "q (float64 or not: the compute type)";
-    case kTheta:
-      return "theta (given or not)";
-    case kSlopeQ:
-      return "bias_q_slope (given or not)";
-    case kSlopeK:
-      return "bias_k_slope (given or not)";
-    case kCuCount:
-    case kCuHash:
-      return "cu_seqlens";
-    case kWindow:
-      return "window_size";
-    case kImpl:
-      return "impl";
-    case kLayout:
-      return "rotary_layout";
-    case kScale:
-      return "scale";
-    case kBlock:
-      return "block_size";
-    default:
-      return "?";
-  }
-}
 
 // RoPE-style rotation (common/rotation.h, (R1)) with LibTorch ops, so autograd gives dθ and the
 // kernel and the cross blocks see the same rotated rows. θ [B, T, H, K/2] per key head; `heads`
@@ -859,55 +818,44 @@ at::Tensor forgetting_attn(const at::Tensor& q, const at::Tensor& k, const at::T
   } catch (const c10::Error& e) {
     local_error = e.what_without_backtrace();
   }
-  at::Tensor meta = at::zeros({kMetaSize}, at::TensorOptions().dtype(at::kLong));
+  std::vector<std::int64_t> fields(kHeaderSize, 0);
   if (local_error.empty()) {
-    auto m = meta.accessor<std::int64_t, 1>();
-    m[kOk] = 1;
-    m[kLength] = q.size(1);
-    m[kBatch] = q.size(0), m[kQHeads] = q.size(2), m[kKHeads] = k.size(2);
-    m[kKeyDim] = q.size(3), m[kValueDim] = v.size(3);
-    m[kDouble] = q.scalar_type() == at::kDouble;
-    m[kTheta] = theta.defined(), m[kSlopeQ] = a.defined(), m[kSlopeK] = b.defined();
-    m[kCuCount] = cu.defined() ? cu.numel() : -1;
+    fields[kLength] = q.size(1);
+    fields[kBatch] = q.size(0), fields[kQHeads] = q.size(2), fields[kKHeads] = k.size(2);
+    fields[kKeyDim] = q.size(3), fields[kValueDim] = v.size(3);
+    fields[kDouble] = q.scalar_type() == at::kDouble;
+    fields[kTheta] = theta.defined(), fields[kSlopeQ] = a.defined(), fields[kSlopeK] = b.defined();
+    fields[kCuCount] = cu.defined() ? cu.numel() : -1;
     if (cu.defined()) {
       const at::Tensor c = cu.to(at::kLong).contiguous();
-      const std::int64_t* offsets = c.data_ptr<std::int64_t>();
-      std::uint64_t hash = 1469598103934665603ull;  // FNV-1a over the offsets
-      for (std::int64_t n = 0; n < c.numel(); ++n)
-        hash = (hash ^ static_cast<std::uint64_t>(offsets[n])) * 1099511628211ull;
-      std::int64_t h;
-      std::memcpy(&h, &hash, sizeof h);
-      m[kCuHash] = h;
+      const std::vector<std::int64_t> offsets(c.data_ptr<std::int64_t>(),
+                                              c.data_ptr<std::int64_t>() + c.numel());
+      fields[kCuHash] = detail::fingerprint(&offsets);
     }
-    m[kWindow] = window_size ? *window_size : -1;
-    m[kImpl] = static_cast<std::int64_t>(impl);
-    m[kLayout] = static_cast<std::int64_t>(rotary_layout);
-    const double sc = scale ? *scale : std::nan("");
-    std::int64_t bits;
-    std::memcpy(&bits, &sc, sizeof bits);
-    m[kScale] = scale ? bits : -1;
-    m[kBlock] = block_size;
+    fields[kWindow] = window_size ? *window_size : -1;
+    fields[kImpl] = static_cast<std::int64_t>(impl);
+    fields[kLayout] = static_cast<std::int64_t>(rotary_layout);
+    fields[kScale] = detail::double_bits(scale);
+    fields[kBlock] = block_size;
   }
-  std::vector<std::vector<at::Tensor>> gathered(1);
-  for (int r = 0; r < world; ++r) gathered[0].push_back(at::empty_like(meta));
-  std::vector<at::Tensor> mine{meta};
-  group->allgather(gathered, mine)->wait();
-  for (int r = 0; r < world; ++r)
-    if (gathered[0][r][kOk].item<std::int64_t>() != 1) {
-      TORCH_CHECK(local_error.empty(), local_error, " (on rank ", rank, ")");
-      TORCH_CHECK(false, op, ": rank ", r,
-                  " refused its input (its error names the argument); every rank stops");
-    }
-  for (int field = kBatch; field < kMetaSize; ++field)
-    for (int r = 1; r < world; ++r)
-      if (gathered[0][r][field].item<std::int64_t>() !=
-          gathered[0][0][field].item<std::int64_t>()) {
-        std::ostringstream got;
-        for (int x = 0; x < world; ++x)
-          got << (x ? ", " : "") << "rank " << x << ": "
-              << gathered[0][x][field].item<std::int64_t>();
-        torch_detail::fail(op, meta_argument(field), "the same value on every rank", got.str());
-      }
+  const auto all = detail::exchange_header(group, fields, local_error);
+  detail::check_agreement(op, all,
+                          {{kBatch, "q", "batch size B"},
+                           {kQHeads, "q", "number of query heads HQ"},
+                           {kKHeads, "k", "number of key heads H"},
+                           {kKeyDim, "q", "key dimension K"},
+                           {kValueDim, "v", "value dimension V"},
+                           {kDouble, "q", "compute type (1: float64)"},
+                           {kTheta, "theta", "presence (1: given)"},
+                           {kSlopeQ, "bias_q_slope", "presence (1: given)"},
+                           {kSlopeK, "bias_k_slope", "presence (1: given)"},
+                           {kCuCount, "cu_seqlens", "number of offsets (-1: none)"},
+                           {kCuHash, "cu_seqlens", "global offsets (fingerprint)"},
+                           {kWindow, "window_size", "value (-1: none)"},
+                           {kImpl, "impl", "value (as a number)"},
+                           {kLayout, "rotary_layout", "value (as a number)"},
+                           {kScale, "scale", "value (its bits; -1: default)"},
+                           {kBlock, "block_size", "value"}});
 
   auto setup = c10::make_intrusive<Setup>();
   Setup& s = *setup;
@@ -917,7 +865,7 @@ at::Tensor forgetting_attn(const at::Tensor& q, const at::Tensor& k, const at::T
   s.rank = rank, s.world = world;
   s.start.assign(static_cast<std::size_t>(world) + 1, 0);
   for (int r = 0; r < world; ++r)
-    s.start[r + 1] = s.start[r] + gathered[0][r][kLength].item<std::int64_t>();
+    s.start[r + 1] = s.start[r] + all[static_cast<std::size_t>(r)][kLength];
   s.B = q.size(0), s.HQ = q.size(2), s.H = k.size(2), s.K = q.size(3), s.V = v.size(3);
   s.G = s.HQ / s.H;
   s.scale = scale ? *scale : 1.0 / std::sqrt(static_cast<double>(s.K));
@@ -935,11 +883,7 @@ at::Tensor forgetting_attn(const at::Tensor& q, const at::Tensor& k, const at::T
   }
   if (world >= 3) {  // T_m of (2): every rank's gate totals
     const at::Tensor total = g.to(at::kDouble).sum(1).contiguous();  // [B, HQ]
-    std::vector<std::vector<at::Tensor>> totals(1);
-    for (int r = 0; r < world; ++r) totals[0].push_back(at::empty_like(total));
-    std::vector<at::Tensor> in{total};
-    group->allgather(totals, in)->wait();
-    s.rank_totals = at::stack(totals[0]);
+    s.rank_totals = at::stack(detail::allgather(group, total));
   }
 
   // Rotation, then the compute type, by differentiable ops: their gradients reach q, k, θ.

@@ -42,8 +42,10 @@ namespace {
 
 using detail::allgather;
 using detail::allreduce_sum;
+using detail::check_agreement;
 using detail::error_of;
 using detail::exchange_header;
+using detail::fingerprint;
 using torch_detail::shape_of;
 
 using torch::autograd::AutogradContext;
@@ -385,12 +387,6 @@ std::tuple<at::Tensor, c10::optional<at::Tensor>> causal_conv1d(
             "shape " + shape_of(*initial_state));
   });
   const bool ok = error.empty();
-  std::int64_t fingerprint = -1;
-  if (!cu.empty()) {
-    std::uint64_t h = 1469598103934665603ULL;
-    for (auto v : cu) h = (h ^ static_cast<std::uint64_t>(v)) * 1099511628211ULL;
-    fingerprint = static_cast<std::int64_t>(h >> 1);
-  }
   const std::vector<std::int64_t> fields{ok ? x.size(1) : 0,
                                          ok ? x.size(0) : 0,
                                          ok ? x.size(2) : 0,
@@ -400,28 +396,20 @@ std::tuple<at::Tensor, c10::optional<at::Tensor>> causal_conv1d(
                                          bias.has_value(),
                                          initial_state.has_value(),
                                          output_final_state,
-                                         fingerprint,
+                                         fingerprint(cu.empty() ? nullptr : &cu),
                                          N};
   const auto all = exchange_header(group, fields, error);
-  const char* names[] = {nullptr,
-                         "x",
-                         "x",
-                         "weight",
-                         "x",
-                         "activation",
-                         "bias",
-                         "initial_state",
-                         "output_final_state",
-                         "cu_seqlens",
-                         "cu_seqlens"};
-  const char* whats[] = {nullptr, "batch size B",   "channels D",         "kernel width W",
-                         "dtype", "activation",     "presence",           "presence",
-                         "flag",  "global offsets", "number of sequences"};
-  for (std::size_t f = 1; f < fields.size(); ++f)
-    for (std::size_t r = 1; r < all.size(); ++r)
-      TORCH_CHECK(all[r][f] == all[0][f], kConvOp, ": argument '", names[f],
-                  "': expected the same ", whats[f], " on every rank, got ", all[0][f],
-                  " on rank 0 and ", all[r][f], " on rank ", r);
+  check_agreement(kConvOp, all,
+                  {{1, "x", "batch size B"},
+                   {2, "x", "channels D"},
+                   {3, "weight", "kernel width W"},
+                   {4, "x", "dtype"},
+                   {5, "activation", "activation"},
+                   {6, "bias", "presence"},
+                   {7, "initial_state", "presence"},
+                   {8, "output_final_state", "flag"},
+                   {9, "cu_seqlens", "global offsets"},
+                   {10, "cu_seqlens", "number of sequences"}});
 
   auto l = c10::make_intrusive<ConvLayout>();
   l->group = group;

@@ -72,10 +72,14 @@
 namespace phasor::cp {
 namespace {
 
+using detail::AgreedField;
 using detail::allgather;
 using detail::allreduce_sum;
+using detail::check_agreement;
+using detail::double_bits;
 using detail::error_of;
 using detail::exchange_header;
+using detail::fingerprint;
 // The LibTorch layer's message helpers: "<op>: argument '<name>': expected <...>, got <...>".
 using torch_detail::fail;
 using torch_detail::shape_of;
@@ -333,32 +337,6 @@ at::Tensor carry_in_mask(const Layout& l, at::ScalarType dtype) {
   return at::tensor(m, at::kDouble).to(dtype).view({-1, 1, 1, 1});
 }
 
-// An arbitrary 64-bit fingerprint of the global offsets (to check they agree across ranks).
-std::int64_t fingerprint(const c10::optional<std::vector<std::int64_t>>& cu) {
-  if (!cu) return -1;
-  std::uint64_t h = 1469598103934665603ULL;
-  for (auto x : *cu) h = (h ^ static_cast<std::uint64_t>(x)) * 1099511628211ULL;
-  return static_cast<std::int64_t>(h >> 1);
-}
-
-// A field of the header that must agree across ranks: its position, the argument it belongs to
-// and what to call it.
-struct AgreedField {
-  std::size_t index;
-  const char* argument;
-  const char* what;
-};
-
-void check_agreement(const std::string& op, const std::vector<std::vector<std::int64_t>>& all,
-                     const std::vector<AgreedField>& agreed) {
-  for (const auto& f : agreed)
-    for (std::size_t r = 1; r < all.size(); ++r)
-      if (all[r][f.index] != all[0][f.index])
-        fail(op, f.argument, std::string("the same ") + f.what + " on every rank",
-             std::to_string(all[0][f.index]) + " on rank 0 and " + std::to_string(all[r][f.index]) +
-                 " on rank " + std::to_string(r));
-}
-
 void check_total(const std::string& op, const std::vector<std::int64_t>& lengths,
                  const c10::optional<std::vector<std::int64_t>>& cu) {
   if (!cu) return;
@@ -368,13 +346,6 @@ void check_total(const std::string& op, const std::vector<std::int64_t>& lengths
     fail(op, "cu_seqlens",
          "cu_seqlens[N] = " + std::to_string(total) + " (the sum of the ranks' slice lengths)",
          std::to_string(cu->back()));
-}
-
-std::int64_t double_bits(c10::optional<double> x) {
-  if (!x) return -1;
-  std::int64_t bits = 0;
-  std::memcpy(&bits, &*x, sizeof(bits));
-  return bits & 0x7fffffffffffffffLL;  // -1 stays "absent"
 }
 
 at::ScalarType state_dtype(const at::Tensor& t) {
@@ -640,7 +611,8 @@ struct LinearFunction : torch::autograd::Function<LinearFunction> {
       fields[kDtype] = static_cast<std::int64_t>(q.scalar_type());
       fields[kHasH0] = h0.defined(), fields[kHasCu] = cu.defined();
       fields[kNumSeq] = cu_values ? static_cast<std::int64_t>(cu_values->size()) - 1 : -1;
-      fields[kCuPrint] = fingerprint(cu_values), fields[kHasTheta] = theta.defined();
+      fields[kCuPrint] = fingerprint(cu_values ? &*cu_values : nullptr),
+      fields[kHasTheta] = theta.defined();
       fields[kOutputFinal] = o.output_final_state, fields[kNeedsGrad] = o.needs_grad;
       fields[kChunkSize] = o.chunk_size, fields[kL2Norm] = o.use_qk_l2norm_in_kernel;
       fields[kScale] = double_bits(o.scale);
@@ -980,7 +952,8 @@ struct PhaseFunction : torch::autograd::Function<PhaseFunction> {
       fields[pOmegaDim] = omega.dim(), fields[pHasH0] = h0.defined();
       fields[pHasCu] = cu.defined();
       fields[pNumSeq] = cu_values ? static_cast<std::int64_t>(cu_values->size()) - 1 : -1;
-      fields[pCuPrint] = fingerprint(cu_values), fields[pOutputFinal] = o.output_final_phase;
+      fields[pCuPrint] = fingerprint(cu_values ? &*cu_values : nullptr),
+      fields[pOutputFinal] = o.output_final_phase;
       fields[pNeedsGrad] = o.needs_grad;
     }
     const auto all = exchange_header(group, fields, local_error);
