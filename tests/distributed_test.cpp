@@ -2,8 +2,17 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <chrono>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
 
 #include "phasor/common.h"
 #include "phasor/distributed.h"
@@ -135,6 +144,53 @@ TEST(LaunchLocal, AFailingRankStopsTheOthers) {
       std::chrono::milliseconds(500));
   EXPECT_EQ(status, 3);
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30));
+}
+
+// Whether process `pid` has ended: gone, or a zombie not yet reaped (its new parent may be slow).
+bool process_ended(pid_t pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(stat, line)) return true;
+  const std::size_t close = line.rfind(')');
+  return close == std::string::npos || close + 2 >= line.size() || line[close + 2] == 'Z' ||
+         line[close + 2] == 'X';
+}
+
+TEST(LaunchLocal, KillingTheLauncherEndsItsRanks) {
+  const std::string dir = testing::TempDir() + "launch_local_" + std::to_string(::getpid());
+  std::filesystem::create_directories(dir);
+  const pid_t launcher = ::fork();
+  ASSERT_GE(launcher, 0);
+  if (launcher == 0) {  // each rank writes its pid (exec: the sleep keeps it) and sleeps
+    phasor::distributed::launch_local(
+        2, {"/bin/sh", "-c",
+            "echo $$ > " + dir + "/rank$RANK.tmp && mv " + dir + "/rank$RANK.tmp " + dir +
+                "/rank$RANK && exec sleep 60"});
+    ::_exit(0);
+  }
+  std::vector<pid_t> ranks;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (ranks.size() < 2 && std::chrono::steady_clock::now() < deadline) {
+    ranks.clear();
+    for (int rank = 0; rank < 2; ++rank) {
+      std::ifstream file(dir + "/rank" + std::to_string(rank));
+      pid_t pid = 0;
+      if (file >> pid) ranks.push_back(pid);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ::kill(launcher, SIGKILL);
+  ::waitpid(launcher, nullptr, 0);
+  ASSERT_EQ(ranks.size(), 2u) << "the ranks did not start";
+  const auto start = std::chrono::steady_clock::now();
+  for (pid_t pid : ranks) {
+    while (!process_ended(pid) &&
+           std::chrono::steady_clock::now() - start < std::chrono::seconds(10))
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    EXPECT_TRUE(process_ended(pid)) << "rank process " << pid << " outlived its launcher";
+    ::kill(pid, SIGKILL);  // in case it did not end: no stray sleep
+  }
+  std::filesystem::remove_all(dir);
 }
 
 TEST(LaunchLocal, BadArgumentsAreNamed) {

@@ -64,7 +64,9 @@ int free_port();
 // its environment, like `torchrun --standalone --nproc-per-node nproc`. Waits for all; when one
 // exits with a failure, the others are terminated (SIGTERM, then SIGKILL after `grace`). Returns 0
 // when every rank succeeded, else the first failing rank's exit status (128 + signal for a
-// signal). Throws phasor::Error when a process cannot be started.
+// signal). The ranks end with the launcher: each gets SIGTERM when the calling thread ends (Linux's
+// PR_SET_PDEATHSIG), so killing the launcher, even with SIGKILL, leaves no rank running. Throws
+// phasor::Error when a process cannot be started.
 int launch_local(int nproc, const std::vector<std::string>& argv,
                  std::chrono::milliseconds grace = std::chrono::seconds(10));
 

@@ -3,7 +3,6 @@
 //   phasor tasks run CONFIG.json [--out DIR] [...]      the experiment runner (tasks/experiment.h)
 #include <malloc.h>
 #include <signal.h>
-#include <sys/prctl.h>
 #include <torch/torch.h>
 #include <unistd.h>
 #include <CLI/CLI.hpp>
@@ -235,18 +234,6 @@ void keep_freed_memory() {
   mallopt(M_TRIM_THRESHOLD, 512 << 20);
 }
 
-// Set by --nproc for its ranks: the launcher's process id.
-constexpr const char* kLauncherVariable = "PHASOR_TASKS_LAUNCHER_PID";
-
-// A rank of --nproc gets SIGTERM when its launcher ends, so that killing the launcher (SIGKILL
-// included) does not leave ranks training, and writing, without it.
-void end_with_launcher() {
-  const char* launcher = std::getenv(kLauncherVariable);
-  if (launcher == nullptr) return;
-  ::prctl(PR_SET_PDEATHSIG, SIGTERM);
-  if (std::to_string(::getppid()) != launcher) ::raise(SIGTERM);  // it ended before the prctl
-}
-
 // The ranks of `phasor tasks run ... --nproc N`: this executable with the same arguments but
 // --nproc, each with torchrun's variables (phasor::distributed::launch_local).
 int launch_ranks(const RunOptions& o) {
@@ -269,8 +256,7 @@ int launch_ranks(const RunOptions& o) {
                  "phasor tasks run: %d processes × %d thread(s) of LibTorch's ops, on the "
                  "loopback (Gloo)\n",
                  *o.nproc, o.threads > 0 ? o.threads : 1);
-  // The ranks end with this launcher, whatever ends it (prctl in run_run).
-  ::setenv(kLauncherVariable, std::to_string(::getpid()).c_str(), 1);
+  // The ranks end with this launcher, whatever ends it (launch_local).
   const int status = distributed::launch_local(*o.nproc, argv);
   if (status != 0)
     std::fprintf(stderr,
@@ -329,7 +315,6 @@ int run_run(const RunOptions& o) {
   bool writer = true;
   try {
     if (env && env->world_size > 1) {
-      end_with_launcher();
       prefix = "phasor tasks run (rank " + std::to_string(env->rank) + " of " +
                std::to_string(env->world_size) + "): ";
       const auto timeout = std::chrono::milliseconds(std::llround(o.timeout_s * 1e3));

@@ -6,6 +6,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -134,6 +135,7 @@ int launch_local(int nproc, const std::vector<std::string>& argv, std::chrono::m
     throw Error("phasor::distributed::launch_local: argument 'argv': expected a program, got none");
   }
   const std::string port = std::to_string(free_port());
+  const pid_t launcher = ::getpid();
   std::vector<pid_t> children;
   for (int rank = 0; rank < nproc; ++rank) {
     const pid_t pid = ::fork();
@@ -145,6 +147,11 @@ int launch_local(int nproc, const std::vector<std::string>& argv, std::chrono::m
                   message);
     }
     if (pid == 0) {
+      // The rank ends with the launcher, whatever ends it (SIGKILL included), so that no rank is
+      // left computing and writing without it: SIGTERM when the thread that forked it exits
+      // (this call waits for every rank, so that is the launcher's end). It survives exec.
+      ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+      if (::getppid() != launcher) ::_exit(128 + SIGTERM);  // it ended before the prctl
       ::setenv("RANK", std::to_string(rank).c_str(), 1);
       ::setenv("LOCAL_RANK", std::to_string(rank).c_str(), 1);
       ::setenv("WORLD_SIZE", std::to_string(nproc).c_str(), 1);
