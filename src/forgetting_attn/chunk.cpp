@@ -206,8 +206,14 @@ struct Scratch {
 // product (scale Q_I) K_runᵀ and one P V_run per run, each block of the run then biased and masked
 // as a tile of its own. Products of 64 × 128 by 128 × 64 spend much of their time packing
 // operands; a run packs the query block once and makes the products large enough for Eigen's GEMM
-// to run near its peak. The online softmax steps once per run.
-constexpr std::int64_t kKeysPerRun = 1024;
+// to run near its peak. The online softmax steps once per run. 256 keys, not more: Eigen packs a
+// product's right-hand side into a workspace it puts on the stack up to 128 KiB
+// (EIGEN_STACK_ALLOCATION_LIMIT) and on the heap beyond; 1,024 keys × 128 channels (512 KiB) went
+// to malloc on every product, which glibc serves with fresh pages unless the program's earlier
+// frees raised its mmap threshold — page faults on every call in ordinary programs (ggml_compare,
+// T = 1024, one thread: 43k tokens/s with runs of 1,024, 60k with 256; no difference where malloc
+// keeps the blocks, as in the benchmark programs).
+constexpr std::int64_t kKeysPerRun = 256;
 
 // Forward of one query block: o (nI × V) and lse (nI) by the online softmax over the key runs.
 template <class S>
@@ -325,10 +331,18 @@ void forward_query_block(const Problem& p, const Sequence& seq, std::int64_t h, 
 template <class S>
 void forward_typed(const Problem& p, const TensorView& o, const TensorView& lse) {
   if (split_items(p.num_items())) {
-    ItemKeys<S> keys;
-    PairAngles<S> angles;
-    std::vector<BlockGates> gates(static_cast<std::size_t>(p.group()));
-    std::vector<Slopes> slopes(gates.size());
+    // The calling thread's buffers, kept across calls (see below). Named through references:
+    // the blocks' lambda runs on other threads, where the thread_local names would mean theirs.
+    thread_local ItemKeys<S> kept_keys;
+    thread_local PairAngles<S> kept_angles;
+    thread_local std::vector<BlockGates> kept_gates;
+    thread_local std::vector<Slopes> kept_slopes;
+    ItemKeys<S>& keys = kept_keys;
+    PairAngles<S>& angles = kept_angles;
+    std::vector<BlockGates>& gates = kept_gates;
+    std::vector<Slopes>& slopes = kept_slopes;
+    gates.resize(static_cast<std::size_t>(p.group()));
+    slopes.resize(gates.size());
     for (std::int64_t item = 0; item < p.num_items(); ++item) {
       const Sequence& seq = p.sequences[static_cast<std::size_t>(item / p.H)];
       const std::int64_t h = item % p.H, G = p.group();
@@ -356,9 +370,12 @@ void forward_typed(const Problem& p, const TensorView& o, const TensorView& lse)
   parallel_for(p.num_items(), [&](std::int64_t item) {
     const Sequence& seq = p.sequences[static_cast<std::size_t>(item / p.H)];
     const std::int64_t h = item % p.H;
-    ItemKeys<S> keys;
-    BlockWork<S> work;
-    BlockGates gates;
+    // Kept per thread across calls: an item's keys and values are O(T·K), and blocks of that
+    // size allocated afresh each call came back from the kernel as new pages, faulted in on every
+    // call (B = 1, H = 8, K = V = 128, T = 1024, one thread: 11% of the call in page faults).
+    thread_local ItemKeys<S> keys;
+    thread_local BlockWork<S> work;
+    thread_local BlockGates gates;
     keys.load(p, seq, h, work.angles);
     Slopes slopes = keys.slopes;
     for (std::int64_t hq = h * p.group(); hq < (h + 1) * p.group(); ++hq) {
