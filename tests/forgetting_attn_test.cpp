@@ -533,6 +533,33 @@ TEST(ForgettingAttnKernels, StrongGatesFloat64GradientsAgainstExtendedPrecision)
       testing::rel_rms(run_backward(p, Impl::chunk, nullptr).dq, exact.grads.dq));
 }
 
+// The chunk forward keeps each thread's keys and values across calls, and releases them after an
+// item whose keys and values exceed 8 MiB: a small call, a large one (T = 600, K = V = 1,024 in
+// float64: 9.4 MiB), the small one again and the large one again, on 1 thread (one item per
+// thread) and 2 (the blocks of each item in parallel): each as the reference computes it, and the
+// same bits when repeated.
+TEST(ForgettingAttnKernels, BuffersKeptAcrossCallsOfChangingSize) {
+  std::mt19937_64 rng(29);
+  Problem small = make_problem({2, 50, 2, 1, 8, 8}, Gates::realistic, rng);
+  Problem large = make_problem({1, 600, 1, 1, 1024, 1024}, Gates::realistic, rng);
+  large.block_size = 64;
+  const Forward small_ref = run_forward(small, Impl::reference);
+  const Forward large_ref = run_forward(large, Impl::reference);
+  for (int threads : {1, 2}) {
+    SCOPED_TRACE(std::to_string(threads) + " threads");
+    set_num_threads(threads);
+    const Forward s1 = run_forward(small, Impl::chunk), l1 = run_forward(large, Impl::chunk);
+    const Forward s2 = run_forward(small, Impl::chunk), l2 = run_forward(large, Impl::chunk);
+    PHASOR_EXPECT_CLOSE(s1.o, small_ref.o, 1e-12, "small o");
+    PHASOR_EXPECT_CLOSE(s1.lse, small_ref.lse, 1e-12, "small lse");
+    PHASOR_EXPECT_CLOSE(l1.o, large_ref.o, 1e-12, "large o");
+    PHASOR_EXPECT_CLOSE(l1.lse, large_ref.lse, 1e-12, "large lse");
+    EXPECT_TRUE(s2.o.bit_equal(s1.o) && s2.lse.bit_equal(s1.lse));
+    EXPECT_TRUE(l2.o.bit_equal(l1.o) && l2.lse.bit_equal(l1.lse));
+  }
+  set_num_threads(0);
+}
+
 class ForgettingAttnKernels : public ::testing::TestWithParam<Case> {};
 
 TEST_P(ForgettingAttnKernels, ChunkFloat64MatchesReference) {

@@ -293,6 +293,18 @@ struct ItemKeys {
     if (slopes.on) load_slopes(p.slope_k, seq, h, slopes.b);
     if (p.theta.defined()) rotate_keys(p, seq, h, k, angles);
   }
+
+  // The forward keeps an ItemKeys per thread across calls (forward_typed); a long sequence's
+  // keys and values (16 MiB at T = 16,384, K = V = 128, float32) are released after use instead,
+  // so that one long call does not leave them allocated for the thread's life. Below the limit
+  // they stay, and the next call of that size reuses them without page faults.
+  void release_if_large() {
+    constexpr std::size_t kKeptBytes = std::size_t(8) << 20;
+    if (static_cast<std::size_t>(k.size() + v.size()) * sizeof(S) > kKeptBytes) {
+      k.resize(0, 0);
+      v.resize(0, 0);
+    }
+  }
 };
 
 // Per-thread buffers of one query block's forward.
@@ -365,6 +377,7 @@ void forward_typed(const Problem& p, const TensorView& o, const TensorView& lse)
                             o, lse, work);
       });
     }
+    keys.release_if_large();
     return;
   }
   parallel_for(p.num_items(), [&](std::int64_t item) {
@@ -384,6 +397,7 @@ void forward_typed(const Problem& p, const TensorView& o, const TensorView& lse)
       for (std::int64_t i0 = 0; i0 < seq.length; i0 += p.block_size)
         forward_query_block(p, seq, h, hq, i0, keys, gates, slopes, o, lse, work);
     }
+    keys.release_if_large();
   });
 }
 
