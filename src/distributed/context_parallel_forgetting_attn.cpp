@@ -66,7 +66,6 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
-#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -667,12 +666,10 @@ struct CrossForgettingAttn : torch::autograd::Function<CrossForgettingAttn> {
 
 void check_shape(const std::string& op, const char* name, const at::Tensor& t,
                  std::vector<std::int64_t> expected, const char* layout) {
-  if (t.sizes() != at::IntArrayRef(expected)) {
-    std::ostringstream shape;
-    shape << at::IntArrayRef(expected);
-    torch_detail::fail(op, name, std::string("shape ") + layout + " = " + shape.str(),
-                       "shape " + torch_detail::shape_of(t));
-  }
+  if (t.sizes() != at::IntArrayRef(expected))
+    torch_detail::fail(
+        op, name, std::string("shape ") + layout + " = " + torch_detail::shape_string(expected),
+        "shape " + torch_detail::shape_of(t));
 }
 
 // The checks one rank can make alone; each failure is a c10::Error naming the argument.
@@ -818,6 +815,14 @@ at::Tensor forgetting_attn(const at::Tensor& q, const at::Tensor& k, const at::T
   } catch (const c10::Error& e) {
     local_error = e.what_without_backtrace();
   }
+  // The global offsets, read once: the header's fingerprint and the setup both use them.
+  at::Tensor cu_long;
+  std::vector<std::int64_t> offsets;
+  if (local_error.empty() && cu.defined()) {
+    cu_long = cu.to(at::kLong).contiguous();
+    offsets.assign(cu_long.data_ptr<std::int64_t>(),
+                   cu_long.data_ptr<std::int64_t>() + cu_long.numel());
+  }
   std::vector<std::int64_t> fields(kHeaderSize, 0);
   if (local_error.empty()) {
     fields[kLength] = q.size(1);
@@ -826,12 +831,7 @@ at::Tensor forgetting_attn(const at::Tensor& q, const at::Tensor& k, const at::T
     fields[kDouble] = q.scalar_type() == at::kDouble;
     fields[kTheta] = theta.defined(), fields[kSlopeQ] = a.defined(), fields[kSlopeK] = b.defined();
     fields[kCuCount] = cu.defined() ? cu.numel() : -1;
-    if (cu.defined()) {
-      const at::Tensor c = cu.to(at::kLong).contiguous();
-      const std::vector<std::int64_t> offsets(c.data_ptr<std::int64_t>(),
-                                              c.data_ptr<std::int64_t>() + c.numel());
-      fields[kCuHash] = detail::fingerprint(&offsets);
-    }
+    if (cu.defined()) fields[kCuHash] = detail::fingerprint(&offsets);
     fields[kWindow] = window_size ? *window_size : -1;
     fields[kImpl] = static_cast<std::int64_t>(impl);
     fields[kLayout] = static_cast<std::int64_t>(rotary_layout);
@@ -872,14 +872,13 @@ at::Tensor forgetting_attn(const at::Tensor& q, const at::Tensor& k, const at::T
   s.compute = q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
   s.has_a = a.defined(), s.has_b = b.defined();
   if (cu.defined()) {
-    const at::Tensor c = cu.to(at::kLong).contiguous();
-    s.cu.assign(c.data_ptr<std::int64_t>(), c.data_ptr<std::int64_t>() + c.numel());
+    s.cu = std::move(offsets);
     if (s.cu.back() != s.start[world])
       torch_detail::fail(
           op, "cu_seqlens",
           "cu_seqlens[N] = the total length over the ranks, " + std::to_string(s.start[world]),
           std::to_string(s.cu.back()));
-    s.local_cu = (c - s.start[rank]).clamp(0, s.local_length());
+    s.local_cu = (cu_long - s.start[rank]).clamp(0, s.local_length());
   }
   if (world >= 3) {  // T_m of (2): every rank's gate totals
     const at::Tensor total = g.to(at::kDouble).sum(1).contiguous();  // [B, HQ]

@@ -35,10 +35,14 @@ inline std::string forgetting_attn_op_name(Impl impl) {
   return op_name(Op::forgetting_attn, impl);
 }
 
-inline std::string shape_of(const at::Tensor& t) {
+// "[2, 3, 4]": how messages print a shape, the tensor's own or an expected one.
+inline std::string shape_string(at::IntArrayRef sizes) {
   std::ostringstream s;
-  s << t.sizes();
+  s << sizes;
   return s.str();
+}
+inline std::string shape_of(const at::Tensor& t) {
+  return shape_string(t.sizes());
 }
 
 // ---- torch-side checks --------------------------------------------------------------------------
