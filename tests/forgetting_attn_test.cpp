@@ -20,6 +20,8 @@
 #include <ostream>
 #include <random>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "phasor/forgetting_attn.h"
@@ -533,8 +535,8 @@ TEST(ForgettingAttnKernels, StrongGatesFloat64GradientsAgainstExtendedPrecision)
       testing::rel_rms(run_backward(p, Impl::chunk, nullptr).dq, exact.grads.dq));
 }
 
-// The chunk forward keeps each thread's keys and values across calls, and releases them after an
-// item whose keys and values exceed 8 MiB: a small call, a large one (T = 600, K = V = 1,024 in
+// The chunk forward and backward keep each thread's buffers across calls, and release the O(T)
+// ones after an item where they exceed 8 MiB: a small call, a large one (T = 600, K = V = 1,024 in
 // float64: 9.4 MiB), the small one again and the large one again, on 1 thread (one item per
 // thread) and 2 (the blocks of each item in parallel): each as the reference computes it, and the
 // same bits when repeated.
@@ -545,6 +547,8 @@ TEST(ForgettingAttnKernels, BuffersKeptAcrossCallsOfChangingSize) {
   large.block_size = 64;
   const Forward small_ref = run_forward(small, Impl::reference);
   const Forward large_ref = run_forward(large, Impl::reference);
+  const Grads small_grads = run_backward(small, Impl::reference, nullptr);
+  const Grads large_grads = run_backward(large, Impl::reference, nullptr);
   for (int threads : {1, 2}) {
     SCOPED_TRACE(std::to_string(threads) + " threads");
     set_num_threads(threads);
@@ -556,6 +560,22 @@ TEST(ForgettingAttnKernels, BuffersKeptAcrossCallsOfChangingSize) {
     PHASOR_EXPECT_CLOSE(l1.lse, large_ref.lse, 1e-12, "large lse");
     EXPECT_TRUE(s2.o.bit_equal(s1.o) && s2.lse.bit_equal(s1.lse));
     EXPECT_TRUE(l2.o.bit_equal(l1.o) && l2.lse.bit_equal(l1.lse));
+    // The backward keeps its buffers likewise (k, v, dk, dv: 19 MiB for the large item).
+    const Grads gs1 = run_backward(small, Impl::chunk, nullptr);
+    const Grads gl1 = run_backward(large, Impl::chunk, nullptr);
+    const Grads gs2 = run_backward(small, Impl::chunk, nullptr);
+    const Grads gl2 = run_backward(large, Impl::chunk, nullptr);
+    for (const auto& [got, want, what] :
+         {std::tuple{&gs1, &small_grads, "small"}, std::tuple{&gl1, &large_grads, "large"}}) {
+      SCOPED_TRACE(what);
+      PHASOR_EXPECT_CLOSE(got->dq, want->dq, 1e-11, "dq");
+      PHASOR_EXPECT_CLOSE(got->dk, want->dk, 1e-11, "dk");
+      PHASOR_EXPECT_CLOSE(got->dv, want->dv, 1e-11, "dv");
+      PHASOR_EXPECT_CLOSE(got->dg, want->dg, 1e-11, "dg");
+    }
+    for (const auto& [again, first] : {std::pair{&gs2, &gs1}, std::pair{&gl2, &gl1}})
+      EXPECT_TRUE(again->dq.bit_equal(first->dq) && again->dk.bit_equal(first->dk) &&
+                  again->dv.bit_equal(first->dv) && again->dg.bit_equal(first->dg));
   }
   set_num_threads(0);
 }

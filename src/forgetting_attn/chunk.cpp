@@ -279,6 +279,9 @@ void rotate_keys(const Problem& p, const Sequence& seq, std::int64_t h, Mat<S>& 
   }
 }
 
+// The most bytes of O(L) buffers a thread keeps across calls (see ItemKeys::release_if_large).
+constexpr std::size_t kKeptBytes = std::size_t(8) << 20;
+
 // What a work item (sequence, key head) shares among its query heads and query blocks: its keys
 // (rotated, with θ) and values, and the key slopes.
 template <class S>
@@ -299,7 +302,6 @@ struct ItemKeys {
   // so that one long call does not leave them allocated for the thread's life. Below the limit
   // they stay, and the next call of that size reuses them without page faults.
   void release_if_large() {
-    constexpr std::size_t kKeptBytes = std::size_t(8) << 20;
     if (static_cast<std::size_t>(k.size() + v.size()) * sizeof(S) > kKeptBytes) {
       k.resize(0, 0);
       v.resize(0, 0);
@@ -456,6 +458,34 @@ void add_slope_grads(const Mat<S>& dlogits, std::int64_t i0, std::int64_t j0, Ve
   }
 }
 
+// Per-thread buffers of one work item's backward. The O(L·K) ones are released after an item
+// above ItemKeys' limit, as the forward's keys are.
+template <class S>
+struct BackwardWork {
+  ItemKeys<S> keys;
+  Mat<S> q, q_scaled, dout, out, dq;
+  Vec<S> block_lse, other_sums, row_sums;
+  std::vector<std::int64_t> dominant;
+  Scratch<S> tmp;
+  BlockGates gates;
+  Slopes slopes;
+  PairAngles<S> angles;
+  Vec<double> da, db, dg_out;
+  Mat<S> dtheta, dk, dv;
+  Vec<S> row_lse, delta;
+  std::vector<double> dg, spans;
+
+  void release_if_large() {
+    const std::size_t bytes = static_cast<std::size_t>(keys.k.size() + keys.v.size() +
+                                                       dtheta.size() + dk.size() + dv.size()) *
+                              sizeof(S);
+    if (bytes > kKeptBytes) {
+      keys.k.resize(0, 0), keys.v.resize(0, 0);
+      dtheta.resize(0, 0), dk.resize(0, 0), dv.resize(0, 0);
+    }
+  }
+};
+
 template <class S>
 void backward_typed(const Problem& p, const TensorView& d_o, const TensorView& o,
                     const TensorView& lse, const ForgettingAttnGrads& grads) {
@@ -472,32 +502,40 @@ void backward_typed(const Problem& p, const TensorView& d_o, const TensorView& o
   parallel_for(p.num_items(), [&](std::int64_t item) {
     const Sequence& seq = p.sequences[static_cast<std::size_t>(item / p.H)];
     const std::int64_t h = item % p.H, L = seq.length, B = p.block_size;
-    Mat<S> k, v, q, q_scaled, dout, out, dq;
-    Vec<S> block_lse, other_sums, row_sums;
-    std::vector<std::int64_t> dominant;
-    Scratch<S> tmp;
-    BlockGates gates;
-    Slopes slopes;
-    load_rows(p.k, seq, h, k);
-    load_rows(p.v, seq, h, v);
-    slopes.on = p.has_slopes();
-    if (slopes.on) load_slopes(p.slope_k, seq, h, slopes.b);
-    // da of the current query head; db of key head h, summed over its group.
-    Vec<double> da, db = Vec<double>::Zero(want_dslopes ? L : 0);
+    // Kept per thread across calls, like the forward's (an item runs start to finish on one
+    // thread): O(L·K) buffers allocated afresh each call come back as new pages.
+    thread_local BackwardWork<S> work;
+    ItemKeys<S>& keys = work.keys;
+    const Mat<S>&k = keys.k, &v = keys.v;
+    Mat<S>&q = work.q, &q_scaled = work.q_scaled, &dout = work.dout, &out = work.out, &dq = work.dq;
+    Vec<S>&block_lse = work.block_lse, &other_sums = work.other_sums, &row_sums = work.row_sums;
+    std::vector<std::int64_t>& dominant = work.dominant;
+    Scratch<S>& tmp = work.tmp;
+    BlockGates& gates = work.gates;
     // With θ, k and the query blocks are the rotated rows, and dk, dq are first taken with
     // respect to them.
-    PairAngles<S> angles;  // θ of key head h, for a piece of the sequence
-    if (rotated) rotate_keys(p, seq, h, k, angles);
+    PairAngles<S>& angles = work.angles;  // θ of key head h, for a piece of the sequence
+    keys.load(p, seq, h, angles);
+    Slopes& slopes = work.slopes;  // b of key head h; a of the current query head
+    slopes = keys.slopes;
+    // da of the current query head; db of key head h, summed over its group.
+    Vec<double>&da = work.da, &db = work.db;
+    db.setZero(want_dslopes ? L : 0);
     // dθ of key head h: the group's q contributions and the k contribution (also accumulated,
     // unused, when only dq or dk is requested: (R2) and (R3) come together).
-    Mat<S> dtheta = Mat<S>::Zero(rotated ? L : 0, p.K / 2);
-    Mat<S> dk = Mat<S>::Zero(want_dk ? L : 0, p.K), dv = Mat<S>::Zero(want_dv ? L : 0, p.V);
-    Vec<S> row_lse(L), delta(L);  // lse_i and D_i = do_i·o_i of the current query head
-    std::vector<double> dg, spans;
+    Mat<S>&dtheta = work.dtheta, &dk = work.dk, &dv = work.dv;
+    dtheta.setZero(rotated ? L : 0, p.K / 2);
+    dk.setZero(want_dk ? L : 0, p.K);
+    dv.setZero(want_dv ? L : 0, p.V);
+    // lse_i and D_i = do_i·o_i of the current query head
+    Vec<S>&row_lse = work.row_lse, &delta = work.delta;
+    row_lse.resize(L);
+    delta.resize(L);
+    std::vector<double>&dg = work.dg, &spans = work.spans;
     for (std::int64_t hq = h * p.group(); hq < (h + 1) * p.group(); ++hq) {
       gates.load(p, seq, hq);
       if (slopes.on) load_slopes(p.slope_q, seq, hq, slopes.a);
-      da = Vec<double>::Zero(want_dslopes ? L : 0);
+      da.setZero(want_dslopes ? L : 0);
       // Pass 1: lse and D for every row (o and lse from the forward, or recomputed).
       for (std::int64_t i0 = 0; i0 < L; i0 += B) {
         const std::int64_t nI = std::min(B, L - i0);
@@ -532,8 +570,8 @@ void backward_typed(const Problem& p, const TensorView& d_o, const TensorView& o
         q_scaled = q * static_cast<S>(p.scale);
         load_rows(d_o, rows, hq, dout);
         const Vec<S> lse_rows = row_lse.segment(i0, nI), delta_rows = delta.segment(i0, nI);
-        dq = Mat<S>::Zero(want_dq ? nI : 0, p.K);
-        other_sums = Vec<S>::Zero(nI);          // Σ_{j≠j*} dℓ_ij
+        dq.setZero(want_dq ? nI : 0, p.K);
+        other_sums.setZero(nI);                 // Σ_{j≠j*} dℓ_ij
         if (p.dlogit_sums_elsewhere.defined())  // the keys of the rows outside this call
           load_column(p.dlogit_sums_elsewhere, rows, hq, other_sums);
         dominant.assign(static_cast<std::size_t>(nI), -1);  // j* of each row, or −1
@@ -590,7 +628,8 @@ void backward_typed(const Problem& p, const TensorView& d_o, const TensorView& o
         }
       }
       if (want_dg) {
-        Vec<double> dg_out(L);
+        Vec<double>& dg_out = work.dg_out;
+        dg_out.resize(L);
         double span_sum = 0;
         for (std::int64_t s = 0; s < L; ++s) {
           span_sum += spans[static_cast<std::size_t>(s)];
@@ -614,6 +653,7 @@ void backward_typed(const Problem& p, const TensorView& d_o, const TensorView& o
       if (grads.dk.defined()) store_rows(dk, grads.dk, seq, h);
     }
     if (want_dv) store_rows(dv, grads.dv, seq, h);
+    work.release_if_large();
   });
 }
 
