@@ -784,6 +784,32 @@ TEST(GatedDeltaRuleKernels, ChunkParallelScheduleIsBitIdentical) {
   set_num_threads(0);
 }
 
+// The chunk forward walks groups of consecutive q/k heads chunk by chunk (forward_heads), as many
+// per group as still leave a group per thread: here 12 items (4 sequences × 3 heads) give groups
+// of 3 heads on 1 and 4 threads and single heads on 5. Same bits either way, with varlen sequences
+// (one empty, one shorter than a chunk), two value heads per q/k head, initial states, rotation and
+// strided views; and the reference agrees (the groups compute every head, not only the first).
+TEST(GatedDeltaRuleKernels, ChunkHeadGroupsAreBitIdentical) {
+  Case c;
+  c.T = 61, c.H = 3, c.HV = 6, c.K = 12, c.V = 10, c.chunk_size = 8;
+  c.lengths = {37, 0, 5, 19}, c.layout = Layout::swapped;
+  c.gates = Gates::mixed, c.rotation = true;
+  const Data d = make_data(c);
+  const Result expected = run(d, Impl::reference, DType::float64, /*backward=*/false);
+  for (DType dtype : {DType::float32, DType::float64}) {
+    SCOPED_TRACE(to_string(dtype));
+    set_num_threads(1);
+    const Result groups_of_three = run(d, Impl::chunk, dtype, /*backward=*/false);
+    for (int threads : {4, 5}) {
+      set_num_threads(threads);
+      expect_bit_equal(run(d, Impl::chunk, dtype, /*backward=*/false), groups_of_three,
+                       std::to_string(threads) + " threads");
+    }
+    expect_close(groups_of_three, expected, dtype == DType::float32 ? 1e-5 : 1e-10, "reference");
+  }
+  set_num_threads(0);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Fused rotation
 

@@ -249,5 +249,15 @@ std::int64_t window_chunks(std::int64_t items, std::int64_t bytes_per_chunk) {
   return std::clamp<std::int64_t>(kWindowBytes / per_window, 1, kMaxWindow);
 }
 
+std::int64_t head_group_size(std::int64_t sequences, std::int64_t heads, std::int64_t state_bytes) {
+  const std::int64_t threads = num_threads();
+  const std::int64_t by_cache =
+      std::max<std::int64_t>(1, (std::int64_t(256) << 10) / std::max<std::int64_t>(1, state_bytes));
+  std::int64_t best = 1;
+  for (std::int64_t g = 1; g <= std::min(heads, by_cache); ++g)
+    if (heads % g == 0 && sequences * (heads / g) >= threads) best = g;
+  return best;
+}
+
 }  // namespace detail
 }  // namespace phasor

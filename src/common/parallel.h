@@ -30,4 +30,12 @@ bool split_items(std::int64_t items);
 // item in flight: at most ~16 MiB in all, between 1 and 64 chunks.
 std::int64_t window_chunks(std::int64_t items, std::int64_t bytes_per_chunk);
 
+// Heads per group of a by-item walk that takes consecutive heads of a sequence chunk by chunk (a
+// token's rows of consecutive heads are adjacent in [B, T, H, D] memory, where one head's rows are
+// H · D apart): the most, up to `heads` and up to 256 KiB of states (`state_bytes` per head; L2
+// holds them beside a chunk's rows), that still leaves at least one group per thread; a divisor of
+// `heads`, so that groups never straddle sequences. A head's arithmetic must not depend on its
+// group, so that the size (chosen by thread count) never shows.
+std::int64_t head_group_size(std::int64_t sequences, std::int64_t heads, std::int64_t state_bytes);
+
 }  // namespace phasor::detail

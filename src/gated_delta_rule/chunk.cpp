@@ -260,14 +260,18 @@ void store_tile_states(const Problem& p, std::int64_t n, std::int64_t h,
                   value_columns(final_state, value_tile(p, i)), n, h * p.group + r);
 }
 
+// The q/k heads [h0, h0 + count) of sequence n, walked chunk by chunk and, within a chunk, head by
+// head (as GLA's forward_heads: a token's rows of consecutive heads are adjacent in memory, where
+// one head's rows are H · K apart). Each head's arithmetic is that of a walk of its own: its own
+// states and chunks, in order, so the grouping (common/parallel.h's head_group_size) never shows.
 template <class S>
-void forward_item(const Problem& p, std::int64_t item, const TensorView& o,
-                  const TensorView& final_state) {
-  const std::int64_t n = p.item_sequence(item), h = p.item_head(item), G = p.group;
-  const std::int64_t tiles = num_value_tiles(p);
+void forward_heads(const Problem& p, std::int64_t n, std::int64_t h0, std::int64_t count,
+                   const TensorView& o, const TensorView& final_state) {
+  const std::int64_t G = p.group, tiles = num_value_tiles(p);
   const Sequence& s = p.sequences[static_cast<std::size_t>(n)];
-  // Every initial state of the item is read before any final state is stored (they may alias).
-  std::vector<Mat<S>> states = load_tile_states<S>(p, n, h);
+  // Every initial state of the heads is read before any final state is stored (they may alias).
+  std::vector<std::vector<Mat<S>>> states;
+  for (std::int64_t i = 0; i < count; ++i) states.push_back(load_tile_states<S>(p, n, h0 + i));
   QKInputs<S> qk;
   ValueInputs<S> in;
   ChunkGram<S> gram;
@@ -275,20 +279,21 @@ void forward_item(const Problem& p, std::int64_t item, const TensorView& o,
   TileWork<S> work;
   for (std::int64_t t0 = 0; t0 < s.length; t0 += p.chunk_size) {
     const Sequence block = block_of(s, t0, std::min(p.chunk_size, s.length - t0));
-    load_qk(p, block, h, qk);
-    if (t0 + p.chunk_size < s.length)
-      prefetch_inputs(
-          p, block_of(s, t0 + p.chunk_size, std::min(p.chunk_size, s.length - t0 - p.chunk_size)),
-          h);
-    gram.compute(qk);
-    for (std::int64_t r = 0; r < G; ++r) {
-      prepare_chunk(p, block, h * G + r, qk, gram, in, chunk);
-      for (std::int64_t i = 0; i < tiles; ++i)
-        forward_tile(p, block, h * G + r, value_tile(p, i), gram, chunk, in.beta, o,
-                     states[static_cast<std::size_t>(r * tiles + i)], work);
+    for (std::int64_t i = 0; i < count; ++i) {
+      const std::int64_t h = h0 + i;
+      load_qk(p, block, h, qk);
+      gram.compute(qk);
+      for (std::int64_t r = 0; r < G; ++r) {
+        prepare_chunk(p, block, h * G + r, qk, gram, in, chunk);
+        for (std::int64_t t = 0; t < tiles; ++t)
+          forward_tile(p, block, h * G + r, value_tile(p, t), gram, chunk, in.beta, o,
+                       states[static_cast<std::size_t>(i)][static_cast<std::size_t>(r * tiles + t)],
+                       work);
+      }
     }
   }
-  store_tile_states(p, n, h, states, final_state);
+  for (std::int64_t i = 0; i < count; ++i)
+    store_tile_states(p, n, h0 + i, states[static_cast<std::size_t>(i)], final_state);
 }
 
 // The by-tile forward (see above), a window of chunks at a time so that the stored
@@ -550,8 +555,12 @@ void chunk_forward(const Problem& p, const TensorView& o, const TensorView& fina
   dispatch_float(p.q, [&](auto zero) {
     using S = decltype(zero);
     if (split_items(p.num_items() * p.group)) return forward_by_tile<S>(p, o, final_state);
-    parallel_for(p.num_items(),
-                 [&](std::int64_t item) { forward_item<S>(p, item, o, final_state); });
+    const std::int64_t heads = head_group_size(
+        p.num_sequences(), p.H, p.group * p.K * p.V * static_cast<std::int64_t>(sizeof(S)));
+    parallel_for(p.num_items() / heads, [&](std::int64_t index) {
+      const std::int64_t first = index * heads;
+      forward_heads<S>(p, p.item_sequence(first), p.item_head(first), heads, o, final_state);
+    });
   });
 }
 

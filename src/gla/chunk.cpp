@@ -392,7 +392,8 @@ std::vector<ChunkUnit> chunk_units(const Problem& p, std::int64_t first, std::in
 // alone loads D values 4 KiB apart (H·D floats at H = 8, D = 128) — a stride at which every row
 // lands on a new page and in the same few cache sets (one thread, K = V = 128, T = 4096: 6% less
 // time with groups of 4). Each head's arithmetic is the same in any grouping (its own state and
-// chunks, in order), so the grouping, chosen by thread count (head_group_size), never shows.
+// chunks, in order), so the grouping, chosen by thread count (common/parallel.h's
+// head_group_size), never shows.
 // (A software prefetch of the next head's or chunk's rows changed nothing measurable here: the
 // hardware prefetchers follow the runs.)
 template <class S>
@@ -424,19 +425,6 @@ void forward_heads(const Problem& p, std::int64_t n, std::int64_t h0, std::int64
   if (final_state.defined())
     for (std::int64_t i = 0; i < count; ++i)
       store_state(states[static_cast<std::size_t>(i)], final_state, n, h0 + i);
-}
-
-// Heads per group of forward_heads: the most (up to H, and up to 4 K × V states, 256 KiB at
-// K = V = 128 in float32, which L2 holds beside the chunk's rows) that still leaves at least one
-// group per thread; a divisor of H, so that groups never straddle sequences.
-std::int64_t head_group_size(const Problem& p, std::int64_t state_bytes) {
-  const std::int64_t threads = num_threads();
-  const std::int64_t by_cache =
-      std::max<std::int64_t>(1, (std::int64_t(256) << 10) / std::max<std::int64_t>(1, state_bytes));
-  std::int64_t best = 1;
-  for (std::int64_t g = 1; g <= std::min<std::int64_t>(p.H, by_cache); ++g)
-    if (p.H % g == 0 && p.num_sequences() * (p.H / g) >= threads) best = g;
-  return best;
 }
 
 // The chunk-parallel forward, a window of chunks at a time (bounded memory: one K × V block per
@@ -604,7 +592,8 @@ void chunk_forward(const Problem& p, const TensorView& o, const TensorView& fina
   dispatch_float(p.q, [&](auto zero) {
     using S = decltype(zero);
     if (split_items(p.num_work_items())) return forward_by_chunk<S>(p, o, final_state);
-    const std::int64_t group = head_group_size(p, p.K * p.V * static_cast<std::int64_t>(sizeof(S)));
+    const std::int64_t group =
+        head_group_size(p.num_sequences(), p.H, p.K * p.V * static_cast<std::int64_t>(sizeof(S)));
     parallel_for(p.num_work_items() / group, [&](std::int64_t index) {
       const std::int64_t first = index * group;
       forward_heads<S>(p, first / p.H, first % p.H, group, o, final_state);
