@@ -810,6 +810,34 @@ TEST(GatedDeltaRuleKernels, ChunkHeadGroupsAreBitIdentical) {
   set_num_threads(0);
 }
 
+// The chunk backward keeps each thread's buffers (the boundary states) across calls, and releases
+// them after an item where they exceed 8 MiB: a small call, a large one (T = 600, K = V = 192 in
+// float64: 38 boundary states of 288 KiB, 11 MiB), the small one again and the large one again,
+// on 1 and 2 threads: each as the reference computes it, and the same bits when repeated.
+TEST(GatedDeltaRuleKernels, BuffersKeptAcrossCallsOfChangingSize) {
+  Case small;
+  small.B = 2, small.T = 50, small.H = 2, small.HV = 2, small.K = 8, small.V = 8;
+  small.chunk_size = 16, small.gates = Gates::mixed;
+  Case large;
+  large.T = 600, large.K = 192, large.V = 192, large.chunk_size = 16;
+  const Data small_data = make_data(small), large_data = make_data(large);
+  const Result small_ref = run(small_data, Impl::reference, DType::float64);
+  const Result large_ref = run(large_data, Impl::reference, DType::float64);
+  for (int threads : {1, 2}) {
+    SCOPED_TRACE(std::to_string(threads) + " threads");
+    set_num_threads(threads);
+    const Result s1 = run(small_data, Impl::chunk, DType::float64);
+    const Result l1 = run(large_data, Impl::chunk, DType::float64);
+    const Result s2 = run(small_data, Impl::chunk, DType::float64);
+    const Result l2 = run(large_data, Impl::chunk, DType::float64);
+    expect_close(s1, small_ref, 1e-10, "small");
+    expect_close(l1, large_ref, 1e-10, "large");
+    expect_bit_equal(s2, s1, "small again");
+    expect_bit_equal(l2, l1, "large again");
+  }
+  set_num_threads(0);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Fused rotation
 

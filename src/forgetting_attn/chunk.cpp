@@ -279,9 +279,6 @@ void rotate_keys(const Problem& p, const Sequence& seq, std::int64_t h, Mat<S>& 
   }
 }
 
-// The most bytes of O(L) buffers a thread keeps across calls (see ItemKeys::release_if_large).
-constexpr std::size_t kKeptBytes = std::size_t(8) << 20;
-
 // What a work item (sequence, key head) shares among its query heads and query blocks: its keys
 // (rotated, with θ) and values, and the key slopes.
 template <class S>
