@@ -665,6 +665,31 @@ TEST(GlaKernels, ChunkHeadGroupsAreBitIdentical) {
   set_num_threads(0);
 }
 
+// The chunk backward keeps each thread's buffers (the states before every chunk) across calls,
+// and releases them after an item where they exceed 8 MiB: a small call, a large one (T = 600,
+// K = V = 192 in float64: 38 states of 288 KiB, 11 MiB), the small one again and the large one
+// again, on 1 and 2 threads: each as the reference computes it, and the same bits when repeated.
+TEST(GlaKernels, BuffersKeptAcrossCallsOfChangingSize) {
+  const Inputs small = make_inputs({"small", 2, 50, 2, 8, 8, Gates::mixed_channels, 16}, 53);
+  const Inputs large = make_inputs({"large", 1, 600, 1, 192, 192, Gates::mixed_channels, 16}, 59);
+  const Result small_ref = run(small, Impl::reference, DType::float64, DType::float64);
+  const Result large_ref = run(large, Impl::reference, DType::float64, DType::float64);
+  for (int threads : {1, 2}) {
+    set_num_threads(threads);
+    const std::string on = " on " + std::to_string(threads) + " threads";
+    const Result s1 = run(small, Impl::chunk, DType::float64, DType::float64);
+    const Result l1 = run(large, Impl::chunk, DType::float64, DType::float64);
+    const Result s2 = run(small, Impl::chunk, DType::float64, DType::float64);
+    const Result l2 = run(large, Impl::chunk, DType::float64, DType::float64);
+    SCOPED_TRACE(on);
+    expect_close(s1, small_ref, 1e-12);
+    expect_close(l1, large_ref, 1e-12);
+    expect_bit_equal(s2, s1, "small again" + on);
+    expect_bit_equal(l2, l1, "large again" + on);
+  }
+  set_num_threads(0);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Fused rotation by θ (GlaParams::theta).
 
