@@ -529,13 +529,18 @@ void backward_item(const Problem& p, std::int64_t item, const TensorView& d_o,
     for (std::int64_t r = 0; r < G; ++r)
       load_initial_state(p, n, h * G + r, states[static_cast<std::size_t>(r)]);
     for (std::int64_t c = 0; c < num_chunks; ++c) {
+      for (std::int64_t r = 0; r < G; ++r)
+        boundary[static_cast<std::size_t>(r * num_chunks + c)] =
+            states[static_cast<std::size_t>(r)];
+      // The walk back needs no state after the last chunk: stop at its entering states (a
+      // sequence of one chunk, as in short training sequences, replays nothing).
+      if (c + 1 == num_chunks) break;
       const Sequence block = chunk_block(c);
       load_qk(p, block, h, qk);
-      if (c + 1 < num_chunks) prefetch_inputs(p, chunk_block(c + 1), h);
+      prefetch_inputs(p, chunk_block(c + 1), h);
       gram.compute(qk);
       for (std::int64_t r = 0; r < G; ++r) {
         Mat<S>& state = states[static_cast<std::size_t>(r)];
-        boundary[static_cast<std::size_t>(r * num_chunks + c)] = state;
         load_values(p, block, h * G + r, in);
         chunk.prepare(gram, in);
         chunk.compute_u_new(gram, in, state);

@@ -513,8 +513,9 @@ void backward_item(const Problem& p, std::int64_t n, std::int64_t h, const Tenso
   if (p.initial_state.defined()) load_state(p.initial_state, n, h, state);
   for (std::int64_t c = 0; c < chunks; ++c) {
     states.middleRows(c * K, K) = state;
+    if (c + 1 == chunks) break;  // pass 2 needs no state after the last chunk
     work.load(p, chunk_of(s, C, c), h, /*with_q=*/false, TensorView{});
-    if (c + 1 < chunks) prefetch_chunk(p, chunk_of(s, C, c + 1), h, false, TensorView{});
+    prefetch_chunk(p, chunk_of(s, C, c + 1), h, false, TensorView{});
     work.gate_factors(/*with_prefix=*/false);
     work.state_contribution(local);
     carry_state(state, work.p_last, local);
