@@ -192,8 +192,9 @@ TEST_P(GlaGpu, MatchesCpuAndReference) {
 // chunk_gla on the GPU (cuda/gla/chunk.cu): chunks of 16, 32 and 64 tokens with partial last
 // chunks, T shorter than a chunk, several 16-token sub-blocks per chunk (the off-diagonal
 // strips), several key and value tiles (K = 48 with rotation pairs across tiles, K = 33, V = 40,
-// V = 140: three value tiles of 64),
-// the same gate and varlen cases as above; against the CPU chunk kernel and the reference.
+// V = 140: three value tiles of 64), K = 0 (no key tiles: found by op_args_fuzz, whose launch of
+// zero key tiles was an error), the same gate and varlen cases as above; against the CPU chunk
+// kernel and the reference.
 TEST_P(GlaGpu, ChunkMatchesCpuAndReference) {
   const Device device = GetParam();
   PHASOR_SKIP_WITHOUT_GPU(device);
@@ -209,6 +210,7 @@ TEST_P(GlaGpu, ChunkMatchesCpuAndReference) {
       {"K48_V40_c32", 1, 40, 1, 48, 40, {}, Gates::realistic, true, 32},
       {"K33_c16", 1, 20, 1, 33, 9, {}, Gates::realistic, true, 16},
       {"V140_c32", 1, 40, 1, 8, 140, {}, Gates::realistic, true, 32},  // three value tiles of 64
+      {"K0_c16", 1, 20, 2, 0, 5, {}, Gates::realistic, true, 16},      // no state: o = 0, dv = 0
   };
   for (const Case& c : cases) {
     const Inputs in = make_inputs(c, 5);
