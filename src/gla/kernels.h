@@ -49,7 +49,8 @@ inline Sequence subsequence(const Sequence& s, std::int64_t offset, std::int64_t
 // instead of element by element through the generic converter. Same values either way.
 template <class S>
 void load_token_rows(const TensorView& x, const Sequence& s, std::int64_t h, Mat<S>& out) {
-  if (x.dtype == dtype_of<S>() && x.stride(3) == 1 && s.length > 0) {
+  // (D = 0: a tensor with no elements may have no data pointer to offset; the generic path.)
+  if (x.dtype == dtype_of<S>() && x.stride(3) == 1 && s.length > 0 && x.size(3) > 0) {
     const S* base = static_cast<const S*>(x.data) + s.batch * x.stride(0) + s.start * x.stride(1) +
                     h * x.stride(2);
     out = Eigen::Map<const Mat<S>, 0, Eigen::OuterStride<>>(base, s.length, x.size(3),
@@ -61,7 +62,7 @@ void load_token_rows(const TensorView& x, const Sequence& s, std::int64_t h, Mat
 
 template <class S>
 void store_token_rows(const Mat<S>& in, const TensorView& x, const Sequence& s, std::int64_t h) {
-  if (x.dtype == dtype_of<S>() && x.stride(3) == 1 && s.length > 0) {
+  if (x.dtype == dtype_of<S>() && x.stride(3) == 1 && s.length > 0 && x.size(3) > 0) {
     S* base =
         static_cast<S*>(x.data) + s.batch * x.stride(0) + s.start * x.stride(1) + h * x.stride(2);
     Eigen::Map<Mat<S>, 0, Eigen::OuterStride<>>(base, s.length, x.size(3),
