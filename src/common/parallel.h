@@ -31,13 +31,6 @@ bool split_items(std::int64_t items);
 // item in flight: at most ~16 MiB in all, between 1 and 64 chunks.
 std::int64_t window_chunks(std::int64_t items, std::int64_t bytes_per_chunk);
 
-// The most bytes of O(T) buffers a kernel keeps per thread across calls. Kernels keep their
-// per-item buffers in thread_local work structs, since a block freed after every call comes back
-// from the system as new pages on the next (page faults in every call); an item whose buffers
-// exceed this releases them afterwards, so that one long call does not hold them for the thread's
-// life.
-constexpr std::size_t kKeptBytes = std::size_t(8) << 20;
-
 // Heads per group of a by-item walk that takes consecutive heads of a sequence chunk by chunk (a
 // token's rows of consecutive heads are adjacent in [B, T, H, D] memory, where one head's rows are
 // H · D apart): the most, up to `heads` and up to 256 KiB of states (`state_bytes` per head; L2

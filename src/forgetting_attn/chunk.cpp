@@ -52,6 +52,7 @@
 #include <limits>
 #include <vector>
 
+#include "common/kept_buffers.h"
 #include "common/parallel.h"
 #include "common/rotation.h"
 #include "common/slices.h"
@@ -295,15 +296,9 @@ struct ItemKeys {
   }
 
   // The forward keeps an ItemKeys per thread across calls (forward_typed); a long sequence's
-  // keys and values (16 MiB at T = 16,384, K = V = 128, float32) are released after use instead,
-  // so that one long call does not leave them allocated for the thread's life. Below the limit
-  // they stay, and the next call of that size reuses them without page faults.
-  void release_if_large() {
-    if (static_cast<std::size_t>(k.size() + v.size()) * sizeof(S) > kKeptBytes) {
-      k.resize(0, 0);
-      v.resize(0, 0);
-    }
-  }
+  // keys and values (16 MiB at T = 16,384, K = V = 128, float32) are released after use instead
+  // (common/kept_buffers.h).
+  void release_if_large() { detail::release_if_large(k, v); }
 };
 
 // Per-thread buffers of one query block's forward.
@@ -472,15 +467,7 @@ struct BackwardWork {
   Vec<S> row_lse, delta;
   std::vector<double> dg, spans;
 
-  void release_if_large() {
-    const std::size_t bytes = static_cast<std::size_t>(keys.k.size() + keys.v.size() +
-                                                       dtheta.size() + dk.size() + dv.size()) *
-                              sizeof(S);
-    if (bytes > kKeptBytes) {
-      keys.k.resize(0, 0), keys.v.resize(0, 0);
-      dtheta.resize(0, 0), dk.resize(0, 0), dv.resize(0, 0);
-    }
-  }
+  void release_if_large() { detail::release_if_large(keys.k, keys.v, dtheta, dk, dv); }
 };
 
 template <class S>

@@ -40,6 +40,7 @@
 #include <cmath>
 #include <vector>
 
+#include "common/kept_buffers.h"
 #include "common/parallel.h"
 #include "gated_delta_rule/kernels.h"
 
@@ -494,12 +495,7 @@ struct BackwardWork {
   ValueGrads<S> d;
   Mat<S> dq, dk, d_out;
 
-  void release_if_large() {
-    std::size_t bytes = 0;
-    for (const Mat<S>& state : boundary)
-      bytes += static_cast<std::size_t>(state.size()) * sizeof(S);
-    if (bytes > kKeptBytes) std::vector<Mat<S>>().swap(boundary);
-  }
+  void release_if_large() { detail::release_if_large(boundary); }
 };
 
 template <class S>

@@ -60,6 +60,7 @@
 #include <cmath>
 #include <vector>
 
+#include "common/kept_buffers.h"
 #include "common/parallel.h"
 #include "common/slices.h"
 #include "gla/kernels.h"
@@ -500,14 +501,13 @@ void backward_item(const Problem& p, std::int64_t n, std::int64_t h, const Tenso
                    const TensorView& d_final_state, const GlaGrads& grads) {
   const Sequence& s = p.sequences[static_cast<std::size_t>(n)];
   const std::int64_t C = p.chunk_size, K = p.K, V = p.V, chunks = num_chunks(s, C);
-  // Kept per thread across calls (common/parallel.h's kKeptBytes): the states before every chunk
-  // are O(T/C · K · V), and a block freed after every item comes back as new pages.
+  // Kept per thread across calls (common/kept_buffers.h): the states before every chunk are
+  // O(T/C · K · V), and a block freed after every item comes back as new pages.
   thread_local ChunkWork<S> work;
-  thread_local Mat<S> kept_states;
+  thread_local Mat<S> states;
   Mat<S> local(K, V);
 
   // Pass 1: states[c] = the state before chunk c.
-  Mat<S>& states = kept_states;
   states.resize(chunks * K, V);
   Mat<S> state = Mat<S>::Zero(K, V);
   if (p.initial_state.defined()) load_state(p.initial_state, n, h, state);
@@ -534,7 +534,7 @@ void backward_item(const Problem& p, std::int64_t n, std::int64_t h, const Tenso
     carry_state(d_state, work.p_last, local);
   }
   if (grads.dh0.defined()) store_state(d_state, grads.dh0, n, h);
-  if (static_cast<std::size_t>(states.size()) * sizeof(S) > kKeptBytes) states.resize(0, 0);
+  release_if_large(states);
 }
 
 // The chunk-parallel backward: the states before every chunk (a scan of the contributions), the
