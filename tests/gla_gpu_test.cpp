@@ -174,6 +174,7 @@ TEST_P(GlaGpu, MatchesCpuAndReference) {
       {"one_token", 2, 1, 1, 4, 4},
       {"odd_sizes_no_state", 1, 6, 1, 6, 5, {}, Gates::realistic, false, 5},
       {"K48_V40", 1, 5, 1, 48, 40, {}, Gates::realistic, true, 2},
+      {"K0", 1, 6, 2, 0, 5},  // no state: o = 0 (every launch of an empty grid runs nothing)
   };
   for (const Case& c : cases) {
     const Inputs in = make_inputs(c, 7);

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <climits>
 #include <cmath>
 #include <cstring>
@@ -417,6 +418,21 @@ TEST_P(Simt, GridAndBlockDimensions) {
                   ASSERT_EQ(got[10 * i + k], expected[k]) << "value " << k << " of thread " << i;
               }
   }
+}
+
+// A grid with a zero dimension (a problem with an empty extent) runs nothing and is no error, on
+// both devices (CUDA itself would refuse it); a block with a zero dimension is an error.
+TEST_P(Simt, EmptyGridRunsNothing) {
+  const unsigned block[3] = {32, 1, 1};
+  for (const auto& grid : {std::array<unsigned, 3>{0, 1, 1}, std::array<unsigned, 3>{2, 0, 1},
+                           std::array<unsigned, 3>{1, 3, 0}}) {
+    Buffer<int> out(device(), std::vector<int>(10, -7));
+    RUN(device(), dimensions, out.get(), grid.data(), block);
+    EXPECT_EQ(out.host(), std::vector<int>(10, -7)) << grid[0] << " " << grid[1] << " " << grid[2];
+  }
+  const unsigned grid[3] = {1, 1, 1}, empty_block[3] = {0, 1, 1};
+  Buffer<int> out(device(), 10);
+  EXPECT_THROW(RUN(device(), dimensions, out.get(), grid, empty_block), phasor::Error);
 }
 
 TEST_P(Simt, AccessorsConvertEveryDtypeThroughStrides) {

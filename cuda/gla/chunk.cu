@@ -845,10 +845,9 @@ struct Run {
     return simt::Dim3(static_cast<unsigned>(slots), static_cast<unsigned>(p.H),
                       static_cast<unsigned>(z));
   }
-  // With K = 0 there is no state (S is 0 × V): nothing to scan, and o's inter part, the final
-  // state and dh0 are zero or empty. (A grid of 0 key tiles is not a launch.)
+  // With K = 0 there is no state (S is 0 × V): the grid has no key tile and runs nothing
+  // (PHASOR_LAUNCH), and o's inter part, the final state and dh0 are zero or empty.
   void states(const TensorView& final_state, const simt::Span<A>& out) const {
-    if (p.K == 0) return;
     PHASOR_LAUNCH((states_kernel<O, BV>), scan_grid(), simt::Dim3(kThreads),
                   (scan_shared_bytes<O, BV>(C)), stream, p, final_state, out, C);
   }
@@ -893,10 +892,9 @@ void backward_typed(const Problem& p, const TensorView& d_o, const TensorView& d
       attn{all.data + 2 * state_elements, attn_elements},
       dattn{all.data + 2 * state_elements + attn_elements, attn_elements};
   run.states(TensorView{}, states);
-  if (p.K > 0)  // see Run::states
-    PHASOR_LAUNCH((dstates_kernel<O, BV>), run.scan_grid(), simt::Dim3(kThreads),
-                  (scan_shared_bytes<O, BV>(C)), stream, p, d_o, d_final_state, grads.dh0, dstates,
-                  C);
+  PHASOR_LAUNCH((dstates_kernel<O, BV>), run.scan_grid(), simt::Dim3(kThreads),
+                (scan_shared_bytes<O, BV>(C)), stream, p, d_o, d_final_state, grads.dh0, dstates,
+                C);
   run.intra(attn);
   PHASOR_LAUNCH((dattn_kernel<O>), run.chunk_grid(1), simt::Dim3(kThreads),
                 static_cast<std::size_t>(C * C + 2 * C * kTile<O>) * sizeof(A), stream, p, d_o,
@@ -904,9 +902,8 @@ void backward_typed(const Problem& p, const TensorView& d_o, const TensorView& d
   if (grads.dv.defined())
     PHASOR_LAUNCH((dv_kernel<O, BV>), run.chunk_grid(ceil_div(p.V, BV)), simt::Dim3(kThreads),
                   (output_shared_bytes<O, BV>(C)), stream, p, d_o, grads.dv, dstates, attn, C);
-  // dq, dk, dg, dθ have K (or K/2) columns: with K = 0 there is nothing to write.
-  if (p.K > 0 &&
-      (grads.dq.defined() || grads.dk.defined() || grads.dg.defined() || grads.dtheta.defined()))
+  // dq, dk, dg, dθ have K (or K/2) columns: with K = 0 the grid has no key tile.
+  if (grads.dq.defined() || grads.dk.defined() || grads.dg.defined() || grads.dtheta.defined())
     PHASOR_LAUNCH((dqk_kernel<O>), run.chunk_grid(key_tiles<kTile<O>>(p)), simt::Dim3(kThreads),
                   static_cast<std::size_t>(dqk_layout<O>(C).total) * sizeof(A), stream, p, d_o,
                   grads, states, dstates, dattn, C);

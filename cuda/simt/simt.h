@@ -618,6 +618,7 @@ void launch(const char* name, Dim3 grid, Dim3 block, std::size_t dynamic_shared_
   static_assert(((std::is_trivially_copyable_v<Params> && !std::is_reference_v<Params>)&&...),
                 "PHASOR_LAUNCH: kernel arguments are passed by value and must be trivially "
                 "copyable");
+  if (grid.x == 0 || grid.y == 0 || grid.z == 0) return;  // an empty grid: see PHASOR_LAUNCH
   // Above 48 KiB, dynamic shared memory must be opted into per kernel.
   if (dynamic_shared_bytes > 48 * 1024)
     check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -1649,6 +1650,7 @@ void launch(const char* name, Dim3 grid, Dim3 block, std::size_t dynamic_shared_
   static_assert(((std::is_trivially_copyable_v<Params> && !std::is_reference_v<Params>)&&...),
                 "PHASOR_LAUNCH: kernel arguments are passed by value and must be trivially "
                 "copyable");
+  if (grid.x == 0 || grid.y == 0 || grid.z == 0) return;  // an empty grid: see PHASOR_LAUNCH
   using Bound = Closure<void (*)(Params...), std::tuple<Params...>>;
   const Bound closure{kernel,
                       std::tuple<Params...>(static_cast<Params>(std::forward<Args>(args))...)};
@@ -1732,7 +1734,11 @@ class Workspace {
 // PHASOR_LAUNCH(kernel, grid, block, dynamic_shared_bytes, stream, args...): `kernel` may be a
 // template-id in parentheses, e.g. PHASOR_LAUNCH((scan_kernel<float, 256>), ...). GPU: <<<>>> on
 // `stream` (a cudaStream_t as void*), then cudaGetLastError() as a phasor::Error naming the
-// kernel; emulator: runs the grid (the text of `kernel` names it in diagnostics).
+// kernel; emulator: runs the grid (the text of `kernel` names it in diagnostics). A grid with a
+// zero dimension runs nothing and returns, on both (CUDA would report an invalid configuration):
+// a problem with an empty extent (K = 0, no value tile) is a loop of zero iterations, and every
+// launch site gets that right without a guard of its own (op_args_fuzz found GLA's K = 0 chunk
+// backward launching zero key tiles). A block with a zero dimension is still an error.
 #define PHASOR_LAUNCH(kernel, grid, block, dynamic_shared_bytes, stream, ...)                \
   ::phasor::simt::detail::launch(#kernel, (grid), (block), (dynamic_shared_bytes), (stream), \
                                  kernel, ##__VA_ARGS__)
