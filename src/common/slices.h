@@ -168,7 +168,9 @@ inline bool states_in_place_allowed(const TensorView& final_state, const TensorV
 // x[n, h] as a StateMap when its layout allows the in-place update above, else null.
 template <class S>
 S* state_in_place(const TensorView& x, std::int64_t n, std::int64_t h) {
-  if (x.dtype != dtype_of<S>() || x.stride(3) != 1 || (x.size(2) > 1 && x.stride(2) != x.size(3)))
+  // (An empty state, K = 0 or V = 0: its tensor may have no data pointer to offset.)
+  if (x.dtype != dtype_of<S>() || x.stride(3) != 1 || (x.size(2) > 1 && x.stride(2) != x.size(3)) ||
+      x.size(2) * x.size(3) == 0)
     return nullptr;
   S* p = static_cast<S*>(x.data) + n * x.stride(0) + h * x.stride(1);
   return reinterpret_cast<std::uintptr_t>(p) % EIGEN_MAX_ALIGN_BYTES == 0 ? p : nullptr;
