@@ -31,13 +31,19 @@ int default_num_threads() {
 std::atomic<int> g_requested{0};  // 0: default
 
 // Workers wait for a job; the calling thread takes part too. One job runs at a time (a mutex
-// serialises callers from different user threads). Between jobs a worker first spins on the job
-// counter for a while (spin_time), then sleeps on a condition variable; the caller likewise spins
-// for the workers' completion before sleeping. Decoding calls one op per token, a few microseconds
-// apart: a sleeping worker takes 10–20 µs to wake (futex, scheduler), more than the work it
-// would share, while a spinning one starts at once. The spin (50 µs) bounds the CPU burnt when no
-// job follows; PHASOR_SPIN_US (read once; 0 disables spinning) changes it, for programs whose other
-// thread pools need the cores between phasor's calls.
+// serialises callers from different user threads). A job's items are split into one contiguous
+// range per participant (the caller first, then worker 0, 1, ...); each takes its own range
+// first, then helps with the others' (a worker that wakes late, descheduled on a busy machine,
+// finds its range taken). So a call repeated on the same data (decoding, token after token, with
+// the state updated in place) gives every item to the same thread, whose core's cache still holds
+// the item's state: handed out first come, first served, the heads' states moved between the
+// cores' caches on every call, and two threads decoded one GLA token slower than one. Between jobs
+// a worker first spins on the job counter for a while (spin_time), then sleeps on a condition
+// variable; the caller likewise spins for the workers' completion before sleeping. Decoding calls
+// one op per token, a few microseconds apart: a sleeping worker takes 10–20 µs to wake (futex,
+// scheduler), more than the work it would share, while a spinning one starts at once. The spin (50
+// µs) bounds the CPU burnt when no job follows; PHASOR_SPIN_US (read once; 0 disables spinning)
+// changes it, for programs whose other thread pools need the cores between phasor's calls.
 std::chrono::microseconds spin_time() {
   static const std::chrono::microseconds time = [] {
     if (const char* env = std::getenv("PHASOR_SPIN_US")) {
@@ -81,8 +87,11 @@ class Pool {
     {
       std::lock_guard<std::mutex> lock(mutex_);
       fn_ = &fn;
-      n_ = n;
-      next_.store(0);
+      participants_ = threads;
+      for (int t = 0; t < threads; ++t) {
+        ranges_[static_cast<std::size_t>(t)].next.store(n * t / threads, std::memory_order_relaxed);
+        ranges_[static_cast<std::size_t>(t)].end = n * (t + 1) / threads;
+      }
       active_workers_.store(threads - 1);
       left_.store(0);
       error_ = nullptr;
@@ -90,7 +99,7 @@ class Pool {
       generation_.fetch_add(1, std::memory_order_release);
     }
     cv_.notify_all();
-    work();
+    work(0);
     // Every item is taken. Close the job to latecomers and wait only for the workers that
     // entered it (some may still be running an item): a worker that has not woken up by now —
     // descheduled on a busy machine — is not waited for; it finds the job closed when it runs.
@@ -116,6 +125,8 @@ class Pool {
 
  private:
   void ensure_workers(int count) {
+    if (ranges_.size() < static_cast<std::size_t>(count) + 1)  // between jobs: no one reads them
+      ranges_ = std::vector<Range>(static_cast<std::size_t>(count) + 1);
     while (static_cast<int>(workers_.size()) < count) {
       int index = static_cast<int>(workers_.size());
       workers_.emplace_back([this, index] { loop(index); });
@@ -140,7 +151,7 @@ class Pool {
         seen = generation_.load();
       }
       if (!enter()) continue;  // closed: the caller and the others took every item
-      work();
+      work(index + 1);
       left_.fetch_add(1, std::memory_order_acq_rel);
       {
         std::lock_guard<std::mutex> lock(mutex_);  // no lost wake-up: the caller waits under it
@@ -158,16 +169,20 @@ class Pool {
     return false;
   }
 
-  void work() {
+  // Runs items of the current job as participant `self`: its own range, then the others'.
+  void work(int self) {
     in_pool() = true;
-    for (;;) {
-      std::int64_t i = next_.fetch_add(1);
-      if (i >= n_) break;
-      try {
-        (*fn_)(i);
-      } catch (...) {
-        std::lock_guard<std::mutex> lock(error_mutex_);
-        if (!error_) error_ = std::current_exception();
+    for (int r = 0; r < participants_; ++r) {
+      Range& range = ranges_[static_cast<std::size_t>((self + r) % participants_)];
+      for (;;) {
+        const std::int64_t i = range.next.fetch_add(1, std::memory_order_relaxed);
+        if (i >= range.end) break;
+        try {
+          (*fn_)(i);
+        } catch (...) {
+          std::lock_guard<std::mutex> lock(error_mutex_);
+          if (!error_) error_ = std::current_exception();
+        }
       }
     }
     in_pool() = false;
@@ -184,8 +199,14 @@ class Pool {
   std::condition_variable cv_, done_cv_;
   std::vector<std::thread> workers_;
   const std::function<void(std::int64_t)>* fn_ = nullptr;
-  std::int64_t n_ = 0;
-  std::atomic<std::int64_t> next_{0};
+  // One range of the job's items per participant: the next item to take and the range's end (on
+  // separate cache lines, so that participants taking from their own ranges do not share one).
+  struct alignas(64) Range {
+    std::atomic<std::int64_t> next{0};
+    std::int64_t end = 0;
+  };
+  std::vector<Range> ranges_;
+  int participants_ = 0;
   std::atomic<int> active_workers_{0};
   // gate_: kOpen while the job takes new workers, plus the number that entered it; left_: how
   // many of those have finished.
