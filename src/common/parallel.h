@@ -17,7 +17,14 @@ void parallel_for(std::int64_t n, const std::function<void(std::int64_t)>& fn);
 // total work keeps busy at kWorkPerThread each, so a call too small to repay handing work to
 // another thread (one decoded token of a small model) runs on the calling thread alone. The
 // thread count never changes results (each item runs start to finish on one thread).
-constexpr std::int64_t kWorkPerThread = 1 << 14;  // ~1 µs of vector work: one hand-off's cost
+//
+// 2^19 multiply-adds (~12 µs of one core's vector work on a cache-resident state): a hand-off
+// costs more than the ~0.5 µs a worker takes to start. Cache-resident items run ~1.5× slower per
+// item on two threads than on one on our 2-core machines (1.1–1.3 µs against 0.7 µs per GLA head
+// at K = V = 128, with every head on the same thread call after call), so a GLA or Gated
+// DeltaNet token of 8 such heads (2.6 · 10^5 and 5.2 · 10^5 multiply-adds) was slower on two
+// threads than on one; 32 heads (10^6, states beyond one core's L2) are 1.35× faster on two.
+constexpr std::int64_t kWorkPerThread = 1 << 19;
 void parallel_for(std::int64_t n, std::int64_t work_per_item,
                   const std::function<void(std::int64_t)>& fn);
 
