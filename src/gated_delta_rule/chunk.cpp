@@ -236,9 +236,10 @@ void forward_tile(const Problem& p, const Sequence& block, std::int64_t hv, cons
 
 // The states of an item's value heads, tile by tile: states[r · tiles + i] is K × width.
 template <class S>
-std::vector<Mat<S>> load_tile_states(const Problem& p, std::int64_t n, std::int64_t h) {
+void load_tile_states(const Problem& p, std::int64_t n, std::int64_t h,
+                      std::vector<Mat<S>>& states) {
   const std::int64_t tiles = num_value_tiles(p);
-  std::vector<Mat<S>> states(static_cast<std::size_t>(p.group * tiles));
+  states.resize(static_cast<std::size_t>(p.group * tiles));
   for (std::int64_t r = 0; r < p.group; ++r)
     for (std::int64_t i = 0; i < tiles; ++i) {
       const ValueTile tile = value_tile(p, i);
@@ -246,9 +247,8 @@ std::vector<Mat<S>> load_tile_states(const Problem& p, std::int64_t n, std::int6
       if (p.initial_state.defined())
         load_state(value_columns(p.initial_state, tile), n, h * p.group + r, state);
       else
-        state = Mat<S>::Zero(p.K, tile.width);
+        state.setZero(p.K, tile.width);
     }
-  return states;
 }
 template <class S>
 void store_tile_states(const Problem& p, std::int64_t n, std::int64_t h,
@@ -266,18 +266,42 @@ void store_tile_states(const Problem& p, std::int64_t n, std::int64_t h,
 // one head's rows are H · K apart). Each head's arithmetic is that of a walk of its own: its own
 // states and chunks, in order, so the grouping (common/parallel.h's head_group_size) never shows.
 template <class S>
-void forward_heads(const Problem& p, std::int64_t n, std::int64_t h0, std::int64_t count,
-                   const TensorView& o, const TensorView& final_state) {
-  const std::int64_t G = p.group, tiles = num_value_tiles(p);
-  const Sequence& s = p.sequences[static_cast<std::size_t>(n)];
-  // Every initial state of the heads is read before any final state is stored (they may alias).
-  std::vector<std::vector<Mat<S>>> states;
-  for (std::int64_t i = 0; i < count; ++i) states.push_back(load_tile_states<S>(p, n, h0 + i));
+struct ForwardWork {
+  std::vector<std::vector<Mat<S>>> states;  // per head of the group: its value tiles' states
   QKInputs<S> qk;
   ValueInputs<S> in;
   ChunkGram<S> gram;
   ChunkState<S> chunk;
   TileWork<S> work;
+
+  // The C × C matrices, should a very long chunk (C ≳ 700) make them large.
+  void release_if_large() {
+    detail::release_if_large(gram.kk, gram.qk, chunk.pair, chunk.m, chunk.attn);
+  }
+};
+
+template <class S>
+void forward_heads(const Problem& p, std::int64_t n, std::int64_t h0, std::int64_t count,
+                   const TensorView& o, const TensorView& final_state) {
+  const std::int64_t G = p.group, tiles = num_value_tiles(p);
+  const Sequence& s = p.sequences[static_cast<std::size_t>(n)];
+  // Kept per thread across calls, as the backward's (BackwardWork): a group's buffers (~150 KiB
+  // at C = 64, K = 32, V = 64) freed after every group were trimmed from malloc's heap and faulted
+  // back in by the next, with a TLB shoot-down per trim on two threads: B = 32, H = 2, T = 64 took
+  // 20 ms a forward at C = 64 against 1.1 ms at C = 32. All are O(C² + C·(K + V) + K·V) per head,
+  // none O(T), so they stay (the C × C ones unless C is very large).
+  thread_local ForwardWork<S> fw;
+  // Every initial state of the heads is read before any final state is stored (they may alias).
+  std::vector<std::vector<Mat<S>>>& states = fw.states;
+  if (static_cast<std::int64_t>(states.size()) < count)
+    states.resize(static_cast<std::size_t>(count));
+  for (std::int64_t i = 0; i < count; ++i)
+    load_tile_states<S>(p, n, h0 + i, states[static_cast<std::size_t>(i)]);
+  QKInputs<S>& qk = fw.qk;
+  ValueInputs<S>& in = fw.in;
+  ChunkGram<S>& gram = fw.gram;
+  ChunkState<S>& chunk = fw.chunk;
+  TileWork<S>& work = fw.work;
   for (std::int64_t t0 = 0; t0 < s.length; t0 += p.chunk_size) {
     const Sequence block = block_of(s, t0, std::min(p.chunk_size, s.length - t0));
     for (std::int64_t i = 0; i < count; ++i) {
@@ -295,6 +319,7 @@ void forward_heads(const Problem& p, std::int64_t n, std::int64_t h0, std::int64
   }
   for (std::int64_t i = 0; i < count; ++i)
     store_tile_states(p, n, h0 + i, states[static_cast<std::size_t>(i)], final_state);
+  fw.release_if_large();
 }
 
 // The by-tile forward (see above), a window of chunks at a time so that the stored
@@ -312,8 +337,8 @@ void forward_by_tile(const Problem& p, const TensorView& o, const TensorView& fi
     return (p.sequences[p.item_sequence(item)].length + C - 1) / C;
   };
   for (std::int64_t item = 0; item < items; ++item) {
-    states[static_cast<std::size_t>(item)] =
-        load_tile_states<S>(p, p.item_sequence(item), p.item_head(item));
+    load_tile_states<S>(p, p.item_sequence(item), p.item_head(item),
+                        states[static_cast<std::size_t>(item)]);
     max_chunks = std::max(max_chunks, chunks_of(item));
   }
   // Per (item, chunk of the window): its gram; per (item, chunk, value head): its ChunkState and β.
