@@ -26,6 +26,7 @@
 #include <immintrin.h>
 #endif
 
+#include "common/kept_buffers.h"
 #include "common/packets.h"
 #include "common/parallel.h"
 #include "common/slices.h"
@@ -95,14 +96,25 @@ void step_in_registers(float* state, std::int64_t K, const float* decay, const f
 
 #endif
 
+// The buffers of forward_item, kept per thread across calls, as Gated DeltaNet's: decoding calls
+// the forward once per token, and a segment's rows freed after every item were trimmed from
+// malloc's heap and faulted back in by the next (B = 1, H = 8, T = 1024, K = V = 128: 192 page
+// faults a forward). All are O(chunk_size · (K + V) + K · V).
+template <class S>
+struct ForwardScratch {
+  Segment<S> seg;
+  Mat<S> out, state, initial;
+  Vec<S> q_scaled;
+};
+
 // The tokens of sequence s, head h: S_t and o_t; `state` holds S_{start−1} on entry, S_end on exit.
 template <class S, class State>
 void forward_steps(const Problem& p, const Sequence& s, std::int64_t h, const TensorView& o,
-                   State& state) {
+                   State& state, ForwardScratch<S>& w) {
   const S scale = static_cast<S>(p.scale);
-  Segment<S> seg;
-  Mat<S> out;
-  Vec<S> q_scaled;
+  Segment<S>& seg = w.seg;
+  Mat<S>& out = w.out;
+  Vec<S>& q_scaled = w.q_scaled;
   for (std::int64_t offset = 0; offset < s.length; offset += p.chunk_size) {
     const Sequence part = subsequence(s, offset, std::min(p.chunk_size, s.length - offset));
     seg.load(p, part, h, /*with_q=*/true);
@@ -142,30 +154,43 @@ template <class S>
 void forward_item(const Problem& p, std::int64_t n, std::int64_t h, const TensorView& o,
                   const TensorView& final_state, bool in_place) {
   const Sequence& s = p.sequences[static_cast<std::size_t>(n)];
+  thread_local ForwardScratch<S> w;
   if (S* target = in_place ? state_in_place<S>(final_state, n, h) : nullptr) {
     StateMap<S> state(target, p.K, p.V);
     if (!p.initial_state.defined()) {
       state.setZero();
     } else if (!same_view(p.initial_state, final_state)) {
-      Mat<S> initial;
-      load_state(p.initial_state, n, h, initial);
-      state = initial;
+      load_state(p.initial_state, n, h, w.initial);
+      state = w.initial;
     }
-    forward_steps<S>(p, s, h, o, state);
+    forward_steps<S>(p, s, h, o, state, w);
     return;
   }
-  Mat<S> state;
+  Mat<S>& state = w.state;
   if (p.initial_state.defined())
     load_state(p.initial_state, n, h, state);
   else
     state.setZero(p.K, p.V);
-  forward_steps<S>(p, s, h, o, state);
+  forward_steps<S>(p, s, h, o, state, w);
   if (final_state.defined()) store_state(state, final_state, n, h);
 }
+
+// The buffers of backward_item, kept per thread across calls (an item runs start to finish on one
+// thread), so that they are not trimmed from malloc's heap and faulted back in by the next item;
+// above kKeptBytes the checkpoints (O(T / C) states) and the segment's states are released after
+// the item.
+template <class S>
+struct BackwardScratch {
+  Segment<S> seg;
+  Mat<S> checkpoints, state, d_state, states, d_out, dq, dk, dv, dg, dtheta;
+
+  void release_if_large() { detail::release_if_large(checkpoints, states); }
+};
 
 template <class S>
 void backward_item(const Problem& p, std::int64_t n, std::int64_t h, const TensorView& d_o,
                    const TensorView& d_final_state, const GlaGrads& grads) {
+  thread_local BackwardScratch<S> w;
   const Sequence& s = p.sequences[static_cast<std::size_t>(n)];
   const std::int64_t C = p.chunk_size, K = p.K, V = p.V;
   const S scale = static_cast<S>(p.scale);
@@ -175,10 +200,12 @@ void backward_item(const Problem& p, std::int64_t n, std::int64_t h, const Tenso
       p.theta.defined() && (grads.dq.defined() || grads.dk.defined() || grads.dtheta.defined());
 
   // Pass 1: checkpoints[i] = the state before segment i.
-  Mat<S> checkpoints(num_segments * K, V);
-  Mat<S> state = Mat<S>::Zero(K, V);
+  Mat<S>& checkpoints = w.checkpoints;
+  checkpoints.resize(num_segments * K, V);
+  Mat<S>& state = w.state;
+  state.setZero(K, V);
   if (p.initial_state.defined()) load_state(p.initial_state, n, h, state);
-  Segment<S> seg;
+  Segment<S>& seg = w.seg;
   for (std::int64_t i = 0; i < num_segments; ++i) {
     checkpoints.middleRows(i * K, K) = state;
     const Sequence part = subsequence(s, i * C, std::min(C, s.length - i * C));
@@ -188,10 +215,12 @@ void backward_item(const Problem& p, std::int64_t n, std::int64_t h, const Tenso
 
   // Pass 2: segments in reverse. d_state is the gradient with respect to the state after the
   // token being processed (everything later already folded in).
-  Mat<S> d_state = Mat<S>::Zero(K, V);
+  Mat<S>& d_state = w.d_state;
+  d_state.setZero(K, V);
   if (d_final_state.defined()) load_state(d_final_state, n, h, d_state);
-  Mat<S> states;  // (length + 1) blocks of K rows: states[t] = state before token t of the segment
-  Mat<S> d_out, dq, dk, dv, dg, dtheta;
+  // (length + 1) blocks of K rows: states[t] = state before token t of the segment
+  Mat<S>& states = w.states;
+  Mat<S>&d_out = w.d_out, &dq = w.dq, &dk = w.dk, &dv = w.dv, &dg = w.dg, &dtheta = w.dtheta;
   for (std::int64_t i = num_segments - 1; i >= 0; --i) {
     const Sequence part = subsequence(s, i * C, std::min(C, s.length - i * C));
     const std::int64_t L = part.length;
@@ -234,6 +263,7 @@ void backward_item(const Problem& p, std::int64_t n, std::int64_t h, const Tenso
     if (grads.dg.defined()) store_token_rows(dg, grads.dg, part, h);
   }
   if (grads.dh0.defined()) store_state(d_state, grads.dh0, n, h);
+  w.release_if_large();
 }
 
 }  // namespace
