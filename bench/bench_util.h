@@ -16,6 +16,8 @@
 #include <string>
 #include <vector>
 
+#include <sys/resource.h>
+
 #include "gemm_ceiling.h"
 #include "memory.h"
 #include "phasor/common.h"
@@ -23,6 +25,16 @@
 #include "phasor/rotary.h"
 
 namespace phasor::bench {
+
+// The sizes of a benchmark's problem besides T: batch, heads and head widths.
+struct Shape {
+  std::int64_t B, H, K, V;
+};
+// One layer of the synthetic-task harness's quick suite (tasks/configs/quick: hidden 64, 2 heads,
+// batch 32, sequences of 64 tokens; Gated DeltaNet doubles V, expand_v = 2): many short items,
+// where per-call costs (buffers, hand-offs) weigh more than in the standard shape.
+constexpr std::int64_t kHarnessT = 64;
+constexpr Shape kHarnessShape{32, 2, 32, 32};
 
 // n samples of N(0, 1).
 inline std::vector<float> normal(std::size_t n, std::mt19937_64& rng) {
@@ -40,13 +52,24 @@ inline std::vector<float> log_sigmoid_gates(std::size_t n, std::mt19937_64& rng,
   return g;
 }
 
+// Minor page faults of this process so far (pages the kernel mapped in on first touch).
+inline std::int64_t minor_page_faults() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return static_cast<std::int64_t>(usage.ru_minflt);
+}
+
 // The timed loop of every benchmark: runs `call` once per iteration and reports tokens/s
-// (items_per_second), the implementation as the label, and the peak heap of one call as
-// "peak_MiB" (everything allocated on top of the caller's inputs and outputs, Eigen included).
-// Returns the wall time of the timed loop, in seconds (for report_flops).
+// (items_per_second), the implementation as the label, the peak heap of one call as
+// "peak_MiB" (everything allocated on top of the caller's inputs and outputs, Eigen included)
+// and the minor page faults per call as "faults" (a kernel that keeps its buffers has none once
+// warm; buffers freed and allocated again each call show here, as malloc returns them to the
+// system and takes them back — these programs run with glibc's default malloc settings, as a
+// user's program does). Returns the wall time of the timed loop, in seconds (for report_flops).
 template <class F>
 double time_calls(benchmark::State& state, std::int64_t tokens, Impl impl, F&& call) {
   std::int64_t peak = 0;
+  const std::int64_t faults_before = minor_page_faults();
   const auto start = std::chrono::steady_clock::now();
   for (auto _ : state) {
     reset_peak_heap();
@@ -56,8 +79,11 @@ double time_calls(benchmark::State& state, std::int64_t tokens, Impl impl, F&& c
   }
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const std::int64_t faults = minor_page_faults() - faults_before;
   state.SetItemsProcessed(state.iterations() * tokens);
   state.counters["peak_MiB"] = static_cast<double>(peak) / (1024.0 * 1024.0);
+  state.counters["faults"] =
+      benchmark::Counter(static_cast<double>(faults), benchmark::Counter::kAvgIterations);
   state.SetLabel(to_string(impl));
   return seconds;
 }
@@ -185,6 +211,14 @@ inline void register_decode_grid(benchmark::internal::Benchmark* b) {
       ->Args({2, 2})
       ->Unit(benchmark::kMicrosecond)
       ->UseRealTime();
+}
+
+// Arguments (impl) of the harness-shape benchmarks (kHarnessShape): `impls` side by side.
+inline void register_harness_grid(benchmark::internal::Benchmark* b,
+                                  std::initializer_list<Impl> impls) {
+  b->ArgNames({"impl"});
+  for (Impl impl : impls) b->Arg(static_cast<std::int64_t>(impl));
+  b->Unit(benchmark::kMillisecond)->MinTime(0.2)->UseRealTime();
 }
 
 // ---- Rotation: fused into the kernel vs rotate-then-call ---------------------------------------

@@ -8,6 +8,8 @@
 //  - BM_FoxSlopesForward / BM_FoxSlopesForwardBackward: the chunk kernel without and with the
 //    additive GRAPE-A-QK bias (per-query and per-key slopes ω·softplus(·), ω = 0.02; the backward
 //    also writes da, db), T ∈ {1024, 4096}, label "chunk/no_bias" or "chunk/grape_a_qk".
+//  - BM_FoxHarnessShape: forward + backward (chunk and recurrent) of one layer of the
+//    synthetic-task harness's quick suite (B = 32, H = 2, K = V = 32, T = 64).
 //  - BM_FoxCacheDecode: the public ForgettingAttnCache, one step() call per token (T ≤ 4096;
 //    BM_FoxForward's recurrent rows are the same decoding without the per-call overhead).
 //  - BM_FoxCacheStep: one step() with 1k, 4k or 16k tokens already cached, on 1 and 2 threads
@@ -44,12 +46,15 @@ constexpr std::int64_t kB = 1, kH = 8, kK = 128, kV = 128;
 // Inputs, outputs and gradients of one problem size, allocated outside the timed loop.
 struct Problem {
   std::int64_t T;
+  phasor::bench::Shape shape;
   std::vector<float> q, k, v, g, d_o, o, lse, dq, dk, dv, dg;
 
-  explicit Problem(std::int64_t T_) : T(T_) {
-    const auto qk = static_cast<std::size_t>(kB * T * kH * kK);
-    const auto vv = static_cast<std::size_t>(kB * T * kH * kV);
-    const auto gates = static_cast<std::size_t>(kB * T * kH);
+  explicit Problem(std::int64_t T_, phasor::bench::Shape shape_ = {kB, kH, kK, kV})
+      : T(T_), shape(shape_) {
+    const auto [B, H, K, V] = shape;
+    const auto qk = static_cast<std::size_t>(B * T * H * K);
+    const auto vv = static_cast<std::size_t>(B * T * H * V);
+    const auto gates = static_cast<std::size_t>(B * T * H);
     std::mt19937_64 rng(42);
     q = phasor::bench::normal(qk, rng);
     k = phasor::bench::normal(qk, rng);
@@ -66,13 +71,13 @@ struct Problem {
   }
 
   TensorView qk_view(const std::vector<float>& x) const {
-    return TensorView::of(x.data(), {kB, T, kH, kK});
+    return TensorView::of(x.data(), {shape.B, T, shape.H, shape.K});
   }
   TensorView v_view(const std::vector<float>& x) const {
-    return TensorView::of(x.data(), {kB, T, kH, kV});
+    return TensorView::of(x.data(), {shape.B, T, shape.H, shape.V});
   }
   TensorView gate_view(const std::vector<float>& x) const {
-    return TensorView::of(x.data(), {kB, T, kH});
+    return TensorView::of(x.data(), {shape.B, T, shape.H});
   }
   phasor::ForgettingAttnParams params() const {
     phasor::ForgettingAttnParams p;
@@ -130,6 +135,20 @@ void BM_FoxForwardBackward(benchmark::State& state) {
   });
   if (impl == Impl::chunk)
     phasor::bench::report_flops(state, seconds, problem.T, fox_chunk_flops(problem.T, true));
+}
+
+// Forward + backward at the harness's layer shape (bench_util.h: kHarnessShape, T = 64).
+void BM_FoxHarnessShape(benchmark::State& state) {
+  const auto impl = static_cast<Impl>(state.range(0));
+  Problem problem(phasor::bench::kHarnessT, phasor::bench::kHarnessShape);
+  const phasor::ForgettingAttnParams params = problem.params();
+  const TensorView o = problem.v_view(problem.o), lse = problem.gate_view(problem.lse),
+                   d_o = problem.v_view(problem.d_o);
+  const phasor::ForgettingAttnGrads grads = problem.grads();
+  phasor::bench::time_calls(state, problem.shape.B * problem.T, impl, [&] {
+    phasor::forgetting_attn_forward(params, impl, o, lse);
+    phasor::forgetting_attn_backward(params, impl, d_o, o, lse, grads);
+  });
 }
 
 // parallel_forgetting_attn forward with the benchmark's inputs in float32 or rounded to bfloat16
@@ -428,6 +447,9 @@ BENCHMARK(BM_FoxCacheDecode)
     ->MinTime(0.2)
     ->UseRealTime();
 BENCHMARK(BM_FoxInputDtype)->Apply(phasor::bench::register_dtype_grid);
+BENCHMARK(BM_FoxHarnessShape)->Apply([](auto* b) {
+  phasor::bench::register_harness_grid(b, {Impl::recurrent, Impl::chunk});
+});
 BENCHMARK(BM_FoxLongSequence)->Apply([](auto* b) {
   phasor::bench::register_long_sequence_grid(b, false);
 });

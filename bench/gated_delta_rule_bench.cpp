@@ -5,7 +5,8 @@
 // (the CUDA kernel run thread by thread, T = 64: a cost figure, not a speed) and, when the machine
 // has one, on a CUDA GPU (T ∈ {1024, 4096, 16384}, the CPU beside it). items_per_second is tokens
 // per second; peak_MiB is the peak heap of one forward + backward (everything allocated on top of
-// the inputs and outputs, Eigen included).
+// the inputs and outputs, Eigen included). BM_GatedDeltaRuleHarnessShape: forward + backward of one
+// layer of the synthetic-task harness's quick suite (B = 32, H = 2, K = 32, V = 64, T = 64).
 #include <benchmark/benchmark.h>
 
 #include <cmath>
@@ -27,12 +28,15 @@ constexpr std::int64_t kB = 1, kH = 8, kK = 128, kV = 128;
 // Inputs, outputs and gradients of one problem size, allocated outside the timed loop.
 struct Problem {
   std::int64_t T;
+  phasor::bench::Shape shape;
   std::vector<float> q, k, v, g, beta, d_o, o, dq, dk, dv, dg, dbeta;
 
-  explicit Problem(std::int64_t T_) : T(T_) {
-    const auto qk = static_cast<std::size_t>(kB * T * kH * kK);
-    const auto vv = static_cast<std::size_t>(kB * T * kH * kV);
-    const auto heads = static_cast<std::size_t>(kB * T * kH);
+  explicit Problem(std::int64_t T_, phasor::bench::Shape shape_ = {kB, kH, kK, kV})
+      : T(T_), shape(shape_) {
+    const auto [B, H, K, V] = shape;
+    const auto qk = static_cast<std::size_t>(B * T * H * K);
+    const auto vv = static_cast<std::size_t>(B * T * H * V);
+    const auto heads = static_cast<std::size_t>(B * T * H);
     std::mt19937_64 rng(42);
     q = phasor::bench::normal(qk, rng);
     k = phasor::bench::normal(qk, rng);
@@ -50,13 +54,13 @@ struct Problem {
   }
 
   TensorView qk_view(const std::vector<float>& x) const {
-    return TensorView::of(x.data(), {kB, T, kH, kK});
+    return TensorView::of(x.data(), {shape.B, T, shape.H, shape.K});
   }
   TensorView v_view(const std::vector<float>& x) const {
-    return TensorView::of(x.data(), {kB, T, kH, kV});
+    return TensorView::of(x.data(), {shape.B, T, shape.H, shape.V});
   }
   TensorView head_view(const std::vector<float>& x) const {
-    return TensorView::of(x.data(), {kB, T, kH});
+    return TensorView::of(x.data(), {shape.B, T, shape.H});
   }
   phasor::GatedDeltaRuleParams params() const {
     phasor::GatedDeltaRuleParams p;
@@ -114,6 +118,22 @@ void BM_GatedDeltaRuleForwardBackward(benchmark::State& state) {
   });
   if (impl == Impl::chunk)
     phasor::bench::report_flops(state, seconds, problem.T, gdn_chunk_flops(true));
+}
+
+// Forward + backward at the harness's layer shape (bench_util.h: kHarnessShape with V doubled,
+// the layer's expand_v = 2; T = 64).
+void BM_GatedDeltaRuleHarnessShape(benchmark::State& state) {
+  const auto impl = static_cast<Impl>(state.range(0));
+  phasor::bench::Shape shape = phasor::bench::kHarnessShape;
+  shape.V *= 2;
+  Problem problem(phasor::bench::kHarnessT, shape);
+  const phasor::GatedDeltaRuleParams params = problem.params();
+  const TensorView o = problem.v_view(problem.o), d_o = problem.v_view(problem.d_o);
+  const phasor::GatedDeltaRuleGrads grads = problem.grads();
+  phasor::bench::time_calls(state, shape.B * problem.T, impl, [&] {
+    phasor::gated_delta_rule_forward(params, impl, o);
+    phasor::gated_delta_rule_backward(params, impl, d_o, {}, grads);
+  });
 }
 
 // chunk_gated_delta_rule forward with the benchmark's inputs in float32 or rounded to bfloat16
@@ -294,6 +314,9 @@ const bool registered = [] {
       RegisterBenchmark("BM_GatedDeltaRuleInputDtype", BM_GatedDeltaRuleInputDtype));
   phasor::bench::register_decode_grid(
       RegisterBenchmark("BM_GatedDeltaRuleDecode", BM_GatedDeltaRuleDecode));
+  phasor::bench::register_harness_grid(
+      RegisterBenchmark("BM_GatedDeltaRuleHarnessShape", BM_GatedDeltaRuleHarnessShape),
+      {Impl::recurrent, Impl::chunk});
   phasor::bench::register_standard_grid(
       RegisterBenchmark("BM_GatedDeltaRuleForward", BM_GatedDeltaRuleForward),
       RegisterBenchmark("BM_GatedDeltaRuleForward", BM_GatedDeltaRuleForward));

@@ -5,6 +5,8 @@
 // BM_GlaRecurrentDevice: the recurrent kernel on the CPU, on the emulated GPU (the CUDA kernel's
 // source run by the CPU, as in CI; at T = 64 only: emulation costs ~10³×) and on a GPU when one is
 // present (T = 1024 … 16384); label "<device>/recurrent".
+// BM_GlaHarnessShape: forward + backward of one layer of the synthetic-task harness's quick suite
+// (B = 32, H = 2, K = V = 32, T = 64; bench_util.h's kHarnessShape).
 // BM_GlaRotation*: rotation angles θ fused into the kernel vs apply_rotary then the op (the
 // public Selective RoPE code's way), and no rotation for reference; label "<impl>/<rotation>".
 #include <benchmark/benchmark.h>
@@ -27,11 +29,14 @@ constexpr std::int64_t kB = 1, kH = 8, kK = 128, kV = 128;
 // Inputs, outputs and gradients of one problem size, allocated outside the timed loop.
 struct Problem {
   std::int64_t T;
+  phasor::bench::Shape shape;
   std::vector<float> q, k, v, g, d_o, o, dq, dk, dv, dg;
 
-  explicit Problem(std::int64_t T_) : T(T_) {
-    const auto qk = static_cast<std::size_t>(kB * T * kH * kK);
-    const auto vv = static_cast<std::size_t>(kB * T * kH * kV);
+  explicit Problem(std::int64_t T_, phasor::bench::Shape shape_ = {kB, kH, kK, kV})
+      : T(T_), shape(shape_) {
+    const auto [B, H, K, V] = shape;
+    const auto qk = static_cast<std::size_t>(B * T * H * K);
+    const auto vv = static_cast<std::size_t>(B * T * H * V);
     std::mt19937_64 rng(42);
     q = phasor::bench::normal(qk, rng);
     k = phasor::bench::normal(qk, rng);
@@ -46,10 +51,10 @@ struct Problem {
   }
 
   TensorView qk_view(const std::vector<float>& x) const {
-    return TensorView::of(x.data(), {kB, T, kH, kK});
+    return TensorView::of(x.data(), {shape.B, T, shape.H, shape.K});
   }
   TensorView v_view(const std::vector<float>& x) const {
-    return TensorView::of(x.data(), {kB, T, kH, kV});
+    return TensorView::of(x.data(), {shape.B, T, shape.H, shape.V});
   }
   phasor::GlaParams params() const {
     phasor::GlaParams p;
@@ -104,6 +109,19 @@ void BM_GlaForwardBackward(benchmark::State& state) {
   });
   if (impl == Impl::chunk)
     phasor::bench::report_flops(state, seconds, problem.T, gla_chunk_flops(true));
+}
+
+// Forward + backward at the harness's layer shape (bench_util.h: kHarnessShape, T = 64).
+void BM_GlaHarnessShape(benchmark::State& state) {
+  const auto impl = static_cast<Impl>(state.range(0));
+  Problem problem(phasor::bench::kHarnessT, phasor::bench::kHarnessShape);
+  const phasor::GlaParams params = problem.params();
+  const TensorView o = problem.v_view(problem.o), d_o = problem.v_view(problem.d_o);
+  const phasor::GlaGrads grads = problem.grads();
+  phasor::bench::time_calls(state, problem.shape.B * problem.T, impl, [&] {
+    phasor::gla_forward(params, impl, o);
+    phasor::gla_backward(params, impl, d_o, {}, grads);
+  });
 }
 
 void BM_GlaRecurrentDevice(benchmark::State& state) {
@@ -283,6 +301,8 @@ const bool registered = [] {
   phasor::bench::register_chunk_device_grid(
       RegisterBenchmark("BM_GlaChunkDevice", BM_GlaChunkDevice));
   phasor::bench::register_decode_grid(RegisterBenchmark("BM_GlaDecode", BM_GlaDecode));
+  phasor::bench::register_harness_grid(RegisterBenchmark("BM_GlaHarnessShape", BM_GlaHarnessShape),
+                                       {Impl::recurrent, Impl::chunk});
   phasor::bench::register_long_sequence_grid(
       RegisterBenchmark("BM_GlaLongSequence", BM_GlaLongSequence), true);
   phasor::bench::register_dtype_grid(RegisterBenchmark("BM_GlaInputDtype", BM_GlaInputDtype));
