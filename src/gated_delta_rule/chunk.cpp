@@ -223,13 +223,13 @@ void forward_tile(const Problem& p, const Sequence& block, std::int64_t hv, cons
                   const ChunkGram<S>& gram, const ChunkState<S>& chunk, const Vec<S>& beta,
                   const TensorView& o, Mat<S>& state, TileWork<S>& w) {
   const std::int64_t L = chunk.L;
-  load_block(value_columns(p.v, tile), block, hv, w.v);
+  load_rows(value_columns(p.v, tile), block, hv, w.v);
   w.kq_s.noalias() = gram.kq * state;
   w.u_new = beta.asDiagonal() * (w.v - chunk.gamma.asDiagonal() * w.kq_s.topRows(L));
   solve_in_place(chunk.m.template triangularView<UnitLower>(), w.u_new);
   w.out = chunk.gamma.asDiagonal() * w.kq_s.bottomRows(L);
   add_triangular_product(w.out, chunk.attn.template triangularView<Lower>(), w.u_new);
-  store_block(w.out, value_columns(o, tile), block, hv);
+  store_rows(w.out, value_columns(o, tile), block, hv);
   state *= chunk.gamma(L - 1);
   state.noalias() += chunk.k_tail.transpose() * w.u_new;
 }
@@ -586,7 +586,7 @@ void backward_item(const Problem& p, std::int64_t item, const TensorView& d_o,
     for (std::int64_t r = 0; r < G; ++r) {
       const Mat<S>& state = boundary[static_cast<std::size_t>(r * num_chunks + c)];
       load_values(p, block, h * G + r, in);
-      load_block(d_o, block, h * G + r, d_out);
+      load_rows(d_o, block, h * G + r, d_out);
       chunk.prepare(gram, in);
       chunk.compute_u_new(gram, in, state);
       d.reset(block.length, p.V);

@@ -79,29 +79,6 @@ inline Sequence block_of(const Sequence& s, std::int64_t t0, std::int64_t L) {
   return {s.batch, s.start + t0, L};
 }
 
-// load_rows / store_rows of slices.h, with a fast path (a strided Eigen map) when each row is
-// contiguous in memory and already of the compute type.
-template <class S>
-void load_block(const TensorView& x, const Sequence& b, std::int64_t h, Mat<S>& out) {
-  // Empty blocks go through load_rows too: the fast path's base pointer would offset a null
-  // pointer (a zero-sized tensor's data), undefined behaviour (found by UBSan).
-  if (x.dtype != dtype_of<S>() || x.stride(3) != 1 || b.length == 0 || x.size(3) == 0)
-    return load_rows(x, b, h, out);
-  const S* base = static_cast<const S*>(x.data) + b.batch * x.stride(0) + b.start * x.stride(1) +
-                  h * x.stride(2);
-  out = Eigen::Map<const Mat<S>, 0, Eigen::OuterStride<>>(base, b.length, x.size(3),
-                                                          Eigen::OuterStride<>(x.stride(1)));
-}
-template <class S>
-void store_block(const Mat<S>& in, const TensorView& x, const Sequence& b, std::int64_t h) {
-  if (x.dtype != dtype_of<S>() || x.stride(3) != 1 || b.length == 0 || x.size(3) == 0)
-    return store_rows(in, x, b, h);  // (see load_block)
-  S* base =
-      static_cast<S*>(x.data) + b.batch * x.stride(0) + b.start * x.stride(1) + h * x.stride(2);
-  Eigen::Map<Mat<S>, 0, Eigen::OuterStride<>>(base, b.length, x.size(3),
-                                              Eigen::OuterStride<>(x.stride(1))) = in;
-}
-
 // Prefetches block b of the inputs of work item (sequence, q/k head h): q, k, and v and `extra`
 // (d_o in the backward, or nothing) of its value heads.
 inline void prefetch_inputs(const Problem& p, const Sequence& b, std::int64_t h,
@@ -134,8 +111,8 @@ struct QKInputs {
 template <class S>
 void load_qk(const Problem& p, const Sequence& block, std::int64_t h, QKInputs<S>& in,
              bool rotate = true) {
-  load_block(p.q, block, h, in.q_hat);
-  load_block(p.k, block, h, in.k);
+  load_rows(p.q, block, h, in.q_hat);
+  load_rows(p.k, block, h, in.k);
   if (p.l2norm) {
     l2_normalize_rows(in.q_hat, in.q_inv_norm);
     l2_normalize_rows(in.k, in.k_inv_norm);
@@ -159,7 +136,7 @@ struct ValueInputs {
 
 template <class S>
 void load_values(const Problem& p, const Sequence& block, std::int64_t hv, ValueInputs<S>& in) {
-  load_block(p.v, block, hv, in.v);
+  load_rows(p.v, block, hv, in.v);
   load_column(p.g, block, hv, in.g);
   load_column(p.beta, block, hv, in.beta);
 }
@@ -219,13 +196,13 @@ void store_qk_grads(const Problem& p, const Sequence& block, std::int64_t h, con
   if (grads.dq.defined() || want_dtheta) {
     dq_tilde *= S(p.scale);  // now dq̂
     qk_row_grads(p, in, in.q_hat, in.q_inv_norm, dq_tilde, dtheta);
-    if (grads.dq.defined()) store_block(dq_tilde, grads.dq, block, h);
+    if (grads.dq.defined()) store_rows(dq_tilde, grads.dq, block, h);
   }
   if (grads.dk.defined() || want_dtheta) {
     qk_row_grads(p, in, in.k, in.k_inv_norm, dk_hat, dtheta);
-    if (grads.dk.defined()) store_block(dk_hat, grads.dk, block, h);
+    if (grads.dk.defined()) store_rows(dk_hat, grads.dk, block, h);
   }
-  if (want_dtheta) store_block(dtheta, grads.dtheta, block, h);
+  if (want_dtheta) store_rows(dtheta, grads.dtheta, block, h);
 }
 
 // The gradients of one value head for one block of tokens.
@@ -245,7 +222,7 @@ struct ValueGrads {
 template <class S>
 void store_value_grads(const Sequence& block, std::int64_t hv, const ValueGrads<S>& d,
                        const GatedDeltaRuleGrads& grads) {
-  if (grads.dv.defined()) store_block(d.dv, grads.dv, block, hv);
+  if (grads.dv.defined()) store_rows(d.dv, grads.dv, block, hv);
   if (grads.dg.defined()) store_column(d.dg, grads.dg, block, hv);
   if (grads.dbeta.defined()) store_column(d.dbeta, grads.dbeta, block, hv);
 }

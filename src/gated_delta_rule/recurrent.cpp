@@ -147,7 +147,7 @@ void forward_item(const Problem& p, std::int64_t item, const TensorView& o,
                 std::exp(in.g(t)), in.beta(t), &out(t, 0));
         });
         if (stepped) {
-          store_block(out, o, block, h * G + r);
+          store_rows(out, o, block, h * G + r);
           continue;
         }
       }
@@ -158,7 +158,7 @@ void forward_item(const Problem& p, std::int64_t item, const TensorView& o,
                    in.beta(t), scratch, &o_row);
         out.row(t) = o_row;
       }
-      store_block(out, o, block, h * G + r);
+      store_rows(out, o, block, h * G + r);
     }
   }
   if (final_state.defined())
@@ -283,7 +283,7 @@ void backward_item(const Problem& p, std::int64_t item, const TensorView& d_o,
     dk.setZero(block.length, p.K);
     for (std::int64_t r = 0; r < G; ++r) {
       load_values(p, block, h * G + r, in);
-      load_block(d_o, block, h * G + r, d_out);
+      load_rows(d_o, block, h * G + r, d_out);
       states[0] = checkpoints[static_cast<std::size_t>(r * num_segments + c)];
       for (std::int64_t t = 0; t < block.length; ++t) {
         v_row = in.v.row(t);

@@ -72,7 +72,7 @@ void reference_forward(const Problem& p, const TensorView& o, const TensorView& 
         S += in.beta(t) * k * r.transpose();           // S_t = S' + β_t k_t (v_t − S'ᵀ k_t)ᵀ
         out.row(t) = (S.transpose() * q).transpose();  // o_t = S_tᵀ (scale·q_t)
       }
-      store_block(out, o, s, hv);
+      store_rows(out, o, s, hv);
       if (final_state.defined()) store_state(S, final_state, n, hv);
     }
   });
@@ -93,7 +93,7 @@ void reference_backward(const Problem& p, const TensorView& d_o, const TensorVie
       ValueInputs<double> in;
       load_values(p, s, hv, in);
       Matd d_out;
-      load_block(d_o, s, hv, d_out);
+      load_rows(d_o, s, hv, d_out);
       // states[t] = S_t, the state after t tokens (states[0] = initial state).
       std::vector<Matd> states(static_cast<std::size_t>(s.length + 1));
       load_initial_state(p, n, hv, states[0]);
@@ -133,7 +133,7 @@ void reference_backward(const Problem& p, const TensorView& d_o, const TensorVie
       Matd dtheta = Matd::Zero(s.length, p.K / 2);
       reference_unrotate_gradient_rows(dq, qk.q, qk.theta, p.rotary_layout, dtheta);
       reference_unrotate_gradient_rows(dk, qk.k, qk.theta, p.rotary_layout, dtheta);
-      if (grads.dtheta.defined()) store_block(dtheta, grads.dtheta, s, h);
+      if (grads.dtheta.defined()) store_rows(dtheta, grads.dtheta, s, h);
     }
     store_qk_grads(p, s, h, qk.in, dq, dk, grads);
   });

@@ -108,11 +108,11 @@ struct ChunkWork {
             const TensorView& d_o) {
     n = part.length;
     scale = static_cast<S>(p.scale);
-    if (with_q) load_token_rows(p.q, part, h, q);
-    load_token_rows(p.k, part, h, k);
-    load_token_rows(p.v, part, h, v);
-    load_token_rows(p.g, part, h, g);
-    if (d_o.defined()) load_token_rows(d_o, part, h, d_out);
+    if (with_q) load_rows(p.q, part, h, q);
+    load_rows(p.k, part, h, k);
+    load_rows(p.v, part, h, v);
+    load_rows(p.g, part, h, g);
+    if (d_o.defined()) load_rows(d_o, part, h, d_out);
     if (p.theta.defined()) {
       angles.load(p.theta, part, h);
       if (with_q) rotate_rows(q, angles, p.rotary_layout);
@@ -418,7 +418,7 @@ void forward_heads(const Problem& p, std::int64_t n, std::int64_t h0, std::int64
       Mat<S>& state = states[static_cast<std::size_t>(i)];
       work.gate_factors();
       work.forward_output(state);
-      store_token_rows(work.out, o, part, h);
+      store_rows(work.out, o, part, h);
       work.state_contribution(local);
       carry_state(state, work.p_last, local);
     }
@@ -470,7 +470,7 @@ void forward_by_chunk(const Problem& p, const TensorView& o, const TensorView& f
       work.load(p, unit.part(p), unit.head(p), /*with_q=*/true, TensorView{});
       work.gate_factors();
       work.forward_output(block(unit.item, unit.chunk));
-      store_token_rows(work.out, o, unit.part(p), unit.head(p));
+      store_rows(work.out, o, unit.part(p), unit.head(p));
     });
   }
   if (final_state.defined())
@@ -488,12 +488,12 @@ void chunk_gradients(const Problem& p, const Sequence& part, std::int64_t h, con
   work.backward(state_prev, d_state);
   if (unrotate) {
     work.unrotate(p.rotary_layout);
-    if (grads.dtheta.defined()) store_token_rows(work.dtheta, grads.dtheta, part, h);
+    if (grads.dtheta.defined()) store_rows(work.dtheta, grads.dtheta, part, h);
   }
-  if (grads.dq.defined()) store_token_rows(work.dq, grads.dq, part, h);
-  if (grads.dk.defined()) store_token_rows(work.dk, grads.dk, part, h);
-  if (grads.dv.defined()) store_token_rows(work.dv, grads.dv, part, h);
-  if (grads.dg.defined()) store_token_rows(work.dg, grads.dg, part, h);
+  if (grads.dq.defined()) store_rows(work.dq, grads.dq, part, h);
+  if (grads.dk.defined()) store_rows(work.dk, grads.dk, part, h);
+  if (grads.dv.defined()) store_rows(work.dv, grads.dv, part, h);
+  if (grads.dg.defined()) store_rows(work.dg, grads.dg, part, h);
 }
 
 template <class S>

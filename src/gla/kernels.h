@@ -44,32 +44,4 @@ inline Sequence subsequence(const Sequence& s, std::int64_t offset, std::int64_t
   return Sequence{s.batch, s.start + offset, length};
 }
 
-// load_rows / store_rows (slices.h) with a fast path for the common layout: when x already has
-// the compute dtype and unit stride along D, rows are copied as strided blocks (vectorised)
-// instead of element by element through the generic converter. Same values either way.
-template <class S>
-void load_token_rows(const TensorView& x, const Sequence& s, std::int64_t h, Mat<S>& out) {
-  // (D = 0: a tensor with no elements may have no data pointer to offset; the generic path.)
-  if (x.dtype == dtype_of<S>() && x.stride(3) == 1 && s.length > 0 && x.size(3) > 0) {
-    const S* base = static_cast<const S*>(x.data) + s.batch * x.stride(0) + s.start * x.stride(1) +
-                    h * x.stride(2);
-    out = Eigen::Map<const Mat<S>, 0, Eigen::OuterStride<>>(base, s.length, x.size(3),
-                                                            Eigen::OuterStride<>(x.stride(1)));
-    return;
-  }
-  load_rows(x, s, h, out);
-}
-
-template <class S>
-void store_token_rows(const Mat<S>& in, const TensorView& x, const Sequence& s, std::int64_t h) {
-  if (x.dtype == dtype_of<S>() && x.stride(3) == 1 && s.length > 0 && x.size(3) > 0) {
-    S* base =
-        static_cast<S*>(x.data) + s.batch * x.stride(0) + s.start * x.stride(1) + h * x.stride(2);
-    Eigen::Map<Mat<S>, 0, Eigen::OuterStride<>>(base, s.length, x.size(3),
-                                                Eigen::OuterStride<>(x.stride(1))) = in;
-    return;
-  }
-  store_rows(in, x, s, h);
-}
-
 }  // namespace phasor::detail::gla

@@ -46,10 +46,10 @@ struct Segment {
   PairAngles<S> angles;
 
   void load(const Problem& p, const Sequence& part, std::int64_t h, bool with_q) {
-    if (with_q) load_token_rows(p.q, part, h, q);
-    load_token_rows(p.k, part, h, k);
-    load_token_rows(p.v, part, h, v);
-    load_token_rows(p.g, part, h, decay);
+    if (with_q) load_rows(p.q, part, h, q);
+    load_rows(p.k, part, h, k);
+    load_rows(p.v, part, h, v);
+    load_rows(p.g, part, h, decay);
     decay = decay.array().exp().matrix();
     if (p.theta.defined()) {
       angles.load(p.theta, part, h);
@@ -131,7 +131,7 @@ void forward_steps(const Problem& p, const Sequence& s, std::int64_t h, const Te
         }
       });
       if (stepped) {
-        store_token_rows(out, o, part, h);
+        store_rows(out, o, part, h);
         continue;
       }
     }
@@ -145,7 +145,7 @@ void forward_steps(const Problem& p, const Sequence& s, std::int64_t h, const Te
         out_row.noalias() += (scale * seg.q(t, a)) * row;
       }
     }
-    store_token_rows(out, o, part, h);
+    store_rows(out, o, part, h);
   }
 }
 
@@ -225,7 +225,7 @@ void backward_item(const Problem& p, std::int64_t n, std::int64_t h, const Tenso
     const Sequence part = subsequence(s, i * C, std::min(C, s.length - i * C));
     const std::int64_t L = part.length;
     seg.load(p, part, h, /*with_q=*/true);
-    load_token_rows(d_o, part, h, d_out);
+    load_rows(d_o, part, h, d_out);
     states.resize((L + 1) * K, V);
     states.topRows(K) = checkpoints.middleRows(i * K, K);
     for (std::int64_t t = 0; t < L; ++t) {
@@ -255,12 +255,12 @@ void backward_item(const Problem& p, std::int64_t n, std::int64_t h, const Tenso
       dtheta.setZero(L, K / 2);
       unrotate_gradient_rows(dq, seg.q, seg.angles, p.rotary_layout, dtheta);
       unrotate_gradient_rows(dk, seg.k, seg.angles, p.rotary_layout, dtheta);
-      if (grads.dtheta.defined()) store_token_rows(dtheta, grads.dtheta, part, h);
+      if (grads.dtheta.defined()) store_rows(dtheta, grads.dtheta, part, h);
     }
-    if (grads.dq.defined()) store_token_rows(dq, grads.dq, part, h);
-    if (grads.dk.defined()) store_token_rows(dk, grads.dk, part, h);
-    if (grads.dv.defined()) store_token_rows(dv, grads.dv, part, h);
-    if (grads.dg.defined()) store_token_rows(dg, grads.dg, part, h);
+    if (grads.dq.defined()) store_rows(dq, grads.dq, part, h);
+    if (grads.dk.defined()) store_rows(dk, grads.dk, part, h);
+    if (grads.dv.defined()) store_rows(dv, grads.dv, part, h);
+    if (grads.dg.defined()) store_rows(dg, grads.dg, part, h);
   }
   if (grads.dh0.defined()) store_state(d_state, grads.dh0, n, h);
   w.release_if_large();
