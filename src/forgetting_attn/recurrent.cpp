@@ -659,14 +659,11 @@ void ForgettingAttnCache::step(const TensorView& q, const TensorView& k, const T
                                                   slopes, a_t, b_t);
       for (std::int64_t r = 0; r < G; ++r) detail::store_rows(o_t.row(r), o, token, h * G + r);
     };
-    // Waking the thread pool costs more than a short step: below ~2^18 multiply-adds the items
-    // run on the calling thread (each item is computed the same way either way).
-    const std::int64_t work = s.batch * s.HQ * (caches.front().cached() + 1) * (s.K + s.V);
-    if (work < (std::int64_t{1} << 18)) {
-      for (std::int64_t item = 0; item < s.batch * s.H; ++item) step_item(item);
-    } else {
-      detail::parallel_for(s.batch * s.H, step_item);
-    }
+    // An item (a key head and its G query heads) scores and weighs every cached token: a short
+    // step runs on the calling thread (parallel_for's work estimate; each item is computed the
+    // same way either way).
+    const std::int64_t work_per_item = G * (caches.front().cached() + 1) * (s.K + s.V);
+    detail::parallel_for(s.batch * s.H, work_per_item, step_item);
   });
   ++s.length;
 }
