@@ -41,6 +41,8 @@ struct LaunchSpec {
   std::size_t dynamic_shared_bytes;
 };
 // Runs every block of the grid; each thread calls invoke(closure). Rethrows the first fault.
+// launch() (simt.h) returns before calling this for an empty grid, as CUDA does nothing for one;
+// called directly with a zero grid dimension, it reports an invalid launch (as for a zero block).
 void run_grid(const LaunchSpec& spec, void (*invoke)(const void* closure), const void* closure);
 
 // --- shared memory -------------------------------------------------------------------------------

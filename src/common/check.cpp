@@ -267,6 +267,8 @@ bool scan(const TensorView& x, ValueRule rule, ValueVerdict& verdict, int item) 
   constexpr std::int64_t kRowsPerBlock = 256;
   const std::int64_t blocks = (rows + kRowsPerBlock - 1) / kRowsPerBlock;
   std::vector<std::int64_t> first_bad(static_cast<std::size_t>(blocks), rows);
+  // The work estimate counts elements: checking one (a load and a compare) costs about what a
+  // multiply-add does, the unit parallel_for expects.
   parallel_for(blocks, kRowsPerBlock * n, [&](std::int64_t block) {
     const std::int64_t end = std::min(rows, (block + 1) * kRowsPerBlock);
     for (std::int64_t r = block * kRowsPerBlock; r < end; ++r)
