@@ -114,7 +114,6 @@ void forward_steps(const Problem& p, const Sequence& s, std::int64_t h, const Te
   const S scale = static_cast<S>(p.scale);
   Segment<S>& seg = w.seg;
   Mat<S>& out = w.out;
-  Vec<S>& q_scaled = w.q_scaled;
   for (std::int64_t offset = 0; offset < s.length; offset += p.chunk_size) {
     const Sequence part = subsequence(s, offset, std::min(p.chunk_size, s.length - offset));
     seg.load(p, part, h, /*with_q=*/true);
@@ -122,6 +121,7 @@ void forward_steps(const Problem& p, const Sequence& s, std::int64_t h, const Te
 #if defined(__AVX512F__)
     if constexpr (std::is_same_v<S, float>) {
       // The state is K × V, rows contiguous (Mat or StateMap of one): see step_in_registers.
+      Vec<S>& q_scaled = w.q_scaled;
       const bool stepped = with_packets_of_16(p.V, [&](auto packets) {
         for (std::int64_t t = 0; t < part.length; ++t) {
           q_scaled = scale * seg.q.row(t).transpose();
