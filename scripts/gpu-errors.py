@@ -10,6 +10,10 @@ kernel, and for bfloat16 / float16 the GPU's error against the reference beside 
 on the same rounded inputs.
 
     python3 scripts/gpu-errors.py [build/tests/gla_gpu_test ...]
+    python3 scripts/gpu-errors.py --logs gpu-check/*_gpu_test.log   # saved output (a GPU run's)
+
+A suite run with both devices records the emulated and the CUDA instances under the same keys (the
+worst of both); scripts/gpu-check.sh runs the CUDA instances alone, and --logs reads its logs.
 """
 import glob
 import re
@@ -21,13 +25,19 @@ LINE = re.compile(r"\[phasor-gpu-error\] (\S+) (.+?) vs (reference|cpu kernel) (
 
 
 def main():
-    binaries = sys.argv[1:] or sorted(glob.glob("build/tests/*_gpu_test"))
-    if not binaries:
-        sys.exit("no GPU test binaries found (build first, or name them)")
-    worst = {}  # (op, column) -> error
-    for binary in binaries:
+    args = sys.argv[1:]
+    if args[:1] == ["--logs"]:
+        outputs = [open(path).read() for path in args[1:]]
+        if not outputs:
+            sys.exit("--logs: name the saved outputs of the GPU suites")
+    else:
+        binaries = args or sorted(glob.glob("build/tests/*_gpu_test"))
+        if not binaries:
+            sys.exit("no GPU test binaries found (build first, or name them)")
         # The suites' pass/fail is ctest's business; the records are printed either way.
-        out = subprocess.run([binary], capture_output=True, text=True).stdout
+        outputs = [subprocess.run([b], capture_output=True, text=True).stdout for b in binaries]
+    worst = {}  # (op, column) -> error
+    for out in outputs:
         for m in LINE.finditer(out):
             op, output, against, dtype, error = m.groups()
             who = "cpu" if output.endswith("(cpu kernel)") else "gpu"
