@@ -37,6 +37,9 @@ def main():
     dev = "cuda"
     torch.manual_seed(0)
     rows = []
+    # Each row is written as it is measured: a run stopped at a time cap (Triton's autotuning
+    # can take minutes per kernel) keeps what it measured.
+    out_file = open(args.out, "w") if args.out else None
 
     def measure(op, shape, dtype, make, call):
         for backward in (False, True):
@@ -59,6 +62,9 @@ def main():
                    "tokens_per_s": B * T / (ms / 1e3), "first_call_s": first}
             rows.append(row)
             print(json.dumps(row), flush=True)
+            if out_file:
+                out_file.write(json.dumps(row) + "\n")
+                out_file.flush()
             del inputs
             torch.cuda.empty_cache()
 
@@ -94,10 +100,8 @@ def main():
             measure("parallel_forgetting_attn", (1, T, 8), "float32", make,
                     lambda q, k, v, g: parallel_forgetting_attn(q, k, v, g))
 
-    if args.out:
-        with open(args.out, "w") as f:
-            for row in rows:
-                f.write(json.dumps(row) + "\n")
+    if out_file:
+        out_file.close()
     print(f"{'op':<26}{'B':>3}{'T':>7}{'H':>4} {'dtype':<9}{'pass':<9}{'ms':>9}")
     for r in rows:
         print(f"{r['op']:<26}{r['B']:>3}{r['T']:>7}{r['H']:>4} {r['dtype']:<9}{r['pass']:<9}"

@@ -15,11 +15,13 @@
 # Environment: PHASOR_GPU_CHECK_STEPS (default "tests bench fla sanitize") picks the steps;
 # PHASOR_FLA_DIR, an fla checkout: fla's kernels timed at the same shapes (bench/fla_compare.py).
 set -uo pipefail
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build=${1:-build}
 out=${2:-$build/gpu-check}
 steps=${PHASOR_GPU_CHECK_STEPS:-tests bench fla sanitize}
 mkdir -p "$out"
-export PHASOR_SOURCE_DIR=${PHASOR_SOURCE_DIR:-$PWD}
+export PHASOR_SOURCE_DIR=${PHASOR_SOURCE_DIR:-$repo}
+cuda_only='-*/emulated'  # the op suites' CUDA instances (and their non-parametrised tests)
 summary=()
 note() { summary+=("$1"); echo "== $1"; }
 
@@ -34,7 +36,7 @@ if [[ " $steps " == *" tests "* ]]; then
     bin=$build/tests/$t
     [[ -x $bin ]] || { note "$t: MISSING"; continue; }
     filter='*'
-    [[ $t == *_gpu_test ]] && filter='-*/emulated'
+    [[ $t == *_gpu_test ]] && filter=$cuda_only
     t0=$(date +%s%N)
     timeout 300 "$bin" --gtest_filter="$filter" --gtest_brief=1 >"$out/$t.log" 2>&1
     rc=$?
@@ -43,8 +45,10 @@ if [[ " $steps " == *" tests "* ]]; then
     failed=$(sed -n 's/^\[  FAILED  \] \([0-9]*\) tests\{0,1\}, listed below.*/\1/p' "$out/$t.log")
     skipped=$(sed -n 's/^\[  SKIPPED \] \([0-9]*\) test.*/\1/p' "$out/$t.log")
     note "$t: rc $rc, ${passed:-0} passed, ${failed:-0} failed, ${skipped:-0} skipped, $((ms / 1000)).$((ms % 1000 / 100)) s"
-    grep -h '\[phasor-gpu-error\]' "$out/$t.log" >>"$out/gpu-errors.txt"
   done
+  # The CPU-vs-GPU error table from the records the suites printed (CUDA instances only).
+  python3 "$repo/scripts/gpu-errors.py" --logs "$out"/*_gpu_test.log >"$out/gpu-errors.md"
+  note "error table: $out/gpu-errors.md"
 fi
 
 if [[ " $steps " == *" bench "* ]]; then
@@ -59,7 +63,7 @@ if [[ " $steps " == *" bench "* ]]; then
 fi
 
 if [[ " $steps " == *" fla "* && -n ${PHASOR_FLA_DIR:-} ]]; then
-  timeout 200 python3 bench/fla_compare.py "$PHASOR_FLA_DIR" --out "$out/fla.jsonl" \
+  timeout 200 python3 "$repo/bench/fla_compare.py" "$PHASOR_FLA_DIR" --out "$out/fla.jsonl" \
     >"$out/fla.log" 2>&1
   note "fla_compare: rc $? ($(grep -c '"library"' "$out/fla.jsonl" 2>/dev/null || echo 0) rows)"
 fi
@@ -71,7 +75,7 @@ if [[ " $steps " == *" sanitize "* ]]; then
         bin=$build/tests/$t
         [[ -x $bin ]] || continue
         timeout "${PHASOR_SANITIZE_SECONDS:-30}" compute-sanitizer --tool "$tool" --error-exitcode 9 "$bin" \
-          --gtest_filter='*/cuda' --gtest_brief=1 >"$out/sanitize-$tool-$t.log" 2>&1
+          --gtest_filter="$cuda_only" --gtest_brief=1 >"$out/sanitize-$tool-$t.log" 2>&1
         rc=$?
         errors=$(grep -m1 -o 'ERROR SUMMARY: [0-9]* error' "$out/sanitize-$tool-$t.log")
         note "compute-sanitizer $tool $t: rc $rc${errors:+, $errors}$([[ $rc == 124 ]] && echo ', stopped at the time cap')"

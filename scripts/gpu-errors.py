@@ -16,6 +16,7 @@ A suite run with both devices records the emulated and the CUDA instances under 
 worst of both); scripts/gpu-check.sh runs the CUDA instances alone, and --logs reads its logs.
 """
 import glob
+import pathlib
 import re
 import subprocess
 import sys
@@ -27,7 +28,7 @@ LINE = re.compile(r"\[phasor-gpu-error\] (\S+) (.+?) vs (reference|cpu kernel) (
 def main():
     args = sys.argv[1:]
     if args[:1] == ["--logs"]:
-        outputs = [open(path).read() for path in args[1:]]
+        outputs = [pathlib.Path(path).read_text() for path in args[1:]]
         if not outputs:
             sys.exit("--logs: name the saved outputs of the GPU suites")
     else:
