@@ -137,6 +137,49 @@ TEST(LaunchLocal, EveryRankSeesItsEnvironment) {
   EXPECT_EQ(status, 0);
 }
 
+// Whether process `pid` has ended: gone, or a zombie not yet reaped (its new parent may be slow).
+bool process_ended(pid_t pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(stat, line)) return true;
+  const std::size_t close = line.rfind(')');
+  return close == std::string::npos || close + 2 >= line.size() || line[close + 2] == 'Z' ||
+         line[close + 2] == 'X';
+}
+
+// A folder of its own for one test's files, removed at the end.
+class TempFolder {
+ public:
+  explicit TempFolder(const std::string& name)
+      : path_(testing::TempDir() + name + "_" + std::to_string(::getpid())) {
+    std::filesystem::remove_all(path_);
+    std::filesystem::create_directories(path_);
+  }
+  ~TempFolder() { std::filesystem::remove_all(path_); }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+// A rank's shell command that starts `sleep 60` in the background and records its pid in
+// <dir>/child<RANK> (written whole: a rename), so a test can check it ended with the rank.
+std::string start_background_sleep(const std::string& dir) {
+  return "sleep 60 & echo $! > " + dir + "/tmp$RANK && mv " + dir + "/tmp$RANK " + dir +
+         "/child$RANK";
+}
+
+// The pids recorded by start_background_sleep for ranks 0 … nproc − 1 (those written by now).
+std::vector<pid_t> background_children(const std::string& dir, int nproc) {
+  std::vector<pid_t> pids;
+  for (int rank = 0; rank < nproc; ++rank) {
+    std::ifstream file(dir + "/child" + std::to_string(rank));
+    pid_t pid = 0;
+    if (file >> pid) pids.push_back(pid);
+  }
+  return pids;
+}
+
 TEST(LaunchLocal, AFailingRankStopsTheOthers) {
   const auto start = std::chrono::steady_clock::now();
   const int status = phasor::distributed::launch_local(
@@ -146,14 +189,57 @@ TEST(LaunchLocal, AFailingRankStopsTheOthers) {
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30));
 }
 
-// Whether process `pid` has ended: gone, or a zombie not yet reaped (its new parent may be slow).
-bool process_ended(pid_t pid) {
-  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-  std::string line;
-  if (!std::getline(stat, line)) return true;
-  const std::size_t close = line.rfind(')');
-  return close == std::string::npos || close + 2 >= line.size() || line[close + 2] == 'Z' ||
-         line[close + 2] == 'X';
+// Stopping a rank stops what it started: each rank leads a process group and the launcher
+// signals the groups (as torchrun does), so a shell's background child ends with it — the
+// failed rank's too — instead of outliving the launch (and holding its output pipe open).
+TEST(LaunchLocal, AFailingRankStopsWhatEveryRankStarted) {
+  const TempFolder dir("launch_local_children");
+  const std::string d = dir.path();
+  // Rank 1 fails once all three have started their child, so that there is something to stop.
+  const std::string command =
+      start_background_sleep(d) + "; if [ \"$RANK\" = 1 ]; then while [ ! -f " + d +
+      "/child0 ] || [ ! -f " + d + "/child2 ]; do sleep 0.05; done; exit 3; fi; wait";
+  const auto start = std::chrono::steady_clock::now();
+  const int status =
+      phasor::distributed::launch_local(3, {"/bin/sh", "-c", command}, std::chrono::seconds(5));
+  EXPECT_EQ(status, 3);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30));
+  const std::vector<pid_t> children = background_children(d, 3);
+  ASSERT_EQ(children.size(), 3u) << "the ranks did not start their children";
+  for (pid_t pid : children) {
+    EXPECT_TRUE(process_ended(pid)) << "a rank's child " << pid << " outlived the launch";
+    ::kill(pid, SIGKILL);  // in case it did not end: no stray sleep
+  }
+}
+
+// SIGTERM (or SIGINT, SIGHUP) sent to the launcher reaches every rank's group, and the launcher
+// then ends of that signal as it would have without the launch.
+TEST(LaunchLocal, ASignalToTheLauncherReachesEveryRankAndItsChildren) {
+  const TempFolder dir("launch_local_signal");
+  const std::string d = dir.path();
+  const pid_t launcher = ::fork();
+  ASSERT_GE(launcher, 0);
+  if (launcher == 0) {
+    const int status = phasor::distributed::launch_local(
+        2, {"/bin/sh", "-c", start_background_sleep(d) + "; wait"}, std::chrono::seconds(5));
+    ::_exit(status == 0 ? 0 : 100 + status % 100);  // reached only if the signal was lost
+  }
+  std::vector<pid_t> children;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (children.size() < 2 && std::chrono::steady_clock::now() < deadline) {
+    children = background_children(d, 2);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ::kill(launcher, SIGTERM);
+  int status = 0;
+  ::waitpid(launcher, &status, 0);
+  ASSERT_EQ(children.size(), 2u) << "the ranks did not start their children";
+  EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGTERM)
+      << "the launcher should end of the SIGTERM it forwarded; wait status " << status;
+  for (pid_t pid : children) {
+    EXPECT_TRUE(process_ended(pid)) << "a rank's child " << pid << " outlived the launcher";
+    ::kill(pid, SIGKILL);
+  }
 }
 
 TEST(LaunchLocal, KillingTheLauncherEndsItsRanks) {

@@ -61,12 +61,20 @@ int free_port();
 
 // Runs `argv` (argv[0] a program path) as `nproc` local processes, ranks 0 … nproc − 1, each
 // with RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR=127.0.0.1 and MASTER_PORT (a free port) set in
-// its environment, like `torchrun --standalone --nproc-per-node nproc`. Waits for all; when one
-// exits with a failure, the others are terminated (SIGTERM, then SIGKILL after `grace`). Returns 0
-// when every rank succeeded, else the first failing rank's exit status (128 + signal for a
-// signal). The ranks end with the launcher: each gets SIGTERM when the calling thread ends (Linux's
-// PR_SET_PDEATHSIG), so killing the launcher, even with SIGKILL, leaves no rank running. Throws
-// phasor::Error when a process cannot be started.
+// its environment, like `torchrun --standalone --nproc-per-node nproc`. Each rank leads a process
+// group of its own, and stopping a rank means signalling its group, so whatever it started (a
+// shell's children, a script's workers) stops with it, as under torchrun. Waits for all; when one
+// exits with a failure, every rank's group is terminated (SIGTERM, then SIGKILL after `grace`).
+// Returns 0 when every rank succeeded, else the first failing rank's exit status (128 + signal for
+// a signal). While it waits, SIGINT, SIGTERM and SIGHUP sent to the calling process (Ctrl-C
+// included: the ranks are not in the terminal's foreground group) are forwarded to every rank's
+// group the same way; once the ranks have ended, the caller's own handling of that signal is
+// restored and the signal raised again (by default the caller then ends of it). A signal the
+// caller ignores stays ignored. The ranks end with the launcher: each gets SIGTERM when the
+// calling thread ends (Linux's PR_SET_PDEATHSIG), so killing the launcher, even with SIGKILL,
+// leaves no rank running (what a rank started is then the rank's to stop). Ranks should not read
+// the terminal (a background group doing so is stopped by SIGTTIN). Throws phasor::Error when a
+// process cannot be started.
 int launch_local(int nproc, const std::vector<std::string>& argv,
                  std::chrono::milliseconds grace = std::chrono::seconds(10));
 

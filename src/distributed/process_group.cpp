@@ -4,6 +4,7 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -11,9 +12,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <csignal>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <thread>
 
@@ -126,6 +131,52 @@ int free_port() {
   return ntohs(address.sin_port);
 }
 
+namespace {
+
+// The signal that asked the launcher to stop while launch_local waits (0: none). A handler may
+// only store to a volatile sig_atomic_t; the waiting loop forwards it to the ranks.
+volatile std::sig_atomic_t pending_signal = 0;
+extern "C" void record_signal(int signal) {
+  pending_signal = signal;
+}
+
+// Sends `signal` to every process of each rank's process group: the rank and whatever it started
+// (a shell's children, a training script's workers), as torchrun's agent does (os.killpg on
+// processes started with start_new_session). A group with no process left gives ESRCH, ignored.
+void signal_groups(const std::vector<pid_t>& groups, int signal) {
+  for (pid_t group : groups) ::kill(-group, signal);
+}
+
+// Whether any of `groups` has a process that has not ended. kill(-group, 0) cannot say: it
+// succeeds on a zombie, and an orphan's zombie waits for its new parent to reap it, which need
+// not be prompt (a container's first process). So /proc: field 3 of /proc/<pid>/stat is the
+// state (Z, X: ended), field 5 the process group.
+bool any_live_process(const std::vector<pid_t>& groups) {
+  DIR* proc = ::opendir("/proc");
+  if (proc == nullptr) return false;
+  bool live = false;
+  while (const dirent* entry = ::readdir(proc)) {
+    if (entry->d_name[0] < '1' || entry->d_name[0] > '9') continue;
+    std::ifstream stat(std::string("/proc/") + entry->d_name + "/stat");
+    std::string line;
+    if (!std::getline(stat, line)) continue;
+    const std::size_t close = line.rfind(')');  // the name may hold spaces and parentheses
+    if (close == std::string::npos) continue;
+    std::istringstream fields(line.substr(close + 1));
+    char state = 0;
+    long parent = 0, group = 0;
+    if (!(fields >> state >> parent >> group) || state == 'Z' || state == 'X') continue;
+    if (std::find(groups.begin(), groups.end(), static_cast<pid_t>(group)) != groups.end()) {
+      live = true;
+      break;
+    }
+  }
+  ::closedir(proc);
+  return live;
+}
+
+}  // namespace
+
 int launch_local(int nproc, const std::vector<std::string>& argv, std::chrono::milliseconds grace) {
   if (nproc < 1) {
     throw Error("phasor::distributed::launch_local: argument 'nproc': expected ≥ 1, got " +
@@ -136,17 +187,41 @@ int launch_local(int nproc, const std::vector<std::string>& argv, std::chrono::m
   }
   const std::string port = std::to_string(free_port());
   const pid_t launcher = ::getpid();
+  // While the ranks run, SIGINT / SIGTERM / SIGHUP sent to the launcher (Ctrl-C reaches only the
+  // terminal's foreground group, which the ranks have left) are forwarded to every rank's group;
+  // once the ranks have ended, the launcher's own dispositions come back and the signal is raised
+  // again, so the caller ends (or handles it) as it would have without the launch.
+  const int forwarded[] = {SIGINT, SIGTERM, SIGHUP};
+  struct sigaction previous[3];
+  struct sigaction record {};
+  record.sa_handler = record_signal;
+  sigemptyset(&record.sa_mask);
+  pending_signal = 0;
+  for (int i = 0; i < 3; ++i) {
+    ::sigaction(forwarded[i], nullptr, &previous[i]);
+    // A signal the launcher ignores (nohup's SIGHUP) stays ignored, and the ranks inherit that.
+    if (previous[i].sa_handler != SIG_IGN) ::sigaction(forwarded[i], &record, nullptr);
+  }
+  auto restore = [&] {
+    for (int i = 0; i < 3; ++i) ::sigaction(forwarded[i], &previous[i], nullptr);
+  };
   std::vector<pid_t> children;
   for (int rank = 0; rank < nproc; ++rank) {
     const pid_t pid = ::fork();
     if (pid < 0) {
       const std::string message = std::strerror(errno);
-      for (pid_t child : children) ::kill(child, SIGKILL);
+      signal_groups(children, SIGKILL);
       for (pid_t child : children) ::waitpid(child, nullptr, 0);
+      restore();
       throw Error("phasor::distributed::launch_local: fork of rank " + std::to_string(rank) + ": " +
                   message);
     }
     if (pid == 0) {
+      // Each rank leads a process group of its own, so that stopping it stops everything it
+      // started. Set by both sides (here and in the launcher) so that the group exists before
+      // either one goes on.
+      ::setpgid(0, 0);
+      for (int i = 0; i < 3; ++i) ::sigaction(forwarded[i], &previous[i], nullptr);
       // The rank ends with the launcher, whatever ends it (SIGKILL included), so that no rank is
       // left computing and writing without it: SIGTERM when the thread that forked it exits
       // (this call waits for every rank, so that is the launcher's end). It survives exec.
@@ -166,16 +241,23 @@ int launch_local(int nproc, const std::vector<std::string>& argv, std::chrono::m
                    std::strerror(errno));
       ::_exit(127);
     }
+    ::setpgid(pid, pid);  // EACCES once the rank has exec'd: it has then set its group itself
     children.push_back(pid);
   }
-  // Wait for every rank; on the first failure, terminate the rest (they would otherwise wait on
-  // their collectives until the timeout).
+  // Wait for every rank; on the first failure (or a forwarded signal), terminate the rest: they
+  // would otherwise wait on their collectives until the timeout.
   int first_failure = 0;
+  int stopping_signal = 0;
   std::vector<bool> done(children.size(), false);
   std::size_t remaining = children.size();
   auto deadline = std::chrono::steady_clock::time_point::max();
   bool killed = false;
   while (remaining > 0) {
+    if (pending_signal != 0 && stopping_signal == 0) {
+      stopping_signal = pending_signal;
+      signal_groups(children, stopping_signal);
+      deadline = std::min(deadline, std::chrono::steady_clock::now() + grace);
+    }
     int status = 0;
     const pid_t pid = ::waitpid(-1, &status, WNOHANG);
     if (pid > 0) {
@@ -188,27 +270,36 @@ int launch_local(int nproc, const std::vector<std::string>& argv, std::chrono::m
                                                : 1;
         if (code != 0 && first_failure == 0) {
           first_failure = code;
-          std::fprintf(stderr,
-                       "phasor: rank %zu of %d failed (exit status %d); stopping the "
-                       "others\n",
-                       i, nproc, code);
-          for (std::size_t j = 0; j < children.size(); ++j) {
-            if (!done[j]) ::kill(children[j], SIGTERM);
+          if (stopping_signal == 0) {
+            std::fprintf(stderr,
+                         "phasor: rank %zu of %d failed (exit status %d); stopping the "
+                         "others\n",
+                         i, nproc, code);
+            // Every group, the failed rank's too: what it started must not outlive it.
+            signal_groups(children, SIGTERM);
+            deadline = std::min(deadline, std::chrono::steady_clock::now() + grace);
           }
-          deadline = std::chrono::steady_clock::now() + grace;
         }
       }
       continue;
     }
     if (pid < 0 && errno != EINTR) break;
     if (!killed && std::chrono::steady_clock::now() > deadline) {
-      for (std::size_t j = 0; j < children.size(); ++j) {
-        if (!done[j]) ::kill(children[j], SIGKILL);
-      }
+      signal_groups(children, SIGKILL);
       killed = true;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
+  // After a failure or a signal, what the ranks started ends too: their leaders are gone, the
+  // groups' other processes got the same signal; they have until the grace period's end, then
+  // SIGKILL.
+  if (first_failure != 0 || stopping_signal != 0) {
+    while (any_live_process(children) && std::chrono::steady_clock::now() <= deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    signal_groups(children, SIGKILL);
+  }
+  restore();
+  if (stopping_signal != 0) ::raise(stopping_signal);
   return first_failure;
 }
 
