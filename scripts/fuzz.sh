@@ -6,11 +6,12 @@
 #   FUZZ_TARGETS="op_args_fuzz" scripts/fuzz.sh 300     (a subset)
 #
 # Configures and builds build-asan/ (clang, -fsanitize=address,undefined, libFuzzer's coverage
-# instrumentation everywhere) when needed, then for every target, one at a time:
-#   1. replays its committed inputs — tests/fuzz/corpus/<target>/ and tests/fuzz/regressions/<target>/
-#      — once each: any failure stops the script;
-#   2. fuzzes for SECONDS_PER_TARGET with -rss_limit_mb=4096 (also the limit of any one
-#      allocation) and -timeout=25, starting from those inputs and writing new interesting ones to
+# instrumentation everywhere) when needed, then:
+#   1. replays every target's committed inputs, one target at a time — tests/fuzz/corpus/<target>/
+#      and tests/fuzz/regressions/<target>/ — once each: any failure stops the script;
+#   2. fuzzes every target for SECONDS_PER_TARGET, as many targets at a time as there are cores
+#      (each run is one process), with -rss_limit_mb=4096 (also the limit of any one allocation)
+#      and -timeout=25, starting from those inputs and writing new interesting ones to
 #      build-asan/fuzz-out/<target>/corpus/ (never to the committed corpus); a crash lands in
 #      build-asan/fuzz-out/<target>/ as crash-<sha1> (or leak-, timeout-, oom-).
 # Prints per target the executions, executions per second, coverage (libFuzzer's cov: edges and
@@ -43,25 +44,14 @@ export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 out=$build/fuzz-out
 # The crash, leak, timeout and out-of-memory inputs libFuzzer has written to a folder.
 artifacts() { find "$1" -maxdepth 1 -type f -regex '.*/\(crash\|leak\|timeout\|oom\)-.*' | wc -l; }
-failed=0
-summary=()
-for target in "${targets[@]}"; do
-  bin=$build/tests/fuzz/$target
-  inputs=(tests/fuzz/corpus/"$target")
+# Each target's fuzzing run (one process, one core): its summary line in $out/<target>/summary,
+# and the start of its report on stderr when it crashed; exit status 1 then.
+fuzz_one() {
+  local target=$1 bin=$build/tests/fuzz/$1 status=0 before runs rate new cov crashes
+  local inputs=(tests/fuzz/corpus/"$target") dict=() log=$out/$target/fuzz.log
   [[ -d tests/fuzz/regressions/$target ]] && inputs+=(tests/fuzz/regressions/"$target")
-  mkdir -p "$out/$target/corpus"
-  echo "== $target: replaying ${inputs[*]}"
-  "$bin" -runs=0 -rss_limit_mb=4096 -timeout=25 "${inputs[@]}" >"$out/$target/replay.log" 2>&1 || {
-    tail -40 "$out/$target/replay.log" >&2
-    echo "$target: a committed input fails (log: $out/$target/replay.log)" >&2
-    exit 1
-  }
-  echo "== $target: fuzzing for ${seconds}s"
-  before=$(artifacts "$out/$target")
-  log=$out/$target/fuzz.log
-  status=0
-  dict=()
   [[ -f tests/fuzz/$target.dict ]] && dict=(-dict="tests/fuzz/$target.dict")
+  before=$(artifacts "$out/$target")
   "$bin" "$out/$target/corpus" "${inputs[@]}" "${dict[@]}" -max_total_time="$seconds" \
     -rss_limit_mb=4096 -timeout=25 -print_final_stats=1 -artifact_prefix="$out/$target/" \
     >"$log" 2>&1 || status=$?
@@ -72,14 +62,48 @@ for target in "${targets[@]}"; do
   crashes=$(($(artifacts "$out/$target") - before))
   if ((status != 0)); then
     crashes=$((crashes > 0 ? crashes : 1))
-    failed=1
-    grep -m1 -A30 -E 'ERROR: (AddressSanitizer|libFuzzer|LeakSanitizer)|runtime error|_fuzz: ' \
-      "$log" >&2 || tail -40 "$log" >&2
-    echo "$target: CRASH (log: $log)" >&2
+    { grep -m1 -A30 -E 'ERROR: (AddressSanitizer|libFuzzer|LeakSanitizer)|runtime error|_fuzz: ' \
+        "$log" || tail -40 "$log"; echo "$target: CRASH (log: $log)"; } >&2
   fi
-  summary+=("$(printf '%-17s %10s execs %8s exec/s  %-22s %6s new  %s crashes' "$target" \
-    "${runs:-?}" "${rate:-?}" "${cov:-cov: ?}" "${new:-?}" "$crashes")")
+  printf '%-17s %10s execs %8s exec/s  %-22s %6s new  %s crashes\n' "$target" "${runs:-?}" \
+    "${rate:-?}" "${cov:-cov: ?}" "${new:-?}" "$crashes" >"$out/$target/summary"
+  return $((status != 0))
+}
+
+# 1. Every target's committed inputs, one at a time (seconds in all): any failure stops here.
+for target in "${targets[@]}"; do
+  inputs=(tests/fuzz/corpus/"$target")
+  [[ -d tests/fuzz/regressions/$target ]] && inputs+=(tests/fuzz/regressions/"$target")
+  mkdir -p "$out/$target/corpus"
+  rm -f "$out/$target/summary"
+  echo "== $target: replaying ${inputs[*]}"
+  "$build/tests/fuzz/$target" -runs=0 -rss_limit_mb=4096 -timeout=25 "${inputs[@]}" \
+    >"$out/$target/replay.log" 2>&1 || {
+    tail -40 "$out/$target/replay.log" >&2
+    echo "$target: a committed input fails (log: $out/$target/replay.log)" >&2
+    exit 1
+  }
 done
-echo "== fuzzing summary (${seconds}s per target)"
-printf '%s\n' "${summary[@]}"
+
+# 2. Fuzzing, as many targets at a time as there are cores: each libFuzzer run is one process on
+# one core, so every target still gets SECONDS of a core, and the stage takes
+# ceil(targets / cores) × SECONDS instead of targets × SECONDS.
+jobs=$(nproc)
+failed=0
+running=0
+for target in "${targets[@]}"; do
+  if ((running >= jobs)); then
+    wait -n || failed=1
+    running=$((running - 1))
+  fi
+  echo "== $target: fuzzing for ${seconds}s"
+  fuzz_one "$target" &
+  running=$((running + 1))
+done
+while ((running > 0)); do
+  wait -n || failed=1
+  running=$((running - 1))
+done
+echo "== fuzzing summary (${seconds}s per target, up to $jobs at a time)"
+for target in "${targets[@]}"; do cat "$out/$target/summary"; done
 exit $failed
