@@ -3,20 +3,33 @@
 # shared memory, stack frame (local memory), spill stores and loads. Exits 1 when a shipped
 # kernel spills (or a file does not compile), so it can gate CI.
 #   usage: bash scripts/cuda-resources.sh [-a "80 90"] [file.cu ...]
+#          bash scripts/cuda-resources.sh --build <build dir>
 # Files default to the shipped kernels, cuda/<op>/*.cu (not cuda/simt/, the platform layer), and
 # the emulator's test kernels tests/simt_kernels.cu, which are reported but not held to zero
 # spills. The flags are the build's (C++17, -O3, --expt-relaxed-constexpr); each file is compiled
 # once for all the architectures (a small CUB kernel file takes ~12 s for sm_80 + sm_90 here).
+# With --build, nothing is compiled: the reports are the ones ptxas gave when that build (a CMake
+# build with the CUDA backend) compiled the files, kept beside each object as <object>.ptxas by
+# cmake/ptxas-report.sh, for the build's own architectures and flags; a default file the build
+# has no report of is an error. CI's test stage reads its Release build this way.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 archs=${PHASOR_CUDA_ARCHS:-"80 90"}
+build=""
 if [[ ${1:-} == "-a" ]]; then
   archs=$2
   shift 2
+elif [[ ${1:-} == "--build" ]]; then
+  build=${2:?"usage: bash scripts/cuda-resources.sh --build <build dir>"}
+  shift 2
+  if [[ ! -f $build/CMakeCache.txt ]]; then
+    echo "cuda-resources: --build $build: not a CMake build folder (no CMakeCache.txt)" >&2
+    exit 2
+  fi
 fi
 nvcc=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
-if [[ ! -x $nvcc ]]; then
+if [[ -z $build && ! -x $nvcc ]]; then
   echo "cuda-resources: no nvcc (looked on PATH and at /usr/local/cuda/bin/nvcc; set NVCC)" >&2
   exit 2
 fi
@@ -44,7 +57,13 @@ report() {
   shipped=1
   [[ $f == cuda/* ]] || shipped=0
   start=$(date +%s.%N)
-  if ! "$nvcc" -std=c++17 -O3 -DNDEBUG --expt-relaxed-constexpr -DPHASOR_HAS_CUDA=1 \
+  if [[ -n $build ]]; then
+    log=${reports[$(realpath "$f")]:-}
+    if [[ -z $log ]]; then
+      echo "cuda-resources: $build has no ptxas report of $f (is its CUDA backend on, and built?)" >&2
+      return 1
+    fi
+  elif ! "$nvcc" -std=c++17 -O3 -DNDEBUG --expt-relaxed-constexpr -DPHASOR_HAS_CUDA=1 \
     -Iinclude -Isrc -Icuda -Itests "${gencode[@]}" -Xptxas -v -c "$f" -o /dev/null 2>"$log"; then
     cat "$log" >&2
     echo "cuda-resources: $f does not compile" >&2
@@ -84,9 +103,22 @@ report() {
       status=1
     fi
   done <<<"$rows"
-  printf '  (%s: %.1f s for %s)\n' "$f" "$seconds" "$archs"
+  if [[ -n $build ]]; then
+    printf '  (%s: ptxas report of %s)\n' "$f" "${log#"$build"/}"
+  else
+    printf '  (%s: %.1f s for %s)\n' "$f" "$seconds" "$archs"
+  fi
   return $status
 }
+
+# --build: the build's reports, by the source each names on its first line.
+declare -A reports=()
+if [[ -n $build ]]; then
+  while IFS= read -r -d '' report_file; do
+    source_file=$(sed -n '1s/^# source: //p' "$report_file")
+    [[ -n $source_file ]] && reports[$(realpath "$source_file")]=$report_file
+  done < <(find "$build" -name '*.ptxas' -print0)
+fi
 
 # The files compile independently: up to PHASOR_CUDA_JOBS (default: the cores) at a time, the
 # largest first (compile time follows size: gated_delta_rule/chunk.cu alone is ~2 of the ~7
