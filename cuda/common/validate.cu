@@ -61,8 +61,12 @@ PHASOR_GLOBAL void offsets_kernel(ValueChecks checks, simt::Span<Minima> minima)
       atomic_min(&minima[0].offset, static_cast<unsigned long long>(i));
 }
 
-// Element `linear` (row-major) of x, as double.
+// Element `linear` (row-major) of x, as double. A rank-1 view (every contiguous tensor, see
+// flattened) is read at `linear` directly: the multi-index costs a 64-bit division and remainder
+// per dimension and element, which made the element scan of a chunk_gla call at fla's shape take
+// 1.17 ms on an H200 (docs/cuda.md).
 PHASOR_DEVICE double element(const TensorView& x, std::int64_t linear) {
+  if (x.rank == 1) return simt::load<double>(x, linear);
   std::int64_t index[TensorView::kMaxRank] = {0, 0, 0, 0};
   for (int d = x.rank - 1; d >= 0; --d) {
     index[d] = linear % x.size(d);
@@ -113,9 +117,24 @@ PHASOR_GLOBAL void verdict_kernel(ValueChecks checks, simt::Span<Minima> minima,
   verdict[0] = v;
 }
 
+// The checks with every contiguous tensor seen as one row of numel elements: the same elements in
+// the same row-major order, so the same smallest failing index, read without a multi-index.
+ValueChecks flattened(ValueChecks checks) {
+  for (int item = 0; item < checks.count; ++item) {
+    TensorView& view = checks.items[item].view;
+    if (view.rank <= 1 || !view.is_contiguous()) continue;
+    const std::int64_t n = view.numel();
+    view.rank = 1;
+    view.sizes = {n, 0, 0, 0};
+    view.strides = {1, 0, 0, 0};
+  }
+  return checks;
+}
+
 }  // namespace
 
-::phasor::detail::ValueVerdict find_value_failure(const ValueChecks& checks) {
+::phasor::detail::ValueVerdict find_value_failure(const ValueChecks& unflattened) {
+  const ValueChecks checks = flattened(unflattened);
   const cuda::Stream stream = cuda::current_stream();
   simt::Workspace minima_buffer(sizeof(Minima), stream),
       verdict_buffer(sizeof(ValueVerdict), stream);
