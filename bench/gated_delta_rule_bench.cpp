@@ -155,28 +155,42 @@ void BM_GatedDeltaRuleInputDtype(benchmark::State& state) {
                             [&] { phasor::gated_delta_rule_forward(params, Impl::chunk, o); });
 }
 
-// One long sequence: B = H = 1, T = 65,536 (chunk_gated_delta_rule forward, 1 and 2 threads).
+// One long sequence: B = H = 1, T = 65,536 (chunk_gated_delta_rule, forward and forward +
+// backward, 1 and 2 threads).
 void BM_GatedDeltaRuleLongSequence(benchmark::State& state) {
   const int threads = static_cast<int>(state.range(0));
+  const bool backward = state.range(1) != 0;
   constexpr std::int64_t T = 65536;
   const auto n = static_cast<std::size_t>(T * kK);
   std::mt19937_64 rng(9);
   const std::vector<float> q = phasor::bench::normal(n, rng), k = phasor::bench::normal(n, rng),
                            v = phasor::bench::normal(n, rng),
                            g = phasor::bench::log_sigmoid_gates(static_cast<std::size_t>(T), rng,
-                                                                3.f);
+                                                                3.f),
+                           d_o = phasor::bench::normal(n, rng);
   std::vector<float> beta = phasor::bench::normal(static_cast<std::size_t>(T), rng), o(n);
   for (auto& e : beta) e = 1.f / (1.f + std::exp(-e));
+  std::vector<float> dq(n), dk(n), dv(n), dg(static_cast<std::size_t>(T)),
+      dbeta(static_cast<std::size_t>(T));
   auto view = [](const std::vector<float>& x) { return TensorView::of(x.data(), {1, T, 1, kK}); };
+  auto per_token = [](const std::vector<float>& x) { return TensorView::of(x.data(), {1, T, 1}); };
   phasor::GatedDeltaRuleParams p;
   p.q = view(q);
   p.k = view(k);
   p.v = view(v);
-  p.g = TensorView::of(g.data(), {1, T, 1});
-  p.beta = TensorView::of(beta.data(), {1, T, 1});
+  p.g = per_token(g);
+  p.beta = per_token(beta);
   p.use_qk_l2norm_in_kernel = true;
-  phasor::bench::time_long_sequence(
-      state, threads, false, T, [&] { phasor::gated_delta_rule_forward(p, Impl::chunk, view(o)); });
+  phasor::GatedDeltaRuleGrads grads;
+  grads.dq = view(dq);
+  grads.dk = view(dk);
+  grads.dv = view(dv);
+  grads.dg = per_token(dg);
+  grads.dbeta = per_token(dbeta);
+  phasor::bench::time_long_sequence(state, threads, backward, T, [&] {
+    phasor::gated_delta_rule_forward(p, Impl::chunk, view(o));
+    if (backward) phasor::gated_delta_rule_backward(p, Impl::chunk, view(d_o), {}, grads);
+  });
 }
 
 // Rotation by Selective-RoPE-like angles: none / fused into the kernel / apply_rotary + op
@@ -309,7 +323,7 @@ void BM_GatedDeltaRuleDecode(benchmark::State& state) {
 const bool registered = [] {
   using benchmark::RegisterBenchmark;
   phasor::bench::register_long_sequence_grid(
-      RegisterBenchmark("BM_GatedDeltaRuleLongSequence", BM_GatedDeltaRuleLongSequence), false);
+      RegisterBenchmark("BM_GatedDeltaRuleLongSequence", BM_GatedDeltaRuleLongSequence), true);
   phasor::bench::register_dtype_grid(
       RegisterBenchmark("BM_GatedDeltaRuleInputDtype", BM_GatedDeltaRuleInputDtype));
   phasor::bench::register_decode_grid(

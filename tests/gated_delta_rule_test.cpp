@@ -424,6 +424,16 @@ std::vector<Case> adversarial_cases() {
   add("V_128_mixed_gates",
       [](Case& c) { c.B = 2, c.T = 12, c.K = 5, c.V = 128, c.gates = Gates::mixed; });
   add("V_16_varlen", [](Case& c) { c.lengths = {9, 0, 1, 14}, c.K = 16, c.V = 16; });
+  // Few value heads with V wider than a value tile (64): the chunk forward runs in value tiles
+  // (three here, the last 22 wide), the backward walks each item whole.
+  add("value_tiles_varlen_grouped", [](Case& c) {
+    c.lengths = {30, 0, 45}, c.H = 1, c.HV = 2, c.K = 6, c.V = 150, c.chunk_size = 8;
+    c.gates = Gates::mixed;
+  });
+  add("value_tiles_no_initial_state", [](Case& c) {
+    c.T = 21, c.K = 5, c.V = 65, c.chunk_size = 4, c.initial_state = false;
+    c.layout = Layout::transposed;
+  });
   add("swapped_layout", [](Case& c) {
     c.B = 2, c.T = 19, c.H = 2, c.HV = 4, c.layout = Layout::swapped, c.chunk_size = 8;
   });
@@ -462,6 +472,8 @@ std::vector<Case> adversarial_cases() {
     add_rotation("rotation_large_angles", [](Case& c) {
       c.T = 23, c.theta_offset = 3000.0, c.theta_std = 500.0, c.chunk_size = 8;
     });
+    add_rotation("rotation_value_tiles",
+                 [](Case& c) { c.T = 26, c.K = 8, c.V = 130, c.chunk_size = 8; });
     add_rotation("rotation_transposed_layout", [](Case& c) {
       c.B = 2, c.T = 19, c.H = 2, c.HV = 4, c.layout = Layout::transposed, c.chunk_size = 8;
     });
@@ -758,7 +770,8 @@ TEST(GatedDeltaRuleKernels, BitIdenticalForAnyThreadCount) {
 // over (item, value head, value tile of 64 columns): one thread runs the former on these cases,
 // 2–8 threads the latter. Both must give the same bits: one item with V = 150 (three tiles, the
 // last 22 wide) over 130 chunks of 2 (windows of 64), grouped value heads with a varlen batch and
-// strided views, rotation.
+// strided views, rotation. The backward (one item per thread on any number of threads) must give
+// the same bits on 1 to 8 threads too.
 TEST(GatedDeltaRuleKernels, ChunkParallelScheduleIsBitIdentical) {
   Case one_item;
   one_item.T = 260, one_item.K = 6, one_item.V = 150, one_item.chunk_size = 2;
@@ -772,12 +785,12 @@ TEST(GatedDeltaRuleKernels, ChunkParallelScheduleIsBitIdentical) {
     const Data d = make_data(c);
     for (DType dtype : {DType::float32, DType::float64}) {
       set_num_threads(1);
-      const Result by_item = run(d, Impl::chunk, dtype, /*backward=*/false);
+      const Result by_item = run(d, Impl::chunk, dtype);
       for (int threads : {2, 3, 8}) {
         set_num_threads(threads);
-        const Result r = run(d, Impl::chunk, dtype, /*backward=*/false);
-        EXPECT_TRUE(r.o.bit_equal(by_item.o) && r.ht.bit_equal(by_item.ht))
-            << "V = " << c.V << ", " << to_string(dtype) << ", " << threads << " threads";
+        expect_bit_equal(run(d, Impl::chunk, dtype), by_item,
+                         "V = " + std::to_string(c.V) + ", " + to_string(dtype) + ", " +
+                             std::to_string(threads) + " threads");
       }
     }
   }
