@@ -70,11 +70,16 @@ def main():
 
     ops = set(args.ops.split(","))
     bf16 = torch.bfloat16
+
+    def qkv(B, T, H, dtype):
+        """q, k, v of shape [B, T, H, 128], standard normal, on the GPU."""
+        return tuple(torch.randn(B, T, H, 128, device=dev, dtype=dtype) for _ in range(3))
+
     if "gla" in ops:
         from fla.ops.gla import chunk_gla
         for B, T, H in [(2, 16384, 16), (1, 8192, 96)]:
             def make(B=B, T=T, H=H):
-                q, k, v = (torch.randn(B, T, H, 128, device=dev, dtype=bf16) for _ in range(3))
+                q, k, v = qkv(B, T, H, bf16)
                 g = F.logsigmoid(3 + torch.randn(B, T, H, 128, device=dev)).to(bf16)
                 return [x.requires_grad_() for x in (q, k, v, g)]
             measure("chunk_gla", (B, T, H), "bfloat16", make,
@@ -83,7 +88,7 @@ def main():
         from fla.ops.gated_delta_rule import chunk_gated_delta_rule
         for B, T, H in [(2, 16384, 16), (1, 8192, 96)]:
             def make(B=B, T=T, H=H):
-                q, k, v = (torch.randn(B, T, H, 128, device=dev, dtype=bf16) for _ in range(3))
+                q, k, v = qkv(B, T, H, bf16)
                 g = F.logsigmoid(3 + torch.randn(B, T, H, device=dev)).to(bf16)
                 beta = torch.sigmoid(torch.randn(B, T, H, device=dev)).to(bf16)
                 return [x.requires_grad_() for x in (q, k, v, g, beta)]
@@ -94,7 +99,7 @@ def main():
         from fla.ops.forgetting_attn import parallel_forgetting_attn
         for T in (1024, 4096, 16384):
             def make(T=T):
-                q, k, v = (torch.randn(1, T, 8, 128, device=dev) for _ in range(3))
+                q, k, v = qkv(1, T, 8, torch.float32)
                 g = F.logsigmoid(5 + torch.randn(1, T, 8, device=dev))
                 return [x.requires_grad_() for x in (q, k, v, g)]
             measure("parallel_forgetting_attn", (1, T, 8), "float32", make,

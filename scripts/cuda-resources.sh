@@ -106,7 +106,8 @@ report() {
   if [[ -n $build ]]; then
     printf '  (%s: ptxas report of %s)\n' "$f" "${log#"$build"/}"
   else
-    printf '  (%s: %.1f s for %s)\n' "$f" "$seconds" "$archs"
+    # Wall time of its nvcc while up to max_jobs files compile at once: not one core's time.
+    printf '  (%s: %.1f s for %s, %s files at a time)\n' "$f" "$seconds" "$archs" "$max_jobs"
   fi
   return $status
 }
