@@ -160,36 +160,13 @@ void BM_GatedDeltaRuleInputDtype(benchmark::State& state) {
 void BM_GatedDeltaRuleLongSequence(benchmark::State& state) {
   const int threads = static_cast<int>(state.range(0));
   const bool backward = state.range(1) != 0;
-  constexpr std::int64_t T = 65536;
-  const auto n = static_cast<std::size_t>(T * kK);
-  std::mt19937_64 rng(9);
-  const std::vector<float> q = phasor::bench::normal(n, rng), k = phasor::bench::normal(n, rng),
-                           v = phasor::bench::normal(n, rng),
-                           g = phasor::bench::log_sigmoid_gates(static_cast<std::size_t>(T), rng,
-                                                                3.f),
-                           d_o = phasor::bench::normal(n, rng);
-  std::vector<float> beta = phasor::bench::normal(static_cast<std::size_t>(T), rng), o(n);
-  for (auto& e : beta) e = 1.f / (1.f + std::exp(-e));
-  std::vector<float> dq(n), dk(n), dv(n), dg(static_cast<std::size_t>(T)),
-      dbeta(static_cast<std::size_t>(T));
-  auto view = [](const std::vector<float>& x) { return TensorView::of(x.data(), {1, T, 1, kK}); };
-  auto per_token = [](const std::vector<float>& x) { return TensorView::of(x.data(), {1, T, 1}); };
-  phasor::GatedDeltaRuleParams p;
-  p.q = view(q);
-  p.k = view(k);
-  p.v = view(v);
-  p.g = per_token(g);
-  p.beta = per_token(beta);
-  p.use_qk_l2norm_in_kernel = true;
-  phasor::GatedDeltaRuleGrads grads;
-  grads.dq = view(dq);
-  grads.dk = view(dk);
-  grads.dv = view(dv);
-  grads.dg = per_token(dg);
-  grads.dbeta = per_token(dbeta);
-  phasor::bench::time_long_sequence(state, threads, backward, T, [&] {
-    phasor::gated_delta_rule_forward(p, Impl::chunk, view(o));
-    if (backward) phasor::gated_delta_rule_backward(p, Impl::chunk, view(d_o), {}, grads);
+  Problem problem(65536, {1, 1, kK, kV});
+  const phasor::GatedDeltaRuleParams params = problem.params();
+  const TensorView o = problem.v_view(problem.o), d_o = problem.v_view(problem.d_o);
+  const phasor::GatedDeltaRuleGrads grads = problem.grads();
+  phasor::bench::time_long_sequence(state, threads, backward, problem.T, [&] {
+    phasor::gated_delta_rule_forward(params, Impl::chunk, o);
+    if (backward) phasor::gated_delta_rule_backward(params, Impl::chunk, d_o, {}, grads);
   });
 }
 

@@ -162,22 +162,40 @@ class TempFolder {
   std::string path_;
 };
 
-// A rank's shell command that starts `sleep 60` in the background and records its pid in
-// <dir>/child<RANK> (written whole: a rename), so a test can check it ended with the rank.
-std::string start_background_sleep(const std::string& dir) {
-  return "sleep 60 & echo $! > " + dir + "/tmp$RANK && mv " + dir + "/tmp$RANK " + dir +
-         "/child$RANK";
+// Shell text that writes the pid `pid` (a shell expression: $$, $!) to <dir>/<name><RANK>, whole
+// (written aside, then renamed), so that a test reads either nothing or the complete pid.
+std::string record_pid(const std::string& dir, const std::string& name, const std::string& pid) {
+  const std::string file = dir + "/" + name + "$RANK";
+  return "echo " + pid + " > " + file + ".tmp && mv " + file + ".tmp " + file;
 }
 
-// The pids recorded by start_background_sleep for ranks 0 … nproc − 1 (those written by now).
-std::vector<pid_t> background_children(const std::string& dir, int nproc) {
+// The pids recorded by record_pid under `name` for ranks 0 … nproc − 1 (those written by now).
+std::vector<pid_t> recorded_pids(const std::string& dir, const std::string& name, int nproc) {
   std::vector<pid_t> pids;
   for (int rank = 0; rank < nproc; ++rank) {
-    std::ifstream file(dir + "/child" + std::to_string(rank));
+    std::ifstream file(dir + "/" + name + std::to_string(rank));
     pid_t pid = 0;
     if (file >> pid) pids.push_back(pid);
   }
   return pids;
+}
+
+// recorded_pids once every rank has written its pid, or what there is after 20 s.
+std::vector<pid_t> await_recorded_pids(const std::string& dir, const std::string& name, int nproc) {
+  std::vector<pid_t> pids;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (pids.size() < static_cast<std::size_t>(nproc) &&
+         std::chrono::steady_clock::now() < deadline) {
+    pids = recorded_pids(dir, name, nproc);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return pids;
+}
+
+// A rank's shell command that starts `sleep 60` in the background and records its pid as
+// <dir>/child<RANK>, so a test can check it ended with the rank.
+std::string start_background_sleep(const std::string& dir) {
+  return "sleep 60 & " + record_pid(dir, "child", "$!");
 }
 
 TEST(LaunchLocal, AFailingRankStopsTheOthers) {
@@ -204,7 +222,7 @@ TEST(LaunchLocal, AFailingRankStopsWhatEveryRankStarted) {
       phasor::distributed::launch_local(3, {"/bin/sh", "-c", command}, std::chrono::seconds(5));
   EXPECT_EQ(status, 3);
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30));
-  const std::vector<pid_t> children = background_children(d, 3);
+  const std::vector<pid_t> children = recorded_pids(d, "child", 3);
   ASSERT_EQ(children.size(), 3u) << "the ranks did not start their children";
   for (pid_t pid : children) {
     EXPECT_TRUE(process_ended(pid)) << "a rank's child " << pid << " outlived the launch";
@@ -224,12 +242,7 @@ TEST(LaunchLocal, ASignalToTheLauncherReachesEveryRankAndItsChildren) {
         2, {"/bin/sh", "-c", start_background_sleep(d) + "; wait"}, std::chrono::seconds(5));
     ::_exit(status == 0 ? 0 : 100 + status % 100);  // reached only if the signal was lost
   }
-  std::vector<pid_t> children;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-  while (children.size() < 2 && std::chrono::steady_clock::now() < deadline) {
-    children = background_children(d, 2);
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
+  const std::vector<pid_t> children = await_recorded_pids(d, "child", 2);
   ::kill(launcher, SIGTERM);
   int status = 0;
   ::waitpid(launcher, &status, 0);
@@ -243,28 +256,16 @@ TEST(LaunchLocal, ASignalToTheLauncherReachesEveryRankAndItsChildren) {
 }
 
 TEST(LaunchLocal, KillingTheLauncherEndsItsRanks) {
-  const std::string dir = testing::TempDir() + "launch_local_" + std::to_string(::getpid());
-  std::filesystem::create_directories(dir);
+  const TempFolder folder("launch_local");
+  const std::string& dir = folder.path();
   const pid_t launcher = ::fork();
   ASSERT_GE(launcher, 0);
   if (launcher == 0) {  // each rank writes its pid (exec: the sleep keeps it) and sleeps
     phasor::distributed::launch_local(
-        2, {"/bin/sh", "-c",
-            "echo $$ > " + dir + "/rank$RANK.tmp && mv " + dir + "/rank$RANK.tmp " + dir +
-                "/rank$RANK && exec sleep 60"});
+        2, {"/bin/sh", "-c", record_pid(dir, "rank", "$$") + " && exec sleep 60"});
     ::_exit(0);
   }
-  std::vector<pid_t> ranks;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-  while (ranks.size() < 2 && std::chrono::steady_clock::now() < deadline) {
-    ranks.clear();
-    for (int rank = 0; rank < 2; ++rank) {
-      std::ifstream file(dir + "/rank" + std::to_string(rank));
-      pid_t pid = 0;
-      if (file >> pid) ranks.push_back(pid);
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
+  const std::vector<pid_t> ranks = await_recorded_pids(dir, "rank", 2);
   ::kill(launcher, SIGKILL);
   ::waitpid(launcher, nullptr, 0);
   ASSERT_EQ(ranks.size(), 2u) << "the ranks did not start";
@@ -276,7 +277,6 @@ TEST(LaunchLocal, KillingTheLauncherEndsItsRanks) {
     EXPECT_TRUE(process_ended(pid)) << "rank process " << pid << " outlived its launcher";
     ::kill(pid, SIGKILL);  // in case it did not end: no stray sleep
   }
-  std::filesystem::remove_all(dir);
 }
 
 TEST(LaunchLocal, BadArgumentsAreNamed) {
