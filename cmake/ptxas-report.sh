@@ -20,9 +20,9 @@ trap 'rm -f "$messages"' EXIT
 status=$?
 # ptxas -v's lines: "ptxas info    : ..." and, under "Function properties", an indented
 # "N bytes stack frame, N bytes spill stores, N bytes spill loads".
-grep -v -E '^ptxas info|^ +[0-9]+ bytes stack frame' "$messages" >&2
+report='^ptxas info|^ +[0-9]+ bytes stack frame'
+grep -v -E "$report" "$messages" >&2
 if [[ -n $object && $status == 0 ]]; then
-  { echo "# source: $source"; grep -E '^ptxas info|^ +[0-9]+ bytes stack frame' "$messages"; } \
-    >"$object.ptxas"
+  { echo "# source: $source"; grep -E "$report" "$messages"; } >"$object.ptxas"
 fi
 exit $status

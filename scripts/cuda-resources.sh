@@ -53,23 +53,27 @@ trap 'rm -rf "$work"' EXIT
 # One file: its rows on stdout, its messages on stderr; status 1 when it does not compile or a
 # shipped kernel spills.
 report() {
-  local f=$1 log="$work/$2.ptxas" shipped start seconds rows status=0
+  local f=$1 log="$work/$2.ptxas" shipped start where rows status=0
   shipped=1
   [[ $f == cuda/* ]] || shipped=0
-  start=$(date +%s.%N)
   if [[ -n $build ]]; then
     log=${reports[$(realpath "$f")]:-}
     if [[ -z $log ]]; then
       echo "cuda-resources: $build has no ptxas report of $f (is its CUDA backend on, and built?)" >&2
       return 1
     fi
-  elif ! "$nvcc" -std=c++17 -O3 -DNDEBUG --expt-relaxed-constexpr -DPHASOR_HAS_CUDA=1 \
-    -Iinclude -Isrc -Icuda -Itests "${gencode[@]}" -Xptxas -v -c "$f" -o /dev/null 2>"$log"; then
-    cat "$log" >&2
-    echo "cuda-resources: $f does not compile" >&2
-    return 1
+    where="ptxas report of ${log#"$build"/}"
+  else
+    start=$(date +%s.%N)
+    if ! "$nvcc" -std=c++17 -O3 -DNDEBUG --expt-relaxed-constexpr -DPHASOR_HAS_CUDA=1 \
+      -Iinclude -Isrc -Icuda -Itests "${gencode[@]}" -Xptxas -v -c "$f" -o /dev/null 2>"$log"; then
+      cat "$log" >&2
+      echo "cuda-resources: $f does not compile" >&2
+      return 1
+    fi
+    # Wall time of its nvcc while up to max_jobs files compile at once: not one core's time.
+    where="$(printf '%.1f' "$(echo "$(date +%s.%N) - $start" | bc)") s for $archs, $max_jobs files at a time"
   fi
-  seconds=$(echo "$(date +%s.%N) - $start" | bc)
   # ptxas prints, per entry function and architecture:
   #   Compiling entry function '<mangled>' for 'sm_80'
   #   <n> bytes stack frame, <n> bytes spill stores, <n> bytes spill loads
@@ -103,12 +107,7 @@ report() {
       status=1
     fi
   done <<<"$rows"
-  if [[ -n $build ]]; then
-    printf '  (%s: ptxas report of %s)\n' "$f" "${log#"$build"/}"
-  else
-    # Wall time of its nvcc while up to max_jobs files compile at once: not one core's time.
-    printf '  (%s: %.1f s for %s, %s files at a time)\n' "$f" "$seconds" "$archs" "$max_jobs"
-  fi
+  printf '  (%s: %s)\n' "$f" "$where"
   return $status
 }
 

@@ -44,12 +44,19 @@ export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 out=$build/fuzz-out
 # The crash, leak, timeout and out-of-memory inputs libFuzzer has written to a folder.
 artifacts() { find "$1" -maxdepth 1 -type f -regex '.*/\(crash\|leak\|timeout\|oom\)-.*' | wc -l; }
+# inputs=(the target's committed inputs): its corpus, and its regressions when it has some.
+committed_inputs() {
+  inputs=(tests/fuzz/corpus/"$1")
+  [[ -d tests/fuzz/regressions/$1 ]] && inputs+=(tests/fuzz/regressions/"$1")
+  return 0
+}
+
 # Each target's fuzzing run (one process, one core): its summary line in $out/<target>/summary,
 # and the start of its report on stderr when it crashed; exit status 1 then.
 fuzz_one() {
   local target=$1 bin=$build/tests/fuzz/$1 status=0 before runs rate new cov crashes
-  local inputs=(tests/fuzz/corpus/"$target") dict=() log=$out/$target/fuzz.log
-  [[ -d tests/fuzz/regressions/$target ]] && inputs+=(tests/fuzz/regressions/"$target")
+  local inputs dict=() log=$out/$target/fuzz.log
+  committed_inputs "$target"
   [[ -f tests/fuzz/$target.dict ]] && dict=(-dict="tests/fuzz/$target.dict")
   before=$(artifacts "$out/$target")
   "$bin" "$out/$target/corpus" "${inputs[@]}" "${dict[@]}" -max_total_time="$seconds" \
@@ -72,8 +79,7 @@ fuzz_one() {
 
 # 1. Every target's committed inputs, one at a time (seconds in all): any failure stops here.
 for target in "${targets[@]}"; do
-  inputs=(tests/fuzz/corpus/"$target")
-  [[ -d tests/fuzz/regressions/$target ]] && inputs+=(tests/fuzz/regressions/"$target")
+  committed_inputs "$target"
   mkdir -p "$out/$target/corpus"
   rm -f "$out/$target/summary"
   echo "== $target: replaying ${inputs[*]}"
