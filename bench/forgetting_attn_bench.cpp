@@ -12,6 +12,8 @@
 //    synthetic-task harness's quick suite (B = 32, H = 2, K = V = 32, T = 64).
 //  - BM_FoxCacheDecode: the public ForgettingAttnCache, one step() call per token (T ≤ 4096;
 //    BM_FoxForward's recurrent rows are the same decoding without the per-call overhead).
+//  - BM_FoxLongSequence: one long sequence (B = H = 1, T = 16384), the chunk forward and forward
+//    + backward on 1 and 2 threads (the query blocks and the backward's segments in parallel).
 //  - BM_FoxCacheStep: one step() with 1k, 4k or 16k tokens already cached, on 1 and 2 threads
 //    (µs per token at that context length).
 //  - BM_FoxCacheDecodeDevice: the same decoding with the cache on a device: the CPU, the emulated
@@ -173,22 +175,15 @@ void BM_FoxInputDtype(benchmark::State& state) {
 // (attention is quadratic: 65,536 tokens would take ~10 s a call on one thread).
 void BM_FoxLongSequence(benchmark::State& state) {
   const int threads = static_cast<int>(state.range(0));
-  constexpr std::int64_t T = 16384;
-  const auto n = static_cast<std::size_t>(T * kK);
-  std::mt19937_64 rng(9);
-  const std::vector<float> q = phasor::bench::normal(n, rng), k = phasor::bench::normal(n, rng),
-                           v = phasor::bench::normal(n, rng),
-                           g = phasor::bench::log_sigmoid_gates(static_cast<std::size_t>(T), rng,
-                                                                5.f);
-  std::vector<float> o(n), lse(static_cast<std::size_t>(T));
-  auto view = [](const std::vector<float>& x) { return TensorView::of(x.data(), {1, T, 1, kK}); };
-  phasor::ForgettingAttnParams p;
-  p.q = view(q);
-  p.k = view(k);
-  p.v = view(v);
-  p.g = TensorView::of(g.data(), {1, T, 1});
-  phasor::bench::time_long_sequence(state, threads, false, T, [&] {
-    phasor::forgetting_attn_forward(p, Impl::chunk, view(o), TensorView::of(lse.data(), {1, T, 1}));
+  const bool backward = state.range(1) != 0;
+  Problem problem(16384, {1, 1, kK, kV});
+  const phasor::ForgettingAttnParams params = problem.params();
+  const TensorView o = problem.v_view(problem.o), lse = problem.gate_view(problem.lse),
+                   d_o = problem.v_view(problem.d_o);
+  const phasor::ForgettingAttnGrads grads = problem.grads();
+  phasor::bench::time_long_sequence(state, threads, backward, problem.T, [&] {
+    phasor::forgetting_attn_forward(params, Impl::chunk, o, lse);
+    if (backward) phasor::forgetting_attn_backward(params, Impl::chunk, d_o, o, lse, grads);
   });
 }
 
@@ -451,7 +446,7 @@ BENCHMARK(BM_FoxHarnessShape)->Apply([](auto* b) {
   phasor::bench::register_harness_grid(b, {Impl::recurrent, Impl::chunk});
 });
 BENCHMARK(BM_FoxLongSequence)->Apply([](auto* b) {
-  phasor::bench::register_long_sequence_grid(b, false);
+  phasor::bench::register_long_sequence_grid(b, true);
 });
 BENCHMARK(BM_FoxCacheStep)->Apply([](auto* b) {
   b->ArgNames({"threads", "cached"});

@@ -457,6 +457,13 @@ std::vector<Case> adversarial_cases() {
        1.0,
        {13, 0, 13},
        true},
+      // Enough query blocks for the chunk backward's segments (2–4): a dominant key far back
+      // (large logits, weak gates) lands in an earlier segment's keys; a window and a group;
+      // packed sequences of 1 and 2 segments.
+      {"segments_strong_gates", {1, 150, 2, 1, 8, 5}, Gates::strong, 4},
+      {"segments_large_logits", {1, 131, 2, 1, 8, 8}, Gates::weak, 4, std::nullopt, 10.0},
+      {"segments_window_grouped", {1, 130, 4, 2, 6, 5}, Gates::realistic, 4, 37},
+      {"segments_varlen", {1, 160, 2, 1, 5, 4}, Gates::mixed, 4, std::nullopt, 1.0, {70, 0, 1, 89}},
   };
 }
 
@@ -1566,15 +1573,17 @@ TEST(ForgettingAttnThreads, BitIdenticalForAnyThreadCount) {
 }
 
 // With fewer items (sequence, key head) than twice the threads, the chunk forward runs the query
-// blocks of one item in parallel instead of one item per thread: one thread (the by-item walk)
-// and 2–8 threads (blocks in parallel) must give the same bits — one key head shared by three
-// query heads, a varlen batch, a window, slopes.
-TEST(ForgettingAttnThreads, BlockParallelForwardIsBitIdentical) {
+// blocks of one item in parallel and the backward its segments, instead of one item per thread:
+// one thread (the by-item walk) and 2–8 threads must give the same bits — one key head shared by
+// three query heads, a varlen batch, a window, slopes, rotation, the backward with and without
+// the forward's o and lse. Blocks of 4 rows give 2–4 segments per sequence.
+TEST(ForgettingAttnThreads, BlockParallelScheduleIsBitIdentical) {
   std::mt19937_64 rng(12);
-  Problem p = make_problem({1, 150, 3, 1, 8, 6}, Gates::mixed, rng);
+  Problem p = make_problem({1, 150, 3, 1, 8, 6}, Gates::mixed, rng, 3.0);
   add_random_slopes(p, rng, 0.2);
+  p.theta = random_theta(p, rng);
   p = p.to(DType::float32);
-  p.block_size = 16;
+  p.block_size = 4;
   for (std::optional<std::int64_t> window : {std::optional<std::int64_t>{}, {50}}) {
     p.window = window;
     for (const std::vector<std::int64_t>& lengths :
@@ -1582,11 +1591,26 @@ TEST(ForgettingAttnThreads, BlockParallelForwardIsBitIdentical) {
       p.cu = lengths.empty() ? Tensor() : testing::cu_seqlens(lengths);
       set_num_threads(1);
       const Forward one = run_forward(p, Impl::chunk);
+      const Grads one_saved = run_backward(p, Impl::chunk, &one);
+      const Grads one_recomputed = run_backward(p, Impl::chunk, nullptr);
       for (int threads : {2, 3, 8}) {
+        SCOPED_TRACE(std::to_string(threads) + " threads, " + std::to_string(lengths.size()) +
+                     " packed sequences");
         set_num_threads(threads);
         const Forward f = run_forward(p, Impl::chunk);
-        EXPECT_TRUE(f.o.bit_equal(one.o) && f.lse.bit_equal(one.lse))
-            << threads << " threads, " << lengths.size() << " packed sequences";
+        EXPECT_TRUE(f.o.bit_equal(one.o) && f.lse.bit_equal(one.lse));
+        for (const auto& [saved, expected] :
+             {std::pair{&f, &one_saved},
+              std::pair{static_cast<const Forward*>(nullptr), &one_recomputed}}) {
+          const Grads g = run_backward(p, Impl::chunk, saved);
+          EXPECT_TRUE(g.dq.bit_equal(expected->dq));
+          EXPECT_TRUE(g.dk.bit_equal(expected->dk));
+          EXPECT_TRUE(g.dv.bit_equal(expected->dv));
+          EXPECT_TRUE(g.dg.bit_equal(expected->dg));
+          EXPECT_TRUE(g.dtheta.bit_equal(expected->dtheta));
+          EXPECT_TRUE(g.dslope_q.bit_equal(expected->dslope_q));
+          EXPECT_TRUE(g.dslope_k.bit_equal(expected->dslope_k));
+        }
       }
     }
   }

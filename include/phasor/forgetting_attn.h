@@ -11,7 +11,9 @@
 // Grouped queries: HQ is a multiple of H; query head hq reads key/value head hq / (HQ / H).
 //
 // Implementations: Impl::reference (plain loops, float64), Impl::chunk (tiled, flash-style online
-// softmax in tiles of block_size × block_size: O(T) memory, never a T×T matrix),
+// softmax in tiles of block_size × block_size: O(T) memory, never a T×T matrix; its backward
+// holds up to ~2.1 · T · (K + V) values more per (sequence, key head) in flight, the partial dk,
+// dv sums of the segments a long sequence is cut into),
 // Impl::recurrent (each sequence decoded token by token through a key/value cache, as
 // ForgettingAttnCache does; its backward is the exact token-by-token adjoint).
 // The compute type is q's dtype (float32 computes and accumulates in float32, gate sums and the

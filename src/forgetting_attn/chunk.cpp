@@ -9,8 +9,9 @@
 //             lse = m + log l.
 //   backward: P = e^{ℓ − lse}, dP = dO_I V_Jᵀ, dℓ = P ⊙ (dP − D) with D_i = do_i·o_i;
 //             dq_I += dℓ K_J, dk_J += dℓᵀ Q_I (both × scale), dv_J += Pᵀ dO_I.
-// Memory is O(T) per item (the sequence's keys/values and their gradients) plus the tiles;
-// never a T × T matrix.
+// Memory is O(T) per item (the sequence's keys/values and their gradients, and in the backward
+// the segments' sums for earlier keys, see "Segments" below) plus the tiles; never a T × T
+// matrix.
 //
 // Gate bias of the tile (I, J), J before I (i0, j0 the first rows, j1 the end of J):
 //   Σ_{s ∈ (j, i]} g_s = Σ_{s ∈ (i0, i]} g_s + Σ_{s ∈ [j1, i0]} g_s + Σ_{s ∈ (j, j1)} g_s,
@@ -404,15 +405,14 @@ void forward_typed(const Problem& p, const TensorView& o, const TensorView& lse)
 // (Dominant entries are zero here; the caller adds them.)
 template <class S>
 void add_gate_grads(const Mat<S>& dlogits, const Vec<S>& row_sums, std::int64_t i0, std::int64_t j0,
-                    std::vector<double>& dg, std::vector<double>& spans) {
+                    Vec<double>& dg, Vec<double>& spans) {
   const std::int64_t nI = dlogits.rows(), nJ = dlogits.cols();
-  auto at = [](std::int64_t i) { return static_cast<std::size_t>(i); };
   if (j0 == i0) {
     for (std::int64_t r = 1; r < nI; ++r) {
       double run = 0;
       for (std::int64_t c = 0; c < r; ++c) {
         run += static_cast<double>(dlogits(r, c));
-        dg[at(i0 + c + 1)] += run;
+        dg[i0 + c + 1] += run;
       }
     }
     return;
@@ -421,15 +421,15 @@ void add_gate_grads(const Mat<S>& dlogits, const Vec<S>& row_sums, std::int64_t 
   double run = 0, total = 0;
   for (std::int64_t c = 0; c + 1 < nJ; ++c) {
     run += static_cast<double>(col_sums[c]);
-    dg[at(j0 + c + 1)] += run;
+    dg[j0 + c + 1] += run;
   }
   for (std::int64_t r = 0; r < nI; ++r) total += static_cast<double>(row_sums[r]);
-  spans[at(j0 + nJ)] += total;
-  spans[at(i0 + 1)] -= total;
+  spans[j0 + nJ] += total;
+  spans[i0 + 1] -= total;
   run = 0;
   for (std::int64_t r = nI - 1; r >= 1; --r) {
     run += static_cast<double>(row_sums[r]);
-    dg[at(i0 + r)] += run;
+    dg[i0 + r] += run;
   }
 }
 
@@ -450,194 +450,303 @@ void add_slope_grads(const Mat<S>& dlogits, std::int64_t i0, std::int64_t j0, Ve
   }
 }
 
-// Per-thread buffers of one work item's backward. The O(L·K) ones are released after an item
-// above ItemKeys' limit, as the forward's keys are.
+// ---- backward --------------------------------------------------------------------------------
+//
+// Segments. An item's query blocks are cut into segments of consecutive blocks with about the
+// same number of tiles (the causal triangle's later blocks visit more key blocks), at most
+// kMaxSegments of at least kBlocksPerSegment blocks each; the cut depends on the sequence length,
+// the block size and the window only. A segment walks its query blocks as a whole item did and
+// completes their dq, da, dθ rows and the query side of dg. What its tiles add to the keys of its
+// own rows goes straight into the item's dk and dv; what they add to earlier keys (and to db and
+// dg) goes into sums of its own, added in segment order once every segment is done. One thread
+// walks the segments one after another; with fewer items than threads (a long single sequence)
+// the segments run in parallel. The sums are the same either way, so the results do not depend
+// on the thread count.
+constexpr std::int64_t kMaxSegments = 4, kBlocksPerSegment = 8;
+
+// The first row of each segment, then L.
+std::vector<std::int64_t> segment_starts(std::int64_t L, std::int64_t block, std::int64_t window) {
+  const std::int64_t blocks = (L + block - 1) / block;
+  const std::int64_t n = std::clamp<std::int64_t>(blocks / kBlocksPerSegment, 1, kMaxSegments);
+  // tiles[b]: the tiles of query blocks 0 .. b − 1 (causal and window masks; gates ignored).
+  std::vector<std::int64_t> tiles(static_cast<std::size_t>(blocks + 1), 0);
+  for (std::int64_t b = 0; b < blocks; ++b)
+    tiles[static_cast<std::size_t>(b + 1)] =
+        tiles[static_cast<std::size_t>(b)] + b - window_start(b * block, window) / block + 1;
+  std::vector<std::int64_t> starts{0};
+  for (std::int64_t s = 1; s < n; ++s) {
+    const std::int64_t target = tiles.back() * s / n;
+    auto b = static_cast<std::int64_t>(std::lower_bound(tiles.begin(), tiles.end(), target) -
+                                       tiles.begin());
+    b = std::clamp(b, starts.back() / block + 1, blocks - (n - s));
+    starts.push_back(b * block);
+  }
+  starts.push_back(L);
+  return starts;
+}
+
+// Which gradients a call wants.
+struct Wanted {
+  bool dq, dk, dv, dg, da, db, dtheta;
+  bool dslopes() const { return da || db; }
+  bool dlogits() const { return dq || dk || dg || dslopes(); }
+};
+
+// Per-thread buffers of one query block's backward.
 template <class S>
-struct BackwardWork {
-  ItemKeys<S> keys;
+struct QueryBlockWork {
   Mat<S> q, q_scaled, dout, out, dq;
   Vec<S> block_lse, other_sums, row_sums;
   std::vector<std::int64_t> dominant;
   Scratch<S> tmp;
-  BlockGates gates;
-  Slopes slopes;
   PairAngles<S> angles;
-  Vec<double> da, db, dg_out;
-  Mat<S> dtheta, dk, dv;
-  Vec<S> row_lse, delta;
-  std::vector<double> dg, spans;
-
-  void release_if_large() { detail::release_if_large(keys.k, keys.v, dtheta, dk, dv); }
 };
+
+// What the backward of an item (sequence, key head) keeps while its query heads and segments run.
+// The O(L·K) buffers are released after an item above kKeptBytes, as the forward's keys are.
+template <class S>
+struct ItemBackward {
+  ItemKeys<S> keys;  // with θ, rotated: dk, dq are first taken with respect to the rotated rows
+  PairAngles<S> angles;   // θ of key head h, for a piece of the sequence
+  BlockGates gates;       // of the current query head
+  Slopes slopes;          // b of key head h; a of the current query head
+  Vec<S> row_lse, delta;  // lse_i and D_i = do_i·o_i of the current query head
+  // dθ of key head h: the group's q contributions and the k contribution (also accumulated,
+  // unused, when only dq or dk is requested: (R2) and (R3) come together).
+  Mat<S> dtheta, dk, dv;
+  Vec<double> da, dg_out;            // da of the current query head
+  std::vector<std::int64_t> starts;  // segment_starts
+  // Per segment s: dk, dv of the keys before it (rows [0, starts[s])), db of key head h (summed
+  // over the group), and dg's terms and span differences (add_gate_grads) of the query head.
+  std::vector<Mat<S>> part_dk, part_dv;
+  std::vector<Vec<double>> part_db, part_dg, part_spans;
+
+  void release_if_large() {
+    detail::release_if_large(keys.k, keys.v, dtheta, dk, dv, part_dk, part_dv);
+  }
+};
+
+// Pass 1 of query block i0: lse and D for its rows (o and lse from the forward, or recomputed).
+template <class S>
+void backward_row_terms(const Problem& p, const TensorView& d_o, const TensorView& o,
+                        const TensorView& lse, const Sequence& seq, std::int64_t h, std::int64_t hq,
+                        std::int64_t i0, ItemBackward<S>& item, QueryBlockWork<S>& w) {
+  const std::int64_t nI = std::min(p.block_size, seq.length - i0);
+  const Sequence rows = rows_of(seq, i0, nI);
+  load_rows(d_o, rows, hq, w.dout);
+  if (o.defined() && lse.defined()) {
+    load_rows(o, rows, hq, w.out);
+    load_column(lse, rows, hq, w.block_lse);
+  } else {
+    load_rows(p.q, rows, hq, w.q_scaled);
+    if (p.theta.defined()) {
+      w.angles.load(p.theta, rows, h);
+      rotate_rows(w.q_scaled, w.angles, p.rotary_layout);
+    }
+    w.q_scaled *= static_cast<S>(p.scale);
+    forward_block(p, item.keys.k, item.keys.v, item.gates, item.slopes, i0, w.q_scaled, w.tmp,
+                  w.out, w.block_lse);
+  }
+  item.row_lse.segment(i0, nI) = w.block_lse;
+  item.delta.segment(i0, nI) = w.dout.cwiseProduct(w.out).rowwise().sum();
+}
+
+// Pass 2 of segment s of query head hq: the tiles again, now with the gradients.
+template <class S>
+void backward_segment(const Problem& p, const Wanted& want, const TensorView& d_o,
+                      const ForgettingAttnGrads& grads, const Sequence& seq, std::int64_t h,
+                      std::int64_t hq, std::size_t s, ItemBackward<S>& item, QueryBlockWork<S>& w) {
+  const std::int64_t first = item.starts[s], end = item.starts[s + 1], B = p.block_size;
+  const Mat<S>&k = item.keys.k, &v = item.keys.v;
+  // Keys of the segment's own rows take their sums in the item's dk, dv; earlier ones in its own.
+  auto key_rows = [&](Mat<S>& own, Mat<S>& part, std::int64_t j0, std::int64_t n) {
+    return j0 >= first ? own.middleRows(j0, n) : part.middleRows(j0, n);
+  };
+  Mat<S>&part_dk = item.part_dk[s], &part_dv = item.part_dv[s];
+  Vec<double>&part_db = item.part_db[s], &part_dg = item.part_dg[s],
+  &part_spans = item.part_spans[s];
+  Scratch<S>& tmp = w.tmp;
+  for (std::int64_t i0 = first; i0 < end; i0 += B) {
+    const std::int64_t nI = std::min(B, end - i0);
+    const Sequence rows = rows_of(seq, i0, nI);
+    load_rows(p.q, rows, hq, w.q);
+    if (p.theta.defined()) {  // these cos/sin also unrotate the block's dq below
+      w.angles.load(p.theta, rows, h);
+      rotate_rows(w.q, w.angles, p.rotary_layout);
+    }
+    w.q_scaled = w.q * static_cast<S>(p.scale);
+    load_rows(d_o, rows, hq, w.dout);
+    const Vec<S> lse_rows = item.row_lse.segment(i0, nI), delta_rows = item.delta.segment(i0, nI);
+    w.dq.setZero(want.dq ? nI : 0, p.K);
+    w.other_sums.setZero(nI);               // Σ_{j≠j*} dℓ_ij
+    if (p.dlogit_sums_elsewhere.defined())  // the keys of the rows outside this call
+      load_column(p.dlogit_sums_elsewhere, rows, hq, w.other_sums);
+    w.dominant.assign(static_cast<std::size_t>(nI), -1);  // j* of each row, or −1
+    walk_key_blocks(item.gates, p.window, i0, [&](std::int64_t j0, std::int64_t nJ, double gap) {
+      tile_logits(w.q_scaled, k, item.gates, item.slopes, p.window, i0, j0, nJ, gap, tmp.logits);
+      masked_exp(tmp.logits, lse_rows, tmp.probs);
+      if (want.dv) key_rows(item.dv, part_dv, j0, nJ).noalias() += tmp.probs.transpose() * w.dout;
+      if (!want.dlogits()) return;
+      tmp.dprobs.resize(nI, nJ);
+      tmp.dprobs.noalias() = w.dout * v.middleRows(j0, nJ).transpose();
+      tmp.dlogits.resize(nI, nJ);
+      for (std::int64_t r = 0; r < nI; ++r)
+        tmp.dlogits.row(r).array() =
+            tmp.probs.row(r).array() * (tmp.dprobs.row(r).array() - delta_rows[r]);
+      // A dominant key's dℓ is left out here and added below as −(the rest of its row).
+      for (std::int64_t r = 0; r < nI; ++r) {
+        Eigen::Index c;
+        if (w.dominant[static_cast<std::size_t>(r)] < 0 && tmp.probs.row(r).maxCoeff(&c) > S(0.5)) {
+          w.dominant[static_cast<std::size_t>(r)] = j0 + c;
+          tmp.dlogits(r, c) = 0;
+        }
+      }
+      w.row_sums = tmp.dlogits.rowwise().sum();
+      w.other_sums += w.row_sums;
+      if (want.dq) w.dq.noalias() += tmp.dlogits * k.middleRows(j0, nJ);
+      if (want.dk) key_rows(item.dk, part_dk, j0, nJ).noalias() += tmp.dlogits.transpose() * w.q;
+      if (want.dg) add_gate_grads(tmp.dlogits, w.row_sums, i0, j0, part_dg, part_spans);
+      if (want.dslopes()) add_slope_grads(tmp.dlogits, i0, j0, item.da, part_db);
+    });
+    // dℓ_ij* = −Σ_{j≠j*} dℓ_ij: dq_i += dℓ_ij* k_j*, dk_j* += dℓ_ij* q_i, and g_s for
+    // s ∈ (j*, i] gets dℓ_ij* (a range of the difference array).
+    for (std::int64_t r = 0; r < nI && want.dlogits(); ++r) {
+      const std::int64_t j_star = w.dominant[static_cast<std::size_t>(r)];
+      if (j_star < 0) continue;
+      const S dlogit = -w.other_sums[r];
+      if (want.dq) w.dq.row(r) += dlogit * k.row(j_star);
+      if (want.dk) key_rows(item.dk, part_dk, j_star, 1) += dlogit * w.q.row(r);
+      if (want.dg && j_star < i0 + r) {
+        part_spans[j_star + 1] += static_cast<double>(dlogit);
+        part_spans[i0 + r + 1] -= static_cast<double>(dlogit);
+      }
+      if (want.dslopes()) {
+        const double d = -static_cast<double>(i0 + r - j_star) * static_cast<double>(dlogit);
+        item.da[i0 + r] += d;
+        part_db[j_star] += d;
+      }
+    }
+    if (want.dq) {
+      w.dq *= static_cast<S>(p.scale);
+      if (p.theta.defined())
+        unrotate_gradient_rows(w.dq, w.q, w.angles, p.rotary_layout,
+                               item.dtheta.middleRows(i0, nI));
+      if (grads.dq.defined()) store_rows(w.dq, grads.dq, rows, hq);
+    }
+  }
+}
+
+// The backward of item (sequence, key head): its query heads one after another, each in two
+// passes over its query blocks (pass 1 by block, pass 2 by segment, both through parallel_for,
+// which runs them in parallel when called outside the pool and inline within an item of it).
+template <class S>
+void backward_item(const Problem& p, const Wanted& want, const TensorView& d_o, const TensorView& o,
+                   const TensorView& lse, const ForgettingAttnGrads& grads, std::int64_t index,
+                   ItemBackward<S>& item) {
+  const Sequence& seq = p.sequences[static_cast<std::size_t>(index / p.H)];
+  const std::int64_t h = index % p.H, L = seq.length, B = p.block_size;
+  item.keys.load(p, seq, h, item.angles);
+  item.slopes = item.keys.slopes;
+  item.starts = segment_starts(L, B, p.window);
+  const std::size_t segments = item.starts.size() - 1;
+  item.part_dk.resize(segments);
+  item.part_dv.resize(segments);
+  item.part_db.resize(segments);
+  item.part_dg.resize(segments);
+  item.part_spans.resize(segments);
+  for (std::size_t s = 0; s < segments; ++s) {
+    item.part_dk[s].setZero(want.dk ? item.starts[s] : 0, p.K);
+    item.part_dv[s].setZero(want.dv ? item.starts[s] : 0, p.V);
+    item.part_db[s].setZero(want.dslopes() ? L : 0);
+  }
+  item.dtheta.setZero(p.theta.defined() ? L : 0, p.K / 2);
+  item.dk.setZero(want.dk ? L : 0, p.K);
+  item.dv.setZero(want.dv ? L : 0, p.V);
+  item.row_lse.resize(L);
+  item.delta.resize(L);
+  for (std::int64_t hq = h * p.group(); hq < (h + 1) * p.group(); ++hq) {
+    item.gates.load(p, seq, hq);
+    if (item.slopes.on) load_slopes(p.slope_q, seq, hq, item.slopes.a);
+    item.da.setZero(want.dslopes() ? L : 0);
+    parallel_for((L + B - 1) / B, [&](std::int64_t block) {
+      thread_local QueryBlockWork<S> work;
+      backward_row_terms(p, d_o, o, lse, seq, h, hq, block * B, item, work);
+    });
+    for (std::size_t s = 0; s < segments; ++s) {
+      item.part_dg[s].setZero(want.dg ? L : 0);
+      item.part_spans[s].setZero(want.dg ? L + 1 : 0);
+    }
+    parallel_for(static_cast<std::int64_t>(segments), [&](std::int64_t s) {
+      thread_local QueryBlockWork<S> work;
+      backward_segment(p, want, d_o, grads, seq, h, hq, static_cast<std::size_t>(s), item, work);
+    });
+    if (want.dg) {
+      // dg_s = the terms at s plus the running sum of the span differences, each summed over
+      // the segments in order.
+      item.dg_out.resize(L);
+      double span_sum = 0;
+      for (std::int64_t t = 0; t < L; ++t) {
+        double term = 0;
+        for (std::size_t s = 0; s < segments; ++s) {
+          span_sum += item.part_spans[s][t];
+          term += item.part_dg[s][t];
+        }
+        item.dg_out[t] = term + span_sum;
+      }
+      store_column(item.dg_out, grads.dg, seq, hq);
+    }
+    if (want.da) store_column(item.da, grads.dbias_q_slope, seq, hq);
+  }
+  // The segments' sums of earlier keys, in segment order.
+  for (std::size_t s = 1; s < segments; ++s) {
+    if (want.dk) item.dk.topRows(item.starts[s]) += item.part_dk[s];
+    if (want.dv) item.dv.topRows(item.starts[s]) += item.part_dv[s];
+    if (want.dslopes()) item.part_db[0] += item.part_db[s];
+  }
+  if (want.db) store_column(item.part_db[0], grads.dbias_k_slope, seq, h);
+  if (want.dk) {
+    item.dk *= static_cast<S>(p.scale);
+    if (p.theta.defined())
+      for (std::int64_t j0 = 0; j0 < L; j0 += kAngleRows) {
+        const std::int64_t n = std::min(kAngleRows, L - j0);
+        item.angles.load(p.theta, rows_of(seq, j0, n), h);
+        unrotate_gradient_rows(item.dk.middleRows(j0, n), item.keys.k.middleRows(j0, n),
+                               item.angles, p.rotary_layout, item.dtheta.middleRows(j0, n));
+      }
+    if (want.dtheta) store_rows(item.dtheta, grads.dtheta, seq, h);
+    if (grads.dk.defined()) store_rows(item.dk, grads.dk, seq, h);
+  }
+  if (want.dv) store_rows(item.dv, grads.dv, seq, h);
+  item.release_if_large();
+}
 
 template <class S>
 void backward_typed(const Problem& p, const TensorView& d_o, const TensorView& o,
                     const TensorView& lse, const ForgettingAttnGrads& grads) {
   // dθ is made of the gradients with respect to the rotated q and k: it needs both.
-  const bool rotated = p.theta.defined(), want_dtheta = grads.dtheta.defined();
-  const bool want_dq = grads.dq.defined() || want_dtheta,
-             want_dk = grads.dk.defined() || want_dtheta, want_dv = grads.dv.defined(),
-             want_dg = grads.dg.defined(), want_da = grads.dbias_q_slope.defined(),
-             want_db = grads.dbias_k_slope.defined();
-  const bool want_dslopes = want_da || want_db;
-  const bool want_dlogits = want_dq || want_dk || want_dg || want_dslopes;
-  const bool saved = o.defined() && lse.defined();
-  if (!want_dlogits && !want_dv) return;
-  parallel_for(p.num_items(), [&](std::int64_t item) {
-    const Sequence& seq = p.sequences[static_cast<std::size_t>(item / p.H)];
-    const std::int64_t h = item % p.H, L = seq.length, B = p.block_size;
+  Wanted want{};
+  want.dtheta = grads.dtheta.defined();
+  want.dq = grads.dq.defined() || want.dtheta;
+  want.dk = grads.dk.defined() || want.dtheta;
+  want.dv = grads.dv.defined();
+  want.dg = grads.dg.defined();
+  want.da = grads.dbias_q_slope.defined();
+  want.db = grads.dbias_k_slope.defined();
+  if (!want.dlogits() && !want.dv) return;
+  if (split_items(p.num_items())) {
+    // Item after item on the calling thread, each one's blocks and segments in parallel. Its
+    // buffers are the calling thread's, named through a reference (see forward_typed).
+    thread_local ItemBackward<S> kept;
+    ItemBackward<S>& item = kept;
+    for (std::int64_t index = 0; index < p.num_items(); ++index)
+      backward_item(p, want, d_o, o, lse, grads, index, item);
+    return;
+  }
+  parallel_for(p.num_items(), [&](std::int64_t index) {
     // Kept per thread across calls, like the forward's (an item runs start to finish on one
     // thread): O(L·K) buffers allocated afresh each call come back as new pages.
-    thread_local BackwardWork<S> work;
-    ItemKeys<S>& keys = work.keys;
-    const Mat<S>&k = keys.k, &v = keys.v;
-    Mat<S>&q = work.q, &q_scaled = work.q_scaled, &dout = work.dout, &out = work.out, &dq = work.dq;
-    Vec<S>&block_lse = work.block_lse, &other_sums = work.other_sums, &row_sums = work.row_sums;
-    std::vector<std::int64_t>& dominant = work.dominant;
-    Scratch<S>& tmp = work.tmp;
-    BlockGates& gates = work.gates;
-    // With θ, k and the query blocks are the rotated rows, and dk, dq are first taken with
-    // respect to them.
-    PairAngles<S>& angles = work.angles;  // θ of key head h, for a piece of the sequence
-    keys.load(p, seq, h, angles);
-    Slopes& slopes = work.slopes;  // b of key head h; a of the current query head
-    slopes = keys.slopes;
-    // da of the current query head; db of key head h, summed over its group.
-    Vec<double>&da = work.da, &db = work.db;
-    db.setZero(want_dslopes ? L : 0);
-    // dθ of key head h: the group's q contributions and the k contribution (also accumulated,
-    // unused, when only dq or dk is requested: (R2) and (R3) come together).
-    Mat<S>&dtheta = work.dtheta, &dk = work.dk, &dv = work.dv;
-    dtheta.setZero(rotated ? L : 0, p.K / 2);
-    dk.setZero(want_dk ? L : 0, p.K);
-    dv.setZero(want_dv ? L : 0, p.V);
-    // lse_i and D_i = do_i·o_i of the current query head
-    Vec<S>&row_lse = work.row_lse, &delta = work.delta;
-    row_lse.resize(L);
-    delta.resize(L);
-    std::vector<double>&dg = work.dg, &spans = work.spans;
-    for (std::int64_t hq = h * p.group(); hq < (h + 1) * p.group(); ++hq) {
-      gates.load(p, seq, hq);
-      if (slopes.on) load_slopes(p.slope_q, seq, hq, slopes.a);
-      da.setZero(want_dslopes ? L : 0);
-      // Pass 1: lse and D for every row (o and lse from the forward, or recomputed).
-      for (std::int64_t i0 = 0; i0 < L; i0 += B) {
-        const std::int64_t nI = std::min(B, L - i0);
-        const Sequence rows = rows_of(seq, i0, nI);
-        load_rows(d_o, rows, hq, dout);
-        if (saved) {
-          load_rows(o, rows, hq, out);
-          load_column(lse, rows, hq, block_lse);
-        } else {
-          load_rows(p.q, rows, hq, q_scaled);
-          if (rotated) {
-            angles.load(p.theta, rows, h);
-            rotate_rows(q_scaled, angles, p.rotary_layout);
-          }
-          q_scaled *= static_cast<S>(p.scale);
-          forward_block(p, k, v, gates, slopes, i0, q_scaled, tmp, out, block_lse);
-        }
-        row_lse.segment(i0, nI) = block_lse;
-        delta.segment(i0, nI) = dout.cwiseProduct(out).rowwise().sum();
-      }
-      // Pass 2: the tiles again, now with the gradients.
-      dg.assign(static_cast<std::size_t>(want_dg ? L : 0), 0.0);
-      spans.assign(static_cast<std::size_t>(want_dg ? L + 1 : 0), 0.0);
-      for (std::int64_t i0 = 0; i0 < L; i0 += B) {
-        const std::int64_t nI = std::min(B, L - i0);
-        const Sequence rows = rows_of(seq, i0, nI);
-        load_rows(p.q, rows, hq, q);
-        if (rotated) {  // these cos/sin also unrotate the block's dq below
-          angles.load(p.theta, rows, h);
-          rotate_rows(q, angles, p.rotary_layout);
-        }
-        q_scaled = q * static_cast<S>(p.scale);
-        load_rows(d_o, rows, hq, dout);
-        const Vec<S> lse_rows = row_lse.segment(i0, nI), delta_rows = delta.segment(i0, nI);
-        dq.setZero(want_dq ? nI : 0, p.K);
-        other_sums.setZero(nI);                 // Σ_{j≠j*} dℓ_ij
-        if (p.dlogit_sums_elsewhere.defined())  // the keys of the rows outside this call
-          load_column(p.dlogit_sums_elsewhere, rows, hq, other_sums);
-        dominant.assign(static_cast<std::size_t>(nI), -1);  // j* of each row, or −1
-        walk_key_blocks(gates, p.window, i0, [&](std::int64_t j0, std::int64_t nJ, double gap) {
-          tile_logits(q_scaled, k, gates, slopes, p.window, i0, j0, nJ, gap, tmp.logits);
-          masked_exp(tmp.logits, lse_rows, tmp.probs);
-          if (want_dv) dv.middleRows(j0, nJ).noalias() += tmp.probs.transpose() * dout;
-          if (!want_dlogits) return;
-          tmp.dprobs.resize(nI, nJ);
-          tmp.dprobs.noalias() = dout * v.middleRows(j0, nJ).transpose();
-          tmp.dlogits.resize(nI, nJ);
-          for (std::int64_t r = 0; r < nI; ++r)
-            tmp.dlogits.row(r).array() =
-                tmp.probs.row(r).array() * (tmp.dprobs.row(r).array() - delta_rows[r]);
-          // A dominant key's dℓ is left out here and added below as −(the rest of its row).
-          for (std::int64_t r = 0; r < nI; ++r) {
-            Eigen::Index c;
-            if (dominant[static_cast<std::size_t>(r)] < 0 &&
-                tmp.probs.row(r).maxCoeff(&c) > S(0.5)) {
-              dominant[static_cast<std::size_t>(r)] = j0 + c;
-              tmp.dlogits(r, c) = 0;
-            }
-          }
-          row_sums = tmp.dlogits.rowwise().sum();
-          other_sums += row_sums;
-          if (want_dq) dq.noalias() += tmp.dlogits * k.middleRows(j0, nJ);
-          if (want_dk) dk.middleRows(j0, nJ).noalias() += tmp.dlogits.transpose() * q;
-          if (want_dg) add_gate_grads(tmp.dlogits, row_sums, i0, j0, dg, spans);
-          if (want_dslopes) add_slope_grads(tmp.dlogits, i0, j0, da, db);
-        });
-        // dℓ_ij* = −Σ_{j≠j*} dℓ_ij: dq_i += dℓ_ij* k_j*, dk_j* += dℓ_ij* q_i, and g_s for
-        // s ∈ (j*, i] gets dℓ_ij* (a range of the difference array).
-        for (std::int64_t r = 0; r < nI && want_dlogits; ++r) {
-          const std::int64_t j_star = dominant[static_cast<std::size_t>(r)];
-          if (j_star < 0) continue;
-          const S dlogit = -other_sums[r];
-          if (want_dq) dq.row(r) += dlogit * k.row(j_star);
-          if (want_dk) dk.row(j_star) += dlogit * q.row(r);
-          if (want_dg && j_star < i0 + r) {
-            spans[static_cast<std::size_t>(j_star + 1)] += static_cast<double>(dlogit);
-            spans[static_cast<std::size_t>(i0 + r + 1)] -= static_cast<double>(dlogit);
-          }
-          if (want_dslopes) {
-            const double d = -static_cast<double>(i0 + r - j_star) * static_cast<double>(dlogit);
-            da[i0 + r] += d;
-            db[j_star] += d;
-          }
-        }
-        if (want_dq) {
-          dq *= static_cast<S>(p.scale);
-          if (rotated)
-            unrotate_gradient_rows(dq, q, angles, p.rotary_layout, dtheta.middleRows(i0, nI));
-          if (grads.dq.defined()) store_rows(dq, grads.dq, rows, hq);
-        }
-      }
-      if (want_dg) {
-        Vec<double>& dg_out = work.dg_out;
-        dg_out.resize(L);
-        double span_sum = 0;
-        for (std::int64_t s = 0; s < L; ++s) {
-          span_sum += spans[static_cast<std::size_t>(s)];
-          dg_out[s] = dg[static_cast<std::size_t>(s)] + span_sum;
-        }
-        store_column(dg_out, grads.dg, seq, hq);
-      }
-      if (want_da) store_column(da, grads.dbias_q_slope, seq, hq);
-    }
-    if (want_db) store_column(db, grads.dbias_k_slope, seq, h);
-    if (want_dk) {
-      dk *= static_cast<S>(p.scale);
-      if (rotated)
-        for (std::int64_t j0 = 0; j0 < L; j0 += kAngleRows) {
-          const std::int64_t n = std::min(kAngleRows, L - j0);
-          angles.load(p.theta, rows_of(seq, j0, n), h);
-          unrotate_gradient_rows(dk.middleRows(j0, n), k.middleRows(j0, n), angles, p.rotary_layout,
-                                 dtheta.middleRows(j0, n));
-        }
-      if (want_dtheta) store_rows(dtheta, grads.dtheta, seq, h);
-      if (grads.dk.defined()) store_rows(dk, grads.dk, seq, h);
-    }
-    if (want_dv) store_rows(dv, grads.dv, seq, h);
-    work.release_if_large();
+    thread_local ItemBackward<S> item;
+    backward_item(p, want, d_o, o, lse, grads, index, item);
   });
 }
 
