@@ -237,27 +237,13 @@ void BM_GlaInputDtype(benchmark::State& state) {
 void BM_GlaLongSequence(benchmark::State& state) {
   const int threads = static_cast<int>(state.range(0));
   const bool backward = state.range(1) != 0;
-  constexpr std::int64_t T = 65536;
-  const auto n = static_cast<std::size_t>(T * kK);
-  std::mt19937_64 rng(9);
-  const std::vector<float> q = phasor::bench::normal(n, rng), k = phasor::bench::normal(n, rng),
-                           v = phasor::bench::normal(n, rng), d_o = phasor::bench::normal(n, rng),
-                           g = phasor::bench::log_sigmoid_gates(n, rng, 3.f);
-  std::vector<float> o(n), dq(n), dk(n), dv(n), dg(n);
-  auto view = [](const std::vector<float>& x) { return TensorView::of(x.data(), {1, T, 1, kK}); };
-  phasor::GlaParams p;
-  p.q = view(q);
-  p.k = view(k);
-  p.v = view(v);
-  p.g = view(g);
-  phasor::GlaGrads grads;
-  grads.dq = view(dq);
-  grads.dk = view(dk);
-  grads.dv = view(dv);
-  grads.dg = view(dg);
-  phasor::bench::time_long_sequence(state, threads, backward, T, [&] {
-    phasor::gla_forward(p, Impl::chunk, view(o));
-    if (backward) phasor::gla_backward(p, Impl::chunk, view(d_o), {}, grads);
+  Problem problem(65536, {1, 1, kK, kV});
+  const phasor::GlaParams params = problem.params();
+  const TensorView o = problem.v_view(problem.o), d_o = problem.v_view(problem.d_o);
+  const phasor::GlaGrads grads = problem.grads();
+  phasor::bench::time_long_sequence(state, threads, backward, problem.T, [&] {
+    phasor::gla_forward(params, Impl::chunk, o);
+    if (backward) phasor::gla_backward(params, Impl::chunk, d_o, {}, grads);
   });
 }
 
