@@ -281,6 +281,18 @@ void rotate_keys(const Problem& p, const Sequence& seq, std::int64_t h, Mat<S>& 
   }
 }
 
+// The query rows `rows` of query head hq (key head h), rotated by θ (R1) when given, with the
+// cos/sin left in `angles` (the backward unrotates the block's dq with them).
+template <class S>
+void load_query_block(const Problem& p, const Sequence& rows, std::int64_t h, std::int64_t hq,
+                      Mat<S>& q, PairAngles<S>& angles) {
+  load_rows(p.q, rows, hq, q);
+  if (p.theta.defined()) {
+    angles.load(p.theta, rows, h);
+    rotate_rows(q, angles, p.rotary_layout);
+  }
+}
+
 // What a work item (sequence, key head) shares among its query heads and query blocks: its keys
 // (rotated, with θ) and values, and the key slopes.
 template <class S>
@@ -319,11 +331,7 @@ void forward_query_block(const Problem& p, const Sequence& seq, std::int64_t h, 
                          const Slopes& slopes, const TensorView& o, const TensorView& lse,
                          BlockWork<S>& w) {
   const Sequence rows = rows_of(seq, i0, std::min(p.block_size, seq.length - i0));
-  load_rows(p.q, rows, hq, w.q);
-  if (p.theta.defined()) {
-    w.angles.load(p.theta, rows, h);
-    rotate_rows(w.q, w.angles, p.rotary_layout);
-  }
+  load_query_block(p, rows, h, hq, w.q, w.angles);
   w.q *= static_cast<S>(p.scale);
   forward_block(p, keys.k, keys.v, gates, slopes, i0, w.q, w.tmp, w.out, w.out_lse);
   store_rows(w.out, o, rows, hq);
@@ -538,11 +546,7 @@ void backward_row_terms(const Problem& p, const TensorView& d_o, const TensorVie
     load_rows(o, rows, hq, w.out);
     load_column(lse, rows, hq, w.block_lse);
   } else {
-    load_rows(p.q, rows, hq, w.q_scaled);
-    if (p.theta.defined()) {
-      w.angles.load(p.theta, rows, h);
-      rotate_rows(w.q_scaled, w.angles, p.rotary_layout);
-    }
+    load_query_block(p, rows, h, hq, w.q_scaled, w.angles);
     w.q_scaled *= static_cast<S>(p.scale);
     forward_block(p, item.keys.k, item.keys.v, item.gates, item.slopes, i0, w.q_scaled, w.tmp,
                   w.out, w.block_lse);
@@ -569,11 +573,7 @@ void backward_segment(const Problem& p, const Wanted& want, const TensorView& d_
   for (std::int64_t i0 = first; i0 < end; i0 += B) {
     const std::int64_t nI = std::min(B, end - i0);
     const Sequence rows = rows_of(seq, i0, nI);
-    load_rows(p.q, rows, hq, w.q);
-    if (p.theta.defined()) {  // these cos/sin also unrotate the block's dq below
-      w.angles.load(p.theta, rows, h);
-      rotate_rows(w.q, w.angles, p.rotary_layout);
-    }
+    load_query_block(p, rows, h, hq, w.q, w.angles);  // w.angles also unrotate dq below
     w.q_scaled = w.q * static_cast<S>(p.scale);
     load_rows(d_o, rows, hq, w.dout);
     const Vec<S> lse_rows = item.row_lse.segment(i0, nI), delta_rows = item.delta.segment(i0, nI);
