@@ -15,12 +15,12 @@
 #include <functional>
 #include <limits>
 #include <random>
-#include <unsupported/Eigen/MatrixFunctions>
 #include <vector>
 
 #include "grape/kernels.h"
 #include "phasor/rotary.h"
 #include "phasor/testing/gtest.h"
+#include "phasor/testing/matrix_exp.h"
 #include "phasor/testing/random.h"
 
 namespace phasor {
@@ -84,7 +84,8 @@ PlaneResult run_plane(const PlaneCase& c, Impl impl, const Tensor& dy,
   return r;
 }
 
-// The dense generator of head h and the dense rotation exp(η L) by Eigen's MatrixFunctions.
+// The dense generator of head h and the dense rotation exp(η L) by Eigen's MatrixFunctions
+// (testing::matrix_exp).
 MatD dense_generator(const PlaneCase& c, std::int64_t h) {
   VecD a(c.K), b(c.K);
   const bool per_head = c.a.shape().size() == 2;
@@ -106,7 +107,7 @@ Tensor dense_expm_forward(const PlaneCase& c) {
     for (std::int64_t b = 0; b < c.B; ++b)
       for (std::int64_t t = 0; t < c.T; ++t) {
         const double eta = position_of(c, b, t, h) * c.omega.at(h);
-        const MatD G = (eta * L).exp();
+        const MatD G = testing::matrix_exp(eta * L);
         VecD z(c.K);
         const std::int64_t base = ((b * c.T + t) * c.H + h) * c.K;
         for (std::int64_t k = 0; k < c.K; ++k) z(k) = c.z.at(base + k);
@@ -251,7 +252,7 @@ TEST(GrapePlane, AppendixIFormulaNeedsEtaFactors) {
   const double s = std::sqrt(a.squaredNorm() * b.squaredNorm() - std::pow(a.dot(b), 2));
   const double eta = 2.0, z = eta * s;
   const MatD I = MatD::Identity(K, K);
-  const MatD expected = (eta * L).exp();
+  const MatD expected = testing::matrix_exp(eta * L);
   const double f1 = std::sin(z) / z, f2 = (1 - std::cos(z)) / (z * z);
   const MatD printed = I + f1 * L + f2 * L * L;
   const MatD corrected = I + eta * f1 * L + eta * eta * f2 * L * L;

@@ -13,13 +13,14 @@
 #include <Eigen/Dense>
 #include <algorithm>
 #include <cmath>
+#include <complex>
 #include <cstdio>
 #include <random>
-#include <unsupported/Eigen/MatrixFunctions>
 #include <vector>
 
 #include "phasor/rotary.h"
 #include "phasor/testing/gtest.h"
+#include "phasor/testing/matrix_exp.h"
 #include "phasor/testing/random.h"
 
 namespace phasor {
@@ -138,7 +139,7 @@ MatrixXd rotation_matrix(const Encoding& e, const VectorXd& r, Impl impl = kFast
 MatrixXd dense_exp(const std::vector<MatrixXd>& L, const VectorXd& r) {
   MatrixXd A = MatrixXd::Zero(L[0].rows(), L[0].cols());
   for (std::size_t k = 0; k < L.size(); ++k) A += r(static_cast<Eigen::Index>(k)) * L[k];
-  return A.exp();
+  return testing::matrix_exp(A);
 }
 
 // A commuting family with coincident planes of one generator: K = 9 (odd), m0 = 3 active planes,
@@ -513,10 +514,13 @@ TEST(StructuredPaper, Lemma1BasisGivesMinusLambdaJ) {
   const double lambda = 1.7;
   MatrixXd L(2, 2);
   L << 0, -lambda, lambda, 0;  // λ J
-  Eigen::ComplexEigenSolver<MatrixXd> es(L);
-  Eigen::Index idx = es.eigenvalues()(0).imag() > 0 ? 0 : 1;
-  ASSERT_NEAR(es.eigenvalues()(idx).imag(), lambda, 1e-12);
-  const Eigen::VectorXcd u = es.eigenvectors().col(idx);
+  // A unit eigenvector for iλ, in closed form: (1, −i)/√2 times an arbitrary phase (a solver
+  // may return any phase; for this L the claims below hold for every one). Checked first.
+  const std::complex<double> i(0, 1), phase = std::exp(i * 0.83);
+  Eigen::VectorXcd u(2);
+  u << phase / std::sqrt(2.0), -i * phase / std::sqrt(2.0);
+  ASSERT_LE((L.cast<std::complex<double>>() * u - i * lambda * u).norm(), 1e-12);
+  ASSERT_NEAR(u.norm(), 1.0, 1e-12);
   EXPECT_NEAR(u.real().norm(), 1.0 / std::sqrt(2.0), 1e-12);  // eq. 5 is not normalised
   MatrixXd B(2, 2);
   B.col(0) = u.real().normalized();

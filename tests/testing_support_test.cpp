@@ -1,7 +1,10 @@
 // Tests of the test-support library itself (tests/support, phasor_testing): the owning tensor and
 // its dtypes, the memory layouts and slices, the seeded inputs, the error measures, the
-// finite-difference checker (it must find a wrong gradient, and where), the device staging, and
-// the GoogleTest adapters' verdicts. Every other suite trusts these.
+// finite-difference checker (it must find a wrong gradient, and where), the dense matrix
+// exponential, the device staging, and the GoogleTest adapters' verdicts. Every other suite
+// trusts these.
+#include "common/eigen.h"  // first: see there
+
 #include <gtest/gtest.h>
 
 #include <array>
@@ -17,6 +20,7 @@
 #include "phasor/testing/finite_differences.h"
 #include "phasor/testing/gtest.h"
 #include "phasor/testing/layout.h"
+#include "phasor/testing/matrix_exp.h"
 #include "phasor/testing/random.h"
 #include "phasor/testing/tensor.h"
 
@@ -301,6 +305,38 @@ TEST(TestingDevice, StagingOnTheEmulatedDevice) {
   const testing::DeviceTensor d(x, Device::cpu);
   EXPECT_TRUE(d.to_host().bit_equal(x));
   EXPECT_EQ(d.view().stride(0), 12);
+}
+
+// ---- dense matrix exponential ------------------------------------------------------------------
+
+// exp(θ J) is the rotation by θ; exp of a diagonal is the diagonal of exponentials; exp(0) = I;
+// exp(A) exp(−A) = I for a general A; a matrix that is not square is refused.
+TEST(TestingMatrixExp, KnownExponentials) {
+  const double theta = 2.3;
+  Eigen::MatrixXd J(2, 2), R(2, 2);
+  J << 0, -1, 1, 0;
+  R << std::cos(theta), -std::sin(theta), std::sin(theta), std::cos(theta);
+  EXPECT_LE((testing::matrix_exp(theta * J) - R).cwiseAbs().maxCoeff(), 1e-14);
+  const Eigen::VectorXd d = Eigen::VectorXd::LinSpaced(5, -3.0, 4.0);
+  const Eigen::MatrixXd expected = d.array().exp().matrix().asDiagonal();
+  EXPECT_LE((testing::matrix_exp(d.asDiagonal().toDenseMatrix()) - expected).norm(),
+            1e-13 * expected.norm());
+  EXPECT_EQ(testing::matrix_exp(Eigen::MatrixXd::Zero(3, 3)), Eigen::MatrixXd::Identity(3, 3));
+  std::mt19937_64 rng(5);
+  std::normal_distribution<double> normal;
+  Eigen::MatrixXd A(6, 6);
+  for (Eigen::Index i = 0; i < A.size(); ++i) A(i) = normal(rng);
+  EXPECT_LE((testing::matrix_exp(A) * testing::matrix_exp(-A) - Eigen::MatrixXd::Identity(6, 6))
+                .cwiseAbs()
+                .maxCoeff(),
+            1e-12);
+  try {
+    testing::matrix_exp(Eigen::MatrixXd::Zero(2, 3));
+    ADD_FAILURE() << "a 2×3 matrix was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'a' must be square, got 2×3"), std::string::npos)
+        << e.what();
+  }
 }
 
 // ---- GoogleTest adapters -----------------------------------------------------------------------
