@@ -424,8 +424,8 @@ std::vector<Case> adversarial_cases() {
   add("V_128_mixed_gates",
       [](Case& c) { c.B = 2, c.T = 12, c.K = 5, c.V = 128, c.gates = Gates::mixed; });
   add("V_16_varlen", [](Case& c) { c.lengths = {9, 0, 1, 14}, c.K = 16, c.V = 16; });
-  // Few value heads with V wider than a value tile (64): the chunk forward runs in value tiles
-  // (three here, the last 22 wide), the backward walks each item whole.
+  // Few value heads with V wider than a value tile (64): the chunk forward and backward run in
+  // value tiles (three here, the last 22 wide).
   add("value_tiles_varlen_grouped", [](Case& c) {
     c.lengths = {30, 0, 45}, c.H = 1, c.HV = 2, c.K = 6, c.V = 150, c.chunk_size = 8;
     c.gates = Gates::mixed;
@@ -770,8 +770,9 @@ TEST(GatedDeltaRuleKernels, BitIdenticalForAnyThreadCount) {
 // over (item, value head, value tile of 64 columns): one thread runs the former on these cases,
 // 2–8 threads the latter. Both must give the same bits: one item with V = 150 (three tiles, the
 // last 22 wide) over 130 chunks of 2 (windows of 64), grouped value heads with a varlen batch and
-// strided views, rotation. The backward (one item per thread on any number of threads) must give
-// the same bits on 1 to 8 threads too.
+// strided views, rotation. The backward likewise: one item per thread, each walking its value
+// tiles in turn, on one thread; the replay, the tiles' walks back and the chunks' finish in
+// parallel on 2–8.
 TEST(GatedDeltaRuleKernels, ChunkParallelScheduleIsBitIdentical) {
   Case one_item;
   one_item.T = 260, one_item.K = 6, one_item.V = 150, one_item.chunk_size = 2;

@@ -99,8 +99,6 @@ struct ChunkState {
   Mat<S> pair;    // Γ_ij, lower triangle including the diagonal
   Mat<S> m;       // strictly lower part of M (its unit diagonal is implicit)
   Mat<S> attn;    // Q̃ Kᵀ ⊙ Γ, lower triangle including the diagonal
-  Mat<S> kq_s;    // K S
-  Mat<S> u_new;   // U_new, L × V
   Mat<S> k_tail;  // diag(E) K
 
   // Decay factors of the chunk from its gates g (see the stability note above).
@@ -139,21 +137,6 @@ struct ChunkState {
       for (std::int64_t j = 0; j < i; ++j) m(i, j) = in.beta(i) * gram.kk(i, j) * pair(i, j);
       for (std::int64_t j = 0; j <= i; ++j) attn(i, j) = gram.qk(i, j) * pair(i, j);
     }
-  }
-
-  // U_new, eq. (2): R = diag(β) (V − diag(γ) K S), then M U_new = R (the backward's; the
-  // forward runs forward_tile).
-  void compute_u_new(const ChunkGram<S>& gram, const ValueInputs<S>& in, const Mat<S>& state) {
-    kq_s.noalias() = gram.kq.topRows(L) * state;
-    u_new = in.beta.asDiagonal() * (in.v - gamma.asDiagonal() * kq_s.topRows(L));
-    solve_in_place(m.template triangularView<UnitLower>(), u_new);
-  }
-
-  // S ← S_next, eq. (4); needs compute_u_new.
-  void advance(const QKInputs<S>& qk, Mat<S>& state) {
-    k_tail = tail.asDiagonal() * qk.k;
-    state *= gamma(L - 1);
-    state.noalias() += k_tail.transpose() * u_new;
   }
 };
 
@@ -388,124 +371,237 @@ void forward_by_tile(const Problem& p, const TensorView& o, const TensorView& fi
                       states[static_cast<std::size_t>(item)], final_state);
 }
 
-// Reverse-mode buffers of one chunk.
+// ---- The backward, value tile by value tile ------------------------------------------------
+// Columns of the state never mix in the walk back either: with Y = M⁻ᵀ ∂/∂U_new,
+//   ∂/∂U_new = diag(E) K dS + lower(Q̃Kᵀ⊙Γ)ᵀ dO,  ∂/∂(K S) = −diag(βγ) Y,
+//   ∂L/∂S = γ_{L−1} dS + Kᵀ ∂/∂(K S) + (diag(γ) Q̃)ᵀ dO
+// take column j of dS_next, dO and S to column j of ∂L/∂S. So each value tile walks its own
+// columns (backward_tile) and leaves the chunk its share of the gradients that sum over columns
+// (dq̃, dk̂, dβ, the gates' factors, and the L × L matrices dO U_newᵀ and Y U_newᵀ); the chunk adds
+// the tiles' shares in tile order and finishes (finish_chunk). The tiles are value_tile's, fixed
+// by the problem, so the schedules below (by item, by tile) give the same bits.
+
+// One value tile's share of a chunk's gradients (one value head): sums over the tile's columns.
 template <class S>
-struct ChunkGrad {
-  Vec<S> dgamma, dtail;
-  Mat<S> weight;   // W_ij = dΓ_ij Γ_ij (i > j): what each pairwise factor passes to its gates
+struct TileGrads {
+  Mat<S> dq, dk;                // L × K: the tile's terms of dq̃, dk̂ that need its columns
+  Mat<S> dattn, dm;             // lower triangles of dO U_newᵀ and Y U_newᵀ
+  Vec<S> dgamma, dtail, dbeta;  // the tile's terms of dγ, dE and dβ
+
+  // += another tile's share (only the lower triangles of dattn, dm are defined).
+  void add(const TileGrads& t) {
+    dq += t.dq;
+    dk += t.dk;
+    dattn.template triangularView<Lower>() += t.dattn;
+    dm.template triangularView<Lower>() += t.dm;
+    dgamma += t.dgamma;
+    dtail += t.dtail;
+    dbeta += t.dbeta;
+  }
+};
+
+// Scratch of backward_tile.
+template <class S>
+struct TileScratch {
+  Mat<S> ks;       // K S
+  Mat<S> u_new;    // U_new, L × width
   Mat<S> d_kt;     // ∂/∂(diag(E) K)
   Mat<S> du;       // ∂/∂U_new, then Y = M⁻ᵀ ∂/∂U_new = ∂/∂R
-  Mat<S> dattn;    // ∂/∂(Q̃ Kᵀ ⊙ Γ), then ∂/∂(Q̃ Kᵀ)
-  Mat<S> dm;       // −∂/∂M (strictly lower), then ∂/∂(K Kᵀ)
-  Mat<S> dz;       // [∂/∂(K S); dO], 2L × V
-  Mat<S> kqg;      // [K; diag(γ) Q̃], 2L × K
+  Mat<S> dz;       // [∂/∂(K S); dO], 2L × width
   Mat<S> dz_s;     // [∂/∂(K S) Sᵀ; dO Sᵀ], 2L × K
   Mat<S> dS_prev;  // ∂L/∂S (entering state)
 };
 
-// Backward of one chunk: given the entering state and dS = ∂L/∂S_next, adds the chunk's dq̃, dk̂
-// into dq, dk, writes its dv, dg, dβ into d, and replaces dS by ∂L/∂S.
+// What backward_tile needs of a chunk beyond prepare_chunk: [K; diag(γ) Q̃] (2L × K), for the
+// products with [∂/∂(K S); dO], and Mᵀ stored as a matrix of its own (a solve with the
+// transposed view of M ran 2.5× slower, and a value tile solves once per chunk).
 template <class S>
-void backward_chunk(const QKInputs<S>& qk, const ChunkGram<S>& gram, const ValueInputs<S>& in,
-                    const Mat<S>& d_out, const Mat<S>& state, ChunkState<S>& c, ChunkGrad<S>& gr,
-                    Mat<S>& dS, Mat<S>& dq, Mat<S>& dk, ValueGrads<S>& d) {
-  const std::int64_t L = c.L, K = state.rows(), V = state.cols();
+struct BackwardFactors {
+  Mat<S> kqg, m_t;
+
+  void compute(const QKInputs<S>& qk, const ChunkState<S>& c) {
+    const std::int64_t L = c.L;
+    kqg.resize(2 * L, qk.k.cols());
+    kqg.topRows(L) = qk.k;
+    kqg.bottomRows(L) = c.gamma.asDiagonal() * qk.q;
+    m_t = c.m.transpose();
+  }
+};
+
+// The walk back through one chunk for the value columns of one tile: given the tile's entering
+// state, its v and dO columns, and dS = its columns of ∂L/∂S_next, writes the tile's dv and its
+// share t of the chunk's gradients, and replaces dS by its columns of ∂L/∂S. Expects
+// prepare_chunk (gates, M, the gated attention, diag(E) K) and f = BackwardFactors.
+template <class S>
+void backward_tile(const QKInputs<S>& qk, const ChunkGram<S>& gram, const ChunkState<S>& c,
+                   const BackwardFactors<S>& f, const Vec<S>& beta, const Mat<S>& v,
+                   const Mat<S>& d_out, const Mat<S>& state, Mat<S>& dS, Mat<S>& dv,
+                   TileGrads<S>& t, TileScratch<S>& w) {
+  const std::int64_t L = c.L, width = state.cols();
   const Mat<S>& Kc = qk.k;
   const Mat<S>& Qc = qk.q;
-  const Vec<S>& beta = in.beta;
-  const auto ks = c.kq_s.topRows(L);  // K S
-  gr.dgamma.setZero(L);
-  gr.dtail.resize(L);
-  gr.weight.setZero(L, L);
+  // U_new, eq. (2): R = diag(β) (V − diag(γ) K S), then M U_new = R.
+  w.ks.noalias() = gram.kq.topRows(L) * state;
+  w.u_new = beta.asDiagonal() * (v - c.gamma.asDiagonal() * w.ks);
+  solve_in_place(c.m.template triangularView<UnitLower>(), w.u_new);
 
   // (4) S_next = γ_{L−1} S + (diag(E) K)ᵀ U_new.
-  gr.dgamma(L - 1) = state.cwiseProduct(dS).sum();
-  gr.dS_prev = c.gamma(L - 1) * dS;
-  gr.d_kt.noalias() = c.u_new * dS.transpose();
-  for (std::int64_t j = 0; j < L; ++j) gr.dtail(j) = Kc.row(j).dot(gr.d_kt.row(j));
-  dk.noalias() += c.tail.asDiagonal() * gr.d_kt;
-  c.k_tail = c.tail.asDiagonal() * Kc;
-  gr.du.noalias() = c.k_tail * dS;
+  t.dgamma.setZero(L);
+  t.dtail.resize(L);
+  t.dgamma(L - 1) = state.cwiseProduct(dS).sum();
+  w.dS_prev = c.gamma(L - 1) * dS;
+  w.d_kt.noalias() = w.u_new * dS.transpose();
+  for (std::int64_t j = 0; j < L; ++j) t.dtail(j) = Kc.row(j).dot(w.d_kt.row(j));
+  t.dk.noalias() = c.tail.asDiagonal() * w.d_kt;
+  w.du.noalias() = c.k_tail * dS;
 
   // (3) O = diag(γ) Q̃ S + lower_incl(Q̃ Kᵀ ⊙ Γ) U_new. The Q̃ S term is handled with the K S
   // term below, through [K; diag(γ) Q̃] and [∂/∂(K S); dO].
-  add_triangular_product(gr.du, c.attn.template triangularView<Lower>().transpose(), d_out);
-  gr.dattn.resize(L, L);
-  assign_product(gr.dattn.template triangularView<Lower>(), d_out, c.u_new.transpose());
-  for (std::int64_t i = 0; i < L; ++i) {
-    for (std::int64_t j = 0; j < i; ++j) gr.weight(i, j) = gr.dattn(i, j) * c.attn(i, j);
-    for (std::int64_t j = 0; j <= i; ++j) gr.dattn(i, j) *= c.pair(i, j);
-  }
-  add_triangular_product(dq, gr.dattn.template triangularView<Lower>(), Kc);
-  add_triangular_product(dk, gr.dattn.template triangularView<Lower>().transpose(), Qc);
+  add_triangular_product(w.du, c.attn.template triangularView<Lower>().transpose(), d_out);
+  t.dattn.resize(L, L);
+  assign_product(t.dattn.template triangularView<Lower>(), d_out, w.u_new.transpose());
 
-  // (2) M U_new = R: Y = M⁻ᵀ dU_new = dR, −dM = Y U_newᵀ (strictly lower part).
-  solve_in_place(c.m.transpose().template triangularView<UnitUpper>(), gr.du);
-  const Mat<S>& Y = gr.du;
-  gr.dm.resize(L, L);
-  assign_product(gr.dm.template triangularView<Lower>(), Y, c.u_new.transpose());
+  // (2) M U_new = R: Y = M⁻ᵀ dU_new = dR, −dM = Y U_newᵀ (strictly lower part, finish_chunk).
+  solve_in_place(f.m_t.template triangularView<UnitUpper>(), w.du);
+  const Mat<S>& Y = w.du;
+  t.dm.resize(L, L);
+  assign_product(t.dm.template triangularView<Lower>(), Y, w.u_new.transpose());
   // R = diag(β) (V − diag(γ) K S): dV = diag(β) Y, dβ_i = (V − γ K S)_i · Y_i,
   // dγ_i = −β_i (K S)_i · Y_i, ∂/∂(K S) = −diag(βγ) Y.
-  d.dv = beta.asDiagonal() * Y;
-  gr.dz.resize(2 * L, V);
+  dv = beta.asDiagonal() * Y;
+  t.dbeta.resize(L);
+  w.dz.resize(2 * L, width);
   for (std::int64_t i = 0; i < L; ++i) {
-    const S ks_y = ks.row(i).dot(Y.row(i));
-    d.dbeta(i) = in.v.row(i).dot(Y.row(i)) - c.gamma(i) * ks_y;
-    gr.dgamma(i) -= beta(i) * ks_y;
-    gr.dz.row(i) = (-beta(i) * c.gamma(i)) * Y.row(i);
+    const S ks_y = w.ks.row(i).dot(Y.row(i));
+    t.dbeta(i) = v.row(i).dot(Y.row(i)) - c.gamma(i) * ks_y;
+    t.dgamma(i) -= beta(i) * ks_y;
+    w.dz.row(i) = (-beta(i) * c.gamma(i)) * Y.row(i);
   }
-  gr.dz.bottomRows(L) = d_out;
+  w.dz.bottomRows(L) = d_out;
 
   // [K S; diag(γ) Q̃ S] = [K; diag(γ) Q̃] S, one product each way:
   //   ∂L/∂S += [K; diag(γ) Q̃]ᵀ [∂/∂(K S); dO],  [∂/∂(K S); dO] Sᵀ → dK, dQ̃ and dγ.
-  gr.kqg.resize(2 * L, K);
-  gr.kqg.topRows(L) = Kc;
-  gr.kqg.bottomRows(L) = c.gamma.asDiagonal() * Qc;
-  gr.dS_prev.noalias() += gr.kqg.transpose() * gr.dz;
-  gr.dz_s.noalias() = gr.dz * state.transpose();
-  dk.noalias() += gr.dz_s.topRows(L);
-  const auto do_s = gr.dz_s.bottomRows(L);
-  for (std::int64_t i = 0; i < L; ++i) gr.dgamma(i) += Qc.row(i).dot(do_s.row(i));
-  dq.noalias() += c.gamma.asDiagonal() * do_s;
+  w.dS_prev.noalias() += f.kqg.transpose() * w.dz;
+  w.dz_s.noalias() = w.dz * state.transpose();
+  t.dk += w.dz_s.topRows(L);
+  const auto do_s = w.dz_s.bottomRows(L);
+  for (std::int64_t i = 0; i < L; ++i) t.dgamma(i) += Qc.row(i).dot(do_s.row(i));
+  t.dq.noalias() = c.gamma.asDiagonal() * do_s;
+  dS.swap(w.dS_prev);
+}
 
-  // (1) M = I + diag(β) strictly_lower(K Kᵀ ⊙ Γ).
+// Scratch of finish_chunk.
+template <class S>
+struct FinishScratch {
+  Mat<S> weight;  // W_ij = dΓ_ij Γ_ij (i > j): what each pairwise factor passes to its gates
+  Vec<S> column_sums, row_sums;
+};
+
+// The rest of one chunk's backward for one value head, from t = the sum of its tiles' shares
+// (consumed): adds dq̃, dk̂ into dq, dk and writes dg, dβ into d.
+template <class S>
+void finish_chunk(const QKInputs<S>& qk, const ChunkGram<S>& gram, const ChunkState<S>& c,
+                  const Vec<S>& beta, TileGrads<S>& t, Mat<S>& dq, Mat<S>& dk, ValueGrads<S>& d,
+                  FinishScratch<S>& w) {
+  const std::int64_t L = c.L;
+  const Mat<S>& Kc = qk.k;
+  const Mat<S>& Qc = qk.q;
+  dq += t.dq;
+  dk += t.dk;
+  // (3): dO U_newᵀ is ∂/∂(Q̃ Kᵀ ⊙ Γ); times Γ, ∂/∂(Q̃ Kᵀ).
+  w.weight.setZero(L, L);
+  Mat<S>& dattn = t.dattn;
+  for (std::int64_t i = 0; i < L; ++i) {
+    for (std::int64_t j = 0; j < i; ++j) w.weight(i, j) = dattn(i, j) * c.attn(i, j);
+    for (std::int64_t j = 0; j <= i; ++j) dattn(i, j) *= c.pair(i, j);
+  }
+  add_triangular_product(dq, dattn.template triangularView<Lower>(), Kc);
+  add_triangular_product(dk, dattn.template triangularView<Lower>().transpose(), Qc);
+
+  // (1) M = I + diag(β) strictly_lower(K Kᵀ ⊙ Γ), with −dM = Y U_newᵀ.
+  Mat<S>& dm = t.dm;
   for (std::int64_t i = 0; i < L; ++i) {
     S dbeta = 0;
     for (std::int64_t j = 0; j < i; ++j) {
-      const S dM = -gr.dm(i, j);
+      const S dM = -dm(i, j);
       const S kk_pair = gram.kk(i, j) * c.pair(i, j);
       dbeta += dM * kk_pair;
-      gr.weight(i, j) += dM * beta(i) * kk_pair;
-      gr.dm(i, j) = dM * beta(i) * c.pair(i, j);  // ∂/∂(K Kᵀ)_ij
+      w.weight(i, j) += dM * beta(i) * kk_pair;
+      dm(i, j) = dM * beta(i) * c.pair(i, j);  // ∂/∂(K Kᵀ)_ij
     }
-    d.dbeta(i) += dbeta;
-    gr.dm(i, i) = 0;
+    d.dbeta(i) = t.dbeta(i) + dbeta;
+    dm(i, i) = 0;
   }
   // K Kᵀ: dK += (dA + dAᵀ) K with dA strictly lower.
-  add_triangular_product(dk, gr.dm.template triangularView<Lower>(), Kc);
-  add_triangular_product(dk, gr.dm.template triangularView<Lower>().transpose(), Kc);
+  add_triangular_product(dk, dm.template triangularView<Lower>(), Kc);
+  add_triangular_product(dk, dm.template triangularView<Lower>().transpose(), Kc);
 
   // Gates. g_s enters γ_i for i ≥ s, E_j for j < s and Γ_ij for j < s ≤ i; each factor passes
   // (its gradient × its value) to every gate of its segment. All sums stay within the chunk.
   S acc = 0;
   for (std::int64_t s = L - 1; s >= 0; --s) {
-    acc += gr.dgamma(s) * c.gamma(s);
+    acc += t.dgamma(s) * c.gamma(s);
     d.dg(s) = acc;
   }
   acc = 0;
   for (std::int64_t s = 0; s < L; ++s) {
     d.dg(s) += acc;
-    acc += gr.dtail(s) * c.tail(s);
+    acc += t.dtail(s) * c.tail(s);
   }
   // F(s) = Σ_{i≥s} Σ_{j<s} W_ij telescopes: F(0) = 0, F(s+1) = F(s) + Σ_{i>s} W_is − Σ_{j<s} W_sj.
-  const Vec<S> column_sums = gr.weight.colwise().sum().transpose();  // W is zero on/above diag
-  const Vec<S> row_sums = gr.weight.rowwise().sum();
+  w.column_sums = w.weight.colwise().sum().transpose();  // W is zero on/above diag
+  w.row_sums = w.weight.rowwise().sum();
   acc = 0;
   for (std::int64_t s = 0; s < L; ++s) {
     d.dg(s) += acc;
-    acc += column_sums(s) - row_sums(s);
+    acc += w.column_sums(s) - w.row_sums(s);
   }
-  dS.swap(gr.dS_prev);
+}
+
+// Eqs. (2) and (4) for the value columns of one tile: S ← S_next (the backward's replay of the
+// forward, which needs the entering states only). Expects prepare_chunk.
+template <class S>
+void replay_tile(const ChunkGram<S>& gram, const ChunkState<S>& c, const Vec<S>& beta,
+                 const Mat<S>& v, Mat<S>& state, TileScratch<S>& w) {
+  const std::int64_t L = c.L;
+  w.ks.noalias() = gram.kq.topRows(L) * state;
+  w.u_new = beta.asDiagonal() * (v - c.gamma.asDiagonal() * w.ks);
+  solve_in_place(c.m.template triangularView<UnitLower>(), w.u_new);
+  state *= c.gamma(L - 1);
+  state.noalias() += c.k_tail.transpose() * w.u_new;
+}
+
+// dS of every (value head r, tile i) of sequence n, q/k head h: dS[r · tiles + i] = the tile's
+// columns of d_final_state, or zeros.
+template <class S>
+void load_tile_state_grads(const Problem& p, const TensorView& d_final_state, std::int64_t n,
+                           std::int64_t h, std::vector<Mat<S>>& dS) {
+  const std::int64_t tiles = num_value_tiles(p);
+  dS.resize(static_cast<std::size_t>(p.group * tiles));
+  for (std::int64_t r = 0; r < p.group; ++r)
+    for (std::int64_t i = 0; i < tiles; ++i) {
+      const ValueTile tile = value_tile(p, i);
+      Mat<S>& d = dS[static_cast<std::size_t>(r * tiles + i)];
+      if (d_final_state.defined())
+        load_state(value_columns(d_final_state, tile), n, h * p.group + r, d);
+      else
+        d.setZero(p.K, tile.width);
+    }
+}
+
+// One value head's tile shares → its dg, dβ (stored) and dq̃, dk̂ (added into dq, dk): the shares
+// added in tile order into the first (parts[0 .. tiles), consumed).
+template <class S>
+void finish_value_head(const Problem& p, const Sequence& block, std::int64_t hv,
+                       const QKInputs<S>& qk, const ChunkGram<S>& gram, const ChunkState<S>& c,
+                       const Vec<S>& beta, TileGrads<S>* parts, Mat<S>& dq, Mat<S>& dk,
+                       ValueGrads<S>& d, FinishScratch<S>& w, const GatedDeltaRuleGrads& grads) {
+  for (std::int64_t i = 1; i < num_value_tiles(p); ++i) parts[0].add(parts[i]);
+  d.dg.resize(c.L);
+  d.dbeta.resize(c.L);
+  finish_chunk(qk, gram, c, beta, parts[0], dq, dk, d, w);
+  if (grads.dg.defined()) store_column(d.dg, grads.dg, block, hv);
+  if (grads.dbeta.defined()) store_column(d.dbeta, grads.dbeta, block, hv);
 }
 
 // Per-thread buffers of backward_item.
@@ -515,18 +611,24 @@ struct BackwardWork {
   ValueInputs<S> in;
   ChunkGram<S> gram;
   ChunkState<S> chunk;
-  std::vector<Mat<S>> boundary;
-  ChunkGrad<S> gr;
+  std::vector<Mat<S>> states, boundary, dS;
+  std::vector<TileGrads<S>> parts;
+  TileScratch<S> scratch;
+  FinishScratch<S> finish;
   ValueGrads<S> d;
-  Mat<S> dq, dk, d_out;
+  BackwardFactors<S> factors;
+  Mat<S> v, d_out, dv, dq, dk;
 
   void release_if_large() { detail::release_if_large(boundary); }
 };
 
+// The backward of one item, chunk by chunk from the last, each chunk's value heads and tiles in
+// turn (the by-item schedule).
 template <class S>
 void backward_item(const Problem& p, std::int64_t item, const TensorView& d_o,
                    const TensorView& d_final_state, const GatedDeltaRuleGrads& grads) {
   const std::int64_t n = p.item_sequence(item), h = p.item_head(item), G = p.group;
+  const std::int64_t tiles = num_value_tiles(p);
   const Sequence& s = p.sequences[static_cast<std::size_t>(n)];
   const std::int64_t C = p.chunk_size, num_chunks = (s.length + C - 1) / C;
   auto chunk_block = [&](std::int64_t c) {
@@ -541,41 +643,37 @@ void backward_item(const Problem& p, std::int64_t item, const TensorView& d_o,
   ValueInputs<S>& in = work.in;
   ChunkGram<S>& gram = work.gram;
   ChunkState<S>& chunk = work.chunk;
-  // Forward again, keeping boundary[r · num_chunks + c] = the state of value head r entering
-  // chunk c.
+  TileScratch<S>& scratch = work.scratch;
+  // Forward again, keeping boundary[(r · tiles + i) · num_chunks + c] = tile i's columns of the
+  // state of value head r entering chunk c.
+  std::vector<Mat<S>>& states = work.states;
   std::vector<Mat<S>>& boundary = work.boundary;
-  boundary.resize(static_cast<std::size_t>(G * num_chunks));
-  {
-    std::vector<Mat<S>> states(static_cast<std::size_t>(G));
-    for (std::int64_t r = 0; r < G; ++r)
-      load_initial_state(p, n, h * G + r, states[static_cast<std::size_t>(r)]);
-    for (std::int64_t c = 0; c < num_chunks; ++c) {
-      for (std::int64_t r = 0; r < G; ++r)
-        boundary[static_cast<std::size_t>(r * num_chunks + c)] =
-            states[static_cast<std::size_t>(r)];
-      // The walk back needs no state after the last chunk: stop at its entering states (a
-      // sequence of one chunk, as in short training sequences, replays nothing).
-      if (c + 1 == num_chunks) break;
-      const Sequence block = chunk_block(c);
-      load_qk(p, block, h, qk);
-      prefetch_inputs(p, chunk_block(c + 1), h);
-      gram.compute(qk);
-      for (std::int64_t r = 0; r < G; ++r) {
-        Mat<S>& state = states[static_cast<std::size_t>(r)];
-        load_values(p, block, h * G + r, in);
-        chunk.prepare(gram, in);
-        chunk.compute_u_new(gram, in, state);
-        chunk.advance(qk, state);
+  load_tile_states<S>(p, n, h, states);
+  boundary.resize(static_cast<std::size_t>(G * tiles * num_chunks));
+  for (std::int64_t c = 0; c < num_chunks; ++c) {
+    for (std::int64_t u = 0; u < G * tiles; ++u)
+      boundary[static_cast<std::size_t>(u * num_chunks + c)] = states[static_cast<std::size_t>(u)];
+    // The walk back needs no state after the last chunk: stop at its entering states (a
+    // sequence of one chunk, as in short training sequences, replays nothing).
+    if (c + 1 == num_chunks) break;
+    const Sequence block = chunk_block(c);
+    load_qk(p, block, h, qk);
+    prefetch_inputs(p, chunk_block(c + 1), h);
+    gram.compute(qk);
+    for (std::int64_t r = 0; r < G; ++r) {
+      prepare_chunk(p, block, h * G + r, qk, gram, in, chunk);
+      for (std::int64_t i = 0; i < tiles; ++i) {
+        load_rows(value_columns(p.v, value_tile(p, i)), block, h * G + r, work.v);
+        replay_tile(gram, chunk, in.beta, work.v, states[static_cast<std::size_t>(r * tiles + i)],
+                    scratch);
       }
     }
   }
-  // Walk the chunks backwards, recomputing each one from its entering state.
-  std::vector<Mat<S>> dS(static_cast<std::size_t>(G));
-  for (std::int64_t r = 0; r < G; ++r)
-    load_final_state_grad(p, d_final_state, n, h * G + r, dS[static_cast<std::size_t>(r)]);
-  ChunkGrad<S>& gr = work.gr;
-  ValueGrads<S>& d = work.d;
-  Mat<S>&dq = work.dq, &dk = work.dk, &d_out = work.d_out;
+  // Walk the chunks backwards, recomputing each one from its entering states.
+  std::vector<Mat<S>>& dS = work.dS;
+  load_tile_state_grads<S>(p, d_final_state, n, h, dS);
+  work.parts.resize(static_cast<std::size_t>(tiles));
+  Mat<S>&dq = work.dq, &dk = work.dk;
   for (std::int64_t c = num_chunks - 1; c >= 0; --c) {
     const Sequence block = chunk_block(c);
     load_qk(p, block, h, qk);
@@ -584,22 +682,184 @@ void backward_item(const Problem& p, std::int64_t item, const TensorView& d_o,
     dq.setZero(block.length, p.K);
     dk.setZero(block.length, p.K);
     for (std::int64_t r = 0; r < G; ++r) {
-      const Mat<S>& state = boundary[static_cast<std::size_t>(r * num_chunks + c)];
-      load_values(p, block, h * G + r, in);
-      load_rows(d_o, block, h * G + r, d_out);
-      chunk.prepare(gram, in);
-      chunk.compute_u_new(gram, in, state);
-      d.reset(block.length, p.V);
-      backward_chunk(qk, gram, in, d_out, state, chunk, gr, dS[static_cast<std::size_t>(r)], dq, dk,
-                     d);
-      store_value_grads(block, h * G + r, d, grads);
+      const std::int64_t hv = h * G + r;
+      prepare_chunk(p, block, hv, qk, gram, in, chunk);
+      work.factors.compute(qk, chunk);
+      for (std::int64_t i = 0; i < tiles; ++i) {
+        const ValueTile tile = value_tile(p, i);
+        const auto u = static_cast<std::size_t>(r * tiles + i);
+        load_rows(value_columns(p.v, tile), block, hv, work.v);
+        load_rows(value_columns(d_o, tile), block, hv, work.d_out);
+        backward_tile(
+            qk, gram, chunk, work.factors, in.beta, work.v, work.d_out,
+            boundary[u * static_cast<std::size_t>(num_chunks) + static_cast<std::size_t>(c)], dS[u],
+            work.dv, work.parts[static_cast<std::size_t>(i)], scratch);
+        if (grads.dv.defined()) store_rows(work.dv, value_columns(grads.dv, tile), block, hv);
+      }
+      finish_value_head(p, block, hv, qk, gram, chunk, in.beta, work.parts.data(), dq, dk, work.d,
+                        work.finish, grads);
     }
     store_qk_grads(p, block, h, qk, dq, dk, grads);
   }
   if (grads.dh0.defined())
     for (std::int64_t r = 0; r < G; ++r)
-      store_state(dS[static_cast<std::size_t>(r)], grads.dh0, n, h * G + r);
+      for (std::int64_t i = 0; i < tiles; ++i)
+        store_state(dS[static_cast<std::size_t>(r * tiles + i)],
+                    value_columns(grads.dh0, value_tile(p, i)), n, h * G + r);
   work.release_if_large();
+}
+
+// The by-tile backward for few items (B = H = 1 at T = 65,536): the replay of the forward a window
+// of chunks at a time as forward_by_tile (the chunks' state-independent parts in parallel over
+// chunks, then the tiles' recurrences in parallel), keeping every tile's entering states; then
+// the walk back a window at a time from the last: the state-independent parts in parallel over
+// chunks, the tiles' walks back (backward_tile) in parallel over (item, value head, tile), and the
+// chunks' finish (finish_value_head, store_qk_grads) in parallel over chunks. Each piece runs the
+// arithmetic of backward_item's, so the bits are the same.
+template <class S>
+void backward_by_tile(const Problem& p, const TensorView& d_o, const TensorView& d_final_state,
+                      const GatedDeltaRuleGrads& grads) {
+  const std::int64_t items = p.num_items(), G = p.group, C = p.chunk_size, K = p.K;
+  const std::int64_t tiles = num_value_tiles(p);
+  // Per chunk of the window: q̂, q̃, k̂ and the gram (5 C K + 2 C²), per value head its ChunkState
+  // and BackwardFactors (4 C² + 3 C K) and per tile its share (2 C K + 2 C²).
+  const std::int64_t chunk_bytes =
+      static_cast<std::int64_t>(sizeof(S)) *
+      (5 * C * K + 2 * C * C + G * (4 * C * C + 3 * C * K + tiles * (2 * C * K + 2 * C * C)));
+  const std::int64_t window = window_chunks(items, chunk_bytes);
+  auto chunks_of = [&](std::int64_t item) {
+    return (p.sequences[p.item_sequence(item)].length + C - 1) / C;
+  };
+  auto block_at = [&](std::int64_t item, std::int64_t c) {
+    const Sequence& s = p.sequences[p.item_sequence(item)];
+    return block_of(s, c * C, std::min(C, s.length - c * C));
+  };
+  std::int64_t max_chunks = 0;
+  for (std::int64_t item = 0; item < items; ++item)
+    max_chunks = std::max(max_chunks, chunks_of(item));
+  // Per (item, chunk of the window): q/k and gram; per (…, value head): ChunkState, β and
+  // BackwardFactors; per (…, value head, tile): the tile's share.
+  std::vector<QKInputs<S>> qks(static_cast<std::size_t>(items * window));
+  std::vector<ChunkGram<S>> grams(qks.size());
+  std::vector<ChunkState<S>> chunks(qks.size() * static_cast<std::size_t>(G));
+  std::vector<Vec<S>> betas(chunks.size());
+  std::vector<BackwardFactors<S>> factors(chunks.size());
+  std::vector<TileGrads<S>> parts(chunks.size() * static_cast<std::size_t>(tiles));
+  // Units (item, chunk) of the window [first, first + window).
+  auto window_units = [&](std::int64_t first) {
+    std::vector<std::array<std::int64_t, 2>> units;
+    for (std::int64_t item = 0; item < items; ++item)
+      for (std::int64_t c = first; c < std::min(chunks_of(item), first + window); ++c)
+        units.push_back({item, c});
+    return units;
+  };
+  auto prepare_window = [&](const std::vector<std::array<std::int64_t, 2>>& units,
+                            std::int64_t first, bool backward) {
+    parallel_for(static_cast<std::int64_t>(units.size()), [&](std::int64_t index) {
+      const auto [item, c] = units[static_cast<std::size_t>(index)];
+      const std::int64_t h = p.item_head(item), slot = item * window + c - first;
+      thread_local ValueInputs<S> in;
+      const Sequence block = block_at(item, c);
+      QKInputs<S>& qk = qks[static_cast<std::size_t>(slot)];
+      load_qk(p, block, h, qk);
+      ChunkGram<S>& gram = grams[static_cast<std::size_t>(slot)];
+      gram.compute(qk);
+      for (std::int64_t r = 0; r < G; ++r) {
+        const auto at = static_cast<std::size_t>(slot * G + r);
+        prepare_chunk(p, block, h * G + r, qk, gram, in, chunks[at]);
+        betas[at] = in.beta;
+        if (backward) factors[at].compute(qk, chunks[at]);
+      }
+    });
+  };
+  // Replay: boundary[(item · G + r) · tiles + i][c] = tile i's columns of the state of value head
+  // r entering chunk c.
+  std::vector<std::vector<Mat<S>>> boundary(static_cast<std::size_t>(items * G * tiles));
+  {
+    std::vector<std::vector<Mat<S>>> states(static_cast<std::size_t>(items));
+    for (std::int64_t item = 0; item < items; ++item) {
+      load_tile_states<S>(p, p.item_sequence(item), p.item_head(item),
+                          states[static_cast<std::size_t>(item)]);
+      for (std::int64_t u = 0; u < G * tiles; ++u)
+        boundary[static_cast<std::size_t>(item * G * tiles + u)].resize(
+            static_cast<std::size_t>(chunks_of(item)));
+    }
+    // The last chunk's replay is not needed (its entering state is all the walk back uses).
+    for (std::int64_t first = 0; first < max_chunks; first += window) {
+      const auto units = window_units(first);
+      prepare_window(units, first, false);
+      parallel_for(items * G * tiles, [&](std::int64_t u) {
+        const std::int64_t item = u / (G * tiles), r = u / tiles % G, i = u % tiles;
+        const std::int64_t hv = p.item_head(item) * G + r;
+        thread_local TileScratch<S> scratch;
+        thread_local Mat<S> v;
+        Mat<S>& state =
+            states[static_cast<std::size_t>(item)][static_cast<std::size_t>(r * tiles + i)];
+        for (std::int64_t c = first; c < std::min(chunks_of(item), first + window); ++c) {
+          boundary[static_cast<std::size_t>(u)][static_cast<std::size_t>(c)] = state;
+          if (c + 1 == chunks_of(item)) break;
+          const auto at = static_cast<std::size_t>((item * window + c - first) * G + r);
+          load_rows(value_columns(p.v, value_tile(p, i)), block_at(item, c), hv, v);
+          replay_tile(grams[static_cast<std::size_t>(item * window + c - first)], chunks[at],
+                      betas[at], v, state, scratch);
+        }
+      });
+    }
+  }
+  // The walk back, a window at a time from the last.
+  std::vector<std::vector<Mat<S>>> dS(static_cast<std::size_t>(items));
+  for (std::int64_t item = 0; item < items; ++item)
+    load_tile_state_grads<S>(p, d_final_state, p.item_sequence(item), p.item_head(item),
+                             dS[static_cast<std::size_t>(item)]);
+  for (std::int64_t first = (max_chunks - 1) / window * window; first >= 0; first -= window) {
+    const auto units = window_units(first);
+    prepare_window(units, first, true);
+    parallel_for(items * G * tiles, [&](std::int64_t u) {
+      const std::int64_t item = u / (G * tiles), r = u / tiles % G, i = u % tiles;
+      const std::int64_t hv = p.item_head(item) * G + r;
+      const ValueTile tile = value_tile(p, i);
+      thread_local TileScratch<S> scratch;
+      thread_local Mat<S> v, d_out, dv;
+      for (std::int64_t c = std::min(chunks_of(item), first + window) - 1; c >= first; --c) {
+        const std::int64_t slot = item * window + c - first;
+        const auto at = static_cast<std::size_t>(slot * G + r);
+        const Sequence block = block_at(item, c);
+        load_rows(value_columns(p.v, tile), block, hv, v);
+        load_rows(value_columns(d_o, tile), block, hv, d_out);
+        backward_tile(qks[static_cast<std::size_t>(slot)], grams[static_cast<std::size_t>(slot)],
+                      chunks[at], factors[at], betas[at], v, d_out,
+                      boundary[static_cast<std::size_t>(u)][static_cast<std::size_t>(c)],
+                      dS[static_cast<std::size_t>(item)][static_cast<std::size_t>(r * tiles + i)],
+                      dv, parts[at * static_cast<std::size_t>(tiles) + static_cast<std::size_t>(i)],
+                      scratch);
+        if (grads.dv.defined()) store_rows(dv, value_columns(grads.dv, tile), block, hv);
+      }
+    });
+    parallel_for(static_cast<std::int64_t>(units.size()), [&](std::int64_t index) {
+      const auto [item, c] = units[static_cast<std::size_t>(index)];
+      const std::int64_t h = p.item_head(item), slot = item * window + c - first;
+      thread_local FinishScratch<S> finish;
+      thread_local ValueGrads<S> d;
+      thread_local Mat<S> dq, dk;
+      const Sequence block = block_at(item, c);
+      dq.setZero(block.length, K);
+      dk.setZero(block.length, K);
+      for (std::int64_t r = 0; r < G; ++r) {
+        const auto at = static_cast<std::size_t>(slot * G + r);
+        finish_value_head(p, block, h * G + r, qks[static_cast<std::size_t>(slot)],
+                          grams[static_cast<std::size_t>(slot)], chunks[at], betas[at],
+                          &parts[at * static_cast<std::size_t>(tiles)], dq, dk, d, finish, grads);
+      }
+      store_qk_grads(p, block, h, qks[static_cast<std::size_t>(slot)], dq, dk, grads);
+    });
+  }
+  if (grads.dh0.defined())
+    for (std::int64_t item = 0; item < items; ++item)
+      for (std::int64_t r = 0; r < G; ++r)
+        for (std::int64_t i = 0; i < tiles; ++i)
+          store_state(dS[static_cast<std::size_t>(item)][static_cast<std::size_t>(r * tiles + i)],
+                      value_columns(grads.dh0, value_tile(p, i)), p.item_sequence(item),
+                      p.item_head(item) * G + r);
 }
 
 }  // namespace
@@ -621,6 +881,8 @@ void chunk_backward(const Problem& p, const TensorView& d_o, const TensorView& d
                     const GatedDeltaRuleGrads& grads) {
   dispatch_float(p.q, [&](auto zero) {
     using S = decltype(zero);
+    if (split_items(p.num_items() * p.group))
+      return backward_by_tile<S>(p, d_o, d_final_state, grads);
     parallel_for(p.num_items(),
                  [&](std::int64_t item) { backward_item<S>(p, item, d_o, d_final_state, grads); });
   });
