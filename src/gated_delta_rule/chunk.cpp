@@ -305,64 +305,99 @@ void forward_heads(const Problem& p, std::int64_t n, std::int64_t h0, std::int64
   fw.release_if_large();
 }
 
-// The by-tile forward (see above), a window of chunks at a time so that the stored
-// state-independent parts stay bounded (~16 MiB).
+// The by-tile schedules' window of chunks (forward_by_tile, backward_by_tile): chunks
+// [first, first + window) of every item, with per (item, chunk) its q/k rows and gram and per
+// (item, chunk, value head) its ChunkState and β, prepared in parallel over the window's chunks.
+// The window is sized so that these stay bounded (~16 MiB).
 template <class S>
-void forward_by_tile(const Problem& p, const TensorView& o, const TensorView& final_state) {
-  const std::int64_t items = p.num_items(), G = p.group, C = p.chunk_size, K = p.K;
-  const std::int64_t tiles = num_value_tiles(p);
-  const std::int64_t chunk_bytes =
-      static_cast<std::int64_t>(sizeof(S)) * (4 * C * K + 2 * C * C + G * (3 * C * C + C * K));
-  const std::int64_t window = window_chunks(items, chunk_bytes);
-  std::vector<std::vector<Mat<S>>> states(static_cast<std::size_t>(items));
-  std::int64_t max_chunks = 0;
-  auto chunks_of = [&](std::int64_t item) {
-    return (p.sequences[p.item_sequence(item)].length + C - 1) / C;
-  };
-  for (std::int64_t item = 0; item < items; ++item) {
-    load_tile_states<S>(p, p.item_sequence(item), p.item_head(item),
-                        states[static_cast<std::size_t>(item)]);
-    max_chunks = std::max(max_chunks, chunks_of(item));
-  }
-  // Per (item, chunk of the window): its gram; per (item, chunk, value head): its ChunkState and β.
-  std::vector<ChunkGram<S>> grams(static_cast<std::size_t>(items * window));
-  std::vector<ChunkState<S>> chunks(static_cast<std::size_t>(items * window * G));
-  std::vector<Vec<S>> betas(chunks.size());
-  auto block_at = [&](std::int64_t item, std::int64_t c) {
-    const Sequence& s = p.sequences[p.item_sequence(item)];
-    return block_of(s, c * C, std::min(C, s.length - c * C));
-  };
-  for (std::int64_t first = 0; first < max_chunks; first += window) {
-    std::vector<std::array<std::int64_t, 2>> units;  // (item, chunk)
+struct ChunkWindow {
+  const Problem& p;
+  std::int64_t items, G, window, max_chunks = 0, first = 0;
+  std::vector<std::array<std::int64_t, 2>> units;  // the window's (item, chunk) pairs
+  std::vector<QKInputs<S>> qks;                    // per slot (item, chunk of the window)
+  std::vector<ChunkGram<S>> grams;
+  std::vector<ChunkState<S>> chunks;  // per (slot, value head)
+  std::vector<Vec<S>> betas;
+
+  // head_bytes: what the caller keeps beside each (chunk, value head), in bytes.
+  ChunkWindow(const Problem& problem, std::int64_t head_bytes)
+      : p(problem), items(problem.num_items()), G(problem.group) {
+    const std::int64_t C = p.chunk_size, K = p.K;
+    const std::int64_t chunk_bytes =
+        static_cast<std::int64_t>(sizeof(S)) * (5 * C * K + 2 * C * C + G * (3 * C * C + C * K)) +
+        G * head_bytes;
+    window = window_chunks(items, chunk_bytes);
     for (std::int64_t item = 0; item < items; ++item)
-      for (std::int64_t c = first; c < std::min(chunks_of(item), first + window); ++c)
-        units.push_back({item, c});
-    parallel_for(static_cast<std::int64_t>(units.size()), [&](std::int64_t u) {
-      const auto [item, c] = units[static_cast<std::size_t>(u)];
-      const std::int64_t h = p.item_head(item), slot = item * window + c - first;
-      thread_local QKInputs<S> qk;
+      max_chunks = std::max(max_chunks, chunks_of(item));
+    qks.resize(static_cast<std::size_t>(items * window));
+    grams.resize(qks.size());
+    chunks.resize(qks.size() * static_cast<std::size_t>(G));
+    betas.resize(chunks.size());
+  }
+  std::int64_t chunks_of(std::int64_t item) const {
+    return (p.sequences[p.item_sequence(item)].length + p.chunk_size - 1) / p.chunk_size;
+  }
+  // One past the item's last chunk in the current window.
+  std::int64_t end_of(std::int64_t item) const { return std::min(chunks_of(item), first + window); }
+  Sequence block_at(std::int64_t item, std::int64_t c) const {
+    const Sequence& s = p.sequences[p.item_sequence(item)];
+    return block_of(s, c * p.chunk_size, std::min(p.chunk_size, s.length - c * p.chunk_size));
+  }
+  std::size_t slot(std::int64_t item, std::int64_t c) const {
+    return static_cast<std::size_t>(item * window + c - first);
+  }
+  std::size_t at(std::int64_t item, std::int64_t c, std::int64_t r) const {
+    return slot(item, c) * static_cast<std::size_t>(G) + static_cast<std::size_t>(r);
+  }
+
+  // Moves to the window starting at chunk `start` and prepares its chunks: q/k, gram,
+  // prepare_chunk and β of every value head, then head_done(index of the value head's ChunkState).
+  template <class HeadDone>
+  void prepare(std::int64_t start, HeadDone&& head_done) {
+    first = start;
+    units.clear();
+    for (std::int64_t item = 0; item < items; ++item)
+      for (std::int64_t c = first; c < end_of(item); ++c) units.push_back({item, c});
+    parallel_for(static_cast<std::int64_t>(units.size()), [&](std::int64_t index) {
+      const auto [item, c] = units[static_cast<std::size_t>(index)];
+      const std::int64_t h = p.item_head(item);
       thread_local ValueInputs<S> in;
       const Sequence block = block_at(item, c);
+      QKInputs<S>& qk = qks[slot(item, c)];
       load_qk(p, block, h, qk);
-      ChunkGram<S>& gram = grams[static_cast<std::size_t>(slot)];
+      ChunkGram<S>& gram = grams[slot(item, c)];
       gram.compute(qk);
       for (std::int64_t r = 0; r < G; ++r) {
-        const auto at = static_cast<std::size_t>(slot * G + r);
-        prepare_chunk(p, block, h * G + r, qk, gram, in, chunks[at]);
-        betas[at] = in.beta;
+        const std::size_t i = at(item, c, r);
+        prepare_chunk(p, block, h * G + r, qk, gram, in, chunks[i]);
+        betas[i] = in.beta;
+        head_done(i);
       }
     });
+  }
+};
+
+// The by-tile forward (see above), a window of chunks at a time.
+template <class S>
+void forward_by_tile(const Problem& p, const TensorView& o, const TensorView& final_state) {
+  const std::int64_t items = p.num_items(), G = p.group, tiles = num_value_tiles(p);
+  ChunkWindow<S> w(p, 0);
+  std::vector<std::vector<Mat<S>>> states(static_cast<std::size_t>(items));
+  for (std::int64_t item = 0; item < items; ++item)
+    load_tile_states<S>(p, p.item_sequence(item), p.item_head(item),
+                        states[static_cast<std::size_t>(item)]);
+  for (std::int64_t first = 0; first < w.max_chunks; first += w.window) {
+    w.prepare(first, [](std::size_t) {});
     parallel_for(items * G * tiles, [&](std::int64_t u) {
       const std::int64_t item = u / (G * tiles), r = u / tiles % G, i = u % tiles;
       const std::int64_t h = p.item_head(item);
       thread_local TileWork<S> work;
       Mat<S>& state =
           states[static_cast<std::size_t>(item)][static_cast<std::size_t>(r * tiles + i)];
-      for (std::int64_t c = first; c < std::min(chunks_of(item), first + window); ++c) {
-        const std::int64_t slot = item * window + c - first;
-        const auto at = static_cast<std::size_t>(slot * G + r);
-        forward_tile(p, block_at(item, c), h * G + r, value_tile(p, i),
-                     grams[static_cast<std::size_t>(slot)], chunks[at], betas[at], o, state, work);
+      for (std::int64_t c = first; c < w.end_of(item); ++c) {
+        const std::size_t at = w.at(item, c, r);
+        forward_tile(p, w.block_at(item, c), h * G + r, value_tile(p, i), w.grams[w.slot(item, c)],
+                     w.chunks[at], w.betas[at], o, state, work);
       }
     });
   }
@@ -721,57 +756,12 @@ void backward_by_tile(const Problem& p, const TensorView& d_o, const TensorView&
                       const GatedDeltaRuleGrads& grads) {
   const std::int64_t items = p.num_items(), G = p.group, C = p.chunk_size, K = p.K;
   const std::int64_t tiles = num_value_tiles(p);
-  // Per chunk of the window: q̂, q̃, k̂ and the gram (5 C K + 2 C²), per value head its ChunkState
-  // and BackwardFactors (4 C² + 3 C K) and per tile its share (2 C K + 2 C²).
-  const std::int64_t chunk_bytes =
-      static_cast<std::int64_t>(sizeof(S)) *
-      (5 * C * K + 2 * C * C + G * (4 * C * C + 3 * C * K + tiles * (2 * C * K + 2 * C * C)));
-  const std::int64_t window = window_chunks(items, chunk_bytes);
-  auto chunks_of = [&](std::int64_t item) {
-    return (p.sequences[p.item_sequence(item)].length + C - 1) / C;
-  };
-  auto block_at = [&](std::int64_t item, std::int64_t c) {
-    const Sequence& s = p.sequences[p.item_sequence(item)];
-    return block_of(s, c * C, std::min(C, s.length - c * C));
-  };
-  std::int64_t max_chunks = 0;
-  for (std::int64_t item = 0; item < items; ++item)
-    max_chunks = std::max(max_chunks, chunks_of(item));
-  // Per (item, chunk of the window): q/k and gram; per (…, value head): ChunkState, β and
-  // BackwardFactors; per (…, value head, tile): the tile's share.
-  std::vector<QKInputs<S>> qks(static_cast<std::size_t>(items * window));
-  std::vector<ChunkGram<S>> grams(qks.size());
-  std::vector<ChunkState<S>> chunks(qks.size() * static_cast<std::size_t>(G));
-  std::vector<Vec<S>> betas(chunks.size());
-  std::vector<BackwardFactors<S>> factors(chunks.size());
-  std::vector<TileGrads<S>> parts(chunks.size() * static_cast<std::size_t>(tiles));
-  // Units (item, chunk) of the window [first, first + window).
-  auto window_units = [&](std::int64_t first) {
-    std::vector<std::array<std::int64_t, 2>> units;
-    for (std::int64_t item = 0; item < items; ++item)
-      for (std::int64_t c = first; c < std::min(chunks_of(item), first + window); ++c)
-        units.push_back({item, c});
-    return units;
-  };
-  auto prepare_window = [&](const std::vector<std::array<std::int64_t, 2>>& units,
-                            std::int64_t first, bool backward) {
-    parallel_for(static_cast<std::int64_t>(units.size()), [&](std::int64_t index) {
-      const auto [item, c] = units[static_cast<std::size_t>(index)];
-      const std::int64_t h = p.item_head(item), slot = item * window + c - first;
-      thread_local ValueInputs<S> in;
-      const Sequence block = block_at(item, c);
-      QKInputs<S>& qk = qks[static_cast<std::size_t>(slot)];
-      load_qk(p, block, h, qk);
-      ChunkGram<S>& gram = grams[static_cast<std::size_t>(slot)];
-      gram.compute(qk);
-      for (std::int64_t r = 0; r < G; ++r) {
-        const auto at = static_cast<std::size_t>(slot * G + r);
-        prepare_chunk(p, block, h * G + r, qk, gram, in, chunks[at]);
-        betas[at] = in.beta;
-        if (backward) factors[at].compute(qk, chunks[at]);
-      }
-    });
-  };
+  // Beside each (chunk, value head) of the window: its BackwardFactors (C² + 2 C K) and its
+  // tiles' shares (2 C K + 2 C² each).
+  ChunkWindow<S> w(p, static_cast<std::int64_t>(sizeof(S)) *
+                          (C * C + 2 * C * K + tiles * (2 * C * K + 2 * C * C)));
+  std::vector<BackwardFactors<S>> factors(w.chunks.size());
+  std::vector<TileGrads<S>> parts(w.chunks.size() * static_cast<std::size_t>(tiles));
   // Replay: boundary[(item · G + r) · tiles + i][c] = tile i's columns of the state of value head
   // r entering chunk c.
   std::vector<std::vector<Mat<S>>> boundary(static_cast<std::size_t>(items * G * tiles));
@@ -782,12 +772,10 @@ void backward_by_tile(const Problem& p, const TensorView& d_o, const TensorView&
                           states[static_cast<std::size_t>(item)]);
       for (std::int64_t u = 0; u < G * tiles; ++u)
         boundary[static_cast<std::size_t>(item * G * tiles + u)].resize(
-            static_cast<std::size_t>(chunks_of(item)));
+            static_cast<std::size_t>(w.chunks_of(item)));
     }
-    // The last chunk's replay is not needed (its entering state is all the walk back uses).
-    for (std::int64_t first = 0; first < max_chunks; first += window) {
-      const auto units = window_units(first);
-      prepare_window(units, first, false);
+    for (std::int64_t first = 0; first < w.max_chunks; first += w.window) {
+      w.prepare(first, [](std::size_t) {});
       parallel_for(items * G * tiles, [&](std::int64_t u) {
         const std::int64_t item = u / (G * tiles), r = u / tiles % G, i = u % tiles;
         const std::int64_t hv = p.item_head(item) * G + r;
@@ -795,13 +783,13 @@ void backward_by_tile(const Problem& p, const TensorView& d_o, const TensorView&
         thread_local Mat<S> v;
         Mat<S>& state =
             states[static_cast<std::size_t>(item)][static_cast<std::size_t>(r * tiles + i)];
-        for (std::int64_t c = first; c < std::min(chunks_of(item), first + window); ++c) {
+        for (std::int64_t c = first; c < w.end_of(item); ++c) {
           boundary[static_cast<std::size_t>(u)][static_cast<std::size_t>(c)] = state;
-          if (c + 1 == chunks_of(item)) break;
-          const auto at = static_cast<std::size_t>((item * window + c - first) * G + r);
-          load_rows(value_columns(p.v, value_tile(p, i)), block_at(item, c), hv, v);
-          replay_tile(grams[static_cast<std::size_t>(item * window + c - first)], chunks[at],
-                      betas[at], v, state, scratch);
+          // The walk back needs no state after the last chunk.
+          if (c + 1 == w.chunks_of(item)) break;
+          const std::size_t at = w.at(item, c, r);
+          load_rows(value_columns(p.v, value_tile(p, i)), w.block_at(item, c), hv, v);
+          replay_tile(w.grams[w.slot(item, c)], w.chunks[at], w.betas[at], v, state, scratch);
         }
       });
     }
@@ -811,23 +799,24 @@ void backward_by_tile(const Problem& p, const TensorView& d_o, const TensorView&
   for (std::int64_t item = 0; item < items; ++item)
     load_tile_state_grads<S>(p, d_final_state, p.item_sequence(item), p.item_head(item),
                              dS[static_cast<std::size_t>(item)]);
-  for (std::int64_t first = (max_chunks - 1) / window * window; first >= 0; first -= window) {
-    const auto units = window_units(first);
-    prepare_window(units, first, true);
+  for (std::int64_t first = (w.max_chunks - 1) / w.window * w.window; first >= 0;
+       first -= w.window) {
+    w.prepare(first, [&](std::size_t at) {
+      const std::size_t s = at / static_cast<std::size_t>(G);
+      factors[at].compute(w.qks[s], w.chunks[at]);
+    });
     parallel_for(items * G * tiles, [&](std::int64_t u) {
       const std::int64_t item = u / (G * tiles), r = u / tiles % G, i = u % tiles;
       const std::int64_t hv = p.item_head(item) * G + r;
       const ValueTile tile = value_tile(p, i);
       thread_local TileScratch<S> scratch;
       thread_local Mat<S> v, d_out, dv;
-      for (std::int64_t c = std::min(chunks_of(item), first + window) - 1; c >= first; --c) {
-        const std::int64_t slot = item * window + c - first;
-        const auto at = static_cast<std::size_t>(slot * G + r);
-        const Sequence block = block_at(item, c);
+      for (std::int64_t c = w.end_of(item) - 1; c >= first; --c) {
+        const std::size_t s = w.slot(item, c), at = w.at(item, c, r);
+        const Sequence block = w.block_at(item, c);
         load_rows(value_columns(p.v, tile), block, hv, v);
         load_rows(value_columns(d_o, tile), block, hv, d_out);
-        backward_tile(qks[static_cast<std::size_t>(slot)], grams[static_cast<std::size_t>(slot)],
-                      chunks[at], factors[at], betas[at], v, d_out,
+        backward_tile(w.qks[s], w.grams[s], w.chunks[at], factors[at], w.betas[at], v, d_out,
                       boundary[static_cast<std::size_t>(u)][static_cast<std::size_t>(c)],
                       dS[static_cast<std::size_t>(item)][static_cast<std::size_t>(r * tiles + i)],
                       dv, parts[at * static_cast<std::size_t>(tiles) + static_cast<std::size_t>(i)],
@@ -835,22 +824,22 @@ void backward_by_tile(const Problem& p, const TensorView& d_o, const TensorView&
         if (grads.dv.defined()) store_rows(dv, value_columns(grads.dv, tile), block, hv);
       }
     });
-    parallel_for(static_cast<std::int64_t>(units.size()), [&](std::int64_t index) {
-      const auto [item, c] = units[static_cast<std::size_t>(index)];
-      const std::int64_t h = p.item_head(item), slot = item * window + c - first;
+    parallel_for(static_cast<std::int64_t>(w.units.size()), [&](std::int64_t index) {
+      const auto [item, c] = w.units[static_cast<std::size_t>(index)];
+      const std::int64_t h = p.item_head(item);
+      const std::size_t s = w.slot(item, c);
       thread_local FinishScratch<S> finish;
       thread_local ValueGrads<S> d;
       thread_local Mat<S> dq, dk;
-      const Sequence block = block_at(item, c);
+      const Sequence block = w.block_at(item, c);
       dq.setZero(block.length, K);
       dk.setZero(block.length, K);
       for (std::int64_t r = 0; r < G; ++r) {
-        const auto at = static_cast<std::size_t>(slot * G + r);
-        finish_value_head(p, block, h * G + r, qks[static_cast<std::size_t>(slot)],
-                          grams[static_cast<std::size_t>(slot)], chunks[at], betas[at],
+        const std::size_t at = w.at(item, c, r);
+        finish_value_head(p, block, h * G + r, w.qks[s], w.grams[s], w.chunks[at], w.betas[at],
                           &parts[at * static_cast<std::size_t>(tiles)], dq, dk, d, finish, grads);
       }
-      store_qk_grads(p, block, h, qks[static_cast<std::size_t>(slot)], dq, dk, grads);
+      store_qk_grads(p, block, h, w.qks[s], dq, dk, grads);
     });
   }
   if (grads.dh0.defined())
