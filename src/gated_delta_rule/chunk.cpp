@@ -217,21 +217,28 @@ void forward_tile(const Problem& p, const Sequence& block, std::int64_t hv, cons
   state.noalias() += chunk.k_tail.transpose() * w.u_new;
 }
 
-// The states of an item's value heads, tile by tile: states[r · tiles + i] is K × width.
+// Tile i's columns of every value head r of sequence n, q/k head h, from a [N, HV, K, V] tensor:
+// blocks[r · tiles + i] is K × width (zeros when `source` is undefined).
 template <class S>
-void load_tile_states(const Problem& p, std::int64_t n, std::int64_t h,
-                      std::vector<Mat<S>>& states) {
+void load_tile_blocks(const Problem& p, const TensorView& source, std::int64_t n, std::int64_t h,
+                      std::vector<Mat<S>>& blocks) {
   const std::int64_t tiles = num_value_tiles(p);
-  states.resize(static_cast<std::size_t>(p.group * tiles));
+  blocks.resize(static_cast<std::size_t>(p.group * tiles));
   for (std::int64_t r = 0; r < p.group; ++r)
     for (std::int64_t i = 0; i < tiles; ++i) {
       const ValueTile tile = value_tile(p, i);
-      Mat<S>& state = states[static_cast<std::size_t>(r * tiles + i)];
-      if (p.initial_state.defined())
-        load_state(value_columns(p.initial_state, tile), n, h * p.group + r, state);
+      Mat<S>& block = blocks[static_cast<std::size_t>(r * tiles + i)];
+      if (source.defined())
+        load_state(value_columns(source, tile), n, h * p.group + r, block);
       else
-        state.setZero(p.K, tile.width);
+        block.setZero(p.K, tile.width);
     }
+}
+// The states of an item's value heads, tile by tile.
+template <class S>
+void load_tile_states(const Problem& p, std::int64_t n, std::int64_t h,
+                      std::vector<Mat<S>>& states) {
+  load_tile_blocks(p, p.initial_state, n, h, states);
 }
 template <class S>
 void store_tile_states(const Problem& p, std::int64_t n, std::int64_t h,
@@ -447,6 +454,16 @@ struct TileScratch {
   Mat<S> dS_prev;  // ∂L/∂S (entering state)
 };
 
+// U_new of one value tile, eq. (2): R = diag(β) (V − diag(γ) K S), then M U_new = R; leaves
+// K S in w.ks and U_new in w.u_new (the backward's replay and walk back).
+template <class S>
+void solve_u_new(const ChunkGram<S>& gram, const ChunkState<S>& c, const Vec<S>& beta,
+                 const Mat<S>& v, const Mat<S>& state, TileScratch<S>& w) {
+  w.ks.noalias() = gram.kq.topRows(c.L) * state;
+  w.u_new = beta.asDiagonal() * (v - c.gamma.asDiagonal() * w.ks);
+  solve_in_place(c.m.template triangularView<UnitLower>(), w.u_new);
+}
+
 // What backward_tile needs of a chunk beyond prepare_chunk: [K; diag(γ) Q̃] (2L × K), for the
 // products with [∂/∂(K S); dO], and Mᵀ stored as a matrix of its own (a solve with the
 // transposed view of M ran 2.5× slower, and a value tile solves once per chunk).
@@ -475,10 +492,7 @@ void backward_tile(const QKInputs<S>& qk, const ChunkGram<S>& gram, const ChunkS
   const std::int64_t L = c.L, width = state.cols();
   const Mat<S>& Kc = qk.k;
   const Mat<S>& Qc = qk.q;
-  // U_new, eq. (2): R = diag(β) (V − diag(γ) K S), then M U_new = R.
-  w.ks.noalias() = gram.kq.topRows(L) * state;
-  w.u_new = beta.asDiagonal() * (v - c.gamma.asDiagonal() * w.ks);
-  solve_in_place(c.m.template triangularView<UnitLower>(), w.u_new);
+  solve_u_new(gram, c, beta, v, state, w);
 
   // (4) S_next = γ_{L−1} S + (diag(E) K)ᵀ U_new.
   t.dgamma.setZero(L);
@@ -598,30 +612,9 @@ void finish_chunk(const QKInputs<S>& qk, const ChunkGram<S>& gram, const ChunkSt
 template <class S>
 void replay_tile(const ChunkGram<S>& gram, const ChunkState<S>& c, const Vec<S>& beta,
                  const Mat<S>& v, Mat<S>& state, TileScratch<S>& w) {
-  const std::int64_t L = c.L;
-  w.ks.noalias() = gram.kq.topRows(L) * state;
-  w.u_new = beta.asDiagonal() * (v - c.gamma.asDiagonal() * w.ks);
-  solve_in_place(c.m.template triangularView<UnitLower>(), w.u_new);
-  state *= c.gamma(L - 1);
+  solve_u_new(gram, c, beta, v, state, w);
+  state *= c.gamma(c.L - 1);
   state.noalias() += c.k_tail.transpose() * w.u_new;
-}
-
-// dS of every (value head r, tile i) of sequence n, q/k head h: dS[r · tiles + i] = the tile's
-// columns of d_final_state, or zeros.
-template <class S>
-void load_tile_state_grads(const Problem& p, const TensorView& d_final_state, std::int64_t n,
-                           std::int64_t h, std::vector<Mat<S>>& dS) {
-  const std::int64_t tiles = num_value_tiles(p);
-  dS.resize(static_cast<std::size_t>(p.group * tiles));
-  for (std::int64_t r = 0; r < p.group; ++r)
-    for (std::int64_t i = 0; i < tiles; ++i) {
-      const ValueTile tile = value_tile(p, i);
-      Mat<S>& d = dS[static_cast<std::size_t>(r * tiles + i)];
-      if (d_final_state.defined())
-        load_state(value_columns(d_final_state, tile), n, h * p.group + r, d);
-      else
-        d.setZero(p.K, tile.width);
-    }
 }
 
 // One value head's tile shares → its dg, dβ (stored) and dq̃, dk̂ (added into dq, dk): the shares
@@ -706,7 +699,7 @@ void backward_item(const Problem& p, std::int64_t item, const TensorView& d_o,
   }
   // Walk the chunks backwards, recomputing each one from its entering states.
   std::vector<Mat<S>>& dS = work.dS;
-  load_tile_state_grads<S>(p, d_final_state, n, h, dS);
+  load_tile_blocks<S>(p, d_final_state, n, h, dS);
   work.parts.resize(static_cast<std::size_t>(tiles));
   Mat<S>&dq = work.dq, &dk = work.dk;
   for (std::int64_t c = num_chunks - 1; c >= 0; --c) {
@@ -736,11 +729,7 @@ void backward_item(const Problem& p, std::int64_t item, const TensorView& d_o,
     }
     store_qk_grads(p, block, h, qk, dq, dk, grads);
   }
-  if (grads.dh0.defined())
-    for (std::int64_t r = 0; r < G; ++r)
-      for (std::int64_t i = 0; i < tiles; ++i)
-        store_state(dS[static_cast<std::size_t>(r * tiles + i)],
-                    value_columns(grads.dh0, value_tile(p, i)), n, h * G + r);
+  store_tile_states(p, n, h, dS, grads.dh0);
   work.release_if_large();
 }
 
@@ -797,8 +786,8 @@ void backward_by_tile(const Problem& p, const TensorView& d_o, const TensorView&
   // The walk back, a window at a time from the last.
   std::vector<std::vector<Mat<S>>> dS(static_cast<std::size_t>(items));
   for (std::int64_t item = 0; item < items; ++item)
-    load_tile_state_grads<S>(p, d_final_state, p.item_sequence(item), p.item_head(item),
-                             dS[static_cast<std::size_t>(item)]);
+    load_tile_blocks<S>(p, d_final_state, p.item_sequence(item), p.item_head(item),
+                        dS[static_cast<std::size_t>(item)]);
   for (std::int64_t first = (w.max_chunks - 1) / w.window * w.window; first >= 0;
        first -= w.window) {
     w.prepare(first, [&](std::size_t at) {
@@ -842,13 +831,9 @@ void backward_by_tile(const Problem& p, const TensorView& d_o, const TensorView&
       store_qk_grads(p, block, h, w.qks[s], dq, dk, grads);
     });
   }
-  if (grads.dh0.defined())
-    for (std::int64_t item = 0; item < items; ++item)
-      for (std::int64_t r = 0; r < G; ++r)
-        for (std::int64_t i = 0; i < tiles; ++i)
-          store_state(dS[static_cast<std::size_t>(item)][static_cast<std::size_t>(r * tiles + i)],
-                      value_columns(grads.dh0, value_tile(p, i)), p.item_sequence(item),
-                      p.item_head(item) * G + r);
+  for (std::int64_t item = 0; item < items; ++item)
+    store_tile_states(p, p.item_sequence(item), p.item_head(item),
+                      dS[static_cast<std::size_t>(item)], grads.dh0);
 }
 
 }  // namespace
