@@ -613,8 +613,10 @@ TEST(GlaKernels, ThreadCountInvariance) {
 // The chunk kernels walk one (sequence, head) item per thread when the items keep every thread
 // busy, and parallelise over chunks when they do not (scans over chunks between the phases): one
 // thread runs the former on these cases, 2–8 threads the latter. Both must give the same bits,
-// with one item (T = 300 at chunk 2: 150 chunks, windows of at most 64 in the forward), a varlen
-// batch with empty and one-token sequences, rotation and strided views.
+// with one item (T = 300 at chunk 2: 150 chunks, windows of at most 64: three windows for the
+// forward and for the backward's replay and walk back), a varlen batch with empty and one-token
+// sequences, rotation and strided views, and V = 150 (the scans' three tiles of value columns, the
+// last partial) with sequences of different window counts.
 TEST(GlaKernels, ChunkParallelScheduleIsBitIdentical) {
   Case one_item{"one_item_150_chunks", 1, 300, 1, 6, 5, Gates::realistic, 2};
   one_item.rotate = true;
@@ -624,7 +626,9 @@ TEST(GlaKernels, ChunkParallelScheduleIsBitIdentical) {
   Case two_heads{"two_heads_no_states", 1, 130, 2, 4, 7, Gates::strong, 16};
   two_heads.initial_state = false;
   two_heads.d_final_state = false;
-  for (const Case& c : {one_item, varlen, two_heads}) {
+  Case tiles{"value_tiles_windows_varlen", 1, 301,          1, 5, 150,
+             Gates::mixed_channels,        2, {140, 0, 161}};
+  for (const Case& c : {one_item, varlen, two_heads, tiles}) {
     const Inputs in = make_inputs(c, 31);
     for (DType dtype : {DType::float32, DType::float64}) {
       SCOPED_TRACE(c.name + " " + to_string(dtype));

@@ -58,6 +58,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 #include <vector>
 
 #include "common/kept_buffers.h"
@@ -356,9 +357,11 @@ void carry_state(State&& state, const RowVec<S>& p_last, const Local& local) {
 //  * by item: each (sequence, head) pair is walked chunk by chunk on one thread (the state stays
 //    in cache); used when the items alone keep every thread busy.
 //  * by chunk: for few items (B = H = 1 at T = 65,536), the chunks of a window run in parallel in
-//    three phases — every chunk's L; per item, the scan of the carries, leaving each chunk's
-//    entering state where its L was; every chunk's output — with the backward's reverse scan for
-//    dS likewise.
+//    three phases — every chunk's L; per item and tile of value columns, the scan of the carries,
+//    leaving each chunk's entering state where its L was; every chunk's output. The backward
+//    first replays the forward's carries window by window, keeping only the state entering each
+//    window, then walks the windows back from the last: every chunk's L and dS contribution, the
+//    scans of the states and (in reverse) of dS, every chunk's gradients.
 
 // The i-th chunk of a sequence as a Sequence, and the number of chunks.
 inline Sequence chunk_of(const Sequence& s, std::int64_t C, std::int64_t c) {
@@ -386,6 +389,97 @@ std::vector<ChunkUnit> chunk_units(const Problem& p, std::int64_t first, std::in
   }
   return units;
 }
+
+// The chunks [first, first + window) of every item in a by-chunk schedule, with `blocks_per_chunk`
+// K × V blocks per (item, chunk) (the states; the backward's dS beside them) and its P_last. The
+// window is sized so that the blocks stay within ~16 MiB (common/parallel.h's window_chunks). The
+// backward used to keep two blocks for every chunk of the sequence: 128 MiB at T = 65,536, faulted
+// in fresh from the system on every call (33k page faults; its first phase took 62 ms on two
+// threads with them, 42 ms with the same buffers already mapped).
+template <class S>
+struct StateWindow {
+  const Problem& p;
+  std::int64_t items, window, max_chunks = 0, first = 0;
+  std::vector<ChunkUnit> units;
+  Mat<S> states, d_states, p_lasts;  // d_states: only with two blocks per chunk
+
+  StateWindow(const Problem& problem, std::int64_t blocks_per_chunk)
+      : p(problem), items(problem.num_work_items()) {
+    const std::int64_t K = p.K, V = p.V;
+    window = window_chunks(items, blocks_per_chunk * K * V * static_cast<std::int64_t>(sizeof(S)));
+    for (std::int64_t item = 0; item < items; ++item)
+      max_chunks = std::max(max_chunks, num_chunks(p.sequences[item / p.H], p.chunk_size));
+    states.resize(items * window * K, V);
+    if (blocks_per_chunk > 1) d_states.resize(items * window * K, V);
+    p_lasts.resize(items * window, K);
+  }
+  // One K × V block per item, from `blocks` ([N, H, K, V]) or zero where it is undefined.
+  std::vector<Mat<S>> item_blocks(const TensorView& blocks) const {
+    std::vector<Mat<S>> result(static_cast<std::size_t>(items));
+    for (std::int64_t item = 0; item < items; ++item) {
+      Mat<S>& block = result[static_cast<std::size_t>(item)];
+      block.setZero(p.K, p.V);
+      if (blocks.defined()) load_state(blocks, item / p.H, item % p.H, block);
+    }
+    return result;
+  }
+  std::int64_t num_windows() const { return (max_chunks + window - 1) / window; }
+  void move_to(std::int64_t window_index) {
+    first = window_index * window;
+    units = chunk_units(p, first, window);
+  }
+  std::int64_t slot(std::int64_t item, std::int64_t c) const { return item * window + c - first; }
+  auto state(std::int64_t item, std::int64_t c) {
+    return states.middleRows(slot(item, c) * p.K, p.K);
+  }
+  auto d_state(std::int64_t item, std::int64_t c) {
+    return d_states.middleRows(slot(item, c) * p.K, p.K);
+  }
+  auto p_last(std::int64_t item, std::int64_t c) { return p_lasts.row(slot(item, c)); }
+  std::int64_t end_of(std::int64_t item) const {
+    return std::min(num_chunks(p.sequences[item / p.H], p.chunk_size), first + window);
+  }
+
+  // Every chunk's L (into its state block) and P_last, from one load of its k, v, g each.
+  void contributions() {
+    parallel_for(static_cast<std::int64_t>(units.size()), [&](std::int64_t u) {
+      const ChunkUnit unit = units[static_cast<std::size_t>(u)];
+      thread_local ChunkWork<S> work;
+      work.load(p, unit.part(p), unit.head(p), /*with_q=*/false, TensorView{});
+      work.gate_factors(/*with_prefix=*/false);
+      work.state_contribution(state(unit.item, unit.chunk));
+      p_last(unit.item, unit.chunk) = work.p_last;
+    });
+  }
+
+  // The scans, in parallel over (item, tile of kScanColumns value columns) — carry_state mixes no
+  // columns, so a tile's carries are the whole state's, element by element. fn(item, columns)
+  // scans the given columns of the item.
+  static constexpr std::int64_t kScanColumns = 64;
+  template <class Fn>
+  void for_each_column_tile(Fn&& fn) const {
+    const std::int64_t tiles = (p.V + kScanColumns - 1) / kScanColumns;
+    parallel_for(items * tiles, [&](std::int64_t u) {
+      const std::int64_t item = u / tiles, j = u % tiles * kScanColumns;
+      fn(item, std::pair<std::int64_t, std::int64_t>{j, std::min(kScanColumns, p.V - j)});
+    });
+  }
+  // running[item] carried through the window's chunks (S ← diag(P_last) S + L); with
+  // keep_entering, each chunk's block is left holding the state entering it instead of its L.
+  void carry_states(std::vector<Mat<S>>& running, bool keep_entering) {
+    for_each_column_tile([&](std::int64_t item, std::pair<std::int64_t, std::int64_t> cols) {
+      auto state_cols = running[static_cast<std::size_t>(item)].middleCols(cols.first, cols.second);
+      for (std::int64_t c = first; c < end_of(item); ++c) {
+        auto block = state(item, c).middleCols(cols.first, cols.second);
+        const RowVec<S> pl = p_last(item, c);
+        if (keep_entering)
+          carry_state<S>(state_cols, pl, block, &block);
+        else
+          carry_state<S>(state_cols, pl, block);
+      }
+    });
+  }
+};
 
 // Heads [h0, h0 + count) of sequence n, walked chunk by chunk and, within a chunk, head by head:
 // chunk c of every head, then chunk c + 1. A token's rows of consecutive heads are adjacent in
@@ -432,49 +526,23 @@ void forward_heads(const Problem& p, std::int64_t n, std::int64_t h0, std::int64
 // chunk of the window).
 template <class S>
 void forward_by_chunk(const Problem& p, const TensorView& o, const TensorView& final_state) {
-  const std::int64_t items = p.num_work_items(), K = p.K, V = p.V, C = p.chunk_size;
-  const std::int64_t window = window_chunks(items, K * V * static_cast<std::int64_t>(sizeof(S)));
-  std::int64_t max_chunks = 0;
-  std::vector<Mat<S>> states(static_cast<std::size_t>(items));
-  for (std::int64_t item = 0; item < items; ++item) {
-    max_chunks = std::max(max_chunks, num_chunks(p.sequences[item / p.H], C));
-    Mat<S>& state = states[static_cast<std::size_t>(item)];
-    state.setZero(K, V);
-    if (p.initial_state.defined()) load_state(p.initial_state, item / p.H, item % p.H, state);
-  }
-  Mat<S> blocks(items * window * K, V), p_lasts(items * window, K);
-  auto block = [&](std::int64_t item, std::int64_t c) {
-    return blocks.middleRows((item * window + c % window) * K, K);
-  };
-  for (std::int64_t first = 0; first < max_chunks; first += window) {
-    const std::vector<ChunkUnit> units = chunk_units(p, first, window);
-    parallel_for(static_cast<std::int64_t>(units.size()), [&](std::int64_t u) {
-      const ChunkUnit unit = units[static_cast<std::size_t>(u)];
-      thread_local ChunkWork<S> work;
-      work.load(p, unit.part(p), unit.head(p), /*with_q=*/false, TensorView{});
-      work.gate_factors(/*with_prefix=*/false);
-      work.state_contribution(block(unit.item, unit.chunk));
-      p_lasts.row(unit.item * window + unit.chunk % window) = work.p_last;
-    });
-    parallel_for(items, [&](std::int64_t item) {
-      const std::int64_t chunks = num_chunks(p.sequences[item / p.H], C);
-      for (std::int64_t c = first; c < std::min(chunks, first + window); ++c) {
-        auto entering = block(item, c);
-        const RowVec<S> p_last = p_lasts.row(item * window + c % window);
-        carry_state<S>(states[static_cast<std::size_t>(item)], p_last, entering, &entering);
-      }
-    });
-    parallel_for(static_cast<std::int64_t>(units.size()), [&](std::int64_t u) {
-      const ChunkUnit unit = units[static_cast<std::size_t>(u)];
+  StateWindow<S> w(p, 1);
+  std::vector<Mat<S>> states = w.item_blocks(p.initial_state);
+  for (std::int64_t index = 0; index < w.num_windows(); ++index) {
+    w.move_to(index);
+    w.contributions();
+    w.carry_states(states, /*keep_entering=*/true);
+    parallel_for(static_cast<std::int64_t>(w.units.size()), [&](std::int64_t u) {
+      const ChunkUnit unit = w.units[static_cast<std::size_t>(u)];
       thread_local ChunkWork<S> work;
       work.load(p, unit.part(p), unit.head(p), /*with_q=*/true, TensorView{});
       work.gate_factors();
-      work.forward_output(block(unit.item, unit.chunk));
+      work.forward_output(w.state(unit.item, unit.chunk));
       store_rows(work.out, o, unit.part(p), unit.head(p));
     });
   }
   if (final_state.defined())
-    for (std::int64_t item = 0; item < items; ++item)
+    for (std::int64_t item = 0; item < w.items; ++item)
       store_state(states[static_cast<std::size_t>(item)], final_state, item / p.H, item % p.H);
 }
 
@@ -537,59 +605,68 @@ void backward_item(const Problem& p, std::int64_t n, std::int64_t h, const Tenso
   release_if_large(states);
 }
 
-// The chunk-parallel backward: the states before every chunk (a scan of the contributions), the
-// gradients w.r.t. the states after every chunk (a reverse scan), then every chunk's gradients.
-// Memory: two K × V blocks per chunk of every item (the by-item backward keeps one per chunk of
-// the items in flight).
+// The chunk-parallel backward. A replay of the forward's carries, window by window, keeps the
+// state entering each window (one K × V block per window of an item, where keeping every chunk's
+// would be O(T)); then the windows from the last: every chunk's L, P_last and dS contribution
+// from one load; the scans — from the window's entering state, each chunk's block left holding
+// the state entering it, and in reverse from the dS leaving the window, each dS block left
+// holding the gradient w.r.t. the state leaving its chunk; every chunk's gradients. Each L is
+// computed twice, in the replay and in the walk back (~8% more products than the backward's),
+// for memory bounded by the window instead of two K × V blocks per chunk of the sequence.
 template <class S>
 void backward_by_chunk(const Problem& p, const TensorView& d_o, const TensorView& d_final_state,
                        const GlaGrads& grads) {
-  const std::int64_t items = p.num_work_items(), K = p.K, V = p.V, C = p.chunk_size;
-  std::vector<std::int64_t> first(static_cast<std::size_t>(items + 1), 0);  // item's first block
-  for (std::int64_t item = 0; item < items; ++item)
-    first[item + 1] = first[item] + num_chunks(p.sequences[item / p.H], C);
-  const std::int64_t total = first[items];
-  Mat<S> states(total * K, V), d_states(total * K, V), p_lasts(total, K);
-  const std::vector<ChunkUnit> units = chunk_units(p, 0, total);
-  auto index = [&](const ChunkUnit& unit) { return first[unit.item] + unit.chunk; };
+  StateWindow<S> w(p, 2);
+  const std::int64_t items = w.items, windows = w.num_windows();
+  // entering[item · windows + index]: the state entering window `index` of the item.
+  std::vector<Mat<S>> entering(static_cast<std::size_t>(items * windows));
+  std::vector<Mat<S>> states = w.item_blocks(p.initial_state);
+  for (std::int64_t index = 0; index < windows; ++index) {
+    for (std::int64_t item = 0; item < items; ++item)
+      entering[static_cast<std::size_t>(item * windows + index)] =
+          states[static_cast<std::size_t>(item)];
+    if (index + 1 == windows) break;  // the walk back needs no state after the last window
+    w.move_to(index);
+    w.contributions();
+    w.carry_states(states, /*keep_entering=*/false);
+  }
 
-  // Every chunk's L (into states), P_last and dS-contribution (into d_states), from one load.
-  parallel_for(static_cast<std::int64_t>(units.size()), [&](std::int64_t u) {
-    const ChunkUnit unit = units[static_cast<std::size_t>(u)];
-    thread_local ChunkWork<S> work;
-    work.load(p, unit.part(p), unit.head(p), /*with_q=*/true, d_o);
-    work.gate_factors();
-    work.state_contribution(states.middleRows(index(unit) * K, K));
-    work.state_gradient_contribution(d_states.middleRows(index(unit) * K, K));
-    p_lasts.row(index(unit)) = work.p_last;
-  });
-  // The scans, per item: states[c] ← the state entering chunk c; d_states[c] ← dS leaving it.
-  parallel_for(items, [&](std::int64_t item) {
-    const std::int64_t n = item / p.H, h = item % p.H;
-    Mat<S> state = Mat<S>::Zero(K, V);
-    if (p.initial_state.defined()) load_state(p.initial_state, n, h, state);
-    for (std::int64_t b = first[item]; b < first[item + 1]; ++b) {
-      auto entering = states.middleRows(b * K, K);
-      const RowVec<S> p_last = p_lasts.row(b);
-      carry_state<S>(state, p_last, entering, &entering);
-    }
-    Mat<S> d_state = Mat<S>::Zero(K, V);
-    if (d_final_state.defined()) load_state(d_final_state, n, h, d_state);
-    for (std::int64_t b = first[item + 1] - 1; b >= first[item]; --b) {
-      auto leaving = d_states.middleRows(b * K, K);
-      const RowVec<S> p_last = p_lasts.row(b);
-      carry_state<S>(d_state, p_last, leaving, &leaving);
-    }
-    if (grads.dh0.defined()) store_state(d_state, grads.dh0, n, h);
-  });
-  parallel_for(static_cast<std::int64_t>(units.size()), [&](std::int64_t u) {
-    const ChunkUnit unit = units[static_cast<std::size_t>(u)];
-    thread_local ChunkWork<S> work;
-    work.load(p, unit.part(p), unit.head(p), /*with_q=*/true, d_o);
-    work.gate_factors();
-    chunk_gradients(p, unit.part(p), unit.head(p), grads, states.middleRows(index(unit) * K, K),
-                    d_states.middleRows(index(unit) * K, K), work);
-  });
+  std::vector<Mat<S>> d_states = w.item_blocks(d_final_state);  // dS leaving the window
+  for (std::int64_t index = windows - 1; index >= 0; --index) {
+    w.move_to(index);
+    parallel_for(static_cast<std::int64_t>(w.units.size()), [&](std::int64_t u) {
+      const ChunkUnit unit = w.units[static_cast<std::size_t>(u)];
+      thread_local ChunkWork<S> work;
+      work.load(p, unit.part(p), unit.head(p), /*with_q=*/true, d_o);
+      work.gate_factors();
+      work.state_contribution(w.state(unit.item, unit.chunk));
+      work.state_gradient_contribution(w.d_state(unit.item, unit.chunk));
+      w.p_last(unit.item, unit.chunk) = work.p_last;
+    });
+    for (std::int64_t item = 0; item < items; ++item)
+      states[static_cast<std::size_t>(item)] =
+          entering[static_cast<std::size_t>(item * windows + index)];
+    w.carry_states(states, /*keep_entering=*/true);
+    w.for_each_column_tile([&](std::int64_t item, std::pair<std::int64_t, std::int64_t> cols) {
+      auto d_state = d_states[static_cast<std::size_t>(item)].middleCols(cols.first, cols.second);
+      for (std::int64_t c = w.end_of(item) - 1; c >= w.first; --c) {
+        auto leaving = w.d_state(item, c).middleCols(cols.first, cols.second);
+        const RowVec<S> p_last = w.p_last(item, c);
+        carry_state<S>(d_state, p_last, leaving, &leaving);
+      }
+    });
+    parallel_for(static_cast<std::int64_t>(w.units.size()), [&](std::int64_t u) {
+      const ChunkUnit unit = w.units[static_cast<std::size_t>(u)];
+      thread_local ChunkWork<S> work;
+      work.load(p, unit.part(p), unit.head(p), /*with_q=*/true, d_o);
+      work.gate_factors();
+      chunk_gradients(p, unit.part(p), unit.head(p), grads, w.state(unit.item, unit.chunk),
+                      w.d_state(unit.item, unit.chunk), work);
+    });
+  }
+  if (grads.dh0.defined())
+    for (std::int64_t item = 0; item < items; ++item)
+      store_state(d_states[static_cast<std::size_t>(item)], grads.dh0, item / p.H, item % p.H);
 }
 
 }  // namespace
