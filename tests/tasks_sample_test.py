@@ -9,7 +9,8 @@ and dtypes, the vocabulary, MQAR's key/value layout and that every query's targe
 paired with its key in the context, the copy examples `$ s | s .` and their targets, the running
 XOR of parity and the running products of the group word problems (recomputed here from
 permutations), determinism in the seed, and that bad input exits with status 2 and a message
-naming the option; then a tiny `phasor tasks run` grid, its --resume and its config errors. Prints 'N passed, M failed' last and exits non-zero on any failure.
+naming the option; then a tiny `phasor tasks run` grid, the OpenBLAS kernels it runs on, its
+--resume and its config errors. Prints 'N passed, M failed' last and exits non-zero on any failure.
 """
 import itertools
 import os
@@ -260,13 +261,13 @@ TINY = {
 }
 
 
-def run_config(config, *extra):
+def run_config(config, *extra, env=None, out_name="run_out"):
     path = os.path.join(WORK, "config.json")
     with open(path, "w") as f:
         json.dump(config, f)
-    out = os.path.join(WORK, "run_out")
+    out = os.path.join(WORK, out_name)
     return subprocess.run([PHASOR, "tasks", "run", path, "--out", out, "--quiet", *extra],
-                          capture_output=True, text=True, timeout=120), out
+                          capture_output=True, text=True, timeout=120, env=env), out
 
 
 proc, out = run_config(TINY, "--threads", "1")
@@ -279,6 +280,36 @@ if ok:
     ok = results["config"] == TINY and len(results["runs"]) == 1 and \
         [e["length"] for e in results["runs"][0]["eval_by_length"]] == [3, 6, 12]
 report("tasks run: tiny grid", ok, proc.stdout + proc.stderr)
+
+# LibTorch's matmuls run on OpenBLAS (Debian), which falls back to its generic SSE3 kernels
+# ("Prescott") on a CPU model it does not know; `phasor` then re-executes itself with
+# OPENBLAS_CORETYPE set to kernels the CPU supports (phasor/tasks/blas.h) unless the variable is set.
+flags = set()
+with open("/proc/cpuinfo") as f:
+    for line in f:
+        if line.startswith("flags"):
+            flags = set(line.split(":", 1)[1].split())
+            break
+env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_CORETYPE"}
+proc, blas_out = run_config(TINY, "--threads", "1", env=env, out_name="run_blas_default")
+core = None
+if proc.returncode == 0:
+    with open(os.path.join(blas_out, "results.json")) as f:
+        core = json.load(f)["machine"].get("blas_core")
+vector_cpu = {"avx2", "fma"} <= flags
+report("tasks run: OpenBLAS runs kernels this CPU supports, not its generic ones",
+       proc.returncode == 0 and bool(core) and
+       (not vector_cpu or core.lower() != "prescott") and f"OpenBLAS kernels: {core}" in proc.stdout,
+       f"blas_core {core!r}, avx2+fma {vector_cpu}\n{proc.stdout}{proc.stderr}")
+proc, blas_out = run_config(TINY, "--threads", "1", env=dict(env, OPENBLAS_CORETYPE="Prescott"),
+                            out_name="run_blas_prescott")
+core = None
+if proc.returncode == 0:
+    with open(os.path.join(blas_out, "results.json")) as f:
+        core = json.load(f)["machine"].get("blas_core")
+report("tasks run: OPENBLAS_CORETYPE set by the user is kept", core == "Prescott",
+       f"blas_core {core!r}\n{proc.stdout}{proc.stderr}")
+
 proc, _ = run_config(TINY, "--resume")
 report("tasks run --resume: nothing left to train", proc.returncode == 0 and "fox" in proc.stdout,
        proc.stderr)

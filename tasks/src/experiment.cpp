@@ -20,6 +20,7 @@
 
 #include "check.h"
 #include "phasor/common.h"
+#include "phasor/tasks/blas.h"
 #include "phasor/tasks/data_parallel.h"
 #include "phasor/tasks/files.h"
 #include "phasor/tasks/plot.h"
@@ -745,7 +746,8 @@ ExperimentOutput run_experiment(const ExperimentConfig& config, const Experiment
                   {"machine",
                    {{"threads", at::get_num_threads()},
                     {"kernel_threads", phasor::num_threads()},
-                    {"hardware_concurrency", std::thread::hardware_concurrency()}}},
+                    {"hardware_concurrency", std::thread::hardware_concurrency()},
+                    {"blas_core", blas_core()}}},
                   {"summary", arms_summary},
                   {"runs", runs}};
   if (dp) results["machine"]["processes"] = dp->world_size();
@@ -948,6 +950,8 @@ std::string format_result_table(const json& results, const json& timings) {
     t += fmt::format(" on {} threads", machine["threads"].get<int>());
   if (machine.contains("kernel_threads"))
     t += fmt::format(" ({} for phasor's kernels)", machine["kernel_threads"].get<int>());
+  if (machine.contains("blas_core") && !machine["blas_core"].get<std::string>().empty())
+    t += fmt::format("; OpenBLAS kernels: {}", machine["blas_core"].get<std::string>());
   t += "\n";
   return t;
 }
