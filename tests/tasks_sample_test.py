@@ -291,22 +291,24 @@ with open("/proc/cpuinfo") as f:
             flags = set(line.split(":", 1)[1].split())
             break
 env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_CORETYPE"}
-proc, blas_out = run_config(TINY, "--threads", "1", env=env, out_name="run_blas_default")
-core = None
-if proc.returncode == 0:
-    with open(os.path.join(blas_out, "results.json")) as f:
-        core = json.load(f)["machine"].get("blas_core")
+
+
+def run_blas_core(env, out_name):
+    """Runs TINY with `env`; returns (the process, results.json's machine.blas_core or None)."""
+    proc, out = run_config(TINY, "--threads", "1", env=env, out_name=out_name)
+    if proc.returncode != 0:
+        return proc, None
+    with open(os.path.join(out, "results.json")) as f:
+        return proc, json.load(f)["machine"].get("blas_core")
+
+
+proc, core = run_blas_core(env, "run_blas_default")
 vector_cpu = {"avx2", "fma"} <= flags
 report("tasks run: OpenBLAS runs kernels this CPU supports, not its generic ones",
        proc.returncode == 0 and bool(core) and
        (not vector_cpu or core.lower() != "prescott") and f"OpenBLAS kernels: {core}" in proc.stdout,
        f"blas_core {core!r}, avx2+fma {vector_cpu}\n{proc.stdout}{proc.stderr}")
-proc, blas_out = run_config(TINY, "--threads", "1", env=dict(env, OPENBLAS_CORETYPE="Prescott"),
-                            out_name="run_blas_prescott")
-core = None
-if proc.returncode == 0:
-    with open(os.path.join(blas_out, "results.json")) as f:
-        core = json.load(f)["machine"].get("blas_core")
+proc, core = run_blas_core(dict(env, OPENBLAS_CORETYPE="Prescott"), "run_blas_prescott")
 report("tasks run: OPENBLAS_CORETYPE set by the user is kept", core == "Prescott",
        f"blas_core {core!r}\n{proc.stdout}{proc.stderr}")
 

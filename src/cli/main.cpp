@@ -37,8 +37,8 @@ constexpr const char* kUsage =
 //    later: training a small model with two threads ran 12x slower than with one on a 2-core
 //    machine. PASSIVE makes them sleep instead.
 //  * OPENBLAS_CORETYPE, where OpenBLAS did not recognise the CPU and fell back to its generic
-//    kernels (phasor/tasks/blas.h): a quick-suite training step 2.2x faster on an Emerald Rapids
-//    Xeon with its AVX-512 kernels.
+//    kernels (phasor/tasks/blas.h): the quick suite trains 1.84x faster on an Emerald Rapids Xeon
+//    with its AVX-512 kernels.
 static void reexecute_with_load_time_settings(char** argv) {
   bool changed = false;
   if (std::getenv("OMP_WAIT_POLICY") == nullptr && setenv("OMP_WAIT_POLICY", "PASSIVE", 1) == 0)

@@ -479,6 +479,19 @@ struct StateWindow {
       }
     });
   }
+  // The reverse scan: running[item] (dS leaving the window) carried back through the window's
+  // chunks (dS_prev = diag(P_last) dS + the chunk's dS contribution), each chunk's d_state block
+  // left holding the dS leaving its chunk.
+  void carry_d_states(std::vector<Mat<S>>& running) {
+    for_each_column_tile([&](std::int64_t item, std::pair<std::int64_t, std::int64_t> cols) {
+      auto d_cols = running[static_cast<std::size_t>(item)].middleCols(cols.first, cols.second);
+      for (std::int64_t c = end_of(item) - 1; c >= first; --c) {
+        auto leaving = d_state(item, c).middleCols(cols.first, cols.second);
+        const RowVec<S> pl = p_last(item, c);
+        carry_state<S>(d_cols, pl, leaving, &leaving);
+      }
+    });
+  }
 };
 
 // Heads [h0, h0 + count) of sequence n, walked chunk by chunk and, within a chunk, head by head:
@@ -647,14 +660,7 @@ void backward_by_chunk(const Problem& p, const TensorView& d_o, const TensorView
       states[static_cast<std::size_t>(item)] =
           entering[static_cast<std::size_t>(item * windows + index)];
     w.carry_states(states, /*keep_entering=*/true);
-    w.for_each_column_tile([&](std::int64_t item, std::pair<std::int64_t, std::int64_t> cols) {
-      auto d_state = d_states[static_cast<std::size_t>(item)].middleCols(cols.first, cols.second);
-      for (std::int64_t c = w.end_of(item) - 1; c >= w.first; --c) {
-        auto leaving = w.d_state(item, c).middleCols(cols.first, cols.second);
-        const RowVec<S> p_last = w.p_last(item, c);
-        carry_state<S>(d_state, p_last, leaving, &leaving);
-      }
-    });
+    w.carry_d_states(d_states);
     parallel_for(static_cast<std::int64_t>(w.units.size()), [&](std::int64_t u) {
       const ChunkUnit unit = w.units[static_cast<std::size_t>(u)];
       thread_local ChunkWork<S> work;
