@@ -4,9 +4,9 @@
 // when it is loaded. A model it does not know gets its generic "Prescott" kernels (SSE3): OpenBLAS
 // 0.3.21 (Debian 12) on an Emerald Rapids Xeon (family 6, model 207) trained the harness's quick
 // suite 1.84x slower (geometric mean of its 19 arms) than with its AVX-512 ("SkylakeX") kernels.
-// OPENBLAS_CORETYPE chooses the kernels, but only before OpenBLAS is loaded — so `phasor`
-// re-executes itself with it set (src/cli/main.cpp), and a program of your own can check
-// blas_core() and set the variable in its environment.
+// OPENBLAS_CORETYPE chooses the kernels, but only before OpenBLAS is loaded — so `phasor tasks run`
+// and `phasor demo` re-execute themselves with it set (src/cli/main.cpp); a program of your own can
+// check blas_core() and set the variable in its environment.
 //
 //   if (const char* core = phasor::tasks::suggested_openblas_core())
 //     std::fprintf(stderr, "run with OPENBLAS_CORETYPE=%s\n", core);
