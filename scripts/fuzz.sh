@@ -34,7 +34,7 @@ bash scripts/install-deps.sh
 # (bounds-checked std::array / std::vector operator[] in the library too), no CUDA backend,
 # ucontext fibers, PHASOR_BUILD_FUZZERS=ON.
 build=build-asan
-cmake --preset asan >/dev/null
+bash scripts/configure-preset.sh asan
 cmake --build "$build" -j "$(nproc)" --target "${targets[@]}"
 
 # Sanitizers as in the asan preset's tests: stop at the first report, with a stack. libFuzzer

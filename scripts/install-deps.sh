@@ -22,6 +22,7 @@ packages=(
   # The sanitizer and fuzzing builds (CMakePresets.json asan / tsan, scripts/sanitize.sh,
   # scripts/fuzz.sh): clang with its sanitizer runtimes and libFuzzer.
   clang libclang-rt-dev
+  ninja-build            # the sanitizer presets' generator: their several targets build in parallel
 )
 missing=()
 for p in "${packages[@]}"; do

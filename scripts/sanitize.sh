@@ -30,7 +30,7 @@ core_tests=(forgetting_attn_test gla_test gated_delta_rule_test soak_test favor_
 if [[ $which == asan || $which == all ]]; then
   echo "== ASan + UBSan: core suites"
   t0=$(date +%s)
-  cmake --preset asan >/dev/null
+  bash scripts/configure-preset.sh asan
   cmake --build --preset asan -j "$jobs" --target "${core_tests[@]}"
   t1=$(date +%s)
   # Each program runs whole (its tests in one process), $jobs programs at a time; a failure is
@@ -53,7 +53,7 @@ fi
 if [[ $which == tsan || $which == all ]]; then
   echo "== TSan: thread pool and thread-count determinism"
   t0=$(date +%s)
-  cmake --preset tsan >/dev/null
+  bash scripts/configure-preset.sh tsan
   tsan_tests=(common_test gla_test gated_delta_rule_test forgetting_attn_test rotary_test
               grape_test short_conv_test favor_test structured_rotation_test)
   cmake --build --preset tsan -j "$jobs" --target "${tsan_tests[@]}"
