@@ -58,6 +58,7 @@
 #include "common/rotation.h"
 #include "common/slices.h"
 #include "forgetting_attn/kernels.h"
+#include "forgetting_attn/probabilities.h"
 
 namespace phasor::detail::fox {
 namespace {
@@ -171,33 +172,15 @@ void tile_logits(const Mat<S>& q_scaled, const Mat<S>& k, const BlockGates& gate
   add_tile_bias<S>(gates, slopes, window, i0, j0, nJ, gap, logits);
 }
 
-// exp(min(logits − offset_r, 0)) row by row, with masked (−inf) logits giving exactly 0 (Eigen's
-// vectorised exp only flushes to the smallest normal number in float64). The exp runs row by
-// row on contiguous memory so that Eigen vectorises it (neither a column broadcast over a
-// row-major matrix nor a select() would be), and the masked entries are fixed after.
-// The offset is the row's running max (forward) or its lse (backward), so exactly the exponent
-// is ≤ 0. The clamp keeps the backward's probabilities ≤ 1 when a saved lse comes from other
-// arithmetic (the forward's key runs, another implementation): logits of 1e9 in float32 differ
-// by hundreds between two summation orders, and e^{ℓ − lse} would overflow to inf.
-// Probabilities below √(smallest normal number) — 2^−63 in float32 (e^{ℓ − m} < e^−43.7: keys
-// ~870 tokens back under gates σ(3) ≈ 0.95), 2^−511 in float64 — are set to 0 too, and the
-// exponent is clamped just below log of that first, so that no subnormal number is made: not by
-// the exp, nor by P·V with values down to the same 2^−63. Each costs Intel cores a microcode assist
-// per instruction: FoX's forward at B = 1, H = 8, T = 2,048 on one thread of an Emerald Rapids
-// Xeon ran at 8.3–8.8k tokens/s with them, 14.5–15.5k with the CPU's denormals-are-zero mode.
-// A row's probabilities sum to ≥ 1 (its max is e^0), so the dropped terms change an output by
-// less than T · 2^−63 relative (float32's rounding is 2^−24). A masked (−inf) logit is clamped
-// and dropped the same way: exactly 0.
+// The tile's probabilities exp(min(logits − offset_r, 0)), row by row (probabilities.h: no
+// subnormal numbers, masked (−inf) logits exactly 0). The offset is the row's running max
+// (forward) or its lse (backward). Each row's exp runs on contiguous memory so that Eigen
+// vectorises it (a column broadcast over a row-major matrix would not be).
 template <class S>
 void masked_exp(const Mat<S>& logits, const Vec<S>& row_offset, Mat<S>& out) {
-  static const S cutoff = std::sqrt(std::numeric_limits<S>::min());
-  static const S floor = std::log(cutoff) - S(1);  // exp(floor) = cutoff / e, a normal number
   out.resize(logits.rows(), logits.cols());
   for (Eigen::Index r = 0; r < logits.rows(); ++r)
-    out.row(r).array() = (logits.row(r).array() - row_offset[r]).min(S(0)).max(floor).exp();
-  S* result = out.data();
-  for (Eigen::Index i = 0; i < out.size(); ++i)
-    if (result[i] < cutoff) result[i] = S(0);
+    probabilities(out.row(r).array(), logits.row(r).array() - row_offset[r]);
 }
 
 // A visible key block of a query block: its first key, length and gate gap (walk_key_blocks).

@@ -47,6 +47,7 @@
 #include "common/slices.h"
 #include "forgetting_attn/forgetting_attn.h"
 #include "forgetting_attn/kernels.h"
+#include "forgetting_attn/probabilities.h"
 #include "phasor/device.h"
 #include "phasor/forgetting_attn.h"
 
@@ -78,7 +79,6 @@ class KvCache {
     // A zero gate on every query head hides everything cached from all of them: drop it.
     if ((g.array() == kNegInf).all()) cached_ = next_ = 0;
     const std::int64_t n = cached_, G = q.rows();
-    const S neg_inf = -std::numeric_limits<S>::infinity();
     const Mat<S> q_scaled = q * static_cast<S>(scale);
     // logits (group × n): ℓ_tp = scale q_t·k_p + decay_p; the token itself: scale q_t·k_t.
     logits_.resize(G, n);
@@ -101,13 +101,11 @@ class KvCache {
         logits_.row(h) += decay_.row(h).head(n).template cast<S>();
       }
       if (n > 0) max_logit[h] = std::max(max_logit[h], logits_.row(h).maxCoeff());
-      // exp vectorised on its own, then exact zeros for the masked (−inf) tokens (Eigen's
-      // float64 exp only flushes them to the smallest normal number).
-      probs_.row(h).array() = (logits_.row(h).array() - max_logit[h]).exp();
-      for (std::int64_t p = 0; p < n; ++p)
-        if (logits_(h, p) == neg_inf) probs_(h, p) = S(0);
+      // Masked (−inf) tokens exactly 0, and no subnormal numbers (probabilities.h).
+      probabilities(probs_.row(h).array(), logits_.row(h).array() - max_logit[h]);
     }
-    const Vec<S> self_prob = (self - max_logit).array().exp();
+    Vec<S> self_prob(G);
+    probabilities(self_prob.array(), (self - max_logit).array());
     const Vec<S> sum = probs_.rowwise().sum() + self_prob;
     o.resize(G, v.cols());
     o.noalias() = probs_ * values_.topRows(n);
@@ -285,14 +283,17 @@ void backward_typed(const Problem& p, const TensorView& d_o, const TensorView& o
           o_t = out.row(t).transpose();
         } else {
           const S max_logit = logits.maxCoeff();
-          probs = (logits.array() - max_logit).exp();
+          probs.resize(n);
+          probabilities(probs.array(), logits.array() - max_logit);
           const S sum = probs.sum();
           lse_t = max_logit + std::log(sum);
           o_t = v.middleRows(first, n).transpose() * probs / sum;
         }
-        // Clamped at 1: a saved lse_t comes from the decoding path's arithmetic, and logits of 1e9
-        // in float32 differ from it by hundreds (e^{ℓ − lse} would overflow; exactly, ℓ ≤ lse).
-        probs = (logits.array() - lse_t).min(S(0)).exp();
+        // Clamped at 1 (probabilities.h): a saved lse_t comes from the decoding path's
+        // arithmetic, and logits of 1e9 in float32 differ from it by hundreds (e^{ℓ − lse} would
+        // overflow; exactly, ℓ ≤ lse).
+        probs.resize(n);
+        probabilities(probs.array(), logits.array() - lse_t);
         // Adjoint of the softmax: dℓ_tj = P_tj (do_t·v_j − do_t·o_t); a dominant token's from the
         // others.
         const Vec<S> do_t = dout.row(t).transpose();
