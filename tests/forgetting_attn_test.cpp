@@ -10,6 +10,8 @@
 // finite differences, ALiBi ≡ FoX with a constant log gate, zero slopes ≡ no slopes (bit for bit),
 // the relative law (a sequence shifted to later positions gives the same outputs), decoding with
 // slopes, and the errors.
+#include "common/eigen.h"  // first: see there (the probabilities test inlines Eigen's exp)
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>

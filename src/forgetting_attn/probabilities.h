@@ -16,11 +16,10 @@
 // alone only flushes it to the smallest normal number in float64).
 #pragma once
 
+#include <Eigen/Core>
 #include <cmath>
 #include <limits>
 #include <type_traits>
-
-#include "common/eigen.h"
 
 namespace phasor::detail::fox {
 
