@@ -15,6 +15,7 @@
 #include "common/parallel.h"
 #include "common/slices.h"
 #include "phasor/ops.h"
+#include "phasor/testing/cases.h"
 #include "phasor/testing/gtest.h"
 #include "phasor/testing/random.h"
 
@@ -391,6 +392,85 @@ TEST(Threads, LateWorkersJoinTheCurrentJobOrNone) {
   });
   for (auto& c : count) EXPECT_EQ(c.load(), 1);
   set_num_threads(0);
+}
+
+// set_flush_denormals: every thread of a parallel_for makes no subnormal number and reads one as
+// 0 when flushing (the default), keeps IEEE gradual underflow when not, and the calling thread
+// has its own modes back after the call either way.
+#if defined(__SSE__) || defined(__x86_64__) || defined(__aarch64__)
+TEST(Threads, ParallelForSetsTheSubnormalModesOfEveryThread) {
+  const float smallest_normal = std::numeric_limits<float>::min();
+  const float subnormal = std::numeric_limits<float>::denorm_min() * 1024;
+  volatile float operand = smallest_normal, stored = subnormal;  // volatile: computed at run time
+  const auto made = [&] { return operand * 0.5f; };              // subnormal under IEEE
+  const auto read = [&] { return stored * 2.0f; };               // 0 if the input counts as 0
+  ASSERT_EQ(made(), smallest_normal * 0.5f) << "this test's own thread flushes subnormals";
+  EXPECT_TRUE(flush_denormals());  // the default
+  for (int threads : {1, 2, 3}) {
+    set_num_threads(threads);
+    for (bool flush : testing::kFlushDenormalModes) {
+      SCOPED_TRACE(::testing::Message() << threads << " threads, flush " << flush);
+      const testing::FlushDenormalsScope modes(flush);
+      std::vector<float> made_by(64), read_by(64);
+      detail::parallel_for(64, [&](std::int64_t i) {
+        made_by[static_cast<std::size_t>(i)] = made();
+        read_by[static_cast<std::size_t>(i)] = read();
+      });
+      for (std::size_t i = 0; i < made_by.size(); ++i) {
+        EXPECT_EQ(made_by[i], flush ? 0.f : smallest_normal * 0.5f) << "item " << i;
+        EXPECT_EQ(read_by[i], flush ? 0.f : subnormal * 2.0f) << "item " << i;
+      }
+      EXPECT_EQ(made(), smallest_normal * 0.5f) << "the caller's modes after the call";
+      EXPECT_EQ(read(), subnormal * 2.0f) << "the caller's modes after the call";
+    }
+  }
+  set_num_threads(0);
+  EXPECT_TRUE(flush_denormals());  // FlushDenormalsScope restored it
+}
+
+// A calling thread that flushes already (a program built with -ffast-math starts so):
+// set_flush_denormals(false) still gives every thread of the call gradual underflow, so that the
+// arithmetic does not depend on which thread runs an item, and the caller gets its modes back.
+TEST(Threads, GradualUnderflowWhateverTheCallerHad) {
+  const float smallest_normal = std::numeric_limits<float>::min();
+  volatile float operand = smallest_normal;
+  const auto made = [&] { return operand * 0.5f; };
+  const detail::DenormalModes callers_own(/*flush=*/true);
+  ASSERT_EQ(made(), 0.f);
+  for (int threads : {1, 2, 3}) {
+    SCOPED_TRACE(::testing::Message() << threads << " threads");
+    set_num_threads(threads);
+    const testing::FlushDenormalsScope modes(false);
+    std::vector<float> made_by(64);
+    detail::parallel_for(64,
+                         [&](std::int64_t i) { made_by[static_cast<std::size_t>(i)] = made(); });
+    for (std::size_t i = 0; i < made_by.size(); ++i)
+      EXPECT_EQ(made_by[i], smallest_normal * 0.5f) << "item " << i;
+    EXPECT_EQ(made(), 0.f) << "the caller's modes after the call";
+  }
+  set_num_threads(0);
+}
+#endif
+
+// A malformed PHASOR_FLUSH_DENORMALS is a phasor::Error naming it (a fresh process: the value is
+// read once).
+TEST(ThreadsDeathTest, BadFlushDenormalsEnvironmentIsAClearError) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        setenv("PHASOR_FLUSH_DENORMALS", "yes", 1);
+        try {
+          detail::parallel_for(4, [](std::int64_t) {});
+        } catch (const Error& e) {
+          const std::string what = e.what();
+          std::exit(what.find("PHASOR_FLUSH_DENORMALS") != std::string::npos &&
+                            what.find("'yes'") != std::string::npos
+                        ? 0
+                        : 2);
+        }
+        std::exit(3);
+      },
+      ::testing::ExitedWithCode(0), "");
 }
 
 // A malformed PHASOR_SPIN_US is a phasor::Error naming it, thrown on the calling thread (a fresh

@@ -11,8 +11,12 @@
 //       would be worthless, so the driver runs this first.
 //   ggml_compare measure --library phasor|ggml --op gla|gdn|fox --mode forward|fwd_bwd|decode
 //                        [--impl chunk|recurrent] --T N --threads N [--min-time S]
+//                        [--gate-mean M]
 //       One timing: a warm-up, then repeated calls (batched when short) until --min-time seconds
-//       and at least 3 samples; prints the median time per call as one JSON line.
+//       and at least 3 samples; prints the median time per call as one JSON line. The log gates
+//       are log σ(M + N(0, 1)), M = 3 (σ(3) ≈ 0.95, a trained model's typical gate) unless given:
+//       smaller M gives stronger gates (M = −1: ~−1.3 per token and channel), whose decay
+//       factors reach float32's subnormal range within a chunk.
 //
 // Shapes: B = 1, H = 8, K = V = 128, float32 everywhere, as in bench/<op>_bench.cpp.
 //
@@ -140,7 +144,9 @@ struct Problem {
 
   // random_state: a random initial state (the check) instead of zeros (the benchmark).
   // f16_exact_gates: FoX gates rounded to multiples of 2⁻⁶ (see the top of the file).
-  Problem(Op op_, std::int64_t T_, bool random_state, bool f16_exact_gates = false)
+  // gate_mean: the gates are log σ(gate_mean + N(0, 1)).
+  Problem(Op op_, std::int64_t T_, bool random_state, bool f16_exact_gates = false,
+          float gate_mean = 3.f)
       : op(op_), T(T_) {
     const auto rows = static_cast<std::size_t>(T * kHeads);
     const auto elems = rows * static_cast<std::size_t>(kDim);
@@ -151,10 +157,10 @@ struct Problem {
     output_gradient = normal(elems, rng);
     switch (op) {
       case Op::gla:
-        log_gate = log_sigmoid_gates(elems, rng, 3.f);
+        log_gate = log_sigmoid_gates(elems, rng, gate_mean);
         break;
       case Op::gdn: {
-        log_gate = log_sigmoid_gates(rows, rng, 3.f);
+        log_gate = log_sigmoid_gates(rows, rng, gate_mean);
         beta = normal(rows, rng);  // β = σ(N(0, 1))
         for (auto& e : beta) e = 1.f / (1.f + std::exp(-e));
         l2_normalise_rows(q, kDim);
@@ -162,7 +168,7 @@ struct Problem {
         break;
       }
       case Op::fox:
-        log_gate = log_sigmoid_gates(rows, rng, 3.f);
+        log_gate = log_sigmoid_gates(rows, rng, gate_mean);
         if (f16_exact_gates)
           for (auto& e : log_gate) e = std::round(e * 64.f) / 64.f;
         break;
@@ -588,14 +594,15 @@ int run_check(std::int64_t T, int threads) {
 }
 
 int run_measure(const std::string& library, Problem::Op op, const std::string& mode,
-                const std::string& impl_name, std::int64_t T, int threads, double min_time) {
+                const std::string& impl_name, std::int64_t T, int threads, double min_time,
+                float gate_mean) {
   const bool decode = mode == "decode";
   if (decode && T != 1) throw std::invalid_argument("mode decode: T must be 1");
   if (decode && op == Problem::Op::fox) throw std::invalid_argument("mode decode: gla or gdn only");
-  const Problem p(op, T, /*random_state=*/decode);
+  const Problem p(op, T, /*random_state=*/decode, /*f16_exact_gates=*/false, gate_mean);
   const Impl impl = decode ? Impl::recurrent : phasor::impl_from_string(impl_name);
-  json line = {
-      {"library", library}, {"op", to_string(op)}, {"mode", mode}, {"T", T}, {"threads", threads}};
+  json line = {{"library", library}, {"op", to_string(op)},   {"mode", mode}, {"T", T},
+               {"threads", threads}, {"gate_mean", gate_mean}};
   Timing timing;
   if (library == "phasor") {
     phasor::set_num_threads(threads);
@@ -643,6 +650,7 @@ int main(int argc, char** argv) {
   std::int64_t T = 1024;
   int threads = 2;
   double min_time = 1.0;
+  float gate_mean = 3.f;
   CLI::App* measure = app.add_subcommand("measure", "time one op of one library");
   measure->add_option("--library", library)->required()->check(CLI::IsMember({"phasor", "ggml"}));
   measure->add_option("--op", op)->required()->check(CLI::IsMember({"gla", "gdn", "fox"}));
@@ -655,11 +663,15 @@ int main(int argc, char** argv) {
   measure->add_option("--T", T, "tokens (1 for decode)")->capture_default_str();
   measure->add_option("--threads", threads)->capture_default_str();
   measure->add_option("--min-time", min_time, "seconds of timed calls")->capture_default_str();
+  measure
+      ->add_option("--gate-mean", gate_mean,
+                   "log gates log σ(M + N(0, 1)); smaller M, stronger gates")
+      ->capture_default_str();
 
   CLI11_PARSE(app, argc, argv);
   try {
     if (check->parsed()) return run_check(check_T, check_threads);
-    return run_measure(library, op_from_string(op), mode, impl, T, threads, min_time);
+    return run_measure(library, op_from_string(op), mode, impl, T, threads, min_time, gate_mean);
   } catch (const std::exception& e) {
     std::cerr << "ggml_compare: " << e.what() << "\n";
     return 2;

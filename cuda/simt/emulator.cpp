@@ -1116,9 +1116,12 @@ void run_grid(const LaunchSpec& spec, void (*invoke)(const void*), const void* c
   std::iota(order.begin(), order.end(), std::uint64_t{0});
   std::mt19937_64 rng(mix(launch.options.seed));
   arrange(order, launch.options.block_order, rng);
+  // A device computes with subnormal numbers (nvcc's default, -ftz=false), whatever modes
+  // phasor's CPU kernels run with (set_flush_denormals) or the calling thread has.
   if (launch.options.parallel_blocks && blocks > 1) {
     ::phasor::detail::parallel_for(static_cast<std::int64_t>(blocks), [&](std::int64_t i) {
       if (launch.failed.load(std::memory_order_relaxed)) return;
+      const ::phasor::detail::DenormalModes device_arithmetic(/*flush=*/false);
       try {
         run_block(launch, order[static_cast<std::size_t>(i)]);
       } catch (...) {
@@ -1127,6 +1130,7 @@ void run_grid(const LaunchSpec& spec, void (*invoke)(const void*), const void* c
       }
     });
   } else {
+    const ::phasor::detail::DenormalModes device_arithmetic(/*flush=*/false);
     for (const std::uint64_t block : order) run_block(launch, block);
   }
 }

@@ -142,4 +142,19 @@ const char* to_string(RotaryLayout layout);  // "half_split" | "interleaved"
 void set_num_threads(int num_threads);
 int num_threads();
 
+// Subnormal numbers. The CPU kernels run with the processor's flush-to-zero and
+// denormals-are-zero modes on (x86: MXCSR's FTZ and DAZ; AArch64: FPCR's FZ), set on every thread
+// for the duration of a kernel's work and restored after, as TensorFlow and XLA run their CPU
+// kernels: a result or operand below the smallest normal number (1.2e-38 in float32, 2.2e-308 in
+// float64) counts as 0. Intel cores take a microcode assist of ~100 cycles on every instruction
+// that makes or reads a subnormal number, and decays over strong gates make them by the
+// thousand: with gates log σ(−1 + N(0, 1)) and log σ(−2 + N(0, 1)), the chunk forwards ran 6.6×
+// and 13× (GLA), 4.5× and 6.0× (Gated DeltaNet) slower without the modes on an Intel Xeon
+// (docs/performance.md). Every thread of a call uses the same modes, so results stay
+// bit-identical for any thread count. set_flush_denormals(false) keeps IEEE gradual underflow
+// (the default is the PHASOR_FLUSH_DENORMALS environment variable, 0 or 1, if set, else true);
+// the setting applies to calls started after it.
+void set_flush_denormals(bool flush);
+bool flush_denormals();
+
 }  // namespace phasor

@@ -13,6 +13,10 @@
 
 #include "phasor/common.h"
 
+#if defined(__SSE__) || defined(__x86_64__)
+#include <xmmintrin.h>
+#endif
+
 namespace phasor {
 namespace {
 
@@ -29,6 +33,20 @@ int default_num_threads() {
 }
 
 std::atomic<int> g_requested{0};  // 0: default
+
+bool default_flush_denormals() {
+  static const bool flush = [] {
+    const char* env = std::getenv("PHASOR_FLUSH_DENORMALS");
+    if (!env) return true;
+    const std::string value(env);
+    if (value == "0" || value == "1") return value == "1";
+    throw Error("environment variable PHASOR_FLUSH_DENORMALS: expected 0 or 1, got '" + value +
+                "'");
+  }();
+  return flush;
+}
+
+std::atomic<int> g_flush{-1};  // −1: default
 
 // Workers wait for a job; the calling thread takes part too. One job runs at a time (a mutex
 // serialises callers from different user threads). A job's items are split into one contiguous
@@ -80,13 +98,14 @@ class Pool {
     return pool;
   }
 
-  void run(std::int64_t n, int threads, const std::function<void(std::int64_t)>& fn) {
+  void run(std::int64_t n, int threads, bool flush, const std::function<void(std::int64_t)>& fn) {
     std::lock_guard<std::mutex> serial(submit_mutex_);
     spin_time();  // a bad PHASOR_SPIN_US throws here, on the caller's thread, before any worker
     ensure_workers(threads - 1);
     {
       std::lock_guard<std::mutex> lock(mutex_);
       fn_ = &fn;
+      flush_ = flush;
       participants_ = threads;
       for (int t = 0; t < threads; ++t) {
         ranges_[static_cast<std::size_t>(t)].next.store(n * t / threads, std::memory_order_relaxed);
@@ -171,6 +190,7 @@ class Pool {
 
   // Runs items of the current job as participant `self`: its own range, then the others'.
   void work(int self) {
+    const detail::DenormalModes modes(flush_);
     in_pool() = true;
     for (int r = 0; r < participants_; ++r) {
       Range& range = ranges_[static_cast<std::size_t>((self + r) % participants_)];
@@ -207,6 +227,7 @@ class Pool {
   };
   std::vector<Range> ranges_;
   int participants_ = 0;
+  bool flush_ = true;  // the job's set_flush_denormals
   std::atomic<int> active_workers_{0};
   // gate_: kOpen while the job takes new workers, plus the number that entered it; left_: how
   // many of those have finished.
@@ -233,16 +254,63 @@ int num_threads() {
   return n > 0 ? n : default_num_threads();
 }
 
+void set_flush_denormals(bool flush) {
+  g_flush.store(flush ? 1 : 0);
+}
+
+bool flush_denormals() {
+  const int flush = g_flush.load();
+  return flush >= 0 ? flush == 1 : default_flush_denormals();
+}
+
 namespace detail {
+
+namespace {
+#if defined(__SSE__) || defined(__x86_64__)
+constexpr std::uint64_t kFlushBits = 0x8040;  // MXCSR: FTZ (bit 15), DAZ (bit 6)
+std::uint64_t read_modes() {
+  return _mm_getcsr();
+}
+void write_modes(std::uint64_t modes) {
+  _mm_setcsr(static_cast<unsigned>(modes));
+}
+#elif defined(__aarch64__)
+constexpr std::uint64_t kFlushBits = std::uint64_t(1) << 24;  // FPCR: FZ
+std::uint64_t read_modes() {
+  std::uint64_t modes;
+  asm volatile("mrs %0, fpcr" : "=r"(modes));
+  return modes;
+}
+void write_modes(std::uint64_t modes) {
+  asm volatile("msr fpcr, %0" : : "r"(modes));
+}
+#else  // no such modes known here: IEEE gradual underflow
+constexpr std::uint64_t kFlushBits = 0;
+std::uint64_t read_modes() {
+  return 0;
+}
+void write_modes(std::uint64_t) {}
+#endif
+}  // namespace
+
+DenormalModes::DenormalModes(bool flush) : saved_(read_modes()) {
+  const std::uint64_t modes = flush ? saved_ | kFlushBits : saved_ & ~kFlushBits;
+  if (modes != saved_) write_modes(modes);
+}
+DenormalModes::~DenormalModes() {
+  if (read_modes() != saved_) write_modes(saved_);
+}
 
 void parallel_for(std::int64_t n, const std::function<void(std::int64_t)>& fn) {
   if (n <= 0) return;
   int threads = static_cast<int>(std::min<std::int64_t>(num_threads(), n));
+  const bool flush = flush_denormals();
   if (threads <= 1 || Pool::in_pool()) {
+    const DenormalModes modes(flush);
     for (std::int64_t i = 0; i < n; ++i) fn(i);
     return;
   }
-  Pool::instance().run(n, threads, fn);
+  Pool::instance().run(n, threads, flush, fn);
 }
 
 void parallel_for(std::int64_t n, std::int64_t work_per_item,
@@ -251,11 +319,13 @@ void parallel_for(std::int64_t n, std::int64_t work_per_item,
   const std::int64_t total = n * std::max<std::int64_t>(work_per_item, 1);
   const std::int64_t useful = std::max<std::int64_t>(1, total / kWorkPerThread);
   int threads = static_cast<int>(std::min<std::int64_t>({num_threads(), n, useful}));
+  const bool flush = flush_denormals();
   if (threads <= 1 || Pool::in_pool()) {
+    const DenormalModes modes(flush);
     for (std::int64_t i = 0; i < n; ++i) fn(i);
     return;
   }
-  Pool::instance().run(n, threads, fn);
+  Pool::instance().run(n, threads, flush, fn);
 }
 
 bool split_items(std::int64_t items) {

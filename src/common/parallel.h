@@ -9,8 +9,28 @@
 
 namespace phasor::detail {
 
+// The flush-to-zero and denormals-are-zero modes (phasor/common.h, set_flush_denormals) of the
+// current thread for a scope: on (x86 MXCSR FTZ + DAZ, AArch64 FPCR FZ) with flush, off without
+// (IEEE gradual underflow, whatever the thread had: a user's thread compiled with -ffast-math
+// starts with them on), the thread's own modes restored on destruction. parallel_for reads the
+// setting once, on the calling thread (a bad PHASOR_FLUSH_DENORMALS throws there, before any
+// worker starts), and every thread of the job takes that value, so that the arithmetic does not
+// depend on which thread runs an item. The emulated GPU uses DenormalModes(false) for its blocks:
+// nvcc's default code keeps subnormal numbers.
+class DenormalModes {
+ public:
+  explicit DenormalModes(bool flush);
+  ~DenormalModes();
+  DenormalModes(const DenormalModes&) = delete;
+  DenormalModes& operator=(const DenormalModes&) = delete;
+
+ private:
+  std::uint64_t saved_;
+};
+
 // Runs fn(i) for i in [0, n). Exceptions thrown by fn are re-thrown (the first one) after all
-// items have finished.
+// items have finished. Every participating thread runs its items with the flush-to-zero and
+// denormals-are-zero modes of phasor/common.h's set_flush_denormals, and gets its own back after.
 void parallel_for(std::int64_t n, const std::function<void(std::int64_t)>& fn);
 
 // As above, for items of about `work_per_item` multiply-adds each: no more threads than the

@@ -23,4 +23,21 @@ RotaryLayout layout_of(Rotation rotation);
 // value of PHASOR_TEST_SIZE is an error, so a typo cannot silently change what runs.
 std::int64_t long_sequence_length();
 
+// The kernels' subnormal handling (set_flush_denormals) for one scope, the previous setting
+// restored after: suites run their reference comparisons in both, so that neither the flushing
+// default nor IEEE gradual underflow can lose the bound unseen.
+class FlushDenormalsScope {
+ public:
+  explicit FlushDenormalsScope(bool flush) : previous_(flush_denormals()) {
+    set_flush_denormals(flush);
+  }
+  ~FlushDenormalsScope() { set_flush_denormals(previous_); }
+  FlushDenormalsScope(const FlushDenormalsScope&) = delete;
+  FlushDenormalsScope& operator=(const FlushDenormalsScope&) = delete;
+
+ private:
+  bool previous_;
+};
+constexpr bool kFlushDenormalModes[] = {true, false};
+
 }  // namespace phasor::testing
