@@ -1,6 +1,7 @@
 // Tests of the shared machinery: views, argument checks, cu_seqlens, threads.
 #include <algorithm>
 #include <atomic>
+#include <cfenv>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -451,6 +452,25 @@ TEST(Threads, GradualUnderflowWhateverTheCallerHad) {
   set_num_threads(0);
 }
 #endif
+
+// Only the modes change: a floating-point exception flag that an item raises on the calling
+// thread (one thread: every item runs there) is still raised after the call, as without phasor's
+// modes.
+TEST(Threads, ParallelForKeepsTheCallersExceptionFlags) {
+  set_num_threads(1);
+  volatile float three = 3.f;
+  for (bool flush : testing::kFlushDenormalModes) {
+    SCOPED_TRACE(::testing::Message() << "flush " << flush);
+    const testing::FlushDenormalsScope modes(flush);
+    std::feclearexcept(FE_ALL_EXCEPT);
+    detail::parallel_for(1, [&](std::int64_t) {
+      volatile float third = 1.f / three;  // inexact
+      (void)third;
+    });
+    EXPECT_TRUE(std::fetestexcept(FE_INEXACT));
+  }
+  set_num_threads(0);
+}
 
 // A malformed PHASOR_FLUSH_DENORMALS is a phasor::Error naming it (a fresh process: the value is
 // read once).

@@ -293,12 +293,18 @@ void write_modes(std::uint64_t) {}
 #endif
 }  // namespace
 
-DenormalModes::DenormalModes(bool flush) : saved_(read_modes()) {
-  const std::uint64_t modes = flush ? saved_ | kFlushBits : saved_ & ~kFlushBits;
-  if (modes != saved_) write_modes(modes);
+// Only the mode bits change, there and back: the register also holds the sticky exception flags
+// (x86's MXCSR, bits 0–5), which the work may raise and a caller may test (fetestexcept), and the
+// exception masks.
+DenormalModes::DenormalModes(bool flush) : saved_(read_modes() & kFlushBits) {
+  const std::uint64_t now = read_modes();
+  const std::uint64_t modes = flush ? now | kFlushBits : now & ~kFlushBits;
+  if (modes != now) write_modes(modes);
 }
 DenormalModes::~DenormalModes() {
-  if (read_modes() != saved_) write_modes(saved_);
+  const std::uint64_t now = read_modes();
+  const std::uint64_t modes = (now & ~kFlushBits) | saved_;
+  if (modes != now) write_modes(modes);
 }
 
 void parallel_for(std::int64_t n, const std::function<void(std::int64_t)>& fn) {
