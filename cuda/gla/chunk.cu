@@ -534,15 +534,22 @@ PHASOR_GLOBAL void PHASOR_LAUNCH_BOUNDS(kThreads)
   }
 }
 
-// The arrays of dqk_kernel, each C × BK unless noted.
+// The arrays of dqk_kernel, each C × BK unless noted. The value-tile operands of step 2 (do, v,
+// S, dS) are dead once step 2 ends, and kf, key_grad and qf are first written in step 4, so the
+// two sets share one region: in float32 the block then takes 113 KiB of shared memory instead
+// of 131, and two blocks (8 warps) fit on an SM of 228 KiB where one did (the H200 profile of
+// 2026-11-27: one block per SM, 6 % occupancy, the kernel stalled on shared-memory latency).
 struct DqkLayout {
-  int q, k, g, decay, dq_inter, dk_state, dq_off, dk_off, dg, kf, key_grad;  // C × BK
-  int qf;                                                                    // 16 × BK
-  int dattn;                                                                 // C × C
-  int do_t, v_t;                                                             // C × BV
-  int state, dstate;                                                         // BK × BV
-  int rowsum, last;                                                          // BK
-  int cross;                                                                 // (C / 16) × BK
+  int q, k, g, decay, dq_inter, dk_state, dq_off, dk_off, dg;  // C × BK
+  int dattn;                                                   // C × C
+  int rowsum, last;                                            // BK
+  int cross;                                                   // (C / 16) × BK
+  // Step 2 only:
+  int do_t, v_t;      // C × BV
+  int state, dstate;  // BK × BV
+  // Step 4 on, over the same region:
+  int kf, key_grad;  // C × BK
+  int qf;            // 16 × BK
   int total;
 };
 template <class O>
@@ -557,14 +564,18 @@ PHASOR_HOST_DEVICE DqkLayout dqk_layout(int C) {
   };
   l.q = take(C * B), l.k = take(C * B), l.g = take(C * B), l.decay = take(C * B);
   l.dq_inter = take(C * B), l.dk_state = take(C * B), l.dq_off = take(C * B);
-  l.dk_off = take(C * B), l.dg = take(C * B), l.kf = take(C * B), l.key_grad = take(C * B);
-  l.qf = take(kSub * B);
+  l.dk_off = take(C * B), l.dg = take(C * B);
   l.dattn = take(C * C);
-  l.do_t = take(C * B), l.v_t = take(C * B);
-  l.state = take(B * B), l.dstate = take(B * B);
   l.rowsum = take(B), l.last = take(B);
   l.cross = take((C / kSub) * B);
-  l.total = at;
+  const int shared_region = at;
+  l.do_t = take(C * B), l.v_t = take(C * B);
+  l.state = take(B * B), l.dstate = take(B * B);
+  const int step2_end = at;
+  at = shared_region;
+  l.kf = take(C * B), l.key_grad = take(C * B);
+  l.qf = take(kSub * B);
+  l.total = at > step2_end ? at : step2_end;
   return l;
 }
 
