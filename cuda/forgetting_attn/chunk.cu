@@ -56,6 +56,7 @@
 #include <vector>
 
 #include "common/chunks.h"
+#include "common/fill.h"
 #include "common/gemm.h"
 #include "common/recurrent.h"
 #include "common/staging.h"
@@ -197,10 +198,10 @@ PHASOR_DEVICE double gap_between(const Problem& p, const simt::Span<double>& tot
 template <class A>
 PHASOR_DEVICE void load_rows(const TensorView& x, const Rows& b, std::int64_t head, int W,
                              const simt::SharedArray<A>& out, A scale) {
-  for (int e = static_cast<int>(threadIdx.x); e < b.len * W; e += kThreads) {
+  fill_shared<A>(b.len * W, out, [&](int e) {
     const int r = e / W, c = e % W;
-    out[e] = simt::load<A>(x, b.batch, b.token(r), head, c) * scale;
-  }
+    return A(simt::load<A>(x, b.batch, b.token(r), head, c) * scale);
+  });
 }
 
 // The gate and slope data of a tile's rows and columns (float64, shared).

@@ -27,6 +27,7 @@
 #include <type_traits>
 
 #include "common/chunks.h"
+#include "common/fill.h"
 #include "common/gemm.h"
 #include "common/recurrent.h"
 #include "common/staging.h"
@@ -93,14 +94,14 @@ PHASOR_DEVICE void load_qk(const Problem& p, const Space<A>& sp, int which, cons
   };
   const int tid = static_cast<int>(threadIdx.x);
   if (!p.theta.defined()) {
-    for (int e = tid; e < C * BK; e += kThreads) {
+    fill_shared<A>(C * BK, out, [&](int e) {
       const int j = e / BK, i = e % BK;
       const std::int64_t channel = channel_of<BK>(p, t, i);
       A value = 0;
       if (j < ch.len && channel >= 0)
         value = scale * (simt::load<A>(x, ch.batch, ch.first + j, h, channel) * rho(j));
-      out[e] = value;
-    }
+      return value;
+    });
     return;
   }
   constexpr int R = BK / 2;
@@ -130,22 +131,21 @@ template <class A, int BV>
 PHASOR_DEVICE void load_values(const Problem& p, const TensorView& x, const Chunk& ch,
                                std::int64_t hv, std::int64_t t, int C,
                                const simt::SharedArray<A>& out) {
-  for (int e = static_cast<int>(threadIdx.x); e < C * BV; e += kThreads) {
+  fill_shared<A>(C * BV, out, [&](int e) {
     const int j = e / BV, jj = e % BV;
     const std::int64_t column = t * BV + jj;
-    out[e] =
-        j < ch.len && column < p.V ? simt::load<A>(x, ch.batch, ch.first + j, hv, column) : A(0);
-  }
+    return j < ch.len && column < p.V ? simt::load<A>(x, ch.batch, ch.first + j, hv, column) : A(0);
+  });
 }
 // out (C × BV) = rows of a [slot][HV][C][V] workspace in value tile t.
 template <class A, int BV>
 PHASOR_DEVICE void load_rows_v(const Problem& p, const simt::Span<A>& from, std::int64_t base,
                                std::int64_t t, int C, const simt::SharedArray<A>& out) {
-  for (int e = static_cast<int>(threadIdx.x); e < C * BV; e += kThreads) {
+  fill_shared<A>(C * BV, out, [&](int e) {
     const int j = e / BV, jj = e % BV;
     const std::int64_t column = t * BV + jj;
-    out[e] = column < p.V ? from[base + j * p.V + column] : A(0);
-  }
+    return column < p.V ? A(from[base + j * p.V + column]) : A(0);
+  });
 }
 template <class A, int BV>
 PHASOR_DEVICE void store_rows_v(const Problem& p, const simt::SharedArray<A>& from, int len,
@@ -164,11 +164,11 @@ template <class A, int BK, int BV>
 PHASOR_DEVICE void load_state_tile(const Problem& p, const simt::Span<A>& from, std::int64_t base,
                                    std::int64_t kt, std::int64_t vt,
                                    const simt::SharedArray<A>& out, int out_offset) {
-  for (int e = static_cast<int>(threadIdx.x); e < BK * BV; e += kThreads) {
+  fill_shared<A>(BK * BV, out.view(out_offset, BK * BV), [&](int e) {
     const int i = e / BV, jj = e % BV;
     const std::int64_t channel = channel_of<BK>(p, kt, i), column = vt * BV + jj;
-    out[out_offset + e] = channel >= 0 && column < p.V ? from[base + channel * p.V + column] : A(0);
-  }
+    return channel >= 0 && column < p.V ? A(from[base + channel * p.V + column]) : A(0);
+  });
 }
 template <class A, int BK, int BV>
 PHASOR_DEVICE void store_state_tile(const Problem& p, const simt::SharedArray<A>& from,
@@ -413,11 +413,11 @@ PHASOR_GLOBAL void PHASOR_LAUNCH_BOUNDS(kThreads)
     // U_new = U − W S over the key tiles.
     for (int kt = 0; kt < tiles; ++kt) {
       simt::syncthreads();
-      for (int e = tid; e < C * BK; e += kThreads) {
+      fill_shared<A>(C * BK, sh.view(k_at, C * BK), [&](int e) {
         const int j = e / BK, i = e % BK;
         const std::int64_t channel = channel_of<BK>(p, kt, i);
-        sh[k_at + e] = channel >= 0 && j < len ? A(sp.w[rows_k + j * p.K + channel]) : A(0);
-      }
+        return channel >= 0 && j < len ? A(sp.w[rows_k + j * p.K + channel]) : A(0);
+      });
       simt::syncthreads();
       gemm_to_shared<O>(row_major(sh, k_at, BK, len, BK),
                         row_major(sh, s_at + kt * BK * BV, BV, BK, BV), len, BV, BK, sh, u_at, BV,
@@ -491,7 +491,7 @@ PHASOR_GLOBAL void PHASOR_LAUNCH_BOUNDS(kThreads)
     sh[o_at + x] = gm * v;
   }
   const std::int64_t square = sp.square(p, ch.slot, hv);
-  for (int x = tid; x < C * C; x += kThreads) sh[a_at + x] = sp.attn[square + x];
+  fill_shared<A>(C * C, sh.view(a_at, C * C), [&](int x) { return A(sp.attn[square + x]); });
   load_rows_v<A, BV>(p, sp.u, sp.rows_v(p, ch.slot, hv), vt, C, sh.view(u_at, C * BV));
   simt::syncthreads();
   gemm_to_shared<O>(row_major(sh, a_at, C, len, len), row_major(sh, u_at, BV, len, BV), len, BV,
@@ -560,13 +560,13 @@ PHASOR_GLOBAL void PHASOR_LAUNCH_BOUNDS(kThreads)
                         row_major(sh, ds_at + kt * BK * BV, BV, BK, BV), len, BV, BK, sh, y_at, BV,
                         true);
     }
-    for (int x = tid; x < C * C; x += kThreads) sh[m_at + x] = sp.attn[square + x];
+    fill_shared<A>(C * C, sh.view(m_at, C * C), [&](int x) { return A(sp.attn[square + x]); });
     simt::syncthreads();
     gemm_to_shared<O>(row_major(sh, m_at, C, len, len).transposed(),
                       row_major(sh, do_at, BV, len, BV), len, BV, len, sh, y_at, BV, true);
     simt::syncthreads();
     // Y = Tᵀ dU (into z, then −βγY back into z after Y is stored).
-    for (int x = tid; x < C * C; x += kThreads) sh[m_at + x] = sp.t_inv[square + x];
+    fill_shared<A>(C * C, sh.view(m_at, C * C), [&](int x) { return A(sp.t_inv[square + x]); });
     simt::syncthreads();
     gemm_to_shared<O>(row_major(sh, m_at, C, len, len).transposed(),
                       row_major(sh, y_at, BV, len, BV), len, BV, len, sh, z_at, BV, false);
@@ -863,10 +863,8 @@ PHASOR_GLOBAL void PHASOR_LAUNCH_BOUNDS(kThreads)
     load_gates<A>(p, ch, hv, C, g, beta, gamma, tail);
     const std::int64_t square = sp.square(p, ch.slot, hv), rows_v = sp.rows_v(p, ch.slot, hv),
                        state_base = sp.state(p, ch.slot, hv);
-    for (int x = tid; x < C * C; x += kThreads) {
-      sh[l.da + x] = sp.dattn[square + x];
-      sh[l.dgr + x] = sp.dgram[square + x];
-    }
+    fill_shared<A>(C * C, sh.view(l.da, C * C), [&](int x) { return A(sp.dattn[square + x]); });
+    fill_shared<A>(C * C, sh.view(l.dgr, C * C), [&](int x) { return A(sp.dgram[square + x]); });
     // Over the value tiles: x = U_new dSᵀ (for dk via E), dk += (−βγY) Sᵀ, x2 = dO Sᵀ (for dq via
     // γ).
     for (int x = tid; x < C * BK; x += kThreads) sh[l.x + x] = A(0);

@@ -38,6 +38,7 @@
 #include <type_traits>
 
 #include "common/chunks.h"
+#include "common/fill.h"
 #include "common/gemm.h"
 #include "common/recurrent.h"
 #include "common/staging.h"
@@ -69,12 +70,12 @@ PHASOR_DEVICE void load_keys(const Problem& p, const TensorView& x, const Chunk&
                              std::int64_t t, int C, const simt::SharedArray<A>& out) {
   const int tid = static_cast<int>(threadIdx.x);
   if (!p.theta.defined()) {
-    for (int e = tid; e < C * BK; e += kThreads) {
+    fill_shared<A>(C * BK, out, [&](int e) {
       const int j = e / BK, i = e % BK;
       const std::int64_t channel = channel_of<BK>(p, t, i);
-      out[e] =
-          j < ch.len && channel >= 0 ? simt::load<A>(x, ch.batch, ch.first + j, h, channel) : A(0);
-    }
+      return j < ch.len && channel >= 0 ? simt::load<A>(x, ch.batch, ch.first + j, h, channel)
+                                        : A(0);
+    });
     return;
   }
   constexpr int R = BK / 2;
@@ -99,12 +100,12 @@ PHASOR_DEVICE void load_keys(const Problem& p, const TensorView& x, const Chunk&
 template <class A, int BK>
 PHASOR_DEVICE void load_gates(const Problem& p, const Chunk& ch, std::int64_t h, std::int64_t t,
                               int C, const simt::SharedArray<A>& out) {
-  for (int e = static_cast<int>(threadIdx.x); e < C * BK; e += kThreads) {
+  fill_shared<A>(C * BK, out, [&](int e) {
     const int j = e / BK, i = e % BK;
     const std::int64_t channel = channel_of<BK>(p, t, i);
-    out[e] =
-        j < ch.len && channel >= 0 ? simt::load<A>(p.g, ch.batch, ch.first + j, h, channel) : A(0);
-  }
+    return j < ch.len && channel >= 0 ? simt::load<A>(p.g, ch.batch, ch.first + j, h, channel)
+                                      : A(0);
+  });
 }
 
 // out (C × BV) = the chunk's rows of x ([B, T, H, V]) in value tile t (0 outside).
@@ -112,12 +113,11 @@ template <class A, int BV>
 PHASOR_DEVICE void load_values(const Problem& p, const TensorView& x, const Chunk& ch,
                                std::int64_t h, std::int64_t t, int C,
                                const simt::SharedArray<A>& out) {
-  for (int e = static_cast<int>(threadIdx.x); e < C * BV; e += kThreads) {
+  fill_shared<A>(C * BV, out, [&](int e) {
     const int j = e / BV, jj = e % BV;
     const std::int64_t column = t * BV + jj;
-    out[e] =
-        j < ch.len && column < p.V ? simt::load<A>(x, ch.batch, ch.first + j, h, column) : A(0);
-  }
+    return j < ch.len && column < p.V ? simt::load<A>(x, ch.batch, ch.first + j, h, column) : A(0);
+  });
 }
 
 // A state-shaped tile (BK × BV) of a workspace [slot][H][K][V] (load or store).
@@ -125,13 +125,12 @@ template <class A, int BK, int BV>
 PHASOR_DEVICE void load_state_tile(const Problem& p, const simt::Span<A>& states, std::int64_t slot,
                                    std::int64_t h, std::int64_t kt, std::int64_t vt,
                                    const simt::SharedArray<A>& out) {
-  for (int e = static_cast<int>(threadIdx.x); e < BK * BV; e += kThreads) {
+  fill_shared<A>(BK * BV, out, [&](int e) {
     const int i = e / BV, jj = e % BV;
     const std::int64_t channel = channel_of<BK>(p, kt, i), column = vt * BV + jj;
-    out[e] = channel >= 0 && column < p.V
-                 ? states[((slot * p.H + h) * p.K + channel) * p.V + column]
-                 : A(0);
-  }
+    return channel >= 0 && column < p.V ? states[((slot * p.H + h) * p.K + channel) * p.V + column]
+                                        : A(0);
+  });
 }
 template <class A, int BK, int BV>
 PHASOR_DEVICE void store_state_tile(const Problem& p, const simt::SharedArray<A>& tile,
@@ -390,7 +389,7 @@ PHASOR_GLOBAL void PHASOR_LAUNCH_BOUNDS(kThreads)
     gemm_to_shared<O>(row_major(q_s, 0, BK, len, BK), row_major(state_s, 0, BV, BK, BV), len, BV,
                       BK, out_s, 0, BV, true);
   }
-  for (int x = tid; x < C * C; x += kThreads) attn_s[x] = attn[(ch.slot * p.H + h) * C * C + x];
+  fill_shared<A>(C * C, attn_s, [&](int x) { return A(attn[(ch.slot * p.H + h) * C * C + x]); });
   load_values<A, BV>(p, p.v, ch, h, vt, C, v_s);
   simt::syncthreads();
   gemm_to_shared<O>(row_major(attn_s, 0, C, len, C), row_major(v_s, 0, BV, C, BV), len, BV, len,
@@ -521,7 +520,7 @@ PHASOR_GLOBAL void PHASOR_LAUNCH_BOUNDS(kThreads)
     gemm_to_shared<O>(row_major(k_s, 0, BK, len, BK), row_major(ds_s, 0, BV, BK, BV), len, BV, BK,
                       out_s, 0, BV, true);
   }
-  for (int x = tid; x < C * C; x += kThreads) attn_s[x] = attn[(ch.slot * p.H + h) * C * C + x];
+  fill_shared<A>(C * C, attn_s, [&](int x) { return A(attn[(ch.slot * p.H + h) * C * C + x]); });
   load_values<A, BV>(p, d_o, ch, h, vt, C, do_s);
   simt::syncthreads();
   gemm_to_shared<O>(row_major(attn_s, 0, C, len, len).transposed(), row_major(do_s, 0, BV, C, BV),
@@ -602,8 +601,8 @@ PHASOR_GLOBAL void PHASOR_LAUNCH_BOUNDS(kThreads)
   load_keys<A, BK>(p, p.q, ch, h, kt, C, sh.view(l.q, C * BK));
   load_keys<A, BK>(p, p.k, ch, h, kt, C, sh.view(l.k, C * BK));
   load_gates<A, BK>(p, ch, h, kt, C, sh.view(l.g, C * BK));
-  for (int x = tid; x < C * C; x += kThreads)
-    sh[l.dattn + x] = dattn[(ch.slot * p.H + h) * C * C + x];
+  fill_shared<A>(C * C, sh.view(l.dattn, C * C),
+                 [&](int x) { return A(dattn[(ch.slot * p.H + h) * C * C + x]); });
   for (int x = tid; x < C * BK; x += kThreads) {
     sh[l.dq_inter + x] = A(0);
     sh[l.dk_state + x] = A(0);
