@@ -536,7 +536,7 @@ PHASOR_GLOBAL void PHASOR_LAUNCH_BOUNDS(kThreads)
 // The arrays of dqk_kernel, each C × BK unless noted. The value-tile operands of step 2 (do, v,
 // S, dS) are dead once step 2 ends, and kf, key_grad and qf are first written in step 4, so the
 // two sets share one region: in float32 the block then takes 113 KiB of shared memory instead
-// of 131, and two blocks (8 warps) fit on an SM of 228 KiB where one did (the H200 profile of
+// of 130, and two blocks (8 warps) fit on an SM of 228 KiB where one did (the H200 profile of
 // 2026-11-27: one block per SM, 6 % occupancy, the kernel stalled on shared-memory latency).
 struct DqkLayout {
   int q, k, g, decay, dq_inter, dk_state, dq_off, dk_off, dg;  // C × BK

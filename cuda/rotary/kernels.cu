@@ -31,13 +31,6 @@
 #include "rotary/rotary.h"
 #include "simt/simt.h"
 
-// Loops to unroll on the GPU: nvcc's #pragma unroll (the host compiler has no such pragma).
-#if defined(PHASOR_SIMT_CUDA)
-#define PHASOR_UNROLL _Pragma("unroll")
-#else
-#define PHASOR_UNROLL
-#endif
-
 namespace phasor::PHASOR_BACKEND::rotary {
 namespace {
 
