@@ -472,47 +472,38 @@ TEST(Threads, ParallelForKeepsTheCallersExceptionFlags) {
   set_num_threads(0);
 }
 
-// A malformed PHASOR_FLUSH_DENORMALS is a phasor::Error naming it (a fresh process: the value is
-// read once).
-TEST(ThreadsDeathTest, BadFlushDenormalsEnvironmentIsAClearError) {
+// In a fresh process (each variable is read once): with `name` set to `value`, a parallel_for on
+// two threads throws a phasor::Error on the calling thread that names the variable and quotes the
+// value.
+void expect_environment_error(const char* name, const char* value) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   EXPECT_EXIT(
       {
-        setenv("PHASOR_FLUSH_DENORMALS", "yes", 1);
+        setenv(name, value, 1);
         try {
+          if (std::string(name) != "PHASOR_NUM_THREADS") set_num_threads(2);
           detail::parallel_for(4, [](std::int64_t) {});
         } catch (const Error& e) {
           const std::string what = e.what();
-          std::exit(what.find("PHASOR_FLUSH_DENORMALS") != std::string::npos &&
-                            what.find("'yes'") != std::string::npos
+          std::exit(what.find(name) != std::string::npos &&
+                            what.find(std::string("'") + value + "'") != std::string::npos
                         ? 0
                         : 2);
         }
         std::exit(3);
       },
-      ::testing::ExitedWithCode(0), "");
+      ::testing::ExitedWithCode(0), "")
+      << name << "=" << value;
 }
 
-// A malformed PHASOR_SPIN_US is a phasor::Error naming it, thrown on the calling thread (a fresh
-// process: the value is read once).
-TEST(ThreadsDeathTest, BadSpinEnvironmentIsAClearError) {
-  GTEST_FLAG_SET(death_test_style, "threadsafe");
-  EXPECT_EXIT(
-      {
-        setenv("PHASOR_SPIN_US", "soon", 1);
-        set_num_threads(2);
-        try {
-          detail::parallel_for(4, [](std::int64_t) {});
-        } catch (const Error& e) {
-          const std::string what = e.what();
-          std::exit(what.find("PHASOR_SPIN_US") != std::string::npos &&
-                            what.find("'soon'") != std::string::npos
-                        ? 0
-                        : 2);
-        }
-        std::exit(3);
-      },
-      ::testing::ExitedWithCode(0), "");
+TEST(ThreadsDeathTest, BadEnvironmentIsAClearError) {
+  expect_environment_error("PHASOR_NUM_THREADS", "many");
+  expect_environment_error("PHASOR_NUM_THREADS", "0");
+  expect_environment_error("PHASOR_NUM_THREADS", "99999999999999999999");
+  expect_environment_error("PHASOR_FLUSH_DENORMALS", "yes");
+  expect_environment_error("PHASOR_FLUSH_DENORMALS", "2");
+  expect_environment_error("PHASOR_SPIN_US", "soon");
+  expect_environment_error("PHASOR_SPIN_US", "-1");
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
@@ -20,29 +21,28 @@
 namespace phasor {
 namespace {
 
+// The value of the environment variable `name`, a decimal integer in [lo, hi], or `fallback` when
+// it is unset; anything else is a phasor::Error naming the variable, the range and the value.
+long environment_integer(const char* name, long lo, long hi, long fallback) {
+  const char* env = std::getenv(name);
+  if (env == nullptr) return fallback;
+  char* end = nullptr;
+  errno = 0;
+  const long n = std::strtol(env, &end, 10);
+  if (end != env && *end == '\0' && errno == 0 && n >= lo && n <= hi) return n;
+  throw Error(std::string("environment variable ") + name + ": expected an integer in [" +
+              std::to_string(lo) + ", " + std::to_string(hi) + "], got '" + env + "'");
+}
+
 int default_num_threads() {
-  if (const char* env = std::getenv("PHASOR_NUM_THREADS")) {
-    char* end = nullptr;
-    long n = std::strtol(env, &end, 10);
-    if (end != env && *end == '\0' && n >= 1 && n <= 4096) return static_cast<int>(n);
-    throw Error(std::string("environment variable PHASOR_NUM_THREADS: expected an integer in "
-                            "[1, 4096], got '") +
-                env + "'");
-  }
-  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const long hardware = std::max(1u, std::thread::hardware_concurrency());
+  return static_cast<int>(environment_integer("PHASOR_NUM_THREADS", 1, 4096, hardware));
 }
 
 std::atomic<int> g_requested{0};  // 0: default
 
 bool default_flush_denormals() {
-  static const bool flush = [] {
-    const char* env = std::getenv("PHASOR_FLUSH_DENORMALS");
-    if (!env) return true;
-    const std::string value(env);
-    if (value == "0" || value == "1") return value == "1";
-    throw Error("environment variable PHASOR_FLUSH_DENORMALS: expected 0 or 1, got '" + value +
-                "'");
-  }();
+  static const bool flush = environment_integer("PHASOR_FLUSH_DENORMALS", 0, 1, 1) == 1;
   return flush;
 }
 
@@ -63,18 +63,8 @@ std::atomic<int> g_flush{-1};  // −1: default
 // µs) bounds the CPU burnt when no job follows; PHASOR_SPIN_US (read once; 0 disables spinning)
 // changes it, for programs whose other thread pools need the cores between phasor's calls.
 std::chrono::microseconds spin_time() {
-  static const std::chrono::microseconds time = [] {
-    if (const char* env = std::getenv("PHASOR_SPIN_US")) {
-      char* end = nullptr;
-      const long us = std::strtol(env, &end, 10);
-      if (end != env && *end == '\0' && us >= 0 && us <= 1000000)
-        return std::chrono::microseconds(us);
-      throw Error(std::string("environment variable PHASOR_SPIN_US: expected an integer in "
-                              "[0, 1000000], got '") +
-                  env + "'");
-    }
-    return std::chrono::microseconds(50);
-  }();
+  static const std::chrono::microseconds time(
+      environment_integer("PHASOR_SPIN_US", 0, 1000000, 50));
   return time;
 }
 
@@ -296,8 +286,9 @@ void write_modes(std::uint64_t) {}
 // Only the mode bits change, there and back: the register also holds the sticky exception flags
 // (x86's MXCSR, bits 0–5), which the work may raise and a caller may test (fetestexcept), and the
 // exception masks.
-DenormalModes::DenormalModes(bool flush) : saved_(read_modes() & kFlushBits) {
+DenormalModes::DenormalModes(bool flush) {
   const std::uint64_t now = read_modes();
+  saved_ = now & kFlushBits;
   const std::uint64_t modes = flush ? now | kFlushBits : now & ~kFlushBits;
   if (modes != now) write_modes(modes);
 }
@@ -307,16 +298,23 @@ DenormalModes::~DenormalModes() {
   if (modes != now) write_modes(modes);
 }
 
-void parallel_for(std::int64_t n, const std::function<void(std::int64_t)>& fn) {
-  if (n <= 0) return;
-  int threads = static_cast<int>(std::min<std::int64_t>(num_threads(), n));
+namespace {
+// fn(i) for i in [0, n) on up to `threads` threads: on the calling thread alone when one suffices
+// or when it is itself one of the pool's (a nested call), else through the pool.
+void run_items(std::int64_t n, std::int64_t threads, const std::function<void(std::int64_t)>& fn) {
   const bool flush = flush_denormals();
   if (threads <= 1 || Pool::in_pool()) {
     const DenormalModes modes(flush);
     for (std::int64_t i = 0; i < n; ++i) fn(i);
     return;
   }
-  Pool::instance().run(n, threads, flush, fn);
+  Pool::instance().run(n, static_cast<int>(threads), flush, fn);
+}
+}  // namespace
+
+void parallel_for(std::int64_t n, const std::function<void(std::int64_t)>& fn) {
+  if (n <= 0) return;
+  run_items(n, std::min<std::int64_t>(num_threads(), n), fn);
 }
 
 void parallel_for(std::int64_t n, std::int64_t work_per_item,
@@ -324,14 +322,7 @@ void parallel_for(std::int64_t n, std::int64_t work_per_item,
   if (n <= 0) return;
   const std::int64_t total = n * std::max<std::int64_t>(work_per_item, 1);
   const std::int64_t useful = std::max<std::int64_t>(1, total / kWorkPerThread);
-  int threads = static_cast<int>(std::min<std::int64_t>({num_threads(), n, useful}));
-  const bool flush = flush_denormals();
-  if (threads <= 1 || Pool::in_pool()) {
-    const DenormalModes modes(flush);
-    for (std::int64_t i = 0; i < n; ++i) fn(i);
-    return;
-  }
-  Pool::instance().run(n, threads, flush, fn);
+  run_items(n, std::min<std::int64_t>({num_threads(), n, useful}), fn);
 }
 
 bool split_items(std::int64_t items) {
