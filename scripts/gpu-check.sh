@@ -4,14 +4,17 @@
 #      validate_test), with the CPU-vs-GPU error records they print;
 #   2. the device benchmarks at fla's shapes (BM_*Device rows with device:1, CUDA events);
 #   3. fla's kernels at the same shapes, when PHASOR_FLA_DIR names an fla checkout;
-#   4. compute-sanitizer (memcheck, racecheck) over the chunk suites' CUDA instances, each run
-#      capped at PHASOR_SANITIZE_SECONDS (default 30), when it is installed.
+#   4. compute-sanitizer, when it is installed: memcheck over the chunk suites' CUDA instances,
+#      each run capped at PHASOR_SANITIZE_SECONDS (default 30); racecheck over one chunk test of
+#      each suite (scripts/gpu-programs.sh), capped at PHASOR_RACECHECK_SECONDS (default 150).
 # Every log goes into OUT_DIR; a summary table is printed last.
 #
 #   bash scripts/gpu-check.sh [BUILD_DIR [OUT_DIR]]    # defaults: build, build/gpu-check
 #
-# BUILD_DIR is a build tree (or a copy of its tests/ and bench/ programs) configured with the CUDA
-# backend for this GPU's architecture (CMAKE_CUDA_ARCHITECTURES=90 for an H100/H200).
+# BUILD_DIR is a build tree configured with the CUDA backend for this GPU's architecture
+# (CMAKE_CUDA_ARCHITECTURES=90 for an H100/H200), or the unpacked archive of
+# scripts/gpu-package.sh (its programs, and in lib/ the shared libraries they need, put on
+# LD_LIBRARY_PATH here).
 # Environment: PHASOR_GPU_CHECK_STEPS (default "tests bench fla sanitize") picks the steps;
 # PHASOR_FLA_DIR, an fla checkout: fla's kernels timed at the same shapes (bench/fla_compare.py).
 set -uo pipefail
@@ -19,7 +22,9 @@ repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build=${1:-build}
 out=${2:-$build/gpu-check}
 steps=${PHASOR_GPU_CHECK_STEPS:-tests bench fla sanitize}
+source "$repo/scripts/gpu-programs.sh"
 mkdir -p "$out"
+[[ -d $build/lib ]] && export LD_LIBRARY_PATH=$build/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export PHASOR_SOURCE_DIR=${PHASOR_SOURCE_DIR:-$repo}
 cuda_only='-*/emulated'  # the op suites' CUDA instances (and their non-parametrised tests)
 summary=()
@@ -31,8 +36,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm 
 if [[ " $steps " == *" tests "* ]]; then
   # The op suites' emulated instances are CI's business (they take minutes); here only the
   # CUDA ones, plus the platform suites whole (they are small and compare both backends).
-  for t in simt_test device_test validate_test gla_gpu_test gated_delta_rule_gpu_test \
-    forgetting_attn_gpu_test favor_gpu_test rotary_gpu_test short_conv_gpu_test; do
+  for t in "${gpu_test_programs[@]}"; do
     bin=$build/tests/$t
     [[ -x $bin ]] || { note "$t: MISSING"; continue; }
     filter='*'
@@ -52,7 +56,7 @@ if [[ " $steps " == *" tests "* ]]; then
 fi
 
 if [[ " $steps " == *" bench "* ]]; then
-  for b in gla_bench gated_delta_rule_bench forgetting_attn_bench; do
+  for b in "${gpu_bench_programs[@]}"; do
     bin=$build/bench/$b
     [[ -x $bin ]] || { note "$b: MISSING"; continue; }
     timeout 150 "$bin" --benchmark_filter='Device/device:1/' \
@@ -71,13 +75,15 @@ fi
 if [[ " $steps " == *" sanitize "* ]]; then
   if command -v compute-sanitizer >/dev/null; then
     for tool in memcheck racecheck; do
-      for t in gla_gpu_test gated_delta_rule_gpu_test forgetting_attn_gpu_test; do
+      for t in "${gpu_chunk_suites[@]}"; do
         bin=$build/tests/$t
         [[ -x $bin ]] || continue
-        timeout "${PHASOR_SANITIZE_SECONDS:-30}" compute-sanitizer --tool "$tool" --error-exitcode 9 "$bin" \
-          --gtest_filter="$cuda_only" --gtest_brief=1 >"$out/sanitize-$tool-$t.log" 2>&1
+        seconds=${PHASOR_SANITIZE_SECONDS:-30} filter=$cuda_only
+        [[ $tool == racecheck ]] && seconds=${PHASOR_RACECHECK_SECONDS:-150} filter=$gpu_racecheck_filter
+        timeout "$seconds" compute-sanitizer --tool "$tool" --error-exitcode 9 "$bin" \
+          --gtest_filter="$filter" --gtest_brief=1 >"$out/sanitize-$tool-$t.log" 2>&1
         rc=$?
-        errors=$(grep -m1 -o 'ERROR SUMMARY: [0-9]* error' "$out/sanitize-$tool-$t.log")
+        errors=$(grep -m1 -oE '(ERROR|RACECHECK) SUMMARY: [0-9]* (error|hazard)s?' "$out/sanitize-$tool-$t.log")
         note "compute-sanitizer $tool $t: rc $rc${errors:+, $errors}$([[ $rc == 124 ]] && echo ', stopped at the time cap')"
       done
     done
