@@ -279,6 +279,14 @@ PHASOR_GLOBAL void count_negatives_kernel(Span<const int> in, Span<int> count) {
   if (i < in.size && in[i] < 0) simt::atomic_add(&count[0], 1);
 }
 
+PHASOR_GLOBAL void multiply_kernel(Span<const float> a, Span<const float> b, Span<float> out) {
+  const int i = global_thread();
+  if (i < out.size) {
+    const float x = a[i], y = b[i];
+    out[i] = x * y;
+  }
+}
+
 PHASOR_GLOBAL void copy_kernel(Span<const float> from, Span<float> to) {
   const int i = global_thread();
   if (i < to.size) to[i] = from[i];
@@ -537,6 +545,11 @@ void mma(const float* a, const float* b, const float* c, float* d, bool half, in
   else
     PHASOR_LAUNCH((mma_kernel<bfloat16>), Dim3(1), Dim3(32), 0, stream(), sa, sb, sc,
                   Span<float>{d, 128}, mode);
+}
+
+void multiply(const float* a, const float* b, float* out, int n) {
+  PHASOR_LAUNCH(multiply_kernel, Dim3(static_cast<unsigned>((n + 1) / 2)), Dim3(2), 0, stream(),
+                Span<const float>{a, n}, Span<const float>{b, n}, Span<float>{out, n});
 }
 
 void fresh_workspace(float* out, int n) {

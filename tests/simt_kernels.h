@@ -64,6 +64,8 @@
      atomics, one copy_to_host); copies a fresh (never written) Workspace of n floats to out. */  \
   int count_negatives(const int* in, int n);                                                      \
   void fresh_workspace(float* out, int n);                                                        \
+  /* out[i] = a[i] · b[i] in float32 (blocks of 2 threads). */                                   \
+  void multiply(const float* a, const float* b, float* out, int n);                               \
   void shuffle_loop(int* out, int threads, int iterations);                                       \
   /* One warp: d (16×8, row-major) = a (16×16) · b (16×8) + c with simt::mma_sync, a and b    \
      rounded to bfloat16 (half = false) or float16. mode 0: fragments loaded with the PTX ISA's   \

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <numeric>
 #include <optional>
 #include <ostream>
@@ -17,8 +18,10 @@
 #include <string>
 #include <vector>
 
+#include "common/parallel.h"
 #include "phasor/device.h"
 #include "phasor/emulator.h"
+#include "phasor/testing/cases.h"
 #include "phasor/testing/device.h"
 #include "simt_kernels.h"
 
@@ -533,6 +536,47 @@ TEST_P(Simt, FreshWorkspaceIsPoisonedOnTheEmulator) {
   Buffer<float> out(device(), 100);
   RUN(device(), fresh_workspace, out.get(), 100);
   for (const float v : out.host()) ASSERT_TRUE(std::isnan(v));
+}
+
+// Code nvcc compiles by default (-ftz=false) makes and reads subnormal float32 numbers, and so
+// must the emulated GPU's blocks, whatever modes phasor's CPU kernels run with
+// (set_flush_denormals) or the calling thread has: a kernel built with flush-to-zero would make
+// each of these products 0.
+TEST_P(Simt, SubnormalNumbersAsNvccsDefaultCode) {
+  const float tiny = std::numeric_limits<float>::denorm_min() * 1000;  // subnormal
+  const std::vector<float> a = {1e-20f, tiny, tiny, 3e-30f, 1.0f},
+                           b = {1e-20f, 1.0f, 2.0f, 1e-10f, tiny};
+  // Computed before any flushing mode is set: the product of two floats is exact in double, and
+  // its one rounding to float keeps the subnormal result (gradual underflow).
+  std::vector<float> expected;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    expected.push_back(static_cast<float>(static_cast<double>(a[i]) * static_cast<double>(b[i])));
+    ASSERT_NE(expected[i], 0.f);
+    ASSERT_LT(std::fabs(expected[i]), std::numeric_limits<float>::min()) << "not subnormal: " << i;
+  }
+  // The emulator runs blocks on the calling thread, or with `parallel` on phasor's thread pool,
+  // whose threads take the CPU kernels' modes.
+  phasor::set_num_threads(2);
+  for (const bool parallel : {false, true})
+    for (const bool flush : {true, false}) {
+      SCOPED_TRACE(
+          std::string(parallel ? "blocks on the thread pool, " : "blocks on the caller, ") +
+          (flush ? "CPU kernels and caller flushing" : "nothing flushing"));
+      phasor::emulator::Options schedule = phasor::emulator::options();
+      schedule.parallel_blocks = parallel;
+      const phasor::emulator::ScopedOptions scoped(schedule);
+      phasor::testing::FlushDenormalsScope kernels(flush);
+      std::vector<float> got;
+      {
+        const phasor::detail::DenormalModes caller(flush);
+        Buffer<float> x(device(), a), y(device(), b), out(device(), a.size());
+        RUN(device(), multiply, x.get(), y.get(), out.get(), static_cast<int>(a.size()));
+        got = out.host();
+      }
+      for (std::size_t i = 0; i < a.size(); ++i)
+        EXPECT_EQ(got[i], expected[i]) << a[i] << " · " << b[i];
+    }
+  phasor::set_num_threads(0);  // the default
 }
 
 INSTANTIATE_TEST_SUITE_P(Devices, Simt, ::testing::Values(Device::emulated, Device::cuda),
