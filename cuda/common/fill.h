@@ -19,11 +19,11 @@ namespace {
 // elements per round, a 64 × 16 tile in one round.
 constexpr int kLoadsInFlight = 8;
 
-// out[e] = value(e) for e in [0, count), over the block's threads; value(e) returns T.
+// out[e] = value(e) for e in [0, count), over the threads of a one-dimensional block (as the
+// chunk kernels launch); value(e) returns T.
 template <class T, class F>
 PHASOR_DEVICE void fill_shared(int count, const simt::SharedArray<T>& out, const F& value) {
-  const int threads = static_cast<int>(blockDim.x * blockDim.y * blockDim.z);
-  const int tid = static_cast<int>(threadIdx.x);
+  const int threads = static_cast<int>(blockDim.x), tid = static_cast<int>(threadIdx.x);
   for (int base = tid; base < count; base += threads * kLoadsInFlight) {
     T staged[kLoadsInFlight];
     PHASOR_UNROLL
