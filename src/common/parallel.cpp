@@ -34,8 +34,11 @@ long environment_integer(const char* name, long lo, long hi, long fallback) {
               std::to_string(lo) + ", " + std::to_string(hi) + "], got '" + env + "'");
 }
 
+// Read on every call that has no set_num_threads (the environment is cheap to read, ~13 ns), but
+// the hardware count once: std::thread::hardware_concurrency() asks the kernel each time, ~5 µs
+// here, which every parallel_for paid (a one-token decoding call takes 10–40 µs).
 int default_num_threads() {
-  const long hardware = std::max(1u, std::thread::hardware_concurrency());
+  static const long hardware = std::max(1u, std::thread::hardware_concurrency());
   return static_cast<int>(environment_integer("PHASOR_NUM_THREADS", 1, 4096, hardware));
 }
 
