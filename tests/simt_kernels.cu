@@ -224,6 +224,29 @@ PHASOR_GLOBAL void convert_kernel(TensorView x, TensorView y) {
   simt::store(y, simt::load<double>(x, a, b, c), a, b, c);
 }
 
+// y[a, b, c] = x[a, b, c] (y float64), each thread copying one 16-byte vector of x's row.
+template <class T>
+PHASOR_DEVICE void vector_copy_typed(const TensorView& x, const TensorView& y) {
+  constexpr int n = simt::Vector16<T>::kCount;
+  const std::int64_t s1 = y.size(1), vectors = y.size(2) / n, i = global_thread();
+  if (i >= y.size(0) * s1 * vectors) return;
+  const std::int64_t a = i / (s1 * vectors), b = i / vectors % s1, c = i % vectors * n;
+  const simt::Vector16<T> v = simt::load_vector<T>(x, a, b, c);
+  for (int m = 0; m < n; ++m) simt::store(y, simt::to_compute<double>(v.x[m]), a, b, c + m);
+}
+PHASOR_GLOBAL void vector_copy_kernel(TensorView x, TensorView y) {
+  switch (x.dtype) {
+    case DType::bfloat16:
+      return vector_copy_typed<bfloat16>(x, y);
+    case DType::float16:
+      return vector_copy_typed<float16>(x, y);
+    case DType::float32:
+      return vector_copy_typed<float>(x, y);
+    default:
+      return vector_copy_typed<double>(x, y);
+  }
+}
+
 PHASOR_GLOBAL void gather_kernel(TensorView index, TensorView x, TensorView y) {
   const int i = global_thread();
   if (i >= y.size(0)) return;
@@ -324,6 +347,36 @@ PHASOR_GLOBAL void shared_out_of_bounds_kernel(Span<int> out) {
 PHASOR_GLOBAL void global_out_of_bounds_kernel(TensorView out) {
   const int t = static_cast<int>(threadIdx.x);
   simt::store(out, 1.0f, t + 1);  // thread 63 writes out[64]
+}
+
+// y[a, b, c] = x[a, b, c] (x float64), each thread storing one 16-byte vector of y's row.
+template <class T>
+PHASOR_DEVICE void vector_store_typed(const TensorView& x, const TensorView& y) {
+  constexpr int n = simt::Vector16<T>::kCount;
+  const std::int64_t s1 = x.size(1), vectors = x.size(2) / n, i = global_thread();
+  if (i >= x.size(0) * s1 * vectors) return;
+  const std::int64_t a = i / (s1 * vectors), b = i / vectors % s1, c = i % vectors * n;
+  simt::Vector16<T> v;
+  for (int m = 0; m < n; ++m) v.x[m] = simt::from_compute<T>(simt::load<double>(x, a, b, c + m));
+  simt::store_vector<T>(y, v, a, b, c);
+}
+PHASOR_GLOBAL void vector_store_kernel(TensorView x, TensorView y) {
+  switch (y.dtype) {
+    case DType::bfloat16:
+      return vector_store_typed<bfloat16>(x, y);
+    case DType::float16:
+      return vector_store_typed<float16>(x, y);
+    case DType::float32:
+      return vector_store_typed<float>(x, y);
+    default:
+      return vector_store_typed<double>(x, y);
+  }
+}
+
+// A float32 vector load of x[t, last .. last + 4) by every thread t.
+PHASOR_GLOBAL void vector_load_at_kernel(TensorView x, std::int64_t last) {
+  const simt::Vector16<float> v = simt::load_vector<float>(x, threadIdx.x, last);
+  if (v.x[0] == 12345.f) simt::store(x, 0.f, threadIdx.x, last);  // keeps the load
 }
 
 PHASOR_GLOBAL void uninitialized_shared_kernel(Span<int> out) {
@@ -501,6 +554,18 @@ void convert(const TensorView& x, const TensorView& y) {
                 stream(), x, y);
 }
 
+void vector_copy(const TensorView& x, const TensorView& y) {
+  const std::int64_t n = y.size(0) * y.size(1) * y.size(2);  // at most this many vectors
+  PHASOR_LAUNCH(vector_copy_kernel, Dim3(static_cast<unsigned>((n + 127) / 128)), Dim3(128), 0,
+                stream(), x, y);
+}
+
+void vector_store(const TensorView& x, const TensorView& y) {
+  const std::int64_t n = x.size(0) * x.size(1) * x.size(2);
+  PHASOR_LAUNCH(vector_store_kernel, Dim3(static_cast<unsigned>((n + 127) / 128)), Dim3(128), 0,
+                stream(), x, y);
+}
+
 void gather(const TensorView& index, const TensorView& x, const TensorView& y) {
   PHASOR_LAUNCH(gather_kernel, Dim3(static_cast<unsigned>((y.size(0) + 63) / 64)), Dim3(64), 0,
                 stream(), index, x, y);
@@ -572,6 +637,10 @@ void shared_out_of_bounds(int* out) {
 }
 void global_out_of_bounds(const TensorView& out) {
   PHASOR_LAUNCH(global_out_of_bounds_kernel, Dim3(1), Dim3(kBugThreads), 0, stream(), out);
+}
+void vector_load_at(const TensorView& x, std::int64_t last) {
+  PHASOR_LAUNCH(vector_load_at_kernel, Dim3(1), Dim3(static_cast<unsigned>(x.size(0))), 0, stream(),
+                x, last);
 }
 void uninitialized_shared(int* out) {
   PHASOR_LAUNCH(uninitialized_shared_kernel, Dim3(1), Dim3(kBugThreads), 0, stream(),

@@ -49,6 +49,8 @@
   void dimensions(int* out, const unsigned grid[3], const unsigned block[3]);                     \
   /* y[i, j, k] = x[i, j, k] through simt::load<double> / simt::store (rank-3 views). */          \
   void convert(const TensorView& x, const TensorView& y);                                         \
+  void vector_copy(const TensorView& x, const TensorView& y);                                     \
+  void vector_store(const TensorView& x, const TensorView& y);                                    \
   /* y[i] = x[index[i]] (simt::load_index). */                                                    \
   void gather(const TensorView& index, const TensorView& x, const TensorView& y);                 \
   /* out[0] = the sum of 64 ints by a shared-memory tree in warp 0: with syncwarp between steps   \
@@ -77,6 +79,7 @@
   void barrier_versus_shuffle(int* out);                                                          \
   void shared_out_of_bounds(int* out);                                                            \
   void global_out_of_bounds(const TensorView& out);                                               \
+  void vector_load_at(const TensorView& x, std::int64_t last);                                    \
   void uninitialized_shared(int* out);                                                            \
   void shuffle_mask_omits_caller(int* out);                                                       \
   void shuffle_source_outside_mask(int* out);                                                     \

@@ -473,6 +473,61 @@ TEST_P(Simt, AccessorsConvertEveryDtypeThroughStrides) {
   }
 }
 
+// simt::load_vector reads what simt::load reads, for each dtype it serves, also from a view whose
+// rows are padded (row stride > row length) and one with a sliced leading dimension.
+TEST_P(Simt, VectorLoadsMatchElementLoads) {
+  const std::int64_t A = 3, B = 5, C = 16, padded = 24;  // C and padded: multiples of 8
+  for (const DType dtype : {DType::bfloat16, DType::float16, DType::float32, DType::float64}) {
+    Tensor host({A + 1, B, padded}, dtype);
+    for (std::int64_t i = 0; i < host.numel(); ++i) host.set(i, (i % 997 - 400) * 0.0173);
+    const phasor::testing::DeviceTensor xb(host, device());
+    const std::int64_t row = padded * B;
+    // x = the buffer's rows 1..A, columns [0, C): strides {row, padded, 1}, data 16-byte aligned
+    // (row · element size is a multiple of 16).
+    const auto element = static_cast<std::int64_t>(phasor::element_size(dtype));
+    const TensorView x = TensorView::strided(static_cast<char*>(xb.view().data) + row * element,
+                                             dtype, {A, B, C}, {row, padded, 1}, device());
+    SCOPED_TRACE(phasor::to_string(dtype));
+    const auto yb = phasor::testing::DeviceTensor::nans({A, B, C}, DType::float64, device());
+    RUN(device(), vector_copy, x, yb.view());
+    const Tensor got = yb.to_host();
+    for (std::int64_t a = 0; a < A; ++a)
+      for (std::int64_t b = 0; b < B; ++b)
+        for (std::int64_t c = 0; c < C; ++c)
+          ASSERT_EQ(got.at((a * B + b) * C + c), host.at((a + 1) * row + b * padded + c))
+              << "element [" << a << ", " << b << ", " << c << "]";
+  }
+}
+
+// simt::store_vector writes what simt::store writes (rounded the same way), into a view with
+// padded rows, and leaves the padding alone.
+TEST_P(Simt, VectorStoresMatchElementStores) {
+  const std::int64_t A = 3, B = 5, C = 16, padded = 24;
+  Tensor values({A, B, C}, DType::float64);
+  for (std::int64_t i = 0; i < values.numel(); ++i) values.set(i, (i % 991 - 400) * 0.0173 + 1e-5);
+  const phasor::testing::DeviceTensor xb(values, device());
+  for (const DType dtype : {DType::bfloat16, DType::float16, DType::float32, DType::float64}) {
+    SCOPED_TRACE(phasor::to_string(dtype));
+    const auto yb = phasor::testing::DeviceTensor::nans({A, B, padded}, dtype, device());
+    const TensorView y =
+        TensorView::strided(yb.view().data, dtype, {A, B, C}, {B * padded, padded, 1}, device());
+    RUN(device(), vector_store, xb.view(), y);
+    const Tensor got = yb.to_host();
+    for (std::int64_t a = 0; a < A; ++a)
+      for (std::int64_t b = 0; b < B; ++b)
+        for (std::int64_t c = 0; c < padded; ++c) {
+          const double at = got.at((a * B + b) * padded + c);
+          if (c >= C) {
+            ASSERT_TRUE(std::isnan(at)) << "padding [" << a << ", " << b << ", " << c << "]";
+            continue;
+          }
+          Tensor expected({1}, dtype);  // a host Tensor rounds as simt::store does
+          expected.set(0, values.at((a * B + b) * C + c));
+          ASSERT_EQ(at, expected.at(0)) << "element [" << a << ", " << b << ", " << c << "]";
+        }
+  }
+}
+
 TEST_P(Simt, LoadIndexReadsInt32AndInt64) {
   const std::vector<float> x = random_floats(50, 8);
   Buffer<float> xb(device(), x);
@@ -642,6 +697,25 @@ std::vector<PlantedBug> planted_bugs() {
        &emu::exit_while_others_wait},
       {"shuffle_lane_exited_kernel", FaultKind::deadlock, &emu::shuffle_lane_exited},
       {"temp_storage_reuse_kernel", FaultKind::misuse, &emu::temp_storage_reuse},
+      // A vector load whose last index is not a multiple of its 4 elements (a misaligned
+      // address on a GPU), one past the row's end, and one from a view with strided channels.
+      {"vector_load_at_kernel", FaultKind::global_out_of_bounds,
+       [](int*) {
+         static std::vector<float> x(4 * 16);
+         emu::vector_load_at(TensorView::of(x.data(), {4, 16}, Device::emulated), 2);
+       }},
+      {"vector_load_at_kernel", FaultKind::global_out_of_bounds,
+       [](int*) {
+         static std::vector<float> x(4 * 16);
+         emu::vector_load_at(
+             TensorView::strided(x.data(), DType::float32, {4, 14}, {16, 1}, Device::emulated), 12);
+       }},
+      {"vector_load_at_kernel", FaultKind::misuse,
+       [](int*) {
+         static std::vector<float> x(4 * 16);
+         emu::vector_load_at(
+             TensorView::strided(x.data(), DType::float32, {4, 8}, {16, 2}, Device::emulated), 0);
+       }},
       {"workspace_out_of_bounds_kernel", FaultKind::global_out_of_bounds,
        &emu::workspace_out_of_bounds},
       {"block_size_mismatch_kernel", FaultKind::misuse, &emu::block_size_mismatch},

@@ -1249,6 +1249,24 @@ void check_global_access(const TensorView& x, const std::int64_t* idx, int count
                      std::to_string(d) + " is out of bounds");
 }
 
+void check_vector_access(const TensorView& x, const std::int64_t* idx, int count, DType dtype,
+                         int elements, bool loadable, bool write) {
+  const std::string what = write ? "simt::store_vector" : "simt::load_vector";
+  if (!loadable)
+    fault_here(FaultKind::misuse,
+               what + " of a view of shape " + x.shape_string() + " and dtype " +
+                   phasor::to_string(x.dtype) + ": expected dtype " + phasor::to_string(dtype) +
+                   ", the last dimension contiguous, the other strides multiples of " +
+                   std::to_string(elements) + " and 16-byte aligned data");
+  const std::int64_t last = idx[count - 1];
+  if (last % elements != 0 || last + elements > x.size(count - 1))
+    fault_here(FaultKind::global_out_of_bounds,
+               what + " at last index " + std::to_string(last) + " of a view of shape " +
+                   x.shape_string() + ": " + std::to_string(elements) +
+                   " elements from a multiple of " + std::to_string(elements) +
+                   " inside the last dimension expected");
+}
+
 void check_index_dtype(const TensorView& x) {
   if (x.dtype != DType::int32 && x.dtype != DType::int64)
     fault_here(FaultKind::misuse, std::string("simt::load_index of a view of dtype ") +

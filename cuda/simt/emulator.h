@@ -83,6 +83,11 @@ inline bool checking_bounds() {
 // non-null, of rank `count`, and each index within its size.
 void check_global_access(const TensorView& x, const std::int64_t* idx, int count, bool write);
 void check_index_dtype(const TensorView& x);  // load_index: int32 or int64
+// simt::load_vector / store_vector (write) of x[idx...] (count indices), `elements` elements of
+// `dtype`: the view is `loadable` (vector_loadable), the last index a multiple of `elements` and
+// the whole vector in bounds.
+void check_vector_access(const TensorView& x, const std::int64_t* idx, int count, DType dtype,
+                         int elements, bool loadable, bool write);
 [[noreturn]] void span_out_of_bounds(std::int64_t index, std::int64_t size);
 
 // --- rendezvous ----------------------------------------------------------------------------------
