@@ -198,10 +198,8 @@ PHASOR_DEVICE double gap_between(const Problem& p, const simt::Span<double>& tot
 template <class A>
 PHASOR_DEVICE void load_rows(const TensorView& x, const Rows& b, std::int64_t head, int W,
                              const simt::SharedArray<A>& out, A scale) {
-  fill_shared<A>(b.len * W, out, [&](int e) {
-    const int r = e / W, c = e % W;
-    return A(simt::load<A>(x, b.batch, b.token(r), head, c) * scale);
-  });
+  load_token_rows<A>(x, b.batch, b.token(0), b.len, b.len, head, 0, W, W, out,
+                     [&](int, A value) { return A(value * scale); });
 }
 
 // The gate and slope data of a tile's rows and columns (float64, shared).
@@ -575,11 +573,10 @@ PHASOR_GLOBAL void PHASOR_LAUNCH_BOUNDS(kThreads)
                       0, V, true);
   }
   // o = A · (1 / l), lse = m + log l (the last product is complete: the loop ended on a barrier).
-  for (int e = tid; e < nI * V; e += kThreads) {
-    const int r = e / V, c = e % V;
-    const A x = acc_s[e], sum = sum_s[r];
-    simt::store(o, x * (A(1) / sum), I.batch, I.token(r), hq, c);
-  }
+  store_token_rows<A>(o, I.batch, I.token(0), nI, hq, 0, V, V, [&](int r, int c) {
+    const A x = acc_s[r * V + c], sum = sum_s[r];
+    return x * (A(1) / sum);
+  });
   if (lse.defined())
     for (int r = tid; r < nI; r += kThreads) {
       const A m = max_s[r], sum = sum_s[r];
@@ -790,8 +787,8 @@ PHASOR_GLOBAL void PHASOR_LAUNCH_BOUNDS(kThreads) dq_kernel(Inputs in, Backward<
   if (g.dq) {
     if (!p.theta.defined()) {
       if (g.out.dq.defined())
-        for (int e = tid; e < nI * K; e += kThreads)
-          simt::store(g.out.dq, dq_at(e / K, e % K), I.batch, I.token(e / K), hq, e % K);
+        store_token_rows<A>(g.out.dq, I.batch, I.token(0), nI, hq, 0, K, K,
+                            [&](int r, int c) { return dq_at(r, c); });
     } else {
       const int R = K / 2;
       for (int e = tid; e < nI * R; e += kThreads) {
@@ -967,10 +964,10 @@ PHASOR_GLOBAL void PHASOR_LAUNCH_BOUNDS(kThreads)
   simt::syncthreads();
 
   if (g.dv)
-    for (int e = tid; e < nJ * V; e += kThreads) {
-      const A v = dv_s[e];
-      simt::store(g.out.dv, v, J.batch, J.token(e / V), h, e % V);
-    }
+    store_token_rows<A>(g.out.dv, J.batch, J.token(0), nJ, h, 0, V, V, [&](int r, int c) {
+      const A v = dv_s[r * V + c];
+      return v;
+    });
   if (g.db)
     for (int c = tid; c < nJ; c += kThreads) {
       const double v = db_s[c];
@@ -979,10 +976,10 @@ PHASOR_GLOBAL void PHASOR_LAUNCH_BOUNDS(kThreads)
   if (!g.dk) return;
   if (!p.theta.defined()) {
     if (g.out.dk.defined())
-      for (int e = tid; e < nJ * K; e += kThreads) {
-        const A v = dk_s[e];
-        simt::store(g.out.dk, v * scale, J.batch, J.token(e / K), h, e % K);
-      }
+      store_token_rows<A>(g.out.dk, J.batch, J.token(0), nJ, h, 0, K, K, [&](int r, int c) {
+        const A v = dk_s[r * K + c];
+        return v * scale;
+      });
     return;
   }
   // dk unrotated; dθ = the query heads' shares in head order, then the key's ((R2), (R3)).

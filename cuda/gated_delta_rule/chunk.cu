@@ -93,15 +93,9 @@ PHASOR_DEVICE void load_qk(const Problem& p, const Space<A>& sp, int which, cons
     return r;
   };
   const int tid = static_cast<int>(threadIdx.x);
-  if (!p.theta.defined()) {
-    fill_shared<A>(C * BK, out, [&](int e) {
-      const int j = e / BK, i = e % BK;
-      const std::int64_t channel = channel_of<BK>(p, t, i);
-      A value = 0;
-      if (j < ch.len && channel >= 0)
-        value = scale * (simt::load<A>(x, ch.batch, ch.first + j, h, channel) * rho(j));
-      return value;
-    });
+  if (!p.theta.defined()) {  // channels t·BK + i
+    load_token_rows<A, BK>(x, ch.batch, ch.first, ch.len, C, h, t * BK, p.K - t * BK, out,
+                           [&](int j, A value) { return scale * (value * rho(j)); });
     return;
   }
   constexpr int R = BK / 2;
@@ -131,11 +125,7 @@ template <class A, int BV>
 PHASOR_DEVICE void load_values(const Problem& p, const TensorView& x, const Chunk& ch,
                                std::int64_t hv, std::int64_t t, int C,
                                const simt::SharedArray<A>& out) {
-  fill_shared<A>(C * BV, out, [&](int e) {
-    const int j = e / BV, jj = e % BV;
-    const std::int64_t column = t * BV + jj;
-    return j < ch.len && column < p.V ? simt::load<A>(x, ch.batch, ch.first + j, hv, column) : A(0);
-  });
+  load_token_rows<A, BV>(x, ch.batch, ch.first, ch.len, C, hv, t * BV, p.V - t * BV, out);
 }
 // out (C × BV) = rows of a [slot][HV][C][V] workspace in value tile t.
 template <class A, int BV>
@@ -497,11 +487,8 @@ PHASOR_GLOBAL void PHASOR_LAUNCH_BOUNDS(kThreads)
   gemm_to_shared<O>(row_major(sh, a_at, C, len, len), row_major(sh, u_at, BV, len, BV), len, BV,
                     len, sh, o_at, BV, true);
   simt::syncthreads();
-  for (int x = tid; x < len * BV; x += kThreads) {
-    const int j = x / BV, jj = x % BV;
-    const std::int64_t column = vt * BV + jj;
-    if (column < p.V) simt::store(o, A(sh[o_at + x]), ch.batch, ch.first + j, hv, column);
-  }
+  store_token_rows<A, BV>(o, ch.batch, ch.first, len, hv, vt * BV, p.V - vt * BV,
+                          [&](int j, int i) { return A(sh[o_at + j * BV + i]); });
 }
 
 // ---- backward -----------------------------------------------------------------------------------
@@ -710,12 +697,11 @@ PHASOR_GLOBAL void PHASOR_LAUNCH_BOUNDS(kThreads)
       sh[l.dtail + j] = dt;
     }
     if (grads.dv.defined())
-      for (int x = tid; x < len * BV; x += kThreads) {
-        const int j = x / BV, jj = x % BV;
-        const std::int64_t column = vt * BV + jj;
-        const A y = sh[l.y + x], b = beta[j];
-        if (column < p.V) simt::store(grads.dv, b * y, ch.batch, ch.first + j, hv, column);
-      }
+      store_token_rows<A, BV>(grads.dv, ch.batch, ch.first, len, hv, vt * BV, p.V - vt * BV,
+                              [&](int j, int i) {
+                                const A y = sh[l.y + j * BV + i], b = beta[j];
+                                return b * y;
+                              });
     // dA = dO U_newᵀ and dm = Y U_newᵀ (lower parts read later).
     gemm_to_shared<O>(row_major(sh, l.d_o, BV, len, BV),
                       row_major(sh, l.u, BV, len, BV).transposed(), len, len, BV, sh, l.dattn, C,

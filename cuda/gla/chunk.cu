@@ -69,13 +69,8 @@ template <class A, int BK>
 PHASOR_DEVICE void load_keys(const Problem& p, const TensorView& x, const Chunk& ch, std::int64_t h,
                              std::int64_t t, int C, const simt::SharedArray<A>& out) {
   const int tid = static_cast<int>(threadIdx.x);
-  if (!p.theta.defined()) {
-    fill_shared<A>(C * BK, out, [&](int e) {
-      const int j = e / BK, i = e % BK;
-      const std::int64_t channel = channel_of<BK>(p, t, i);
-      return j < ch.len && channel >= 0 ? simt::load<A>(x, ch.batch, ch.first + j, h, channel)
-                                        : A(0);
-    });
+  if (!p.theta.defined()) {  // channels t·BK + i
+    load_token_rows<A, BK>(x, ch.batch, ch.first, ch.len, C, h, t * BK, p.K - t * BK, out);
     return;
   }
   constexpr int R = BK / 2;
@@ -100,6 +95,10 @@ PHASOR_DEVICE void load_keys(const Problem& p, const TensorView& x, const Chunk&
 template <class A, int BK>
 PHASOR_DEVICE void load_gates(const Problem& p, const Chunk& ch, std::int64_t h, std::int64_t t,
                               int C, const simt::SharedArray<A>& out) {
+  if (!p.theta.defined()) {  // channels t·BK + i
+    load_token_rows<A, BK>(p.g, ch.batch, ch.first, ch.len, C, h, t * BK, p.K - t * BK, out);
+    return;
+  }
   fill_shared<A>(C * BK, out, [&](int e) {
     const int j = e / BK, i = e % BK;
     const std::int64_t channel = channel_of<BK>(p, t, i);
@@ -113,11 +112,7 @@ template <class A, int BV>
 PHASOR_DEVICE void load_values(const Problem& p, const TensorView& x, const Chunk& ch,
                                std::int64_t h, std::int64_t t, int C,
                                const simt::SharedArray<A>& out) {
-  fill_shared<A>(C * BV, out, [&](int e) {
-    const int j = e / BV, jj = e % BV;
-    const std::int64_t column = t * BV + jj;
-    return j < ch.len && column < p.V ? simt::load<A>(x, ch.batch, ch.first + j, h, column) : A(0);
-  });
+  load_token_rows<A, BV>(x, ch.batch, ch.first, ch.len, C, h, t * BV, p.V - t * BV, out);
 }
 
 // A state-shaped tile (BK × BV) of a workspace [slot][H][K][V] (load or store).
@@ -395,11 +390,8 @@ PHASOR_GLOBAL void PHASOR_LAUNCH_BOUNDS(kThreads)
   gemm_to_shared<O>(row_major(attn_s, 0, C, len, C), row_major(v_s, 0, BV, C, BV), len, BV, len,
                     out_s, 0, BV, true);
   simt::syncthreads();
-  for (int x = tid; x < len * BV; x += kThreads) {
-    const int j = x / BV, jj = x % BV;
-    const std::int64_t column = vt * BV + jj;
-    if (column < p.V) simt::store(o, A(out_s[x]), ch.batch, ch.first + j, h, column);
-  }
+  store_token_rows<A, BV>(o, ch.batch, ch.first, len, h, vt * BV, p.V - vt * BV,
+                          [&](int j, int i) { return A(out_s[j * BV + i]); });
 }
 
 // ---- backward -----------------------------------------------------------------------------------
@@ -526,11 +518,8 @@ PHASOR_GLOBAL void PHASOR_LAUNCH_BOUNDS(kThreads)
   gemm_to_shared<O>(row_major(attn_s, 0, C, len, len).transposed(), row_major(do_s, 0, BV, C, BV),
                     len, BV, len, out_s, 0, BV, true);
   simt::syncthreads();
-  for (int x = tid; x < len * BV; x += kThreads) {
-    const int j = x / BV, jj = x % BV;
-    const std::int64_t column = vt * BV + jj;
-    if (column < p.V) simt::store(dv, A(out_s[x]), ch.batch, ch.first + j, h, column);
-  }
+  store_token_rows<A, BV>(dv, ch.batch, ch.first, len, h, vt * BV, p.V - vt * BV,
+                          [&](int j, int i) { return A(out_s[j * BV + i]); });
 }
 
 // The arrays of dqk_kernel, each C × BK unless noted. The value-tile operands of step 2 (do, v,
@@ -789,20 +778,19 @@ PHASOR_GLOBAL void PHASOR_LAUNCH_BOUNDS(kThreads)
     const A a = sh[rc(inter, t, i)], b = sh[rc(off, t, i)], d = sh[rc(diag, t, i)];
     return a + b + d;
   };
-  if (!p.theta.defined()) {
-    for (int x = tid; x < len * BK; x += kThreads) {
-      const int t = x / BK, i = x % BK;
-      const std::int64_t channel = channel_of<BK>(p, kt, i);
-      if (channel < 0) continue;
-      const std::int64_t token = ch.first + t;
-      if (grads.dq.defined())
-        simt::store(grads.dq, total(l.dq_inter, l.dq_off, l.kf, t, i), ch.batch, token, h, channel);
-      if (grads.dk.defined())
-        simt::store(grads.dk, total(l.dk_state, l.dk_off, l.key_grad, t, i), ch.batch, token, h,
-                    channel);
-      if (grads.dg.defined())
-        simt::store(grads.dg, A(sh[rc(l.dg, t, i)]), ch.batch, token, h, channel);
-    }
+  if (!p.theta.defined()) {  // channels kt·BK + i
+    const std::int64_t column0 = kt * BK, columns = p.K - kt * BK;
+    if (grads.dq.defined())
+      store_token_rows<A, BK>(
+          grads.dq, ch.batch, ch.first, len, h, column0, columns,
+          [&](int t, int i) { return total(l.dq_inter, l.dq_off, l.kf, t, i); });
+    if (grads.dk.defined())
+      store_token_rows<A, BK>(
+          grads.dk, ch.batch, ch.first, len, h, column0, columns,
+          [&](int t, int i) { return total(l.dk_state, l.dk_off, l.key_grad, t, i); });
+    if (grads.dg.defined())
+      store_token_rows<A, BK>(grads.dg, ch.batch, ch.first, len, h, column0, columns,
+                              [&](int t, int i) { return A(sh[rc(l.dg, t, i)]); });
     return;
   }
   constexpr int R = BK / 2;
