@@ -235,16 +235,10 @@ PHASOR_DEVICE void vector_copy_typed(const TensorView& x, const TensorView& y) {
   for (int m = 0; m < n; ++m) simt::store(y, simt::to_compute<double>(v.x[m]), a, b, c + m);
 }
 PHASOR_GLOBAL void vector_copy_kernel(TensorView x, TensorView y) {
-  switch (x.dtype) {
-    case DType::bfloat16:
-      return vector_copy_typed<bfloat16>(x, y);
-    case DType::float16:
-      return vector_copy_typed<float16>(x, y);
-    case DType::float32:
-      return vector_copy_typed<float>(x, y);
-    default:
-      return vector_copy_typed<double>(x, y);
-  }
+  simt::with_vector_type(x.dtype, 0, [&](auto element) {
+    vector_copy_typed<decltype(element)>(x, y);
+    return 0;
+  });
 }
 
 PHASOR_GLOBAL void gather_kernel(TensorView index, TensorView x, TensorView y) {
@@ -361,16 +355,10 @@ PHASOR_DEVICE void vector_store_typed(const TensorView& x, const TensorView& y) 
   simt::store_vector<T>(y, v, a, b, c);
 }
 PHASOR_GLOBAL void vector_store_kernel(TensorView x, TensorView y) {
-  switch (y.dtype) {
-    case DType::bfloat16:
-      return vector_store_typed<bfloat16>(x, y);
-    case DType::float16:
-      return vector_store_typed<float16>(x, y);
-    case DType::float32:
-      return vector_store_typed<float>(x, y);
-    default:
-      return vector_store_typed<double>(x, y);
-  }
+  simt::with_vector_type(y.dtype, 0, [&](auto element) {
+    vector_store_typed<decltype(element)>(x, y);
+    return 0;
+  });
 }
 
 // A float32 vector load of x[t, last .. last + 4) by every thread t.

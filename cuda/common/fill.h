@@ -58,15 +58,22 @@ PHASOR_DEVICE void fill_shared(int count, const simt::SharedArray<T>& out, const
 // element loads were half of the scans' stalls and their index arithmetic 70 % of the scans'
 // instructions; with vectors GLA's states scan ran 10.8 → 4.3 ms and chunk_gla's forward +
 // backward 100 → 68.5 ms.
+// Whether columns [column0, column0 + columns) of a W-wide tile of x's rows split into whole
+// 16-byte vectors of T (W and column0 multiples of the vector; columns too, unless it covers W).
+template <class T>
+PHASOR_DEVICE bool vector_rows(const TensorView& x, std::int64_t column0, int columns, int W) {
+  constexpr int n = simt::Vector16<T>::kCount;
+  return W % n == 0 && column0 % n == 0 && (columns >= W || columns % n == 0) &&
+         simt::vector_loadable<T>(x);
+}
+
 template <class A, class T, class F>
 PHASOR_DEVICE bool load_token_rows_vectors(const TensorView& x, std::int64_t batch,
                                            std::int64_t first, int len, int rows, std::int64_t head,
                                            std::int64_t column0, int columns, int W,
                                            const simt::SharedArray<A>& out, const F& transform) {
   constexpr int n = simt::Vector16<T>::kCount;
-  if (W % n != 0 || column0 % n != 0 || (columns < W && columns % n != 0) ||
-      !simt::vector_loadable<T>(x))
-    return false;
+  if (!vector_rows<T>(x, column0, columns, W)) return false;
   const int per_row = W / n;
   const int count = rows * per_row;
   const int threads = static_cast<int>(blockDim.x), tid = static_cast<int>(threadIdx.x);
@@ -98,27 +105,10 @@ PHASOR_DEVICE void load_token_rows(const TensorView& x, std::int64_t batch, std:
                                    std::int64_t columns, int W, const simt::SharedArray<A>& out,
                                    const F& transform) {
   const int valid = static_cast<int>(columns < 0 ? 0 : columns < W ? columns : W);
-  bool done = false;
-  switch (x.dtype) {
-    case DType::bfloat16:
-      done = load_token_rows_vectors<A, bfloat16>(x, batch, first, len, rows, head, column0, valid,
-                                                  W, out, transform);
-      break;
-    case DType::float16:
-      done = load_token_rows_vectors<A, float16>(x, batch, first, len, rows, head, column0, valid,
-                                                 W, out, transform);
-      break;
-    case DType::float32:
-      done = load_token_rows_vectors<A, float>(x, batch, first, len, rows, head, column0, valid, W,
-                                               out, transform);
-      break;
-    case DType::float64:
-      done = load_token_rows_vectors<A, double>(x, batch, first, len, rows, head, column0, valid, W,
-                                                out, transform);
-      break;
-    default:
-      break;
-  }
+  const bool done = simt::with_vector_type(x.dtype, false, [&](auto element) {
+    return load_token_rows_vectors<A, decltype(element)>(x, batch, first, len, rows, head, column0,
+                                                         valid, W, out, transform);
+  });
   if (done) return;
   fill_shared<A>(rows * W, out, [&](int e) {
     const int j = e / W, i = e % W;
@@ -154,9 +144,7 @@ PHASOR_DEVICE bool store_token_rows_vectors(const TensorView& x, std::int64_t ba
                                             std::int64_t column0, int columns, int W,
                                             const F& value) {
   constexpr int n = simt::Vector16<T>::kCount;
-  if (W % n != 0 || column0 % n != 0 || (columns < W && columns % n != 0) ||
-      !simt::vector_loadable<T>(x))
-    return false;
+  if (!vector_rows<T>(x, column0, columns, W)) return false;
   const int per_row = W / n;
   const int count = len * per_row;
   for (int e = static_cast<int>(threadIdx.x); e < count; e += static_cast<int>(blockDim.x)) {
@@ -175,27 +163,10 @@ PHASOR_DEVICE void store_token_rows(const TensorView& x, std::int64_t batch, std
                                     int len, std::int64_t head, std::int64_t column0,
                                     std::int64_t columns, int W, const F& value) {
   const int valid = static_cast<int>(columns < 0 ? 0 : columns < W ? columns : W);
-  bool done = false;
-  switch (x.dtype) {
-    case DType::bfloat16:
-      done = store_token_rows_vectors<A, bfloat16>(x, batch, first, len, head, column0, valid, W,
-                                                   value);
-      break;
-    case DType::float16:
-      done = store_token_rows_vectors<A, float16>(x, batch, first, len, head, column0, valid, W,
-                                                  value);
-      break;
-    case DType::float32:
-      done =
-          store_token_rows_vectors<A, float>(x, batch, first, len, head, column0, valid, W, value);
-      break;
-    case DType::float64:
-      done =
-          store_token_rows_vectors<A, double>(x, batch, first, len, head, column0, valid, W, value);
-      break;
-    default:
-      break;
-  }
+  const bool done = simt::with_vector_type(x.dtype, false, [&](auto element) {
+    return store_token_rows_vectors<A, decltype(element)>(x, batch, first, len, head, column0,
+                                                          valid, W, value);
+  });
   if (done) return;
   for (int e = static_cast<int>(threadIdx.x); e < len * W; e += static_cast<int>(blockDim.x)) {
     const int j = e / W, i = e % W;

@@ -214,6 +214,24 @@ PHASOR_HOST_DEVICE constexpr DType vector_dtype() {
                                       : DType::float64;
 }
 
+// f(T{}) for the element type T of a floating dtype (bfloat16, float16, float32, float64), as
+// one call site for each; `otherwise` for the index dtypes.
+template <class R, class F>
+PHASOR_HOST_DEVICE R with_vector_type(DType dtype, R otherwise, const F& f) {
+  switch (dtype) {
+    case DType::bfloat16:
+      return f(bfloat16{});
+    case DType::float16:
+      return f(float16{});
+    case DType::float32:
+      return f(float{});
+    case DType::float64:
+      return f(double{});
+    default:
+      return otherwise;
+  }
+}
+
 // Whether load_vector<T> may read x at any index whose last index is a multiple of
 // Vector16<T>::kCount: x has T's dtype, its last dimension is contiguous, every other stride is a
 // multiple of kCount and its data 16-byte aligned (so every such element starts 16 aligned bytes).
