@@ -14,6 +14,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <sys/resource.h>
@@ -36,20 +37,62 @@ struct Shape {
 constexpr std::int64_t kHarnessT = 64;
 constexpr Shape kHarnessShape{32, 2, 32, 32};
 
+// Inputs of at least this many values (the GPU rows at fla's shapes: 67 M and 101 M a tensor;
+// no CPU benchmark's, which keep the values they have always had) are drawn in parallel. One
+// thread draws 67 M normals in 1.3 s here, so a GLA row's inputs took ~7 s, and Google Benchmark
+// runs a row's function 2-3 times to size its iteration count: most of the ~30 s each GPU row's
+// process took on the H200 machine for well under a second of GPU time, out of 15 minutes of
+// device time a session.
+constexpr std::size_t kParallelDrawThreshold = std::size_t{1} << 25;
+
+// f(begin, end, block) over [0, n) in fixed blocks of 2^16 (block b = [b·2^16, (b+1)·2^16)), the
+// blocks spread over the machine's threads: what a block computes never depends on the thread
+// count.
+template <class F>
+void for_blocks(std::size_t n, const F& f) {
+  constexpr std::size_t kBlock = std::size_t{1} << 16;
+  const std::size_t blocks = (n + kBlock - 1) / kBlock;
+  const std::size_t threads =
+      std::max<std::size_t>(1, std::min<std::size_t>(blocks, std::thread::hardware_concurrency()));
+  std::vector<std::thread> pool;
+  for (std::size_t t = 0; t < threads; ++t)
+    pool.emplace_back([&, t] {
+      for (std::size_t b = t; b < blocks; b += threads)
+        f(b * kBlock, std::min(n, (b + 1) * kBlock), b);
+    });
+  for (auto& thread : pool) thread.join();
+}
+
+// n values map(z) of z ~ N(0, 1). Below kParallelDrawThreshold, drawn in order from rng (the
+// values every CPU benchmark has always used); from it on, block b of for_blocks draws from its
+// own generator, seeded by one draw of rng and b: the same values for any thread count.
+template <class Map>
+std::vector<float> draw_normal(std::size_t n, std::mt19937_64& rng, const Map& map) {
+  std::vector<float> x(n);
+  if (n < kParallelDrawThreshold) {
+    std::normal_distribution<float> dist(0.f, 1.f);
+    for (auto& e : x) e = map(dist(rng));
+    return x;
+  }
+  const std::uint64_t seed = rng();
+  for_blocks(n, [&](std::size_t begin, std::size_t end, std::size_t block) {
+    std::seed_seq seq{static_cast<std::uint32_t>(seed), static_cast<std::uint32_t>(seed >> 32),
+                      static_cast<std::uint32_t>(block), static_cast<std::uint32_t>(block >> 32)};
+    std::mt19937_64 block_rng(seq);
+    std::normal_distribution<float> dist(0.f, 1.f);
+    for (std::size_t i = begin; i < end; ++i) x[i] = map(dist(block_rng));
+  });
+  return x;
+}
+
 // n samples of N(0, 1).
 inline std::vector<float> normal(std::size_t n, std::mt19937_64& rng) {
-  std::normal_distribution<float> dist(0.f, 1.f);
-  std::vector<float> x(n);
-  for (auto& e : x) e = dist(rng);
-  return x;
+  return draw_normal(n, rng, [](float z) { return z; });
 }
 
 // n log forget gates log σ(mean + N(0, 1)): σ(mean) is the typical gate of a trained model.
 inline std::vector<float> log_sigmoid_gates(std::size_t n, std::mt19937_64& rng, float mean) {
-  std::normal_distribution<float> dist(0.f, 1.f);
-  std::vector<float> g(n);
-  for (auto& e : g) e = -std::log1p(std::exp(-(mean + dist(rng))));
-  return g;
+  return draw_normal(n, rng, [mean](float z) { return -std::log1p(std::exp(-(mean + z))); });
 }
 
 // Minor page faults of this process so far (pages the kernel mapped in on first touch).
@@ -375,9 +418,11 @@ class DeviceBuffers {
                   DType dtype) {
     if (dtype == DType::float32) return view(host, shape);
     std::vector<std::uint16_t> bits(host.size());
-    for (std::size_t i = 0; i < host.size(); ++i)
-      bits[i] = dtype == DType::bfloat16 ? bfloat16::from_float(host[i]).bits
-                                         : float16::from_float(host[i]).bits;
+    for_blocks(host.size(), [&](std::size_t begin, std::size_t end, std::size_t) {
+      for (std::size_t i = begin; i < end; ++i)
+        bits[i] = dtype == DType::bfloat16 ? bfloat16::from_float(host[i]).bits
+                                           : float16::from_float(host[i]).bits;
+    });
     const std::size_t bytes = std::max<std::size_t>(1, bits.size() * sizeof(std::uint16_t));
     void* data = device_allocate(device_, bytes);
     owned_.emplace_back(data, Free{device_});
