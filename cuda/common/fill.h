@@ -44,6 +44,15 @@ PHASOR_DEVICE void fill_shared(int count, const simt::SharedArray<T>& out, const
   }
 }
 
+// Whether columns [column0, column0 + columns) of a W-wide tile of x's rows split into whole
+// 16-byte vectors of T (W and column0 multiples of the vector; columns too, unless it covers W).
+template <class T>
+PHASOR_DEVICE bool vector_rows(const TensorView& x, std::int64_t column0, int columns, int W) {
+  constexpr int n = simt::Vector16<T>::kCount;
+  return W % n == 0 && column0 % n == 0 && (columns >= W || columns % n == 0) &&
+         simt::vector_loadable<T>(x);
+}
+
 // The rows of a chunk of tokens in a [B, T, H, D] view (q, k, v, g, do, ...), as the chunk
 // kernels tile them (W columns a row): out[j·W + i] = transform(j, x[batch, first + j, head,
 // column0 + i]) for j < len and i < columns, 0 for the other elements of the rows × W tile (rows
@@ -58,15 +67,6 @@ PHASOR_DEVICE void fill_shared(int count, const simt::SharedArray<T>& out, const
 // element loads were half of the scans' stalls and their index arithmetic 70 % of the scans'
 // instructions; with vectors GLA's states scan ran 10.8 → 4.3 ms and chunk_gla's forward +
 // backward 100 → 68.5 ms.
-// Whether columns [column0, column0 + columns) of a W-wide tile of x's rows split into whole
-// 16-byte vectors of T (W and column0 multiples of the vector; columns too, unless it covers W).
-template <class T>
-PHASOR_DEVICE bool vector_rows(const TensorView& x, std::int64_t column0, int columns, int W) {
-  constexpr int n = simt::Vector16<T>::kCount;
-  return W % n == 0 && column0 % n == 0 && (columns >= W || columns % n == 0) &&
-         simt::vector_loadable<T>(x);
-}
-
 template <class A, class T, class F>
 PHASOR_DEVICE bool load_token_rows_vectors(const TensorView& x, std::int64_t batch,
                                            std::int64_t first, int len, int rows, std::int64_t head,
