@@ -54,6 +54,10 @@ void for_blocks(std::size_t n, const F& f) {
   const std::size_t blocks = (n + kBlock - 1) / kBlock;
   const std::size_t threads =
       std::max<std::size_t>(1, std::min<std::size_t>(blocks, std::thread::hardware_concurrency()));
+  if (threads == 1) {  // one block (a small view): no thread to start
+    for (std::size_t b = 0; b < blocks; ++b) f(b * kBlock, std::min(n, (b + 1) * kBlock), b);
+    return;
+  }
   std::vector<std::thread> pool;
   for (std::size_t t = 0; t < threads; ++t)
     pool.emplace_back([&, t] {

@@ -232,13 +232,11 @@ PHASOR_DEVICE void vector_copy_typed(const TensorView& x, const TensorView& y) {
   if (i >= y.size(0) * s1 * vectors) return;
   const std::int64_t a = i / (s1 * vectors), b = i / vectors % s1, c = i % vectors * n;
   const simt::Vector16<T> v = simt::load_vector<T>(x, a, b, c);
-  for (int m = 0; m < n; ++m) simt::store(y, simt::to_compute<double>(v.x[m]), a, b, c + m);
+  for (int m = 0; m < n; ++m) simt::store(y, ::phasor::detail::to_double(v.x[m]), a, b, c + m);
 }
 PHASOR_GLOBAL void vector_copy_kernel(TensorView x, TensorView y) {
-  simt::with_vector_type(x.dtype, 0, [&](auto element) {
-    vector_copy_typed<decltype(element)>(x, y);
-    return 0;
-  });
+  ::phasor::detail::visit_float_dtype(
+      x.dtype, [&](auto element) { vector_copy_typed<decltype(element)>(x, y); });
 }
 
 PHASOR_GLOBAL void gather_kernel(TensorView index, TensorView x, TensorView y) {
@@ -351,14 +349,13 @@ PHASOR_DEVICE void vector_store_typed(const TensorView& x, const TensorView& y) 
   if (i >= x.size(0) * s1 * vectors) return;
   const std::int64_t a = i / (s1 * vectors), b = i / vectors % s1, c = i % vectors * n;
   simt::Vector16<T> v;
-  for (int m = 0; m < n; ++m) v.x[m] = simt::from_compute<T>(simt::load<double>(x, a, b, c + m));
+  for (int m = 0; m < n; ++m)
+    v.x[m] = ::phasor::detail::from_double<T>(simt::load<double>(x, a, b, c + m));
   simt::store_vector<T>(y, v, a, b, c);
 }
 PHASOR_GLOBAL void vector_store_kernel(TensorView x, TensorView y) {
-  simt::with_vector_type(y.dtype, 0, [&](auto element) {
-    vector_store_typed<decltype(element)>(x, y);
-    return 0;
-  });
+  ::phasor::detail::visit_float_dtype(
+      y.dtype, [&](auto element) { vector_store_typed<decltype(element)>(x, y); });
 }
 
 // A float32 vector load of x[t, last .. last + 4) by every thread t.

@@ -92,7 +92,9 @@ PHASOR_DEVICE bool load_token_rows_vectors(const TensorView& x, std::int64_t bat
       const bool loaded = j < len && i < columns;
       PHASOR_UNROLL
       for (int m = 0; m < n; ++m)
-        out[j * W + i + m] = loaded ? transform(j, simt::to_compute<A>(staged[u].x[m])) : A(0);
+        out[j * W + i + m] =
+            loaded ? transform(j, static_cast<A>(::phasor::detail::to_double(staged[u].x[m])))
+                   : A(0);
     }
   }
   return true;
@@ -105,7 +107,8 @@ PHASOR_DEVICE void load_token_rows(const TensorView& x, std::int64_t batch, std:
                                    std::int64_t columns, int W, const simt::SharedArray<A>& out,
                                    const F& transform) {
   const int valid = static_cast<int>(columns < 0 ? 0 : columns < W ? columns : W);
-  const bool done = simt::with_vector_type(x.dtype, false, [&](auto element) {
+  // (an index dtype visits float: not vector_loadable, so the element path)
+  const bool done = ::phasor::detail::visit_float_dtype(x.dtype, [&](auto element) {
     return load_token_rows_vectors<A, decltype(element)>(x, batch, first, len, rows, head, column0,
                                                          valid, W, out, transform);
   });
@@ -152,7 +155,7 @@ PHASOR_DEVICE bool store_token_rows_vectors(const TensorView& x, std::int64_t ba
     if (i >= columns) continue;
     simt::Vector16<T> v;
     PHASOR_UNROLL
-    for (int m = 0; m < n; ++m) v.x[m] = simt::from_compute<T>(value(j, i + m));
+    for (int m = 0; m < n; ++m) v.x[m] = ::phasor::detail::from_double<T>(value(j, i + m));
     simt::store_vector<T>(x, v, batch, first + j, head, column0 + i);
   }
   return true;
@@ -163,7 +166,7 @@ PHASOR_DEVICE void store_token_rows(const TensorView& x, std::int64_t batch, std
                                     int len, std::int64_t head, std::int64_t column0,
                                     std::int64_t columns, int W, const F& value) {
   const int valid = static_cast<int>(columns < 0 ? 0 : columns < W ? columns : W);
-  const bool done = simt::with_vector_type(x.dtype, false, [&](auto element) {
+  const bool done = ::phasor::detail::visit_float_dtype(x.dtype, [&](auto element) {
     return store_token_rows_vectors<A, decltype(element)>(x, batch, first, len, head, column0,
                                                           valid, W, value);
   });

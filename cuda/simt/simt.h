@@ -31,6 +31,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "common/element_access.h"
 #include "phasor/common.h"
 #include "phasor/device.h"
 #include "simt/types.h"
@@ -214,24 +215,6 @@ PHASOR_HOST_DEVICE constexpr DType vector_dtype() {
                                       : DType::float64;
 }
 
-// f(T{}) for the element type T of a floating dtype (bfloat16, float16, float32, float64), as
-// one call site for each; `otherwise` for the index dtypes.
-template <class R, class F>
-PHASOR_HOST_DEVICE R with_vector_type(DType dtype, R otherwise, const F& f) {
-  switch (dtype) {
-    case DType::bfloat16:
-      return f(bfloat16{});
-    case DType::float16:
-      return f(float16{});
-    case DType::float32:
-      return f(float{});
-    case DType::float64:
-      return f(double{});
-    default:
-      return otherwise;
-  }
-}
-
 // Whether load_vector<T> may read x at any index whose last index is a multiple of
 // Vector16<T>::kCount: x has T's dtype, its last dimension is contiguous, every other stride is a
 // multiple of kCount and its data 16-byte aligned (so every such element starts 16 aligned bytes).
@@ -290,23 +273,6 @@ PHASOR_DEVICE void store_vector(const TensorView& x, const Vector16<T>& v, I... 
   std::memcpy(&bits, &v, sizeof(bits));
   *reinterpret_cast<uint4*>(at) = bits;
 #endif
-}
-
-// A loaded element as the compute type C (float or double).
-template <class C, class T>
-PHASOR_HOST_DEVICE C to_compute(const T& x) {
-  if constexpr (std::is_same_v<T, bfloat16> || std::is_same_v<T, float16>)
-    return static_cast<C>(x.to_float());
-  else
-    return static_cast<C>(x);
-}
-// A compute-type value (float or double) rounded to the stored type T, as simt::store rounds it.
-template <class T, class C>
-PHASOR_HOST_DEVICE T from_compute(C value) {
-  if constexpr (std::is_same_v<T, bfloat16> || std::is_same_v<T, float16>)
-    return T::from_float(static_cast<float>(value));
-  else
-    return static_cast<T>(value);
 }
 
 }  // namespace phasor::simt

@@ -1,32 +1,34 @@
 // Element access of floating TensorViews (float32, float64, bfloat16, float16) as double, by up to
 // four indices and the view's strides: what the plain reference loops (and a few small scalar
 // paths) of the ops read and write through, so a reference needs no knowledge of the storage
-// type. Also the storage-type dispatch (visit_float_dtype) and the conversions to double that the
-// other readers share.
+// type. Also the storage-type dispatch (visit_float_dtype) and the conversions to and from double
+// that the other readers share, the CUDA kernels' 16-byte tile loads and stores included
+// (cuda/common/fill.h): those are host-device.
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "phasor/common.h"
 
 namespace phasor::detail {
 
-inline double to_double(float v) {
+PHASOR_HOST_DEVICE inline double to_double(float v) {
   return static_cast<double>(v);
 }
-inline double to_double(double v) {
+PHASOR_HOST_DEVICE inline double to_double(double v) {
   return v;
 }
-inline double to_double(bfloat16 v) {
+PHASOR_HOST_DEVICE inline double to_double(bfloat16 v) {
   return static_cast<double>(v.to_float());
 }
-inline double to_double(float16 v) {
+PHASOR_HOST_DEVICE inline double to_double(float16 v) {
   return static_cast<double>(v.to_float());
 }
 
 // Rounds a double to the storage type T (bfloat16 / float16 through float, as torch does).
 template <class T>
-T from_double(double v) {
+PHASOR_HOST_DEVICE T from_double(double v) {
   if constexpr (std::is_same_v<T, bfloat16> || std::is_same_v<T, float16>)
     return T::from_float(static_cast<float>(v));
   else
@@ -35,7 +37,7 @@ T from_double(double v) {
 
 // Calls f(T{}) with T the storage type of a floating dtype, and returns its result.
 template <class F>
-decltype(auto) visit_float_dtype(DType dtype, F&& f) {
+PHASOR_HOST_DEVICE decltype(auto) visit_float_dtype(DType dtype, F&& f) {
   switch (dtype) {
     case DType::float64:
       return f(double{});
