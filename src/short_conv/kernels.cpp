@@ -95,7 +95,10 @@ void load_cache_rows(const Problem& p, const Item& it, Mat<S>& xe) {
 template <class S>
 void pre_activation(const Mat<S>& xe, const Mat<S>& weight, const Mat<S>& bias, std::int64_t len,
                     Mat<S>& z) {
-  z = bias.replicate(len, 1);
+  // Row by row: Eigen's replicate() of a dynamic row evaluated element by element (an integer
+  // division per element: three quarters of the forward's time).
+  z.resize(len, bias.cols());
+  for (std::int64_t t = 0; t < len; ++t) z.row(t) = bias;
   for (std::int64_t w = 0; w < weight.rows(); ++w)
     z.array() += xe.middleRows(w, len).array().rowwise() * weight.row(w).array();
 }
