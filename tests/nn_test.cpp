@@ -14,6 +14,7 @@
 #include "phasor/nn.h"
 #include "phasor/testing/finite_differences.h"
 #include "phasor/torch.h"
+#include "torch_test_util.h"
 
 namespace phasor::nn {
 namespace {
@@ -234,6 +235,49 @@ TEST(SelectiveRoPE, PhasePathFiniteDifferences) {
           "SelectiveRoPE projection " + std::to_string(static_cast<int>(projection)) + " gate " +
               std::to_string(static_cast<int>(gate)));
     }
+}
+
+// ---- rms_norm
+// ------------------------------------------------------------------------------------
+
+TEST(RmsNorm, ForwardIsTheComposedExpressionAndGradientsMatchFiniteDifferences) {
+  torch::manual_seed(21);
+  // float32: the same bits as the composed x · rsqrt(mean(x²) + eps) · weight.
+  const at::Tensor x32 = torch::randn({3, 5, 7}), w32 = torch::randn({7});
+  const at::Tensor composed = x32 * at::rsqrt(x32.pow(2).mean(-1, true) + 1e-5) * w32;
+  EXPECT_TRUE(at::equal(rms_norm(x32, w32, 1e-5), composed));
+  // float64: autograd's gradients of the composed expression and central differences, for rows
+  // of very different scales (the eps term matters for the small ones).
+  const at::Tensor
+      x = torch::randn({2, 4, 6}, f64) *
+          torch::tensor({1e-3, 1.0, 30.0}, f64).repeat(8).narrow(0, 0, 8).reshape({2, 4, 1}),
+      w = torch::randn({6}, f64), dy = torch::randn({2, 4, 6}, f64);
+  const auto loss = [&](const std::vector<at::Tensor>& in) {
+    return (rms_norm(in[0], in[1], 1e-4) * dy).sum();
+  };
+  torch_test::check_finite_differences(loss, {x, w}, {"x", "weight"}, 1e-7, true);
+  const at::Tensor xl = torch_test::leaf(x), wl = torch_test::leaf(w);
+  (rms_norm(xl, wl, 1e-4) * dy).sum().backward();
+  const at::Tensor xc = torch_test::leaf(x), wc = torch_test::leaf(w);
+  ((xc * at::rsqrt(xc.pow(2).mean(-1, true) + 1e-4) * wc) * dy).sum().backward();
+  EXPECT_CLOSE(xl.grad(), xc.grad(), 1e-14, "dx");
+  EXPECT_CLOSE(wl.grad(), wc.grad(), 1e-14, "dweight");
+  // Only the gradients asked for.
+  const at::Tensor x_only = torch_test::leaf(x);
+  (rms_norm(x_only, w, 1e-4) * dy).sum().backward();
+  EXPECT_CLOSE(x_only.grad(), xc.grad(), 1e-14, "dx without dweight");
+}
+
+TEST(RmsNorm, ErrorsNameTheArgument) {
+  const at::Tensor x = torch::randn({2, 3, 4});
+  torch_test::expect_torch_error([&] { rms_norm(x, torch::ones({3}), 1e-5); },
+                                 {"rms_norm", "'weight'", "[4]", "[3]"});
+  torch_test::expect_torch_error([&] { rms_norm(x, torch::ones({4}, f64), 1e-5); },
+                                 {"rms_norm", "'weight'", "dtype"});
+  torch_test::expect_torch_error([&] { rms_norm(x, torch::ones({4}), -1.0); },
+                                 {"rms_norm", "'eps'", "-1"});
+  torch_test::expect_torch_error([&] { rms_norm(at::Tensor(), torch::ones({4}), 1e-5); },
+                                 {"rms_norm", "'x'", "undefined"});
 }
 
 // ---- layers: small float64 configurations -------------------------------------------------------

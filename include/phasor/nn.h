@@ -59,6 +59,13 @@
 
 namespace phasor::nn {
 
+// RMSNorm over the last dimension (fla's RMSNorm without bias):
+//   y = x · rsqrt(mean(x², last dim) + eps) · weight
+// x [..., D] and weight [D] of one float dtype, on any device; computed in that dtype. One autograd
+// node with a fused backward (dx and dweight; first-order only): the layers' output and q/k norms
+// and the task harness's pre-norm blocks use it. Bad arguments raise c10::Error naming them.
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
+
 // Position encoding of an attention layer's q and k.
 //  none:           no rotation (NoPE).
 //  rope:           standard RoPE, θ[t, i] = (position t) · rope_theta^(−2i/K), shared by heads.

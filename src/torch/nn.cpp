@@ -17,6 +17,8 @@ namespace {
 using detail::check_option;
 using detail::check_positive;
 using detail::kPi;
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
 using torch_detail::shape_of;
 
 // ---- checks -------------------------------------------------------------------------------------
@@ -53,10 +55,54 @@ std::int64_t expanded_width(const char* layer, const char* name, std::int64_t hi
 
 // ---- shared pieces ------------------------------------------------------------------------------
 
-// RMSNorm over the last dimension: x / sqrt(mean(x²) + eps) · weight.
+// RMSNorm as one autograd node. Forward: the products of the composed expression
+// x · rsqrt(mean(x²) + eps) · weight, in its order (the same values). Backward, with n = x·r,
+// r = (mean(x²) + eps)^(−1/2), D the last dimension and g = dy ⊙ weight:
+//   dx = r ⊙ (g − n ⊙ mean(g ⊙ n)),   dweight = Σ_rows dy ⊙ n
+// (∂r/∂x_j = −r³ x_j / D). Composed, autograd would record six nodes (pow, mean, add, rsqrt and
+// two products), each with its temporaries: at the harness's sizes (64 channels) their
+// bookkeeping, not the arithmetic, is the cost.
+struct RmsNormFunction : torch::autograd::Function<RmsNormFunction> {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
+                               double eps) {
+    const at::Tensor r = at::rsqrt(x.pow(2).mean(-1, /*keepdim=*/true) + eps);
+    const at::Tensor normed = x * r;
+    ctx->save_for_backward({normed, r, weight});
+    return {normed * weight};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    torch_detail::check_first_order("rms_norm");
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor &normed = saved[0], &r = saved[1], &weight = saved[2], &dy = grads[0];
+    at::Tensor dx, dweight;
+    if (ctx->needs_input_grad(0)) {
+      const at::Tensor g = dy * weight;
+      dx = r * (g - normed * (g * normed).mean(-1, /*keepdim=*/true));
+    }
+    if (ctx->needs_input_grad(1)) dweight = (dy * normed).sum_to_size(weight.sizes());
+    return {dx, dweight, at::Tensor()};
+  }
+};
+
+}  // namespace
+
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
-  return x * at::rsqrt(x.pow(2).mean(-1, /*keepdim=*/true) + eps) * weight;
+  TORCH_CHECK(x.defined() && x.dim() >= 1,
+              "rms_norm: argument 'x': expected a tensor [..., D], got ",
+              x.defined() ? "a scalar" : "an undefined tensor");
+  TORCH_CHECK(weight.defined() && weight.dim() == 1 && weight.size(0) == x.size(-1),
+              "rms_norm: argument 'weight': expected shape [", x.size(-1),
+              "] (x's last dimension), got ",
+              weight.defined() ? "shape " + torch_detail::shape_of(weight) : "an undefined tensor");
+  TORCH_CHECK(x.scalar_type() == weight.scalar_type(),
+              "rms_norm: argument 'weight': expected dtype ", x.scalar_type(), " (x's), got ",
+              weight.scalar_type());
+  TORCH_CHECK(eps >= 0.0, "rms_norm: argument 'eps': expected a number ≥ 0, got ", eps);
+  return RmsNormFunction::apply(x, weight, eps)[0];
 }
+
+namespace {
 
 at::Tensor ones_parameter(std::int64_t n) {
   return torch::ones({n});

@@ -30,11 +30,6 @@ std::string join(const std::vector<std::string>& names) {
   return out;
 }
 
-// RMSNorm over the last dimension: x / sqrt(mean(x²) + eps) · weight (as in phasor::nn).
-at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
-  return x * at::rsqrt(x.pow(2).mean(-1, /*keepdim=*/true) + eps) * weight;
-}
-
 // ---- option parsing helpers for the built-in factories ------------------------------------------
 
 nn::PhaseProjection projection_from(const std::string& op, const std::string& s) {
@@ -613,9 +608,9 @@ class BlockImpl : public torch::nn::Module {
   }
 
   at::Tensor forward(at::Tensor x) {
-    x = x + mixer_forward_(rms_norm(x, mixer_norm, eps_));
+    x = x + mixer_forward_(nn::rms_norm(x, mixer_norm, eps_));
     if (w1) {
-      const at::Tensor h = rms_norm(x, mlp_norm, eps_);
+      const at::Tensor h = nn::rms_norm(x, mlp_norm, eps_);
       const at::Tensor a =
           swiglu_ ? at::silu(w1->forward(h)) * w3->forward(h) : at::gelu(w1->forward(h));
       x = x + w2->forward(a);
@@ -663,7 +658,7 @@ at::Tensor LanguageModelImpl::forward(const at::Tensor& tokens) {
 }
 
 at::Tensor LanguageModelImpl::logits(const at::Tensor& hidden) {
-  return at::linear(rms_norm(hidden, norm_weight, config_.norm_eps), head_weight);
+  return at::linear(nn::rms_norm(hidden, norm_weight, config_.norm_eps), head_weight);
 }
 
 at::Tensor LanguageModelImpl::hidden(const at::Tensor& tokens) {
