@@ -206,6 +206,49 @@ TEST(TasksExperiment, TinyGridEndToEnd) {
       EXPECT_EQ(e.path().filename().string().find(".tmp"), std::string::npos) << e.path();
 }
 
+// The --profile table: phases per step, then each run's slowest ops by short name.
+TEST(TasksExperiment, TimeTableNamesTheSlowestOps) {
+  json ops = json::array();
+  ops.push_back(
+      {{"name", "autograd::engine::evaluate_function: MmBackward0"}, {"calls", 20}, {"s", 0.04}});
+  ops.push_back({{"name",
+                  "phasor::kernel in autograd::engine::evaluate_function: "
+                  "torch::autograd::CppNode<phasor::(anonymous namespace)::GlaFunction>"},
+                 {"calls", 2},
+                 {"s", 0.02}});
+  ops.push_back({{"name", "aten::matmul"}, {"calls", 10}, {"s", 0.01}});
+  for (int i = 0; i < 8; ++i)
+    ops.push_back({{"name", "aten::op" + std::to_string(i)}, {"calls", 2}, {"s", 0.001}});
+  const json breakdown = {{"steps", 2},
+                          {"data_s", 0.0},
+                          {"forward_s", 0.1},
+                          {"backward_s", 0.2},
+                          {"optimizer_s", 0.0},
+                          {"metrics_s", 0.0},
+                          {"eval_s", 0.0},
+                          {"checkpoint_s", 0.0},
+                          {"other_s", 0.0},
+                          {"forward_kernels_s", 0.01},
+                          {"forward_ops_s", 0.05},
+                          {"backward_kernels_s", 0.02},
+                          {"backward_ops_s", 0.1},
+                          {"ops", ops}};
+  const json timings = {{"name", "t"},
+                        {"runs", json::array({{{"arm", "gla"},
+                                               {"lr", 0.01},
+                                               {"seed", 0},
+                                               {"tokens_per_s", 1000.0},
+                                               {"time_breakdown", breakdown}}})}};
+  const std::string table = format_time_table(timings);
+  EXPECT_NE(table.find("gla.lr0.01.seed0: slowest ops, ms per step (calls per step): "
+                       "MmBackward0 20.00 (10); GlaFunction (backward): kernel 10.00 (1); "
+                       "aten::matmul 5.00 (5); aten::op0 0.50 (1)"),
+            std::string::npos)
+      << table;
+  EXPECT_NE(table.find("aten::op4"), std::string::npos) << table;  // eight shown
+  EXPECT_EQ(table.find("aten::op5"), std::string::npos) << table;
+}
+
 // An interrupted grid (every run stopped at step 6 by train.stop_at_step, as a kill after the
 // checkpoint would leave it) resumed with --resume gives the same results.json and results.csv,
 // byte for byte, as an uninterrupted grid; a finished grid resumed trains nothing. (Kills at

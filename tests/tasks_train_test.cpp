@@ -610,6 +610,33 @@ TEST(Training, TimeBreakdown) {
   EXPECT_EQ(j.at("steps"), 3);
   EXPECT_TRUE(j.contains("forward_kernels_s"));
   EXPECT_FALSE(nlohmann::json(a.time).contains("forward_kernels_s"));
+  EXPECT_FALSE(nlohmann::json(a.time).contains("ops"));
+  // By name: slowest first; the GLA layer's kernel in its autograd node; the outermost ops
+  // (kernel scopes inside a node excluded) add up to the ops and kernels of the three phases.
+  ASSERT_FALSE(t.ops.empty());
+  EXPECT_EQ(j.at("ops").size(), t.ops.size());
+  double outermost = 0.0;
+  bool gla_backward = false, matmul = false;
+  for (std::size_t i = 0; i < t.ops.size(); ++i) {
+    const OpTime& op = t.ops[i];
+    EXPECT_GT(op.calls, 0) << op.name;
+    EXPECT_GE(op.s, 0.0) << op.name;
+    if (i > 0) {
+      EXPECT_GE(t.ops[i - 1].s, op.s);
+    }
+    if (op.name.find("phasor::kernel in ") == 0) {
+      gla_backward = gla_backward || op.name.find("GlaFunction") != std::string::npos;
+      continue;
+    }
+    outermost += op.s;
+    matmul = matmul || op.name == "aten::matmul" || op.name == "aten::linear";
+  }
+  EXPECT_TRUE(gla_backward);
+  EXPECT_TRUE(matmul);
+  const double phases =
+      t.forward_kernels_s + t.forward_ops_s + t.backward_kernels_s + t.backward_ops_s;
+  EXPECT_GE(outermost, phases);  // plus the optimizer's ops
+  EXPECT_LE(outermost, t.forward_s + t.backward_s + t.optimizer_s);
 }
 
 TEST(Training, EvaluateInPassesAndBatchesWithoutTargets) {

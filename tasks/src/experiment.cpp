@@ -956,6 +956,33 @@ std::string format_result_table(const json& results, const json& timings) {
   return t;
 }
 
+namespace {
+
+// An op's name as the time table prints it: autograd nodes as "<name> (backward)" without their
+// engine prefix and namespaces, phasor's kernel scopes inside them as "<node>: kernel".
+std::string short_op_name(std::string name) {
+  const std::string kernel_in = "phasor::kernel in ";
+  const bool kernel = name.rfind(kernel_in, 0) == 0;
+  if (kernel) name = name.substr(kernel_in.size());
+  const std::string node = "autograd::engine::evaluate_function: ";
+  const bool backward = name.rfind(node, 0) == 0;
+  if (backward) name = name.substr(node.size());
+  // torch::autograd::CppNode<phasor::(anonymous namespace)::GlaFunction> → GlaFunction
+  if (name.rfind("torch::autograd::CppNode<", 0) == 0 && name.back() == '>') {
+    name.pop_back();
+    const std::size_t colons = name.rfind("::");
+    if (colons != std::string::npos) name = name.substr(colons + 2);
+  }
+  const std::string suffix = "Backward0";  // ATen's nodes say it themselves
+  if (backward && !(name.size() > suffix.size() &&
+                    name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0))
+    name += " (backward)";
+  if (kernel) name += ": kernel";
+  return name;
+}
+
+}  // namespace
+
 std::string format_time_table(const json& timings) {
   std::size_t w = 3;
   for (const json& run : timings["runs"])
@@ -994,6 +1021,25 @@ std::string format_time_table(const json& timings) {
         split(fwd, "forward_kernels_s", "forward_ops_s"), bwd,
         split(bwd, "backward_kernels_s", "backward_ops_s"), ms("optimizer_s"), ms("metrics_s"),
         ms("eval_s") + ms("checkpoint_s") + ms("other_s") + sync);
+  }
+  // The slowest ops of each run (time_breakdown.ops, with --profile), ms per step.
+  constexpr std::size_t kTopOps = 8;
+  for (const json& run : timings["runs"]) {
+    if (!run.contains("time_breakdown") || !run["time_breakdown"].contains("ops")) continue;
+    const json& b = run["time_breakdown"];
+    const double steps = num(b["steps"]);
+    if (!(steps > 0) || b["ops"].empty()) continue;
+    t += fmt::format(
+        "{}: slowest ops, ms per step (calls per step):",
+        run_stem(run["arm"].get<std::string>(), num(run["lr"]), run["seed"].get<std::uint64_t>()));
+    std::size_t shown = 0;
+    for (const json& op : b["ops"]) {
+      if (shown++ == kTopOps) break;
+      t += fmt::format("{} {} {:.2f} ({:g})", shown == 1 ? "" : ";",
+                       short_op_name(op["name"].get<std::string>()), 1e3 * num(op["s"]) / steps,
+                       num(op["calls"]) / steps);
+    }
+    t += "\n";
   }
   return t;
 }

@@ -1035,6 +1035,10 @@ ProgressFn stderr_progress(const std::string& label) {
 
 // ---- time breakdown -----------------------------------------------------------------------------
 
+void to_json(nlohmann::json& j, const OpTime& t) {
+  j = nlohmann::json{{"name", t.name}, {"calls", t.calls}, {"s", t.s}};
+}
+
 void to_json(nlohmann::json& j, const TimeBreakdown& t) {
   j = nlohmann::json{{"steps", t.steps},
                      {"data_s", t.data_s},
@@ -1055,6 +1059,7 @@ void to_json(nlohmann::json& j, const TimeBreakdown& t) {
     j["forward_ops_s"] = t.forward_ops_s;
     j["backward_kernels_s"] = t.backward_kernels_s;
     j["backward_ops_s"] = t.backward_ops_s;
+    j["ops"] = t.ops;
   }
 }
 
@@ -1067,6 +1072,10 @@ struct OpTimerState {
   bool active = false;
   int depth = 0;
   double ops_s = 0.0, kernels_s = 0.0;
+  // While by_name_on: the outermost ops, and the kernel scopes, by name.
+  bool by_name_on = false;
+  std::map<std::string, OpTime> by_name;
+  std::string outermost;  // name of the outermost op running now
 };
 thread_local OpTimerState op_timer_state;
 
@@ -1084,11 +1093,12 @@ std::unique_ptr<at::ObserverContext> op_start(const at::RecordFunction& fn) {
   auto span = std::make_unique<OpSpan>();
   span->outermost = st.depth++ == 0;
   span->kernel = std::strcmp(fn.name(), kKernelScope) == 0;
+  if (span->outermost && st.by_name_on) st.outermost = fn.name();
   span->start = std::chrono::steady_clock::now();
   return span;
 }
 
-void op_end(const at::RecordFunction&, at::ObserverContext* ctx) {
+void op_end(const at::RecordFunction& fn, at::ObserverContext* ctx) {
   if (!ctx) return;
   const auto* span = static_cast<const OpSpan*>(ctx);
   const double s =
@@ -1097,6 +1107,14 @@ void op_end(const at::RecordFunction&, at::ObserverContext* ctx) {
   --st.depth;
   if (span->outermost) st.ops_s += s;
   if (span->kernel) st.kernels_s += s;
+  if (st.by_name_on && (span->outermost || span->kernel)) {
+    // A kernel scope is named after the op it runs in (an autograd node for a backward pass).
+    OpTime& t = st.by_name[span->kernel && !span->outermost
+                               ? std::string(kKernelScope) + " in " + st.outermost
+                               : std::string(fn.name())];
+    ++t.calls;
+    t.s += s;
+  }
 }
 
 }  // namespace
@@ -1125,6 +1143,30 @@ double OpTimer::kernels_s() {
 bool OpTimer::active() {
   return op_timer_state.active;
 }
+void OpTimer::time_by_name(bool on) {
+  op_timer_state.by_name_on = on;
+}
+std::vector<OpTime> OpTimer::by_name() {
+  std::vector<OpTime> out;
+  for (const auto& [name, t] : op_timer_state.by_name) out.push_back({name, t.calls, t.s});
+  return out;
+}
+
+namespace {
+
+// The ops timed by name since `before` (an earlier OpTimer::by_name()), slowest first.
+std::vector<OpTime> ops_since(const std::vector<OpTime>& before) {
+  std::vector<OpTime> out = OpTimer::by_name();
+  for (OpTime& t : out)
+    for (const OpTime& b : before)
+      if (b.name == t.name) t.calls -= b.calls, t.s -= b.s;
+  out.erase(std::remove_if(out.begin(), out.end(), [](const OpTime& t) { return t.calls == 0; }),
+            out.end());
+  std::sort(out.begin(), out.end(), [](const OpTime& a, const OpTime& b) { return a.s > b.s; });
+  return out;
+}
+
+}  // namespace
 
 // ---- training -----------------------------------------------------------------------------------
 
@@ -1170,6 +1212,7 @@ TrainResult train(LanguageModel& model, const TrainConfig& config, const BatchFn
   // the time of ops and kernels inside the forward and backward phases (op_lap).
   TimeBreakdown tb;
   tb.ops_timed = OpTimer::active();
+  const std::vector<OpTime> ops_before = tb.ops_timed ? OpTimer::by_name() : std::vector<OpTime>{};
   auto mark = std::chrono::steady_clock::now();
   auto lap = [&mark](double& phase) {
     const auto now = std::chrono::steady_clock::now();
@@ -1206,6 +1249,7 @@ TrainResult train(LanguageModel& model, const TrainConfig& config, const BatchFn
     const at::Tensor inputs = inputs_tensor(batch), targets = targets_tensor(batch);
     lap(tb.data_s);
     op_lap(unused_ops, unused_kernels);
+    if (tb.ops_timed) OpTimer::time_by_name(true);
 
     const ScoredLogits scored = scored_logits(model, inputs, batch, targets);
     // Data parallel: this rank's share of the global batch's mean loss, Σ_rank CE / scored_total,
@@ -1270,6 +1314,7 @@ TrainResult train(LanguageModel& model, const TrainConfig& config, const BatchFn
       static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
     optimizer->step();
     lap(tb.optimizer_s);
+    if (tb.ops_timed) OpTimer::time_by_name(false);
 
     const Metrics m = dp ? std::move(global_metrics) : metrics_of(scored, batch);
     h.step = step;
@@ -1337,6 +1382,10 @@ TrainResult train(LanguageModel& model, const TrainConfig& config, const BatchFn
     }
   }
   lap(tb.other_s);
+  if (tb.ops_timed) {
+    OpTimer::time_by_name(false);
+    tb.ops = ops_since(ops_before);
+  }
   if (h.diverged && !config.checkpoint_path.empty() && writer) {
     save_checkpoint(config.checkpoint_path, model, *optimizer, config, h);
     lap(tb.checkpoint_s);

@@ -187,7 +187,8 @@ std::string format_result_table(const nlohmann::json& results,
 // The training-speed table printed by `phasor tasks run --profile`: per run of timings.json,
 // training tokens/s and the milliseconds per step of each phase of its "time_breakdown" (train.h's
 // TimeBreakdown; forward and backward split into phasor kernels, other LibTorch ops and the rest
-// when timed; data parallel's wait for the all-reduces, sync_s, counts as "other").
+// when timed; data parallel's wait for the all-reduces, sync_s, counts as "other"), then, where
+// timed by name (time_breakdown.ops), each run's eight slowest ops in ms per step.
 std::string format_time_table(const nlohmann::json& timings);
 
 }  // namespace phasor::tasks

@@ -133,6 +133,14 @@ struct EvalRecord {
 };
 // Where the wall time of a train() call went, summed over its steps (seconds). The phases
 // partition the call: their sum is wall_time_s up to the set-up before the first step.
+// One op's share of the training steps (TimeBreakdown::ops).
+struct OpTime {
+  std::string name;  // the op's or autograd node's name, as LibTorch's profiler shows it
+  std::int64_t calls = 0;
+  double s = 0.0;
+};
+void to_json(nlohmann::json& j, const OpTime& t);
+
 struct TimeBreakdown {
   std::int64_t steps = 0;     // steps taken by this call
   double data_s = 0.0;        // the batch: generation, checks, input and target tensors
@@ -158,6 +166,10 @@ struct TimeBreakdown {
   bool ops_timed = false;
   double forward_kernels_s = 0.0, forward_ops_s = 0.0;
   double backward_kernels_s = 0.0, backward_ops_s = 0.0;
+  // Only while an OpTimer is alive: the outermost ops and autograd nodes of the training steps
+  // (forward, loss, backward, optimizer) by name, slowest first, each with its calls and seconds
+  // including what ran inside it; phasor's kernels as one entry, "phasor::kernel".
+  std::vector<OpTime> ops;
 };
 void to_json(nlohmann::json& j, const TimeBreakdown& t);
 
@@ -174,6 +186,11 @@ class OpTimer {
   static double ops_s();
   static double kernels_s();
   static bool active();  // an OpTimer is alive on this thread
+  // The calls and seconds of each outermost op on this thread, and of phasor's kernel scopes
+  // ("phasor::kernel", at any depth), by name, summed while time_by_name(true) (train() turns it
+  // on for the forward pass, backward pass and optimizer step of each step).
+  static void time_by_name(bool on);
+  static std::vector<OpTime> by_name();
 
  private:
   std::uint64_t handle_ = 0;
