@@ -54,8 +54,8 @@ struct Problem {
     return p;
   }
   phasor::ShortConvGrads grads() const {
-    return {tokens(dx), TensorView::of(dweight.data(), {D, kW}), TensorView::of(dbias.data(), {D}),
-            {}};
+    return {
+        tokens(dx), TensorView::of(dweight.data(), {D, kW}), TensorView::of(dbias.data(), {D}), {}};
   }
 };
 
