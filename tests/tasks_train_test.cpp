@@ -2,6 +2,7 @@
 // registries, causality of the model for every mixer × position encoding, the schedule, tiny
 // end-to-end training runs that must learn, early stopping, the learning-rate grid, and exact
 // checkpoint resume (parameters, optimizer state, step, history, RNG state) in float64.
+#include <ATen/record_function.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -17,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include <dlfcn.h>
 #include <unistd.h>
 #include <zlib.h>
 
@@ -637,6 +639,66 @@ TEST(Training, TimeBreakdown) {
       t.forward_kernels_s + t.forward_ops_s + t.backward_kernels_s + t.backward_ops_s;
   EXPECT_GE(outermost, phases);  // plus the optimizer's ops
   EXPECT_LE(outermost, t.forward_s + t.backward_s + t.optimizer_s);
+}
+
+// OpenMP's thread count (LibTorch loads libgomp).
+int omp_threads() {
+  using Get = int (*)();
+  static const auto get = reinterpret_cast<Get>(dlsym(RTLD_DEFAULT, "omp_get_max_threads"));
+  return get();
+}
+
+// Records OpenMP's thread count as each op of interest starts (registered after MatmulThreads'
+// observer, so it sees what that one set).
+struct ThreadsSeen {
+  static std::vector<std::pair<std::string, int>>& log() {
+    static std::vector<std::pair<std::string, int>> l;
+    return l;
+  }
+  at::CallbackHandle handle;
+  ThreadsSeen() {
+    log().clear();
+    handle = at::addGlobalCallback(
+        at::RecordFunctionCallback([](const at::RecordFunction& fn)
+                                       -> std::unique_ptr<at::ObserverContext> {
+          const std::string name = fn.name();
+          if (name == "aten::mm" || name == "aten::add" ||
+              name.find("MmBackward0") != std::string::npos)
+            log().emplace_back(name.find("MmBackward0") != std::string::npos ? "MmBackward0" : name,
+                               omp_threads());
+          return nullptr;
+        }).scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION}));
+  }
+  ~ThreadsSeen() { at::removeCallback(handle); }
+  int threads_of(const std::string& name) const {
+    for (const auto& [n, t] : log())
+      if (n == name) return t;
+    return -1;
+  }
+};
+
+TEST(MatmulThreads, ProductsAndTheirBackwardOnItsThreadsOtherOpsOnTheirs) {
+  ASSERT_NE(dlsym(RTLD_DEFAULT, "omp_set_num_threads"), nullptr) << "LibTorch without OpenMP";
+  const int before = at::get_num_threads();
+  at::set_num_threads(1);
+  const at::Tensor x = torch::randn({8, 4}, torch::requires_grad()), w = torch::randn({4, 5});
+  {
+    MatmulThreads matmul(3);
+    expect_error([] { MatmulThreads second(2); },
+                 {"MatmulThreads", "one MatmulThreads per thread"});
+    ThreadsSeen seen;
+    at::Tensor y = at::mm(x, w) + 1.0;
+    y.sum().backward();
+    EXPECT_EQ(seen.threads_of("aten::mm"), 3);
+    EXPECT_EQ(seen.threads_of("MmBackward0"), 3);
+    EXPECT_EQ(seen.threads_of("aten::add"), 1);
+    EXPECT_EQ(omp_threads(), 1);  // restored after each product
+  }
+  ThreadsSeen seen;
+  (void)at::mm(x, w);
+  EXPECT_EQ(seen.threads_of("aten::mm"), 1);  // the observer is gone
+  expect_error([] { MatmulThreads zero(0); }, {"MatmulThreads", "threads", "positive"});
+  at::set_num_threads(before);
 }
 
 TEST(Training, EvaluateInPassesAndBatchesWithoutTargets) {

@@ -208,6 +208,7 @@ struct RunOptions {
   bool resume = false;
   int threads = 0;
   int kernel_threads = -1;
+  int matmul_threads = -1;
   bool quiet = false;
   std::int64_t stop_at_step = 0;
   bool profile = false;
@@ -275,6 +276,9 @@ int run_run(const RunOptions& o) {
     if (o.kernel_threads < -1)
       throw InputError("argument '--kernel-threads': expected ≥ 0, got " +
                        std::to_string(o.kernel_threads));
+    if (o.matmul_threads < -1 || o.matmul_threads == 0)
+      throw InputError("argument '--matmul-threads': expected ≥ 1, got " +
+                       std::to_string(o.matmul_threads));
     if (o.stop_at_step < 0)
       throw InputError("argument '--stop-at-step': expected ≥ 0, got " +
                        std::to_string(o.stop_at_step));
@@ -337,6 +341,7 @@ int run_run(const RunOptions& o) {
   options.resume = o.resume;
   options.threads = o.threads;
   options.kernel_threads = o.kernel_threads;
+  options.matmul_threads = o.matmul_threads;
   options.progress = !o.quiet;
   options.stop_at_step = o.stop_at_step;
   options.profile = o.profile;
@@ -408,6 +413,9 @@ int run_tasks(int argc, char** argv) {
                   "all cores)");
   run->add_option("--kernel-threads", r.kernel_threads,
                   "phasor's kernel threads, overriding --threads (0: all cores)");
+  run->add_option("--matmul-threads", r.matmul_threads,
+                  "threads of LibTorch's matrix products (and their backward), overriding "
+                  "--threads (default: as --threads when given, else as phasor's kernels)");
   run->add_flag("--quiet", r.quiet, "no progress lines on stderr");
   run->add_option("--stop-at-step", r.stop_at_step,
                   "stop every run after this step, as train.stop_at_step (default 0: the "

@@ -532,6 +532,13 @@ ExperimentOutput run_experiment(const ExperimentConfig& config, const Experiment
   // count is set explicitly either way (its default differs between builds).
   at::set_num_threads(options.threads > 0 ? options.threads : 1);
   phasor::set_num_threads(options.kernel_threads >= 0 ? options.kernel_threads : options.threads);
+  // Matrix products, unlike the other ops, gain from more threads at these sizes: by default as
+  // many as phasor's kernels (MatmulThreads, train.h).
+  const int matmul_threads = options.matmul_threads > 0 ? options.matmul_threads
+                             : options.threads > 0      ? options.threads
+                                                        : phasor::num_threads();
+  std::optional<MatmulThreads> matmul;
+  if (matmul_threads != at::get_num_threads()) matmul.emplace(matmul_threads);
   const TaskSpec& task = config.task;
   const std::int64_t ref = task.reference_length();
 
@@ -746,6 +753,7 @@ ExperimentOutput run_experiment(const ExperimentConfig& config, const Experiment
                   {"machine",
                    {{"threads", at::get_num_threads()},
                     {"kernel_threads", phasor::num_threads()},
+                    {"matmul_threads", matmul_threads},
                     {"hardware_concurrency", std::thread::hardware_concurrency()},
                     {"blas_core", blas_core()}}},
                   {"summary", arms_summary},
@@ -948,7 +956,11 @@ std::string format_result_table(const json& results, const json& timings) {
                      machine["threads"].get<int>());
   else
     t += fmt::format(" on {} threads", machine["threads"].get<int>());
-  if (machine.contains("kernel_threads"))
+  if (machine.contains("kernel_threads") && machine.contains("matmul_threads") &&
+      machine["matmul_threads"] != machine["threads"])
+    t += fmt::format(" ({} for phasor's kernels, {} for matrix products)",
+                     machine["kernel_threads"].get<int>(), machine["matmul_threads"].get<int>());
+  else if (machine.contains("kernel_threads"))
     t += fmt::format(" ({} for phasor's kernels)", machine["kernel_threads"].get<int>());
   if (machine.contains("blas_core") && !machine["blas_core"].get<std::string>().empty())
     t += fmt::format("; OpenBLAS kernels: {}", machine["blas_core"].get<std::string>());

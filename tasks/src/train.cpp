@@ -4,6 +4,7 @@
 #include <ATen/record_function.h>
 #include <torch/torch.h>
 
+#include <dlfcn.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -1167,6 +1168,92 @@ std::vector<OpTime> ops_since(const std::vector<OpTime>& before) {
 }
 
 }  // namespace
+
+// ---- matmul threads
+// ------------------------------------------------------------------------------
+
+namespace {
+
+// OpenMP's thread count of the calling thread, looked up in the process (LibTorch loads libgomp)
+// rather than linked, as blas.cpp looks up OpenBLAS.
+using SetThreads = void (*)(int);
+using GetThreads = int (*)();
+SetThreads omp_set_threads() {
+  static const auto f = reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "omp_set_num_threads"));
+  return f;
+}
+GetThreads omp_get_threads() {
+  static const auto f = reinterpret_cast<GetThreads>(dlsym(RTLD_DEFAULT, "omp_get_max_threads"));
+  return f;
+}
+
+struct MatmulThreadsState {
+  bool active = false;
+  int threads = 1;
+  int depth = 0;  // matrix products entered and not yet left (nested: matmul → mm)
+};
+thread_local MatmulThreadsState matmul_threads_state;
+
+bool is_matrix_product(const char* name) {
+  static const char* const kOps[] = {"aten::mm",      "aten::addmm",  "aten::bmm",
+                                     "aten::baddbmm", "aten::matmul", "aten::linear"};
+  for (const char* op : kOps)
+    if (std::strcmp(name, op) == 0) return true;
+  // Autograd nodes: "autograd::engine::evaluate_function: MmBackward0" and the like.
+  static const char* const kNodes[] = {": MmBackward0", ": AddmmBackward0", ": BmmBackward0",
+                                       ": BaddbmmBackward0"};
+  const std::size_t n = std::strlen(name);
+  for (const char* node : kNodes) {
+    const std::size_t m = std::strlen(node);
+    if (n >= m && std::strcmp(name + n - m, node) == 0) return true;
+  }
+  return false;
+}
+
+// The thread count to restore when the outermost product ends.
+struct ProductSpan : at::ObserverContext {
+  int previous = 1;
+};
+
+std::unique_ptr<at::ObserverContext> product_start(const at::RecordFunction& fn) {
+  MatmulThreadsState& st = matmul_threads_state;
+  if (!st.active || !is_matrix_product(fn.name())) return nullptr;
+  auto span = std::make_unique<ProductSpan>();
+  if (st.depth++ == 0) {
+    span->previous = omp_get_threads()();
+    omp_set_threads()(st.threads);
+  } else {
+    span->previous = 0;  // nested: the outermost one restores
+  }
+  return span;
+}
+
+void product_end(const at::RecordFunction&, at::ObserverContext* ctx) {
+  if (!ctx) return;
+  MatmulThreadsState& st = matmul_threads_state;
+  --st.depth;
+  const int previous = static_cast<const ProductSpan*>(ctx)->previous;
+  if (previous > 0) omp_set_threads()(previous);
+}
+
+}  // namespace
+
+MatmulThreads::MatmulThreads(int threads) {
+  if (threads < 1) fail("MatmulThreads", "threads", "a positive number", std::to_string(threads));
+  if (matmul_threads_state.active)
+    fail("MatmulThreads", "this", "one MatmulThreads per thread", "a second one");
+  if (omp_set_threads() == nullptr || omp_get_threads() == nullptr) return;  // no OpenMP
+  matmul_threads_state = MatmulThreadsState{true, threads, 0};
+  handle_ = at::addGlobalCallback(
+      at::RecordFunctionCallback(product_start, product_end)
+          .scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION}));
+}
+
+MatmulThreads::~MatmulThreads() {
+  if (!matmul_threads_state.active) return;
+  at::removeCallback(handle_);
+  matmul_threads_state.active = false;
+}
 
 // ---- training -----------------------------------------------------------------------------------
 

@@ -153,7 +153,10 @@ struct ExperimentOptions {
   // PHASOR_NUM_THREADS) — the fastest split for the harness's small models (experiment.cpp).
   int threads = 0;
   int kernel_threads = -1;  // phasor's kernel threads; −1: as `threads`; 0: phasor's default
-  bool progress = true;     // per-run progress lines on stderr
+  // Threads of LibTorch's matrix products (a MatmulThreads, train.h); −1: as `threads` when it
+  // is set (> 0), else as phasor's kernels.
+  int matmul_threads = -1;
+  bool progress = true;  // per-run progress lines on stderr
   // Stop every run after this step as if interrupted (train.stop_at_step; 0: the config's), e.g.
   // to measure speed on a short run; --resume continues such runs later.
   std::int64_t stop_at_step = 0;

@@ -196,6 +196,30 @@ class OpTimer {
   std::uint64_t handle_ = 0;
 };
 
+// While alive, LibTorch's matrix products run on `threads` threads and its other ops on as many
+// as before (at::set_num_threads), on the thread that creates it: the ops aten::mm, addmm, bmm,
+// baddbmm, matmul and linear, and the autograd nodes of their backward (MmBackward0,
+// AddmmBackward0, BmmBackward0, BaddbmmBackward0). Why: at the harness's sizes (2,048 tokens of
+// 64 to 256 channels a step) a matmul gains from a second core (Debian's OpenBLAS, 1 → 2
+// threads: 250 → 160 µs a projection) while the elementwise ops lose more in the hand-off than
+// they gain. A RecordFunction observer sets OpenMP's thread count (which OpenBLAS's OpenMP build
+// and ATen's parallel loops follow) when the outermost such op starts and restores it when it
+// ends, for this thread only (at::set_num_threads would rebuild LibTorch's thread pool every
+// time). OpenBLAS's products round differently on different thread counts (its blocking
+// follows them), so a run's losses depend on this count as they do on the others; results.json
+// records it (machine.matmul_threads). Without OpenMP in the process (a LibTorch built without
+// it) it does nothing. One at a time per thread.
+class MatmulThreads {
+ public:
+  explicit MatmulThreads(int threads);
+  ~MatmulThreads();
+  MatmulThreads(const MatmulThreads&) = delete;
+  MatmulThreads& operator=(const MatmulThreads&) = delete;
+
+ private:
+  std::uint64_t handle_ = 0;
+};
+
 struct TrainResult {
   std::int64_t final_step = 0;           // last completed step
   std::vector<double> losses;            // training loss of steps 1 … final_step
