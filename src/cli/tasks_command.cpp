@@ -415,7 +415,8 @@ int run_tasks(int argc, char** argv) {
                   "phasor's kernel threads, overriding --threads (0: all cores)");
   run->add_option("--matmul-threads", r.matmul_threads,
                   "threads of LibTorch's matrix products (and their backward), overriding "
-                  "--threads (default: as --threads when given, else as phasor's kernels)");
+                  "--threads (default: as --threads when given, else 2 on any machine, so that "
+                  "results do not depend on its core count)");
   run->add_flag("--quiet", r.quiet, "no progress lines on stderr");
   run->add_option("--stop-at-step", r.stop_at_step,
                   "stop every run after this step, as train.stop_at_step (default 0: the "

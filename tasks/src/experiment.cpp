@@ -532,11 +532,13 @@ ExperimentOutput run_experiment(const ExperimentConfig& config, const Experiment
   // count is set explicitly either way (its default differs between builds).
   at::set_num_threads(options.threads > 0 ? options.threads : 1);
   phasor::set_num_threads(options.kernel_threads >= 0 ? options.kernel_threads : options.threads);
-  // Matrix products, unlike the other ops, gain from more threads at these sizes: by default as
-  // many as phasor's kernels (MatmulThreads, train.h).
+  // Matrix products, unlike the other ops, gain from a second thread at these sizes
+  // (MatmulThreads, train.h). Two by default, whatever the machine: OpenBLAS rounds differently on
+  // different thread counts, and a run's results must not depend on how many cores it found
+  // (phasor's kernels give the same bits on any number).
   const int matmul_threads = options.matmul_threads > 0 ? options.matmul_threads
                              : options.threads > 0      ? options.threads
-                                                        : phasor::num_threads();
+                                                        : kDefaultMatmulThreads;
   std::optional<MatmulThreads> matmul;
   if (matmul_threads != at::get_num_threads()) matmul.emplace(matmul_threads);
   const TaskSpec& task = config.task;

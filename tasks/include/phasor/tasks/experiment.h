@@ -145,6 +145,11 @@ ExperimentConfig load_experiment_config(const std::string& path);
 ExperimentConfig parse_experiment_config_text(const std::string& text,
                                               const std::string& source = "config");
 
+// LibTorch's matrix products' threads when neither ExperimentOptions::threads nor matmul_threads
+// is set: a constant, not the machine's core count, so that a run gives the same bits on any
+// machine (with the same OpenBLAS kernels), as phasor's kernels do for any thread count.
+constexpr int kDefaultMatmulThreads = 2;
+
 struct ExperimentOptions {
   std::string out_dir;  // created if missing
   bool resume = false;  // skip finished runs, continue interrupted ones
@@ -154,7 +159,7 @@ struct ExperimentOptions {
   int threads = 0;
   int kernel_threads = -1;  // phasor's kernel threads; −1: as `threads`; 0: phasor's default
   // Threads of LibTorch's matrix products (a MatmulThreads, train.h); −1: as `threads` when it
-  // is set (> 0), else as phasor's kernels.
+  // is set (> 0), else kDefaultMatmulThreads.
   int matmul_threads = -1;
   bool progress = true;  // per-run progress lines on stderr
   // Stop every run after this step as if interrupted (train.stop_at_step; 0: the config's), e.g.
