@@ -557,6 +557,59 @@ TEST(GatedDeltaRuleKernels, OptionalGradientsAndFinalStateGradient) {
   }
 }
 
+// The chunk kernel leaves out the products of a state known to be zero (no initial state: the
+// first chunk's), of a gradient known to be zero (no d_final_state: the last chunk's) and those
+// nothing reads (no final state, no dh0). The same bits as with those zeros given explicitly and
+// every output asked for: one chunk (the task harness's case) and several, on one thread (by
+// item) and eight (by tile for these few items).
+TEST(GatedDeltaRuleKernels, KnownZeroStatesGiveTheBitsOfExplicitZeros) {
+  for (std::int64_t T : {16, 40})
+    for (int threads : {1, 8}) {
+      set_num_threads(threads);
+      Case c;
+      c.B = 2, c.T = T, c.H = 1, c.HV = 2, c.K = 6, c.V = 20, c.chunk_size = 16;
+      c.initial_state = false;
+      const Data d = make_data(c);
+      const std::string what =
+          "T = " + std::to_string(T) + ", " + std::to_string(threads) + " thread(s)";
+      GatedDeltaRuleParams p;
+      p.q = d.q.view(), p.k = d.k.view(), p.v = d.v.view(), p.g = d.g.view();
+      p.beta = d.beta.view();
+      p.use_qk_l2norm_in_kernel = c.l2norm;
+      p.chunk_size = c.chunk_size;
+      const auto outputs = [&] {
+        return std::vector<Tensor>{Tensor::zeros(d.q.shape()), Tensor::zeros(d.k.shape()),
+                                   Tensor::zeros(d.v.shape()), Tensor::zeros(d.g.shape()),
+                                   Tensor::zeros(d.beta.shape())};
+      };
+      // Everything known: no initial state, final state, d_final_state or dh0.
+      Tensor o = Tensor::zeros(d.v.shape());
+      gated_delta_rule_forward(p, Impl::chunk, o.view());
+      std::vector<Tensor> g = outputs();
+      gated_delta_rule_backward(
+          p, Impl::chunk, d.d_o.view(), {},
+          make_grads(g[0].view(), g[1].view(), g[2].view(), g[3].view(), g[4].view(), {}));
+      // The same zeros given: an initial state of zeros, d_final_state zeros, every output.
+      const Tensor zero_state = Tensor::zeros({d.N, c.HV, c.K, c.V});
+      GatedDeltaRuleParams explicit_p = p;
+      explicit_p.initial_state = zero_state.view();
+      Tensor o_full = Tensor::zeros(d.v.shape()), ht = Tensor::zeros(zero_state.shape()),
+             dh0 = Tensor::zeros(zero_state.shape());
+      gated_delta_rule_forward(explicit_p, Impl::chunk, o_full.view(), ht.view());
+      std::vector<Tensor> full = outputs();
+      gated_delta_rule_backward(explicit_p, Impl::chunk, d.d_o.view(), zero_state.view(),
+                                make_grads(full[0].view(), full[1].view(), full[2].view(),
+                                           full[3].view(), full[4].view(), dh0.view()));
+      EXPECT_TRUE(o.bit_equal(o_full)) << what << ": o";
+      const char* names[] = {"dq", "dk", "dv", "dg", "dbeta"};
+      for (std::size_t i = 0; i < g.size(); ++i)
+        EXPECT_TRUE(g[i].bit_equal(full[i])) << what << ": " << names[i];
+      // Not vacuous: the gradients are not all zero.
+      EXPECT_GT(testing::dot(g[2], g[2]), 0.0) << what;
+    }
+  set_num_threads(0);
+}
+
 // Empty sequences: final state = initial state (or 0), dh0 = d_final_state; q, k, v, g and β of
 // another dtype than the outputs.
 TEST(GatedDeltaRuleKernels, EmptySequencesPassStatesThrough) {

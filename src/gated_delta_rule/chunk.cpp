@@ -199,20 +199,47 @@ struct TileWork {
   Mat<S> v, kq_s, u_new, out;
 };
 
+// Where a chunk lies in its sequence, for the products the forward and backward may skip as exact
+// zeros (fla's kernels drop them the same way, USE_INITIAL_STATE / STORE_FINAL_STATE): the state
+// entering the first chunk is zero without an initial state, the state after the last is needed
+// only for a final state, and the gradient entering the last chunk's walk back is zero without
+// d_final_state, the one leaving the first needed only for dh0. A sequence of one chunk (the task
+// harness's T = 64 at C = 64) needs none of the state products. The values are those of the full
+// computation: only products of a zero matrix, and sums into nothing that is read, are left out.
+struct ChunkPlace {
+  bool state_zero;      // S entering the chunk is zero
+  bool next_needed;     // S after the chunk is read (forward: a later chunk or final_state)
+  bool ds_zero;         // ∂L/∂S after the chunk is zero (backward)
+  bool ds_prev_needed;  // ∂L/∂S entering the chunk is read (backward: an earlier chunk or dh0)
+};
+inline ChunkPlace chunk_place(const Problem& p, std::int64_t c, std::int64_t num_chunks,
+                              const TensorView& final_state, const TensorView& d_final_state,
+                              const TensorView& dh0) {
+  const bool last = c + 1 == num_chunks;
+  return {c == 0 && !p.initial_state.defined(), !last || final_state.defined(),
+          last && !d_final_state.defined(), c > 0 || dh0.defined()};
+}
+
 // Eqs. (2)–(4) for the value columns of `tile` of one chunk and value head: O's columns stored,
 // the tile's state advanced. Expects prepare_chunk.
 template <class S>
 void forward_tile(const Problem& p, const Sequence& block, std::int64_t hv, const ValueTile& tile,
                   const ChunkGram<S>& gram, const ChunkState<S>& chunk, const Vec<S>& beta,
-                  const TensorView& o, Mat<S>& state, TileWork<S>& w) {
+                  const TensorView& o, Mat<S>& state, TileWork<S>& w, const ChunkPlace& place) {
   const std::int64_t L = chunk.L;
   load_rows(value_columns(p.v, tile), block, hv, w.v);
-  w.kq_s.noalias() = gram.kq * state;
-  w.u_new = beta.asDiagonal() * (w.v - chunk.gamma.asDiagonal() * w.kq_s.topRows(L));
+  if (place.state_zero) {  // K S = Q̃ S = 0
+    w.u_new = beta.asDiagonal() * w.v;
+    w.out.setZero(L, w.v.cols());
+  } else {
+    w.kq_s.noalias() = gram.kq * state;
+    w.u_new = beta.asDiagonal() * (w.v - chunk.gamma.asDiagonal() * w.kq_s.topRows(L));
+    w.out = chunk.gamma.asDiagonal() * w.kq_s.bottomRows(L);
+  }
   solve_in_place(chunk.m.template triangularView<UnitLower>(), w.u_new);
-  w.out = chunk.gamma.asDiagonal() * w.kq_s.bottomRows(L);
   add_triangular_product(w.out, chunk.attn.template triangularView<Lower>(), w.u_new);
   store_rows(w.out, value_columns(o, tile), block, hv);
+  if (!place.next_needed) return;
   state *= chunk.gamma(L - 1);
   state.noalias() += chunk.k_tail.transpose() * w.u_new;
 }
@@ -292,8 +319,11 @@ void forward_heads(const Problem& p, std::int64_t n, std::int64_t h0, std::int64
   ChunkGram<S>& gram = fw.gram;
   ChunkState<S>& chunk = fw.chunk;
   TileWork<S>& work = fw.work;
+  const std::int64_t num_chunks = (s.length + p.chunk_size - 1) / p.chunk_size;
   for (std::int64_t t0 = 0; t0 < s.length; t0 += p.chunk_size) {
     const Sequence block = block_of(s, t0, std::min(p.chunk_size, s.length - t0));
+    const ChunkPlace place =
+        chunk_place(p, t0 / p.chunk_size, num_chunks, final_state, TensorView(), TensorView());
     for (std::int64_t i = 0; i < count; ++i) {
       const std::int64_t h = h0 + i;
       load_qk(p, block, h, qk);
@@ -303,7 +333,7 @@ void forward_heads(const Problem& p, std::int64_t n, std::int64_t h0, std::int64
         for (std::int64_t t = 0; t < tiles; ++t)
           forward_tile(p, block, h * G + r, value_tile(p, t), gram, chunk, in.beta, o,
                        states[static_cast<std::size_t>(i)][static_cast<std::size_t>(r * tiles + t)],
-                       work);
+                       work, place);
       }
     }
   }
@@ -404,7 +434,8 @@ void forward_by_tile(const Problem& p, const TensorView& o, const TensorView& fi
       for (std::int64_t c = first; c < w.end_of(item); ++c) {
         const std::size_t at = w.at(item, c, r);
         forward_tile(p, w.block_at(item, c), h * G + r, value_tile(p, i), w.grams[w.slot(item, c)],
-                     w.chunks[at], w.betas[at], o, state, work);
+                     w.chunks[at], w.betas[at], o, state, work,
+                     chunk_place(p, c, w.chunks_of(item), final_state, TensorView(), TensorView()));
       }
     });
   }
@@ -458,9 +489,14 @@ struct TileScratch {
 // K S in w.ks and U_new in w.u_new (the backward's replay and walk back).
 template <class S>
 void solve_u_new(const ChunkGram<S>& gram, const ChunkState<S>& c, const Vec<S>& beta,
-                 const Mat<S>& v, const Mat<S>& state, TileScratch<S>& w) {
-  w.ks.noalias() = gram.kq.topRows(c.L) * state;
-  w.u_new = beta.asDiagonal() * (v - c.gamma.asDiagonal() * w.ks);
+                 const Mat<S>& v, const Mat<S>& state, TileScratch<S>& w, bool state_zero) {
+  if (state_zero) {
+    w.ks.setZero(c.L, v.cols());
+    w.u_new = beta.asDiagonal() * v;
+  } else {
+    w.ks.noalias() = gram.kq.topRows(c.L) * state;
+    w.u_new = beta.asDiagonal() * (v - c.gamma.asDiagonal() * w.ks);
+  }
   solve_in_place(c.m.template triangularView<UnitLower>(), w.u_new);
 }
 
@@ -488,21 +524,27 @@ template <class S>
 void backward_tile(const QKInputs<S>& qk, const ChunkGram<S>& gram, const ChunkState<S>& c,
                    const BackwardFactors<S>& f, const Vec<S>& beta, const Mat<S>& v,
                    const Mat<S>& d_out, const Mat<S>& state, Mat<S>& dS, Mat<S>& dv,
-                   TileGrads<S>& t, TileScratch<S>& w) {
+                   TileGrads<S>& t, TileScratch<S>& w, const ChunkPlace& place) {
   const std::int64_t L = c.L, width = state.cols();
   const Mat<S>& Kc = qk.k;
   const Mat<S>& Qc = qk.q;
-  solve_u_new(gram, c, beta, v, state, w);
+  solve_u_new(gram, c, beta, v, state, w, place.state_zero);
 
   // (4) S_next = γ_{L−1} S + (diag(E) K)ᵀ U_new.
   t.dgamma.setZero(L);
   t.dtail.resize(L);
   t.dgamma(L - 1) = state.cwiseProduct(dS).sum();
-  w.dS_prev = c.gamma(L - 1) * dS;
-  w.d_kt.noalias() = w.u_new * dS.transpose();
-  for (std::int64_t j = 0; j < L; ++j) t.dtail(j) = Kc.row(j).dot(w.d_kt.row(j));
-  t.dk.noalias() = c.tail.asDiagonal() * w.d_kt;
-  w.du.noalias() = c.k_tail * dS;
+  if (place.ds_prev_needed) w.dS_prev = c.gamma(L - 1) * dS;
+  if (place.ds_zero) {  // dS = 0: its products are zero
+    t.dtail.setZero();
+    t.dk.setZero(L, Kc.cols());
+    w.du.setZero(L, width);
+  } else {
+    w.d_kt.noalias() = w.u_new * dS.transpose();
+    for (std::int64_t j = 0; j < L; ++j) t.dtail(j) = Kc.row(j).dot(w.d_kt.row(j));
+    t.dk.noalias() = c.tail.asDiagonal() * w.d_kt;
+    w.du.noalias() = c.k_tail * dS;
+  }
 
   // (3) O = diag(γ) Q̃ S + lower_incl(Q̃ Kᵀ ⊙ Γ) U_new. The Q̃ S term is handled with the K S
   // term below, through [K; diag(γ) Q̃] and [∂/∂(K S); dO].
@@ -530,13 +572,17 @@ void backward_tile(const QKInputs<S>& qk, const ChunkGram<S>& gram, const ChunkS
 
   // [K S; diag(γ) Q̃ S] = [K; diag(γ) Q̃] S, one product each way:
   //   ∂L/∂S += [K; diag(γ) Q̃]ᵀ [∂/∂(K S); dO],  [∂/∂(K S); dO] Sᵀ → dK, dQ̃ and dγ.
-  w.dS_prev.noalias() += f.kqg.transpose() * w.dz;
-  w.dz_s.noalias() = w.dz * state.transpose();
-  t.dk += w.dz_s.topRows(L);
-  const auto do_s = w.dz_s.bottomRows(L);
-  for (std::int64_t i = 0; i < L; ++i) t.dgamma(i) += Qc.row(i).dot(do_s.row(i));
-  t.dq.noalias() = c.gamma.asDiagonal() * do_s;
-  dS.swap(w.dS_prev);
+  if (place.ds_prev_needed) w.dS_prev.noalias() += f.kqg.transpose() * w.dz;
+  if (place.state_zero) {  // S = 0: [∂/∂(K S); dO] Sᵀ = 0
+    t.dq.setZero(L, Kc.cols());
+  } else {
+    w.dz_s.noalias() = w.dz * state.transpose();
+    t.dk += w.dz_s.topRows(L);
+    const auto do_s = w.dz_s.bottomRows(L);
+    for (std::int64_t i = 0; i < L; ++i) t.dgamma(i) += Qc.row(i).dot(do_s.row(i));
+    t.dq.noalias() = c.gamma.asDiagonal() * do_s;
+  }
+  if (place.ds_prev_needed) dS.swap(w.dS_prev);
 }
 
 // Scratch of finish_chunk.
@@ -611,8 +657,8 @@ void finish_chunk(const QKInputs<S>& qk, const ChunkGram<S>& gram, const ChunkSt
 // forward, which needs the entering states only). Expects prepare_chunk.
 template <class S>
 void replay_tile(const ChunkGram<S>& gram, const ChunkState<S>& c, const Vec<S>& beta,
-                 const Mat<S>& v, Mat<S>& state, TileScratch<S>& w) {
-  solve_u_new(gram, c, beta, v, state, w);
+                 const Mat<S>& v, Mat<S>& state, TileScratch<S>& w, bool state_zero) {
+  solve_u_new(gram, c, beta, v, state, w, state_zero);
   state *= c.gamma(c.L - 1);
   state.noalias() += c.k_tail.transpose() * w.u_new;
 }
@@ -693,7 +739,7 @@ void backward_item(const Problem& p, std::int64_t item, const TensorView& d_o,
       for (std::int64_t i = 0; i < tiles; ++i) {
         load_rows(value_columns(p.v, value_tile(p, i)), block, h * G + r, work.v);
         replay_tile(gram, chunk, in.beta, work.v, states[static_cast<std::size_t>(r * tiles + i)],
-                    scratch);
+                    scratch, c == 0 && !p.initial_state.defined());
       }
     }
   }
@@ -709,6 +755,7 @@ void backward_item(const Problem& p, std::int64_t item, const TensorView& d_o,
     gram.compute(qk);
     dq.setZero(block.length, p.K);
     dk.setZero(block.length, p.K);
+    const ChunkPlace place = chunk_place(p, c, num_chunks, TensorView(), d_final_state, grads.dh0);
     for (std::int64_t r = 0; r < G; ++r) {
       const std::int64_t hv = h * G + r;
       prepare_chunk(p, block, hv, qk, gram, in, chunk);
@@ -721,7 +768,7 @@ void backward_item(const Problem& p, std::int64_t item, const TensorView& d_o,
         backward_tile(
             qk, gram, chunk, work.factors, in.beta, work.v, work.d_out,
             boundary[u * static_cast<std::size_t>(num_chunks) + static_cast<std::size_t>(c)], dS[u],
-            work.dv, work.parts[static_cast<std::size_t>(i)], scratch);
+            work.dv, work.parts[static_cast<std::size_t>(i)], scratch, place);
         if (grads.dv.defined()) store_rows(work.dv, value_columns(grads.dv, tile), block, hv);
       }
       finish_value_head(p, block, hv, qk, gram, chunk, in.beta, work.parts.data(), dq, dk, work.d,
@@ -778,7 +825,8 @@ void backward_by_tile(const Problem& p, const TensorView& d_o, const TensorView&
           if (c + 1 == w.chunks_of(item)) break;
           const std::size_t at = w.at(item, c, r);
           load_rows(value_columns(p.v, value_tile(p, i)), w.block_at(item, c), hv, v);
-          replay_tile(w.grams[w.slot(item, c)], w.chunks[at], w.betas[at], v, state, scratch);
+          replay_tile(w.grams[w.slot(item, c)], w.chunks[at], w.betas[at], v, state, scratch,
+                      c == 0 && !p.initial_state.defined());
         }
       });
     }
@@ -809,7 +857,8 @@ void backward_by_tile(const Problem& p, const TensorView& d_o, const TensorView&
                       boundary[static_cast<std::size_t>(u)][static_cast<std::size_t>(c)],
                       dS[static_cast<std::size_t>(item)][static_cast<std::size_t>(r * tiles + i)],
                       dv, parts[at * static_cast<std::size_t>(tiles) + static_cast<std::size_t>(i)],
-                      scratch);
+                      scratch,
+                      chunk_place(p, c, w.chunks_of(item), TensorView(), d_final_state, grads.dh0));
         if (grads.dv.defined()) store_rows(dv, value_columns(grads.dv, tile), block, hv);
       }
     });
