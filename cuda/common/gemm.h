@@ -13,7 +13,9 @@
 
 #include <cstdint>
 #include <type_traits>
+#include <utility>
 
+#include "common/element_access.h"  // visit_float_dtype
 #include "simt/mma.h"
 #include "simt/simt.h"
 
@@ -27,19 +29,10 @@ template <class O>
 constexpr bool kTensorCores = std::is_same_v<O, bfloat16> || std::is_same_v<O, float16>;
 
 // Calls f(O{}) with the operand type of a call whose compute dtype is `dtype` (q's): its 16-bit
-// type (tensor cores), float or double (FMA tiles).
+// type (tensor cores), float or double (FMA tiles) — the storage type, as the CPU readers visit it.
 template <class F>
 void dispatch_operand(DType dtype, F&& f) {
-  switch (dtype) {
-    case DType::bfloat16:
-      return f(bfloat16{});
-    case DType::float16:
-      return f(float16{});
-    case DType::float64:
-      return f(double{});
-    default:
-      return f(float{});
-  }
+  ::phasor::detail::visit_float_dtype(dtype, std::forward<F>(f));
 }
 
 // A 16 × 8 accumulator tile; lane's x[e] holds element (tile_row(lane, e), tile_col(lane, e)).

@@ -199,21 +199,10 @@ PHASOR_DEVICE void store(const TensorView& x, C value, I... idx) {
 // 16 bytes of elements of type T (bfloat16, float16, float or double), the unit of load_vector.
 template <class T>
 struct alignas(16) Vector16 {
+  static_assert(is_floating(dtype_of<T>()), "simt::Vector16: bfloat16, float16, float or double");
   static constexpr int kCount = static_cast<int>(16 / sizeof(T));
   T x[kCount];
 };
-
-// The dtype of T (bfloat16, float16, float, double).
-template <class T>
-PHASOR_HOST_DEVICE constexpr DType vector_dtype() {
-  static_assert(std::is_same_v<T, bfloat16> || std::is_same_v<T, float16> ||
-                    std::is_same_v<T, float> || std::is_same_v<T, double>,
-                "simt::Vector16: bfloat16, float16, float or double");
-  return std::is_same_v<T, bfloat16>  ? DType::bfloat16
-         : std::is_same_v<T, float16> ? DType::float16
-         : std::is_same_v<T, float>   ? DType::float32
-                                      : DType::float64;
-}
 
 // Whether load_vector<T> may read x at any index whose last index is a multiple of
 // Vector16<T>::kCount: x has T's dtype, its last dimension is contiguous, every other stride is a
@@ -221,7 +210,7 @@ PHASOR_HOST_DEVICE constexpr DType vector_dtype() {
 template <class T>
 PHASOR_HOST_DEVICE bool vector_loadable(const TensorView& x) {
   constexpr int n = Vector16<T>::kCount;
-  if (!x.defined() || x.rank < 1 || x.dtype != vector_dtype<T>() || x.data == nullptr ||
+  if (!x.defined() || x.rank < 1 || x.dtype != dtype_of<T>() || x.data == nullptr ||
       reinterpret_cast<std::uintptr_t>(x.data) % 16 != 0)
     return false;
   bool ok = true;
@@ -245,7 +234,7 @@ PHASOR_DEVICE Vector16<T> load_vector(const TensorView& x, I... idx) {
 #if defined(PHASOR_SIMT_EMULATED)
   if (detail::checking_bounds()) {
     const std::int64_t i[] = {static_cast<std::int64_t>(idx)...};
-    detail::check_vector_access(x, i, static_cast<int>(sizeof...(I)), vector_dtype<T>(),
+    detail::check_vector_access(x, i, static_cast<int>(sizeof...(I)), dtype_of<T>(),
                                 Vector16<T>::kCount, vector_loadable<T>(x), false);
   }
   Vector16<T> v;
@@ -264,14 +253,12 @@ PHASOR_DEVICE void store_vector(const TensorView& x, const Vector16<T>& v, I... 
 #if defined(PHASOR_SIMT_EMULATED)
   if (detail::checking_bounds()) {
     const std::int64_t i[] = {static_cast<std::int64_t>(idx)...};
-    detail::check_vector_access(x, i, static_cast<int>(sizeof...(I)), vector_dtype<T>(),
+    detail::check_vector_access(x, i, static_cast<int>(sizeof...(I)), dtype_of<T>(),
                                 Vector16<T>::kCount, vector_loadable<T>(x), true);
   }
   std::memcpy(static_cast<void*>(at), static_cast<const void*>(&v), sizeof(v));
 #else
-  uint4 bits;  // one 128-bit register quadruple: the store is a single st.global.v4
-  std::memcpy(&bits, &v, sizeof(bits));
-  *reinterpret_cast<uint4*>(at) = bits;
+  *reinterpret_cast<Vector16<T>*>(at) = v;  // one st.global.v4, as load_vector's load
 #endif
 }
 
