@@ -1169,8 +1169,7 @@ std::vector<OpTime> ops_since(const std::vector<OpTime>& before) {
 
 }  // namespace
 
-// ---- matmul threads
-// ------------------------------------------------------------------------------
+// ---- matmul threads -----------------------------------------------------------------------------
 
 namespace {
 
