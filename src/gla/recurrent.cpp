@@ -208,6 +208,8 @@ void backward_item(const Problem& p, std::int64_t n, std::int64_t h, const Tenso
   Segment<S>& seg = w.seg;
   for (std::int64_t i = 0; i < num_segments; ++i) {
     checkpoints.middleRows(i * K, K) = state;
+    // Pass 2 needs no state after the last segment (a sequence of one segment replays nothing).
+    if (i + 1 == num_segments) break;
     const Sequence part = subsequence(s, i * C, std::min(C, s.length - i * C));
     seg.load(p, part, h, /*with_q=*/false);
     for (std::int64_t t = 0; t < part.length; ++t) advance(seg, t, state);
