@@ -211,14 +211,25 @@ struct ChunkPlace {
   bool next_needed;     // S after the chunk is read (forward: a later chunk or final_state)
   bool ds_zero;         // ∂L/∂S after the chunk is zero (backward)
   bool ds_prev_needed;  // ∂L/∂S entering the chunk is read (backward: an earlier chunk or dh0)
+
+  // Chunk c of num_chunks in the forward; the backward's fields ask for everything.
+  static ChunkPlace forward(const Problem& p, std::int64_t c, std::int64_t num_chunks,
+                            const TensorView& final_state) {
+    return {first_without_initial_state(p, c), c + 1 < num_chunks || final_state.defined(), false,
+            true};
+  }
+  // Chunk c of num_chunks in the backward; the forward's field asks for everything.
+  static ChunkPlace backward(const Problem& p, std::int64_t c, std::int64_t num_chunks,
+                             const TensorView& d_final_state, const TensorView& dh0) {
+    return {first_without_initial_state(p, c), true,
+            c + 1 == num_chunks && !d_final_state.defined(), c > 0 || dh0.defined()};
+  }
+
+ private:
+  static bool first_without_initial_state(const Problem& p, std::int64_t c) {
+    return c == 0 && !p.initial_state.defined();
+  }
 };
-inline ChunkPlace chunk_place(const Problem& p, std::int64_t c, std::int64_t num_chunks,
-                              const TensorView& final_state, const TensorView& d_final_state,
-                              const TensorView& dh0) {
-  const bool last = c + 1 == num_chunks;
-  return {c == 0 && !p.initial_state.defined(), !last || final_state.defined(),
-          last && !d_final_state.defined(), c > 0 || dh0.defined()};
-}
 
 // Eqs. (2)–(4) for the value columns of `tile` of one chunk and value head: O's columns stored,
 // the tile's state advanced. Expects prepare_chunk.
@@ -322,8 +333,7 @@ void forward_heads(const Problem& p, std::int64_t n, std::int64_t h0, std::int64
   const std::int64_t num_chunks = (s.length + p.chunk_size - 1) / p.chunk_size;
   for (std::int64_t t0 = 0; t0 < s.length; t0 += p.chunk_size) {
     const Sequence block = block_of(s, t0, std::min(p.chunk_size, s.length - t0));
-    const ChunkPlace place =
-        chunk_place(p, t0 / p.chunk_size, num_chunks, final_state, TensorView(), TensorView());
+    const ChunkPlace place = ChunkPlace::forward(p, t0 / p.chunk_size, num_chunks, final_state);
     for (std::int64_t i = 0; i < count; ++i) {
       const std::int64_t h = h0 + i;
       load_qk(p, block, h, qk);
@@ -435,7 +445,7 @@ void forward_by_tile(const Problem& p, const TensorView& o, const TensorView& fi
         const std::size_t at = w.at(item, c, r);
         forward_tile(p, w.block_at(item, c), h * G + r, value_tile(p, i), w.grams[w.slot(item, c)],
                      w.chunks[at], w.betas[at], o, state, work,
-                     chunk_place(p, c, w.chunks_of(item), final_state, TensorView(), TensorView()));
+                     ChunkPlace::forward(p, c, w.chunks_of(item), final_state));
       }
     });
   }
@@ -486,12 +496,12 @@ struct TileScratch {
 };
 
 // U_new of one value tile, eq. (2): R = diag(β) (V − diag(γ) K S), then M U_new = R; leaves
-// K S in w.ks and U_new in w.u_new (the backward's replay and walk back).
+// U_new in w.u_new and, unless the state is zero, K S in w.ks (the backward's replay and walk
+// back).
 template <class S>
 void solve_u_new(const ChunkGram<S>& gram, const ChunkState<S>& c, const Vec<S>& beta,
                  const Mat<S>& v, const Mat<S>& state, TileScratch<S>& w, bool state_zero) {
   if (state_zero) {
-    w.ks.setZero(c.L, v.cols());
     w.u_new = beta.asDiagonal() * v;
   } else {
     w.ks.noalias() = gram.kq.topRows(c.L) * state;
@@ -563,9 +573,12 @@ void backward_tile(const QKInputs<S>& qk, const ChunkGram<S>& gram, const ChunkS
   t.dbeta.resize(L);
   w.dz.resize(2 * L, width);
   for (std::int64_t i = 0; i < L; ++i) {
-    const S ks_y = w.ks.row(i).dot(Y.row(i));
-    t.dbeta(i) = v.row(i).dot(Y.row(i)) - c.gamma(i) * ks_y;
-    t.dgamma(i) -= beta(i) * ks_y;
+    t.dbeta(i) = v.row(i).dot(Y.row(i));
+    if (!place.state_zero) {  // K S = 0 otherwise
+      const S ks_y = w.ks.row(i).dot(Y.row(i));
+      t.dbeta(i) -= c.gamma(i) * ks_y;
+      t.dgamma(i) -= beta(i) * ks_y;
+    }
     w.dz.row(i) = (-beta(i) * c.gamma(i)) * Y.row(i);
   }
   w.dz.bottomRows(L) = d_out;
@@ -755,7 +768,7 @@ void backward_item(const Problem& p, std::int64_t item, const TensorView& d_o,
     gram.compute(qk);
     dq.setZero(block.length, p.K);
     dk.setZero(block.length, p.K);
-    const ChunkPlace place = chunk_place(p, c, num_chunks, TensorView(), d_final_state, grads.dh0);
+    const ChunkPlace place = ChunkPlace::backward(p, c, num_chunks, d_final_state, grads.dh0);
     for (std::int64_t r = 0; r < G; ++r) {
       const std::int64_t hv = h * G + r;
       prepare_chunk(p, block, hv, qk, gram, in, chunk);
@@ -858,7 +871,7 @@ void backward_by_tile(const Problem& p, const TensorView& d_o, const TensorView&
                       dS[static_cast<std::size_t>(item)][static_cast<std::size_t>(r * tiles + i)],
                       dv, parts[at * static_cast<std::size_t>(tiles) + static_cast<std::size_t>(i)],
                       scratch,
-                      chunk_place(p, c, w.chunks_of(item), TensorView(), d_final_state, grads.dh0));
+                      ChunkPlace::backward(p, c, w.chunks_of(item), d_final_state, grads.dh0));
         if (grads.dv.defined()) store_rows(dv, value_columns(grads.dv, tile), block, hv);
       }
     });

@@ -252,21 +252,18 @@ void backward_item(const Problem& p, std::int64_t item, const TensorView& d_o,
     for (std::int64_t r = 0; r < G; ++r)
       load_initial_state(p, n, h * G + r, states[static_cast<std::size_t>(r)]);
     for (std::int64_t c = 0; c < num_segments; ++c) {
-      // The walk back needs no state after the last segment: its entering states are stored and
-      // nothing is replayed (a sequence of one segment replays nothing).
-      if (c + 1 == num_segments) {
-        for (std::int64_t r = 0; r < G; ++r)
-          checkpoints[static_cast<std::size_t>(r * num_segments + c)] =
-              states[static_cast<std::size_t>(r)];
-        break;
-      }
+      for (std::int64_t r = 0; r < G; ++r)
+        checkpoints[static_cast<std::size_t>(r * num_segments + c)] =
+            states[static_cast<std::size_t>(r)];
+      // The walk back needs no state after the last segment (a sequence of one segment replays
+      // nothing).
+      if (c + 1 == num_segments) break;
       const Sequence block = segment(c);
       load_qk(p, block, h, qk);
       prefetch_inputs(p, segment(c + 1), h);
       for (std::int64_t r = 0; r < G; ++r) {
         load_values(p, block, h * G + r, in);
         Mat<S>& state = states[static_cast<std::size_t>(r)];
-        checkpoints[static_cast<std::size_t>(r * num_segments + c)] = state;
         for (std::int64_t t = 0; t < block.length; ++t) {
           v_row = in.v.row(t);
           advance<S>(state, state, qk.k.data() + t * p.K, nullptr, v_row, in.g(t), in.beta(t),

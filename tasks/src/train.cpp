@@ -1193,19 +1193,22 @@ struct MatmulThreadsState {
 };
 thread_local MatmulThreadsState matmul_threads_state;
 
+// Called at every op's start on the training thread: the prefix picks the one list to compare
+// with, and the lists compare exact names.
 bool is_matrix_product(const char* name) {
-  static const char* const kOps[] = {"aten::mm",      "aten::addmm",  "aten::bmm",
-                                     "aten::baddbmm", "aten::matmul", "aten::linear"};
-  for (const char* op : kOps)
-    if (std::strcmp(name, op) == 0) return true;
-  // Autograd nodes: "autograd::engine::evaluate_function: MmBackward0" and the like.
-  static const char* const kNodes[] = {": MmBackward0", ": AddmmBackward0", ": BmmBackward0",
-                                       ": BaddbmmBackward0"};
-  const std::size_t n = std::strlen(name);
-  for (const char* node : kNodes) {
-    const std::size_t m = std::strlen(node);
-    if (n >= m && std::strcmp(name + n - m, node) == 0) return true;
-  }
+  static constexpr char kOp[] = "aten::";
+  static constexpr char kNode[] = "autograd::engine::evaluate_function: ";
+  static const char* const kOps[] = {"mm", "addmm", "bmm", "baddbmm", "matmul", "linear"};
+  static const char* const kNodes[] = {"MmBackward0", "AddmmBackward0", "BmmBackward0",
+                                       "BaddbmmBackward0"};
+  auto any_of = [](const char* rest, const auto& names) {
+    for (const char* n : names)
+      if (std::strcmp(rest, n) == 0) return true;
+    return false;
+  };
+  if (std::strncmp(name, kOp, sizeof kOp - 1) == 0) return any_of(name + sizeof kOp - 1, kOps);
+  if (std::strncmp(name, kNode, sizeof kNode - 1) == 0)
+    return any_of(name + sizeof kNode - 1, kNodes);
   return false;
 }
 
