@@ -242,10 +242,11 @@ TEST(SelectiveRoPE, PhasePathFiniteDifferences) {
 
 TEST(RmsNorm, ForwardIsTheComposedExpressionAndGradientsMatchFiniteDifferences) {
   torch::manual_seed(21);
-  // float32: the same bits as the composed x · rsqrt(mean(x²) + eps) · weight.
+  // float32: the composed x · rsqrt(mean(x²) + eps) · weight to rounding (the CPU loop sums a
+  // row's squares in its own order).
   const at::Tensor x32 = torch::randn({3, 5, 7}), w32 = torch::randn({7});
   const at::Tensor composed = x32 * at::rsqrt(x32.pow(2).mean(-1, true) + 1e-5) * w32;
-  EXPECT_TRUE(at::equal(rms_norm(x32, w32, 1e-5), composed));
+  EXPECT_CLOSE(rms_norm(x32, w32, 1e-5), composed, 1e-6, "float32 y");
   // float64: autograd's gradients of the composed expression and central differences, for rows
   // of very different scales (the eps term matters for the small ones).
   const at::Tensor
@@ -266,6 +267,152 @@ TEST(RmsNorm, ForwardIsTheComposedExpressionAndGradientsMatchFiniteDifferences) 
   const at::Tensor x_only = torch_test::leaf(x);
   (rms_norm(x_only, w, 1e-4) * dy).sum().backward();
   EXPECT_CLOSE(x_only.grad(), xc.grad(), 1e-14, "dx without dweight");
+}
+
+// The composed expressions rms_norm_gated stands for, in ATen ops (autograd differentiates them).
+at::Tensor composed_norm_gated(const at::Tensor& x, const at::Tensor& gate, const at::Tensor& w,
+                               double eps, const std::string& activation) {
+  const at::Tensor normed = x * at::rsqrt(x.pow(2).mean(-1, true) + eps) * w;
+  return normed * (activation == "sigmoid" ? at::sigmoid(gate) : at::silu(gate));
+}
+
+TEST(RmsNormGated, MatchesTheComposedExpressionAndFiniteDifferences) {
+  torch::manual_seed(22);
+  // Rows of very different scales (eps matters for the small ones) and gates from strongly
+  // negative to strongly positive (σ near 0 and 1).
+  const at::Tensor
+      x = torch::randn({2, 4, 6}, f64) *
+          torch::tensor({1e-3, 1.0, 30.0}, f64).repeat(8).narrow(0, 0, 8).reshape({2, 4, 1}),
+      gate = torch::randn({2, 4, 6}, f64) * 4, w = torch::randn({6}, f64),
+      dy = torch::randn({2, 4, 6}, f64);
+  for (const std::string activation : {"silu", "sigmoid"}) {
+    SCOPED_TRACE(activation);
+    EXPECT_CLOSE(rms_norm_gated(x, gate, w, 1e-4, activation),
+                 composed_norm_gated(x, gate, w, 1e-4, activation), 1e-15, "y");
+    const auto loss = [&](const std::vector<at::Tensor>& in) {
+      return (rms_norm_gated(in[0], in[1], in[2], 1e-4, activation) * dy).sum();
+    };
+    torch_test::check_finite_differences(loss, {x, gate, w}, {"x", "gate", "weight"}, 1e-7, true);
+    const at::Tensor xl = torch_test::leaf(x), gl = torch_test::leaf(gate),
+                     wl = torch_test::leaf(w);
+    (rms_norm_gated(xl, gl, wl, 1e-4, activation) * dy).sum().backward();
+    const at::Tensor xc = torch_test::leaf(x), gc = torch_test::leaf(gate),
+                     wc = torch_test::leaf(w);
+    (composed_norm_gated(xc, gc, wc, 1e-4, activation) * dy).sum().backward();
+    EXPECT_CLOSE(xl.grad(), xc.grad(), 1e-14, "dx");
+    EXPECT_CLOSE(gl.grad(), gc.grad(), 1e-14, "dgate");
+    EXPECT_CLOSE(wl.grad(), wc.grad(), 1e-14, "dweight");
+    // Only the gradient asked for: the gate's alone.
+    const at::Tensor g_only = torch_test::leaf(gate);
+    (rms_norm_gated(x, g_only, w, 1e-4, activation) * dy).sum().backward();
+    EXPECT_CLOSE(g_only.grad(), gc.grad(), 1e-14, "dgate alone");
+  }
+  // "swish" is fla's name for SiLU.
+  EXPECT_TRUE(at::equal(rms_norm_gated(x, gate, w, 1e-4, "swish"),
+                        rms_norm_gated(x, gate, w, 1e-4, "silu")));
+}
+
+TEST(RmsNormGated, SaturatedGatesAndStridedInputs) {
+  torch::manual_seed(23);
+  // Gates far in the tails: σ(−200) = 0 and σ(200) = 1 exactly in float32, finite gradients.
+  const at::Tensor x = torch::randn({3, 16}), w = torch::randn({16});
+  const at::Tensor gate =
+      torch::tensor({-200.0f, 200.0f, 0.0f, -30.0f}).repeat(12).reshape({3, 16});
+  for (const std::string activation : {"silu", "sigmoid"}) {
+    SCOPED_TRACE(activation);
+    const at::Tensor xl = torch_test::leaf(x), gl = torch_test::leaf(gate),
+                     wl = torch_test::leaf(w);
+    const at::Tensor y = rms_norm_gated(xl, gl, wl, 1e-5, activation);
+    EXPECT_CLOSE(y, composed_norm_gated(x, gate, w, 1e-5, activation), 1e-6, "y");
+    y.sum().backward();
+    for (const at::Tensor& g : {xl.grad(), gl.grad(), wl.grad()})
+      EXPECT_TRUE(at::isfinite(g).all().item<bool>());
+  }
+  // A transposed (non-contiguous) x and gate give the values of their contiguous copies.
+  const at::Tensor xt = torch::randn({16, 5}, f64).t(), gt = torch::randn({16, 5}, f64).t();
+  const at::Tensor w64 = torch::randn({16}, f64);
+  ASSERT_FALSE(xt.is_contiguous());
+  EXPECT_TRUE(at::equal(rms_norm_gated(xt, gt, w64, 1e-5),
+                        rms_norm_gated(xt.contiguous(), gt.contiguous(), w64, 1e-5)));
+  EXPECT_TRUE(at::equal(rms_norm(xt, w64, 1e-5), rms_norm(xt.contiguous(), w64, 1e-5)));
+}
+
+// bfloat16 runs the node's ATen expressions (the CPU loops take float32 and float64), as every
+// type off the CPU does: the same function, to bfloat16's rounding. (float16 would too, but this
+// LibTorch's CPU rsqrt has no float16 kernel.)
+TEST(RmsNormGated, BFloat16RunsTheAtenExpressions) {
+  torch::manual_seed(24);
+  const at::Tensor x = torch::randn({4, 3, 32}, f64), gate = torch::randn({4, 3, 32}, f64) * 2,
+                   w = torch::randn({32}, f64), dy = torch::randn({4, 3, 32}, f64);
+  const at::ScalarType type = at::kBFloat16;
+  for (const std::string activation : {"silu", "sigmoid"}) {
+    SCOPED_TRACE(activation);
+    const at::Tensor xl = torch_test::leaf(x.to(type)), gl = torch_test::leaf(gate.to(type)),
+                     wl = torch_test::leaf(w.to(type));
+    const at::Tensor y = rms_norm_gated(xl, gl, wl, 1e-5, activation);
+    ASSERT_EQ(y.scalar_type(), type);
+    (y * dy.to(type)).sum().backward();
+    const at::Tensor xc = torch_test::leaf(x), gc = torch_test::leaf(gate),
+                     wc = torch_test::leaf(w);
+    const at::Tensor yc = composed_norm_gated(xc, gc, wc, 1e-5, activation);
+    (yc * dy).sum().backward();
+    EXPECT_CLOSE(y, yc, 2e-2, "y");
+    EXPECT_CLOSE(xl.grad(), xc.grad(), 3e-2, "dx");
+    EXPECT_CLOSE(gl.grad(), gc.grad(), 3e-2, "dgate");
+    EXPECT_CLOSE(wl.grad(), wc.grad(), 3e-2, "dweight");
+    const at::Tensor xn = torch_test::leaf(x.to(type)), wn = torch_test::leaf(w.to(type));
+    (rms_norm(xn, wn, 1e-5) * dy.to(type)).sum().backward();
+    const at::Tensor xd = torch_test::leaf(x), wd = torch_test::leaf(w);
+    ((xd * at::rsqrt(xd.pow(2).mean(-1, true) + 1e-5) * wd) * dy).sum().backward();
+    EXPECT_CLOSE(xn.grad(), xd.grad(), 3e-2, "rms_norm dx");
+    EXPECT_CLOSE(wn.grad(), wd.grad(), 3e-2, "rms_norm dweight");
+  }
+}
+
+// More rows than one block of the CPU loop (256 rows): every result is the same on 1 and 2 of
+// phasor's threads, dweight included (fixed blocks summed in order).
+TEST(RmsNormGated, SameBitsForAnyThreadCount) {
+  torch::manual_seed(25);
+  const at::Tensor x = torch::randn({3, 700, 64}), gate = torch::randn({3, 700, 64}),
+                   w = torch::randn({64}), dy = torch::randn({3, 700, 64});
+  std::vector<at::Tensor> results[2];
+  for (const int threads : {1, 2}) {
+    phasor::set_num_threads(threads);
+    const at::Tensor xl = torch_test::leaf(x), gl = torch_test::leaf(gate),
+                     wl = torch_test::leaf(w);
+    const at::Tensor y = rms_norm_gated(xl, gl, wl, 1e-5) + rms_norm(xl, wl, 1e-5);
+    (y * dy).sum().backward();
+    results[threads - 1] = {y, xl.grad(), gl.grad(), wl.grad()};
+  }
+  phasor::set_num_threads(0);
+  for (std::size_t i = 0; i < results[0].size(); ++i)
+    EXPECT_TRUE(at::equal(results[0][i], results[1][i])) << "result " << i;
+  EXPECT_CLOSE(results[0][3],
+               ((x * at::rsqrt(x.pow(2).mean(-1, true) + 1e-5)) * dy * (at::silu(gate) + 1))
+                   .sum(at::IntArrayRef{0, 1}),
+               1e-5, "dweight");
+}
+
+TEST(RmsNormGated, ErrorsNameTheArgument) {
+  const at::Tensor x = torch::randn({2, 3, 4}), w = torch::ones({4});
+  torch_test::expect_torch_error(
+      [&] {
+        rms_norm_gated(x, torch::randn({2, 3, 5}), w, 1e-5);
+      },
+      {"rms_norm_gated", "'gate'", "[2, 3, 4]", "[2, 3, 5]"});
+  torch_test::expect_torch_error([&] { rms_norm_gated(x, at::Tensor(), w, 1e-5); },
+                                 {"rms_norm_gated", "'gate'", "undefined"});
+  torch_test::expect_torch_error(
+      [&] {
+        rms_norm_gated(x, torch::randn({2, 3, 4}, f64), w, 1e-5);
+      },
+      {"rms_norm_gated", "'gate'", "dtype", "Double"});
+  torch_test::expect_torch_error([&] { rms_norm_gated(x, x, w, 1e-5, "relu"); },
+                                 {"rms_norm_gated", "'activation'", "'relu'"});
+  torch_test::expect_torch_error([&] { rms_norm_gated(x, x, torch::ones({3}), 1e-5); },
+                                 {"rms_norm_gated", "'weight'", "[4]", "[3]"});
+  torch_test::expect_torch_error([&] { rms_norm_gated(x, x, w, -2.0); },
+                                 {"rms_norm_gated", "'eps'", "-2"});
 }
 
 TEST(RmsNorm, ErrorsNameTheArgument) {

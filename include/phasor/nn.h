@@ -66,6 +66,16 @@ namespace phasor::nn {
 // and the task harness's pre-norm blocks use it. Bad arguments raise c10::Error naming them.
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
 
+// RMSNorm times an activated gate, fla's FusedRMSNormGated (without bias):
+//   y = x · rsqrt(mean(x²) + eps) · weight · act(gate),   act = "silu" (also "swish") or "sigmoid"
+// gate: x's shape, dtype and device. One autograd node (dx, dgate, dweight; first-order only): the
+// GLA and Gated DeltaNet layers' output norm with their SiLU output gate, FoX's with its sigmoid
+// gate. rms_norm and rms_norm_gated run one loop over the rows on CPU float32/float64 tensors
+// (phasor's threads; the same bits for any thread count) and ATen ops elsewhere; both agree with
+// the composed expressions to rounding (tests/nn_test.cpp RmsNorm.*).
+at::Tensor rms_norm_gated(const at::Tensor& x, const at::Tensor& gate, const at::Tensor& weight,
+                          double eps, const std::string& activation = "silu");
+
 // Position encoding of an attention layer's q and k.
 //  none:           no rotation (NoPE).
 //  rope:           standard RoPE, θ[t, i] = (position t) · rope_theta^(−2i/K), shared by heads.

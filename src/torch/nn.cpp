@@ -3,9 +3,11 @@
 #include "phasor/nn.h"
 #include "layer_util.h"
 #include "nn_util.h"
+#include "rms_norm_rows.h"
 
 #include <torch/torch.h>
 
+#include <array>
 #include <cmath>
 #include <sstream>
 #include <string>
@@ -55,51 +57,161 @@ std::int64_t expanded_width(const char* layer, const char* name, std::int64_t hi
 
 // ---- shared pieces ------------------------------------------------------------------------------
 
-// RMSNorm as one autograd node. Forward: the products of the composed expression
-// x · rsqrt(mean(x²) + eps) · weight, in its order (the same values). Backward, with n = x·r,
-// r = (mean(x²) + eps)^(−1/2), D the last dimension and g = dy ⊙ weight:
-//   dx = r ⊙ (g − n ⊙ mean(g ⊙ n)),   dweight = Σ_rows dy ⊙ n
-// (∂r/∂x_j = −r³ x_j / D). Composed, autograd would record six nodes (pow, mean, add, rsqrt and
-// two products), each with its temporaries: at the harness's sizes (64 channels) their
-// bookkeeping, not the arithmetic, is the cost.
+using detail::GateActivation;
+
+// act(gate) of rms_norm_gated, as ATen expressions (the node's path off the CPU loops).
+at::Tensor activate(const at::Tensor& gate, GateActivation act) {
+  return act == GateActivation::silu ? at::silu(gate) : at::sigmoid(gate);
+}
+// act'(gate): silu' = σ (1 + z (1 − σ)), σ' = σ (1 − σ).
+at::Tensor activation_slope(const at::Tensor& gate, GateActivation act) {
+  const at::Tensor s = at::sigmoid(gate);
+  return act == GateActivation::silu ? s * (1 + gate * (1 - s)) : s * (1 - s);
+}
+
+// Whether the CPU row loops (rms_norm_rows.h) take the call: CPU tensors of float32 or float64
+// (the others run the ATen expressions, on any device).
+bool rows_path(const at::Tensor& x) {
+  return x.device().is_cpu() && (x.scalar_type() == at::kFloat || x.scalar_type() == at::kDouble);
+}
+
+// RMSNorm, optionally times an activated gate, as one autograd node:
+//   y = n ⊙ weight [⊙ act(gate)],   n = x ⊙ r,   r = (mean(x²) + eps)^(−1/2)  (per row of D)
+// Backward (∂r/∂x_j = −r³ x_j / D), with a = act(gate) (1 without a gate):
+//   dn = dy ⊙ weight ⊙ a,  dx = r ⊙ (dn − n ⊙ mean(dn ⊙ n)),
+//   dgate = dy ⊙ n ⊙ weight ⊙ act'(gate),  dweight = Σ_rows dy ⊙ n ⊙ a.
+// Composed, autograd would record six nodes for the norm (pow, mean, add, rsqrt, two products) and
+// two more for the gate, each with its temporaries; at the harness's sizes (64 channels) their
+// bookkeeping, not the arithmetic, was the cost. On CPU float32/float64 tensors both passes are
+// one loop over the rows (rms_norm_rows.h); elsewhere they are the ATen expressions above. Saved:
+// x, gate, weight and r (one number per row), not n.
+// The forward of both nodes (gate_in undefined: rms_norm).
+at::Tensor norm_forward(AutogradContext* ctx, const at::Tensor& x_in, const at::Tensor& gate_in,
+                        const at::Tensor& weight, double eps, GateActivation act) {
+  const bool gated = gate_in.defined();
+  at::Tensor x = x_in, gate = gate_in, r, y;
+  if (rows_path(x)) {
+    x = x.contiguous();
+    if (gated) gate = gate.contiguous();
+    const at::Tensor w = weight.contiguous();
+    const std::int64_t D = x.size(-1), rows = D == 0 ? 0 : x.numel() / D;
+    std::vector<std::int64_t> r_shape = x.sizes().vec();
+    r_shape.back() = 1;
+    r = at::empty(r_shape, x.options());
+    y = at::empty_like(x);
+    AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "rms_norm", [&] {
+      detail::rms_norm_rows_forward<scalar_t>(
+          x.data_ptr<scalar_t>(), gated ? gate.data_ptr<scalar_t>() : nullptr, act,
+          w.data_ptr<scalar_t>(), rows, D, eps, y.data_ptr<scalar_t>(), r.data_ptr<scalar_t>());
+    });
+  } else {
+    r = at::rsqrt(x.pow(2).mean(-1, /*keepdim=*/true) + eps);
+    y = x * r * weight;
+    if (gated) y = y * activate(gate, act);
+  }
+  ctx->save_for_backward({x, gate, weight, r});
+  ctx->saved_data["activation"] = static_cast<std::int64_t>(act);
+  return y;
+}
+
+// The backward of both nodes: {dx, dgate, dweight}, each undefined where not asked for.
+std::array<at::Tensor, 3> norm_backward(AutogradContext* ctx, const at::Tensor& dy_in, bool want_dx,
+                                        bool want_dgate, bool want_dweight) {
+  torch_detail::check_first_order("rms_norm");
+  const auto saved = ctx->get_saved_variables();
+  const at::Tensor &x = saved[0], &gate = saved[1], &weight = saved[2], &r = saved[3];
+  const auto act = static_cast<GateActivation>(ctx->saved_data["activation"].toInt());
+  const bool gated = gate.defined();
+  want_dgate = want_dgate && gated;
+  at::Tensor dx, dgate, dweight;
+  if (rows_path(x)) {
+    const at::Tensor dy = dy_in.contiguous(), w = weight.contiguous();
+    const std::int64_t D = x.size(-1), rows = D == 0 ? 0 : x.numel() / D;
+    if (want_dx) dx = at::empty_like(x);
+    if (want_dgate) dgate = at::empty_like(x);
+    if (want_dweight) dweight = at::empty({D}, x.options());
+    AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "rms_norm", [&] {
+      const auto ptr = [](const at::Tensor& t) {
+        return t.defined() ? t.data_ptr<scalar_t>() : nullptr;
+      };
+      detail::rms_norm_rows_backward<scalar_t>(ptr(x), ptr(gate), act, ptr(w), ptr(r), ptr(dy),
+                                               rows, D, ptr(dx), ptr(dgate), ptr(dweight));
+    });
+    return {dx, dgate, dweight.defined() ? dweight.view_as(weight) : dweight};
+  }
+  const at::Tensor& dy = dy_in;
+  const at::Tensor n = x * r;
+  const at::Tensor a = gated ? activate(gate, act) : at::Tensor();
+  if (want_dx) {
+    const at::Tensor dn = gated ? dy * weight * a : dy * weight;
+    dx = r * (dn - n * (dn * n).mean(-1, /*keepdim=*/true));
+  }
+  if (want_dgate) dgate = dy * n * weight * activation_slope(gate, act);
+  if (want_dweight) dweight = (gated ? dy * n * a : dy * n).sum_to_size(weight.sizes());
+  return {dx, dgate, dweight};
+}
+
+// Two nodes, not one with an optional gate: this LibTorch's custom functions take no undefined
+// tensor argument.
 struct RmsNormFunction : torch::autograd::Function<RmsNormFunction> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
                                double eps) {
-    const at::Tensor r = at::rsqrt(x.pow(2).mean(-1, /*keepdim=*/true) + eps);
-    const at::Tensor normed = x * r;
-    ctx->save_for_backward({normed, r, weight});
-    return {normed * weight};
+    return {norm_forward(ctx, x, at::Tensor(), weight, eps, GateActivation::silu)};
   }
-
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    torch_detail::check_first_order("rms_norm");
-    const auto saved = ctx->get_saved_variables();
-    const at::Tensor &normed = saved[0], &r = saved[1], &weight = saved[2], &dy = grads[0];
-    at::Tensor dx, dweight;
-    if (ctx->needs_input_grad(0)) {
-      const at::Tensor g = dy * weight;
-      dx = r * (g - normed * (g * normed).mean(-1, /*keepdim=*/true));
-    }
-    if (ctx->needs_input_grad(1)) dweight = (dy * normed).sum_to_size(weight.sizes());
-    return {dx, dweight, at::Tensor()};
+    const auto d =
+        norm_backward(ctx, grads[0], ctx->needs_input_grad(0), false, ctx->needs_input_grad(1));
+    return {d[0], d[2], at::Tensor()};
   }
 };
+struct RmsNormGatedFunction : torch::autograd::Function<RmsNormGatedFunction> {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& gate,
+                               const at::Tensor& weight, double eps, std::int64_t activation) {
+    return {norm_forward(ctx, x, gate, weight, eps, static_cast<GateActivation>(activation))};
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto d = norm_backward(ctx, grads[0], ctx->needs_input_grad(0), ctx->needs_input_grad(1),
+                                 ctx->needs_input_grad(2));
+    return {d[0], d[1], d[2], at::Tensor(), at::Tensor()};
+  }
+};
+
+// The checks of rms_norm and rms_norm_gated.
+void check_rms_norm(const char* op, const at::Tensor& x, const at::Tensor& weight, double eps) {
+  TORCH_CHECK(x.defined() && x.dim() >= 1, op, ": argument 'x': expected a tensor [..., D], got ",
+              x.defined() ? "a scalar" : "an undefined tensor");
+  TORCH_CHECK(weight.defined() && weight.dim() == 1 && weight.size(0) == x.size(-1), op,
+              ": argument 'weight': expected shape [", x.size(-1), "] (x's last dimension), got ",
+              weight.defined() ? "shape " + torch_detail::shape_of(weight) : "an undefined tensor");
+  TORCH_CHECK(x.scalar_type() == weight.scalar_type(), op, ": argument 'weight': expected dtype ",
+              x.scalar_type(), " (x's), got ", weight.scalar_type());
+  TORCH_CHECK(weight.device() == x.device(), op, ": argument 'weight': expected device ",
+              x.device(), " (x's), got ", weight.device());
+  TORCH_CHECK(eps >= 0.0, op, ": argument 'eps': expected a number ≥ 0, got ", eps);
+}
 
 }  // namespace
 
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
-  TORCH_CHECK(x.defined() && x.dim() >= 1,
-              "rms_norm: argument 'x': expected a tensor [..., D], got ",
-              x.defined() ? "a scalar" : "an undefined tensor");
-  TORCH_CHECK(weight.defined() && weight.dim() == 1 && weight.size(0) == x.size(-1),
-              "rms_norm: argument 'weight': expected shape [", x.size(-1),
-              "] (x's last dimension), got ",
-              weight.defined() ? "shape " + torch_detail::shape_of(weight) : "an undefined tensor");
-  TORCH_CHECK(x.scalar_type() == weight.scalar_type(),
-              "rms_norm: argument 'weight': expected dtype ", x.scalar_type(), " (x's), got ",
-              weight.scalar_type());
-  TORCH_CHECK(eps >= 0.0, "rms_norm: argument 'eps': expected a number ≥ 0, got ", eps);
+  check_rms_norm("rms_norm", x, weight, eps);
   return RmsNormFunction::apply(x, weight, eps)[0];
+}
+
+at::Tensor rms_norm_gated(const at::Tensor& x, const at::Tensor& gate, const at::Tensor& weight,
+                          double eps, const std::string& activation) {
+  check_rms_norm("rms_norm_gated", x, weight, eps);
+  TORCH_CHECK(gate.defined() && gate.sizes() == x.sizes(),
+              "rms_norm_gated: argument 'gate': expected shape ", shape_of(x), " (x's), got ",
+              gate.defined() ? "shape " + shape_of(gate) : "an undefined tensor");
+  TORCH_CHECK(gate.scalar_type() == x.scalar_type() && gate.device() == x.device(),
+              "rms_norm_gated: argument 'gate': expected dtype ", x.scalar_type(), " on ",
+              x.device(), " (x's), got ", gate.scalar_type(), " on ", gate.device());
+  TORCH_CHECK(activation == "silu" || activation == "swish" || activation == "sigmoid",
+              "rms_norm_gated: argument 'activation': expected 'silu' (or 'swish') or 'sigmoid', ",
+              "got '", activation, "'");
+  const GateActivation act =
+      activation == "sigmoid" ? GateActivation::sigmoid : GateActivation::silu;
+  return RmsNormGatedFunction::apply(x, gate, weight, eps, static_cast<std::int64_t>(act))[0];
 }
 
 namespace {
@@ -443,8 +555,10 @@ at::Tensor GatedLinearAttentionImpl::forward(const at::Tensor& x, LayerCache* ca
          : phasor::gla(q, k, v, g, impl, c10::nullopt, h0, cache != nullptr, c10::nullopt,
                        o.chunk_size(), optional_of(theta), o.rotary_layout());
   if (cache) cache->state = *ht, cache->offset += T;
-  at::Tensor y = rms_norm(out, o_norm_weight, o.norm_eps());
-  if (g_proj) y = y * at::silu(g_proj->forward(x).reshape({B, T, H, head_v}));
+  // The output norm and SiLU gate as one node (fla's FusedRMSNormGated).
+  const at::Tensor y = g_proj ? rms_norm_gated(out, g_proj->forward(x).reshape({B, T, H, head_v}),
+                                               o_norm_weight, o.norm_eps(), "silu")
+                              : rms_norm(out, o_norm_weight, o.norm_eps());
   return o_proj->forward(y.reshape({B, T, H * head_v}));
 }
 
@@ -540,8 +654,10 @@ at::Tensor GatedDeltaNetImpl::forward(const at::Tensor& x, LayerCache* cache) {
                                     c10::nullopt, /*use_qk_l2norm_in_kernel=*/true, o.chunk_size(),
                                     optional_of(theta), o.rotary_layout());
   if (cache) cache->state = *ht, cache->offset += T;
-  at::Tensor y = rms_norm(out, o_norm_weight, o.norm_eps());
-  if (g_proj) y = y * at::silu(g_proj->forward(x).reshape({B, T, HV, head_v}));
+  // The output norm and SiLU gate as one node (fla's FusedRMSNormGated).
+  const at::Tensor y = g_proj ? rms_norm_gated(out, g_proj->forward(x).reshape({B, T, HV, head_v}),
+                                               o_norm_weight, o.norm_eps(), "silu")
+                              : rms_norm(out, o_norm_weight, o.norm_eps());
   return o_proj->forward(y.reshape({B, T, HV * head_v}));
 }
 
@@ -697,8 +813,13 @@ at::Tensor ForgettingAttentionImpl::forward(const at::Tensor& x, LayerCache* cac
                                            o.block_size(), optional_of(theta), o.rotary_layout(),
                                            optional_of(slope_q), optional_of(slope_k));
   }
-  if (o.use_output_norm()) out = rms_norm(out, o_norm_weight, o.norm_eps());
-  if (g_proj) out = out * at::sigmoid(g_proj->forward(x).reshape({B, T, HQ, K}));
+  if (g_proj) {
+    const at::Tensor gate = g_proj->forward(x).reshape({B, T, HQ, K});
+    out = o.use_output_norm() ? rms_norm_gated(out, gate, o_norm_weight, o.norm_eps(), "sigmoid")
+                              : out * at::sigmoid(gate);
+  } else if (o.use_output_norm()) {
+    out = rms_norm(out, o_norm_weight, o.norm_eps());
+  }
   return o_proj->forward(out.reshape({B, T, HQ * K}));
 }
 
