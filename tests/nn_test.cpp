@@ -491,6 +491,58 @@ TEST(GatedLinearAttention, DecodeMatchesParallel) {
   expect_decode_matches_parallel(plain, x, 4, "GLA recurrent, no output gate, rope");
 }
 
+// The layers compute their projections of x as one product with the weights stacked: the output
+// is that of the layer's equations with each projection on its own (float64, to rounding), so a
+// projection split off at the wrong place or in the wrong order fails.
+TEST(GatedLinearAttention, StackedProjectionsAreTheSeparateOnes) {
+  torch::manual_seed(31);
+  GatedLinearAttention layer(GatedLinearAttentionOptions(12, 2)
+                                 .expand_k(1.0)
+                                 .expand_v(0.5)
+                                 .gate_low_rank_dim(4)
+                                 .gate_logit_normalizer(2.0)
+                                 .chunk_size(4));
+  layer->to(at::kDouble);
+  const at::Tensor x = torch::randn({2, 9, 12}, f64);
+  const std::int64_t B = 2, T = 9, H = 2;
+  const auto linear = [&](const torch::nn::Linear& p) { return at::linear(x, p->weight); };
+  const at::Tensor q = linear(layer->q_proj).reshape({B, T, H, layer->head_k}),
+                   k = linear(layer->k_proj).reshape({B, T, H, layer->head_k}),
+                   v = linear(layer->v_proj).reshape({B, T, H, layer->head_v});
+  const at::Tensor g = layer->forget_gates(x);  // gk_down on its own
+  const at::Tensor out = std::get<0>(
+      phasor::gla(q, k, v, g, Impl::chunk, c10::nullopt, c10::nullopt, false, c10::nullopt, 4));
+  const at::Tensor y = rms_norm_gated(out, linear(layer->g_proj).reshape({B, T, H, layer->head_v}),
+                                      layer->o_norm_weight, layer->options.norm_eps(), "silu");
+  const at::Tensor expected = at::linear(y.reshape({B, T, -1}), layer->o_proj->weight);
+  EXPECT_CLOSE(layer->forward(x), expected, 1e-13, "GLA layer");
+}
+
+TEST(GatedDeltaNet, StackedProjectionsAreTheSeparateOnes) {
+  torch::manual_seed(32);
+  GatedDeltaNet layer(GatedDeltaNetOptions(12, 2, 6)
+                          .num_v_heads(4)
+                          .expand_v(1.5)
+                          .chunk_size(4)
+                          .use_short_conv(false)
+                          .allow_neg_eigval(true));
+  layer->to(at::kDouble);
+  const at::Tensor x = torch::randn({2, 9, 12}, f64);
+  const std::int64_t B = 2, T = 9, H = 2, HV = 4, K = 6;
+  const auto linear = [&](const torch::nn::Linear& p) { return at::linear(x, p->weight); };
+  const at::Tensor q = at::silu(linear(layer->q_proj)).reshape({B, T, H, K}),
+                   k = at::silu(linear(layer->k_proj)).reshape({B, T, H, K}),
+                   v = at::silu(linear(layer->v_proj)).reshape({B, T, HV, layer->head_v});
+  const at::Tensor beta = at::sigmoid(linear(layer->b_proj)) * 2.0;
+  const at::Tensor g = -layer->A_log.exp() * at::softplus(linear(layer->a_proj) + layer->dt_bias);
+  const at::Tensor out = std::get<0>(phasor::gated_delta_rule(
+      q, k, v, g, beta, Impl::chunk, c10::nullopt, c10::nullopt, false, c10::nullopt, true, 4));
+  const at::Tensor y = rms_norm_gated(out, linear(layer->g_proj).reshape({B, T, HV, layer->head_v}),
+                                      layer->o_norm_weight, layer->options.norm_eps(), "silu");
+  const at::Tensor expected = at::linear(y.reshape({B, T, -1}), layer->o_proj->weight);
+  EXPECT_CLOSE(layer->forward(x), expected, 1e-13, "Gated DeltaNet layer");
+}
+
 TEST(Layers, CloneCopiesEverySubmodule) {
   torch::manual_seed(21);
   const at::Tensor x = torch::randn({1, 6, 16}, f64);

@@ -459,6 +459,8 @@ class GatedLinearAttentionImpl : public torch::nn::Cloneable<GatedLinearAttentio
   at::Tensor forward(const at::Tensor& x, LayerCache* cache = nullptr);
   // The log forget gates g [B, T, H, K] as given to the op (tied pairs already expanded).
   at::Tensor forget_gates(const at::Tensor& x);
+  // The same from gk_down's output [B, T, gate_low_rank_dim].
+  at::Tensor forget_gates_from_low_rank(const at::Tensor& low_rank);
 
   GatedLinearAttentionOptions options;
   std::int64_t head_k = 0, head_v = 0;

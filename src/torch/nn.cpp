@@ -57,6 +57,23 @@ std::int64_t expanded_width(const char* layer, const char* name, std::int64_t hi
 
 // ---- shared pieces ------------------------------------------------------------------------------
 
+// x W_iᵀ for bias-free projections of one input x [..., D], as one product with the weights
+// stacked ([Σ N_i, D]) and its output split (views of it, [..., N_i] each). At the task harness's
+// sizes (2,048 rows, D = 64) a 64-column product runs OpenBLAS far below its rate, and the
+// backward pass summed one ∂L/∂x per projection; stacked, it is one product each way and one cat
+// of the outputs' gradients. The values are those of separate products up to their rounding.
+std::vector<at::Tensor> stacked_projections(const at::Tensor& x,
+                                            const std::vector<torch::nn::Linear>& projections) {
+  std::vector<at::Tensor> weights;
+  std::vector<std::int64_t> widths;
+  for (const torch::nn::Linear& p : projections) {
+    TORCH_INTERNAL_ASSERT(!p->bias.defined(), "stacked_projections: a projection with a bias");
+    weights.push_back(p->weight);
+    widths.push_back(p->weight.size(0));
+  }
+  return at::linear(x, at::cat(weights, 0)).split_with_sizes(widths, -1);
+}
+
 using detail::GateActivation;
 
 // act(gate) of rms_norm_gated, as ATen expressions (the node's path off the CPU loops).
@@ -507,12 +524,15 @@ void GatedLinearAttentionImpl::reset() {
 }
 
 at::Tensor GatedLinearAttentionImpl::forget_gates(const at::Tensor& x) {
-  const auto& o = options;
-  check_input("GatedLinearAttention", x, o.hidden_size());
+  check_input("GatedLinearAttention", x, options.hidden_size());
   check_dtype_matches("GatedLinearAttention", x, q_proj->weight);
-  const std::int64_t B = x.size(0), T = x.size(1), H = o.num_heads();
-  const at::Tensor g =
-      at::log_sigmoid(gk_up->forward(gk_down->forward(x))) / o.gate_logit_normalizer();
+  return forget_gates_from_low_rank(gk_down->forward(x));
+}
+
+at::Tensor GatedLinearAttentionImpl::forget_gates_from_low_rank(const at::Tensor& low_rank) {
+  const auto& o = options;
+  const std::int64_t B = low_rank.size(0), T = low_rank.size(1), H = o.num_heads();
+  const at::Tensor g = at::log_sigmoid(gk_up->forward(low_rank)) / o.gate_logit_normalizer();
   const bool tied = o.pos_encoding() != PosEncoding::none && o.tie_gate_pairs();
   if (!tied) return g.reshape({B, T, H, head_k});
   // One decay per rotation pair, copied onto both channels of the pair: pairs are (i, i + K/2)
@@ -530,7 +550,12 @@ at::Tensor GatedLinearAttentionImpl::forward(const at::Tensor& x, LayerCache* ca
   const auto& cp = o.context_parallel();
   const std::int64_t offset = context_parallel_setup(
       "GatedLinearAttention", cp, cache, o.pos_encoding(), T, {&q_conv, &k_conv, &v_conv}, rope);
-  at::Tensor q = q_proj->forward(x), k = k_proj->forward(x), v = v_proj->forward(x);
+  // q, k, v, the forget gate's low-rank projection and the output gate all read x: one product
+  // with their weights stacked (see stacked_projections).
+  std::vector<torch::nn::Linear> projections{q_proj, k_proj, v_proj, gk_down};
+  if (g_proj) projections.push_back(g_proj);
+  const std::vector<at::Tensor> projected = stacked_projections(x, projections);
+  at::Tensor q = projected[0], k = projected[1], v = projected[2];
   if (o.use_short_conv()) {
     q = q_conv->forward(q, cache ? &cache->q_conv : nullptr);
     k = k_conv->forward(k, cache ? &cache->k_conv : nullptr);
@@ -538,7 +563,7 @@ at::Tensor GatedLinearAttentionImpl::forward(const at::Tensor& x, LayerCache* ca
   }
   q = q.reshape({B, T, H, head_k}), k = k.reshape({B, T, H, head_k});
   v = v.reshape({B, T, H, head_v});
-  const at::Tensor g = forget_gates(x);
+  const at::Tensor g = forget_gates_from_low_rank(projected[3]);
   at::Tensor theta =
       position_angles(o.pos_encoding(), rope, o.rope_theta(), x, H, head_k, cache, offset);
   // Learnable rotations (E1 in nn.h): q, k ← M q, M k, then RoPE(θ) as below.
@@ -556,7 +581,7 @@ at::Tensor GatedLinearAttentionImpl::forward(const at::Tensor& x, LayerCache* ca
                        o.chunk_size(), optional_of(theta), o.rotary_layout());
   if (cache) cache->state = *ht, cache->offset += T;
   // The output norm and SiLU gate as one node (fla's FusedRMSNormGated).
-  const at::Tensor y = g_proj ? rms_norm_gated(out, g_proj->forward(x).reshape({B, T, H, head_v}),
+  const at::Tensor y = g_proj ? rms_norm_gated(out, projected[4].reshape({B, T, H, head_v}),
                                                o_norm_weight, o.norm_eps(), "silu")
                               : rms_norm(out, o_norm_weight, o.norm_eps());
   return o_proj->forward(y.reshape({B, T, H * head_v}));
@@ -624,7 +649,12 @@ at::Tensor GatedDeltaNetImpl::forward(const at::Tensor& x, LayerCache* cache) {
   const auto& cp = o.context_parallel();
   const std::int64_t offset = context_parallel_setup("GatedDeltaNet", cp, cache, o.pos_encoding(),
                                                      T, {&q_conv, &k_conv, &v_conv}, rope);
-  at::Tensor q = q_proj->forward(x), k = k_proj->forward(x), v = v_proj->forward(x);
+  // q, k, v, β's and the decay's projections and the output gate all read x: one product with
+  // their weights stacked (see stacked_projections).
+  std::vector<torch::nn::Linear> projections{q_proj, k_proj, v_proj, b_proj, a_proj};
+  if (g_proj) projections.push_back(g_proj);
+  const std::vector<at::Tensor> projected = stacked_projections(x, projections);
+  at::Tensor q = projected[0], k = projected[1], v = projected[2];
   if (o.use_short_conv()) {
     q = q_conv->forward(q, cache ? &cache->q_conv : nullptr);
     k = k_conv->forward(k, cache ? &cache->k_conv : nullptr);
@@ -633,9 +663,9 @@ at::Tensor GatedDeltaNetImpl::forward(const at::Tensor& x, LayerCache* cache) {
     q = at::silu(q), k = at::silu(k), v = at::silu(v);  // as fla without short convolutions
   }
   q = q.reshape({B, T, H, K}), k = k.reshape({B, T, H, K}), v = v.reshape({B, T, HV, head_v});
-  at::Tensor beta = at::sigmoid(b_proj->forward(x));
+  at::Tensor beta = at::sigmoid(projected[3]);
   if (o.allow_neg_eigval()) beta = beta * 2.0;
-  const at::Tensor g = -A_log.exp() * at::softplus(a_proj->forward(x) + dt_bias);
+  const at::Tensor g = -A_log.exp() * at::softplus(projected[4] + dt_bias);
   at::Tensor theta =
       position_angles(o.pos_encoding(), rope, o.rope_theta(), x, H, K, cache, offset);
   // Learnable rotations (E1 in nn.h): q, k ← M q, M k, then RoPE(θ) as below.
@@ -655,7 +685,7 @@ at::Tensor GatedDeltaNetImpl::forward(const at::Tensor& x, LayerCache* cache) {
                                     optional_of(theta), o.rotary_layout());
   if (cache) cache->state = *ht, cache->offset += T;
   // The output norm and SiLU gate as one node (fla's FusedRMSNormGated).
-  const at::Tensor y = g_proj ? rms_norm_gated(out, g_proj->forward(x).reshape({B, T, HV, head_v}),
+  const at::Tensor y = g_proj ? rms_norm_gated(out, projected[5].reshape({B, T, HV, head_v}),
                                                o_norm_weight, o.norm_eps(), "silu")
                               : rms_norm(out, o_norm_weight, o.norm_eps());
   return o_proj->forward(y.reshape({B, T, HV * head_v}));

@@ -23,7 +23,9 @@ using ConstRowMap = Eigen::Map<const Row<S>>;
 // block, are the same for any number of threads.
 constexpr std::int64_t kRowsPerBlock = 256;
 
-std::int64_t num_blocks(std::int64_t rows) { return (rows + kRowsPerBlock - 1) / kRowsPerBlock; }
+std::int64_t num_blocks(std::int64_t rows) {
+  return (rows + kRowsPerBlock - 1) / kRowsPerBlock;
+}
 
 // Runs fn(first_row, end_row) for every block of rows, in parallel.
 template <class Fn>
@@ -104,9 +106,8 @@ void rms_norm_rows_backward(const S* x, const S* gate, GateActivation act, const
   for (const Row<S>& part : partials) dw += part;
 }
 
-template void rms_norm_rows_forward<float>(const float*, const float*, GateActivation,
-                                           const float*, std::int64_t, std::int64_t, double,
-                                           float*, float*);
+template void rms_norm_rows_forward<float>(const float*, const float*, GateActivation, const float*,
+                                           std::int64_t, std::int64_t, double, float*, float*);
 template void rms_norm_rows_forward<double>(const double*, const double*, GateActivation,
                                             const double*, std::int64_t, std::int64_t, double,
                                             double*, double*);
@@ -115,7 +116,6 @@ template void rms_norm_rows_backward<float>(const float*, const float*, GateActi
                                             std::int64_t, float*, float*, float*);
 template void rms_norm_rows_backward<double>(const double*, const double*, GateActivation,
                                              const double*, const double*, const double*,
-                                             std::int64_t, std::int64_t, double*, double*,
-                                             double*);
+                                             std::int64_t, std::int64_t, double*, double*, double*);
 
 }  // namespace phasor::nn::detail
