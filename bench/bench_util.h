@@ -174,6 +174,22 @@ inline void register_standard_grid(benchmark::internal::Benchmark* fast,
       ->UseRealTime();
 }
 
+// ---- Chunk states kept by the forward for the backward ----------------------------------------
+// Arguments (kept, backward, T): the chunk forward, alone and with its backward, with the chunk
+// states kept by the forward and read by the backward (kept:1, what the LibTorch layer does when
+// it trains) and without them (kept:0: the backward replays the state recurrence), side by side at
+// T ∈ {1024, 4096, 16384}; labelled by chunk_state_label.
+inline void register_chunk_state_grid(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"kept", "backward", "T"});
+  for (std::int64_t T : {1024, 4096, 16384})
+    for (std::int64_t backward : {0, 1})
+      for (std::int64_t kept : {0, 1}) b->Args({kept, backward, T});
+  b->Unit(benchmark::kMillisecond)->MinTime(0.2)->UseRealTime();
+}
+inline const char* chunk_state_label(bool kept) {
+  return kept ? "chunk/states kept" : "chunk/states replayed";
+}
+
 // ---- Input dtype: float32 against bfloat16 ----------------------------------------------------
 // A bfloat16 copy (rounded to nearest even) of the contiguous float32 tensor x, held in
 // `storage`: a view of the same shape.

@@ -7,6 +7,8 @@
 // per second; peak_MiB is the peak heap of one forward + backward (everything allocated on top of
 // the inputs and outputs, Eigen included). BM_GatedDeltaRuleHarnessShape: forward + backward of one
 // layer of the synthetic-task harness's quick suite (B = 32, H = 2, K = 32, V = 64, T = 64).
+// BM_GatedDeltaRuleChunkStates: the chunk forward and forward + backward with the chunk states
+// kept by the forward for the backward (as the LibTorch layer trains) against the replay.
 #include <benchmark/benchmark.h>
 
 #include <cmath>
@@ -89,10 +91,12 @@ struct Problem {
 // update (2KV), the solve with M and the gated attention on U_new (2LV on average: (L − 1)V +
 // (L + 1)V) and K Kᵀ, Q̃ Kᵀ (2LK); the backward replays the states (4KV + LV + 2LK), recomputes
 // the chunk (2KV + LV + 2LK) and differentiates it (12KV + 4LV + 4LK).
-double gdn_chunk_flops(bool backward) {
+// With the chunk states kept by the forward (kept), the backward does not replay the states.
+double gdn_chunk_flops(bool backward, bool kept = false) {
   const double K = kK, V = kV, L = 64;
   const double forward = 6 * K * V + 2 * L * V + 2 * L * K;
-  return kH * (backward ? forward + 18 * K * V + 6 * L * V + 8 * L * K : forward);
+  const double replay = kept ? 0 : 4 * K * V + L * V + 2 * L * K;
+  return kH * (backward ? forward + replay + 14 * K * V + 5 * L * V + 6 * L * K : forward);
 }
 
 void BM_GatedDeltaRuleForward(benchmark::State& state) {
@@ -118,6 +122,27 @@ void BM_GatedDeltaRuleForwardBackward(benchmark::State& state) {
   });
   if (impl == Impl::chunk)
     phasor::bench::report_flops(state, seconds, problem.T, gdn_chunk_flops(true));
+}
+
+// The chunk forward (+ backward) with the chunk states kept for the backward, or replayed by it
+// (bench_util.h: register_chunk_state_grid).
+void BM_GatedDeltaRuleChunkStates(benchmark::State& state) {
+  const bool kept = state.range(0) != 0, backward = state.range(1) != 0;
+  Problem problem(state.range(2));
+  const phasor::GatedDeltaRuleParams params = problem.params();
+  const TensorView o = problem.v_view(problem.o), d_o = problem.v_view(problem.d_o);
+  const phasor::GatedDeltaRuleGrads grads = problem.grads();
+  const std::int64_t count = phasor::num_chunk_states(params.q, {}, params.chunk_size);
+  std::vector<float> states(kept ? static_cast<std::size_t>(count * kH * kK * kV) : 0);
+  const TensorView chunk_states =
+      kept ? TensorView::of(states.data(), {count, kH, kK, kV}) : TensorView{};
+  const double seconds = phasor::bench::time_calls(state, problem.T, Impl::chunk, [&] {
+    phasor::gated_delta_rule_forward(params, Impl::chunk, o, {}, chunk_states);
+    if (backward)
+      phasor::gated_delta_rule_backward(params, Impl::chunk, d_o, {}, grads, chunk_states);
+  });
+  phasor::bench::report_flops(state, seconds, problem.T, gdn_chunk_flops(backward, kept));
+  state.SetLabel(phasor::bench::chunk_state_label(kept));
 }
 
 // Forward + backward at the harness's layer shape (bench_util.h: kHarnessShape with V doubled,
@@ -314,6 +339,8 @@ const bool registered = [] {
   phasor::bench::register_standard_grid(
       RegisterBenchmark("BM_GatedDeltaRuleForwardBackward", BM_GatedDeltaRuleForwardBackward),
       RegisterBenchmark("BM_GatedDeltaRuleForwardBackward", BM_GatedDeltaRuleForwardBackward));
+  phasor::bench::register_chunk_state_grid(
+      RegisterBenchmark("BM_GatedDeltaRuleChunkStates", BM_GatedDeltaRuleChunkStates));
   phasor::bench::register_device_grid(
       RegisterBenchmark("BM_GatedDeltaRuleRecurrentDevice", BM_GatedDeltaRuleRecurrentDevice));
   phasor::bench::register_chunk_device_grid(

@@ -5,6 +5,8 @@
 // BM_GlaRecurrentDevice: the recurrent kernel on the CPU, on the emulated GPU (the CUDA kernel's
 // source run by the CPU, as in CI; at T = 64 only: emulation costs ~10³×) and on a GPU when one is
 // present (T = 1024 … 16384); label "<device>/recurrent".
+// BM_GlaChunkStates: the chunk forward and forward + backward with the chunk states kept by the
+// forward for the backward (as the LibTorch layer trains) against the backward's replay.
 // BM_GlaHarnessShape: forward + backward of one layer of the synthetic-task harness's quick suite
 // (B = 32, H = 2, K = V = 32, T = 64; bench_util.h's kHarnessShape).
 // BM_GlaRotation*: rotation angles θ fused into the kernel vs apply_rotary then the op (the
@@ -80,10 +82,12 @@ struct Problem {
 // its causal intra-chunk scores and weighted values ((C + 1)(K + V) on average); the backward
 // replays the state (2KV), forms dq, dk, dv and dS from the states (4 · 2KV) and differentiates the
 // intra-chunk part (recomputed scores, dA, dq, dk, dv: (C + 1)(3K + 2V)).
-double gla_chunk_flops(bool backward) {
+// With the chunk states kept by the forward (kept), the backward does not replay the state (8KV).
+double gla_chunk_flops(bool backward, bool kept = false) {
   const double K = kK, V = kV, C = 64;
   const double forward = 4 * K * V + (C + 1) * (K + V);
-  return kH * (backward ? forward + 10 * K * V + (C + 1) * (3 * K + 2 * V) : forward);
+  const double state_products = kept ? 8 * K * V : 10 * K * V;
+  return kH * (backward ? forward + state_products + (C + 1) * (3 * K + 2 * V) : forward);
 }
 
 void BM_GlaForward(benchmark::State& state) {
@@ -109,6 +113,26 @@ void BM_GlaForwardBackward(benchmark::State& state) {
   });
   if (impl == Impl::chunk)
     phasor::bench::report_flops(state, seconds, problem.T, gla_chunk_flops(true));
+}
+
+// The chunk forward (+ backward) with the chunk states kept for the backward, or replayed by it
+// (bench_util.h: register_chunk_state_grid).
+void BM_GlaChunkStates(benchmark::State& state) {
+  const bool kept = state.range(0) != 0, backward = state.range(1) != 0;
+  Problem problem(state.range(2));
+  const phasor::GlaParams params = problem.params();
+  const TensorView o = problem.v_view(problem.o), d_o = problem.v_view(problem.d_o);
+  const phasor::GlaGrads grads = problem.grads();
+  const std::int64_t count = phasor::num_chunk_states(params.q, {}, params.chunk_size);
+  std::vector<float> states(kept ? static_cast<std::size_t>(count * kH * kK * kV) : 0);
+  const TensorView chunk_states =
+      kept ? TensorView::of(states.data(), {count, kH, kK, kV}) : TensorView{};
+  const double seconds = phasor::bench::time_calls(state, problem.T, Impl::chunk, [&] {
+    phasor::gla_forward(params, Impl::chunk, o, {}, chunk_states);
+    if (backward) phasor::gla_backward(params, Impl::chunk, d_o, {}, grads, chunk_states);
+  });
+  phasor::bench::report_flops(state, seconds, problem.T, gla_chunk_flops(backward, kept));
+  state.SetLabel(phasor::bench::chunk_state_label(kept));
 }
 
 // Forward + backward at the harness's layer shape (bench_util.h: kHarnessShape, T = 64).
@@ -282,6 +306,8 @@ const bool registered = [] {
   phasor::bench::register_standard_grid(
       RegisterBenchmark("BM_GlaForwardBackward", BM_GlaForwardBackward),
       RegisterBenchmark("BM_GlaForwardBackward", BM_GlaForwardBackward));
+  phasor::bench::register_chunk_state_grid(
+      RegisterBenchmark("BM_GlaChunkStates", BM_GlaChunkStates));
   phasor::bench::register_device_grid(
       RegisterBenchmark("BM_GlaRecurrentDevice", BM_GlaRecurrentDevice));
   phasor::bench::register_chunk_device_grid(

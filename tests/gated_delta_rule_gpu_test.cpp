@@ -12,6 +12,7 @@
 // the CPU's error text for a positive gate and a bad cu_seqlens.
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <random>
 #include <string>
 #include <tuple>
@@ -81,6 +82,7 @@ Inputs make_inputs(const Case& c, std::uint64_t seed) {
 
 struct Outputs {
   Tensor o, final_state, dq, dk, dv, dg, dbeta, dh0, dtheta;
+  Tensor chunk_states;  // when kept (not among fields())
   testing::NamedTensors fields() const {
     return {{"o", &o},          {"final_state", &final_state},
             {"dq", &dq},        {"dk", &dk},
@@ -93,8 +95,9 @@ struct Outputs {
 // Forward and backward of `impl` on `device`, every input rounded to `dtype`, outputs in `dtype`
 // (states and dh0 in float32, or float64 for float64 inputs).
 // strided: every input through a strided view (OnDevice::in_strided).
+// keep: the forward keeps its chunk states in that dtype, and the backward is given them.
 Outputs run(const Inputs& in, DType dtype, Device device, Impl impl, Rotation rotation,
-            bool strided = false) {
+            bool strided = false, std::optional<DType> keep = std::nullopt) {
   OnDevice on(device);
   auto input = [&](const Tensor& t) { return on.in(t, dtype, strided); };
   const DType state_dtype = testing::compute_dtype(dtype);
@@ -114,7 +117,11 @@ Outputs run(const Inputs& in, DType dtype, Device device, Impl impl, Rotation ro
   }
   const TensorView o = on.out(in.v.shape(), dtype),
                    fs = on.out({in.N, in.HV, in.c.K, in.c.V}, state_dtype);
-  gated_delta_rule_forward(p, impl, o, fs);
+  const TensorView kept =
+      keep ? on.out({num_chunk_states(p.q, p.cu_seqlens, p.chunk_size), in.HV, in.c.K, in.c.V},
+                    *keep)
+           : TensorView{};
+  gated_delta_rule_forward(p, impl, o, fs, kept);
   GatedDeltaRuleGrads grads;
   grads.dq = on.out(in.q.shape(), dtype);
   grads.dk = on.out(in.q.shape(), dtype);
@@ -123,8 +130,9 @@ Outputs run(const Inputs& in, DType dtype, Device device, Impl impl, Rotation ro
   grads.dbeta = on.out(in.beta.shape(), dtype);
   if (in.h0.defined()) grads.dh0 = on.out(in.h0.shape(), state_dtype);
   if (rotation != Rotation::none) grads.dtheta = on.out(in.theta.shape(), dtype);
-  gated_delta_rule_backward(p, impl, input(in.d_o), on.in(in.dht, state_dtype), grads);
+  gated_delta_rule_backward(p, impl, input(in.d_o), on.in(in.dht, state_dtype), grads, kept);
   Outputs r;
+  if (kept.defined()) r.chunk_states = on.to_host(kept);
   r.o = on.to_host(o);
   r.final_state = on.to_host(fs);
   r.dq = on.to_host(grads.dq);
@@ -257,6 +265,31 @@ TEST_P(GatedDeltaRuleGpu, ChunkMatchesCpuAndReference) {
         const Outputs gpu = run(in, dtype, device, Impl::chunk, rotation);
         compare_all(gpu, cpu, ref, dtype, Impl::chunk);
       }
+    }
+  }
+}
+
+// Chunk states kept by the forward (chunk_states) on the GPU: the forward copies its states
+// there (float32, bfloat16), and they are the CPU chunk kernel's to float32 rounding (grouped
+// value heads, two value tiles, several chunks with a partial last one); the GPU backward, whose
+// state kernel also forms U_new, recomputes them, so its gradients are those of a call without.
+TEST_P(GatedDeltaRuleGpu, ChunkStatesKept) {
+  const Device device = GetParam();
+  PHASOR_SKIP_WITHOUT_GPU(device);
+  for (const Case& c :
+       {Case{"grouped_c16", 2, 40, 1, 8, 6, {}, Gates::realistic, true, 16, 2, 1.0, true},
+        Case{"tiles_c32", 1, 75, 1, 8, 70, {}, Gates::zeros, false, 32}}) {
+    const Inputs in = make_inputs(c, 43);
+    const Outputs plain = run(in, DType::float32, device, Impl::chunk, Rotation::half_split);
+    const Outputs cpu = run(in, DType::float32, Device::cpu, Impl::chunk, Rotation::half_split,
+                            false, DType::float32);
+    for (DType keep : {DType::float32, DType::bfloat16}) {
+      SCOPED_TRACE(c.name + " chunk states in " + to_string(keep));
+      const Outputs kept =
+          run(in, DType::float32, device, Impl::chunk, Rotation::half_split, false, keep);
+      expect_bit_equal(kept, plain, "with chunk states");
+      PHASOR_EXPECT_CLOSE(kept.chunk_states, cpu.chunk_states, keep == DType::float32 ? 1e-5 : 1e-2,
+                          "chunk states");
     }
   }
 }

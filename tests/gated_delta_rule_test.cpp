@@ -165,6 +165,7 @@ Tensor gather(const Arg& a) {
 
 struct Result {
   Tensor o, ht, dq, dk, dv, dg, dbeta, dh0, dtheta;
+  Tensor chunk_states;  // when run() was asked to keep them (not among fields())
   testing::NamedTensors fields() const {
     return {{"o", &o},   {"final_state", &ht}, {"dq", &dq},   {"dk", &dk},        {"dv", &dv},
             {"dg", &dg}, {"dbeta", &dbeta},    {"dh0", &dh0}, {"dtheta", &dtheta}};
@@ -186,8 +187,10 @@ GatedDeltaRuleGrads make_grads(const TensorView& dq, const TensorView& dk, const
 }
 
 // Runs forward (and backward) of `impl` on the case's inputs converted to `dtype`; outputs are
-// written in `dtype` too.
-Result run(const Data& d, Impl impl, DType dtype, bool backward = true) {
+// written in `dtype` too. With chunk_states, the forward keeps them in that dtype (NaN where it
+// writes nothing) and the backward reads them.
+Result run(const Data& d, Impl impl, DType dtype, bool backward = true,
+           std::optional<DType> chunk_states = std::nullopt) {
   const Case& c = d.c;
   const Layout st = c.layout;
   const Arg q = make_arg(d.q, dtype, st), k = make_arg(d.k, dtype, st),
@@ -210,10 +213,15 @@ Result run(const Data& d, Impl impl, DType dtype, bool backward = true) {
   p.rotary_layout = c.rotary_layout;
   Arg o = make_output({d.B, d.T, c.HV, c.V}, dtype, st);
   Arg ht = make_output({d.N, c.HV, c.K, c.V}, dtype, st);
-  gated_delta_rule_forward(p, impl, o.view(), ht.view());
+  Arg kept;
+  if (chunk_states)
+    kept = make_output({num_chunk_states(p.q, p.cu_seqlens, c.chunk_size), c.HV, c.K, c.V},
+                       *chunk_states, st);
+  gated_delta_rule_forward(p, impl, o.view(), ht.view(), kept.view());
   Result r;
   r.o = gather(o);
   r.ht = gather(ht);
+  if (kept.defined()) r.chunk_states = gather(kept);
   if (!backward) return r;
   const Arg d_o = make_arg(d.d_o, dtype, st), d_ht = make_arg(d.d_ht, dtype, st);
   Arg dq = make_output({d.B, d.T, c.H, c.K}, dtype, st);
@@ -225,7 +233,8 @@ Result run(const Data& d, Impl impl, DType dtype, bool backward = true) {
   Arg dtheta = d.theta.defined() ? make_output(d.theta.shape(), dtype, st) : Arg{};
   gated_delta_rule_backward(p, impl, d_o.view(), d_ht.view(),
                             make_grads(dq.view(), dk.view(), dv.view(), dg.view(), dbeta.view(),
-                                       dh0.view(), dtheta.view()));
+                                       dh0.view(), dtheta.view()),
+                            kept.view());
   r.dq = gather(dq);
   r.dk = gather(dk);
   r.dv = gather(dv);
@@ -856,6 +865,190 @@ TEST(GatedDeltaRuleKernels, ChunkParallelScheduleIsBitIdentical) {
     }
   }
   set_num_threads(0);
+}
+
+// Chunk states kept by the forward for the backward (chunk_states). In the compute dtype they
+// change no bit: the forward's outputs and the backward's gradients are those of the calls
+// without them, on every adversarial case (varlen, grouped heads, value tiles, strided layouts,
+// rotation, chunk sizes 1 … 64) by item (one thread) and by tile (8 threads for few items), and
+// on one item of 130 chunks in value tiles (windows).
+TEST(GatedDeltaRuleChunkStates, KeptStatesChangeNoBit) {
+  std::vector<Case> cases = adversarial_cases();
+  Case one_item;
+  one_item.name = "one_item_130_chunks";
+  one_item.T = 260, one_item.K = 6, one_item.V = 150, one_item.chunk_size = 2;
+  one_item.gates = Gates::mixed, one_item.rotation = true;
+  cases.push_back(one_item);
+  for (const Case& c : cases) {
+    const Data d = make_data(c);
+    for (DType dtype : {DType::float32, DType::float64}) {
+      for (int threads : {1, 8}) {
+        set_num_threads(threads);
+        const std::string what =
+            c.name + " " + to_string(dtype) + " on " + std::to_string(threads) + " threads";
+        expect_bit_equal(run(d, Impl::chunk, dtype, true, dtype), run(d, Impl::chunk, dtype), what);
+      }
+    }
+  }
+  set_num_threads(0);
+}
+
+// Each kept state is the state entering its chunk: the reference's final state after the
+// sequence's tokens before that chunk (float64), at the documented index (phasor/common.h), for
+// every value head; a packed batch's indices between sequences stay untouched (NaN here).
+TEST(GatedDeltaRuleChunkStates, AreTheStatesEnteringEachChunk) {
+  Case rows;
+  rows.name = "rows_grouped";
+  rows.B = 2, rows.T = 37, rows.H = 2, rows.HV = 4, rows.K = 5, rows.V = 4, rows.chunk_size = 8;
+  Case packed;
+  packed.name = "packed_value_tiles";
+  packed.lengths = {30, 0, 1, 45}, packed.H = 1, packed.HV = 2, packed.K = 6, packed.V = 70;
+  packed.chunk_size = 8, packed.gates = Gates::mixed;
+  Case rotated;
+  rotated.name = "rotated_no_state";
+  rotated.B = 2, rotated.T = 29, rotated.K = 6, rotated.V = 3, rotated.chunk_size = 16;
+  rotated.rotation = true, rotated.initial_state = false;
+  for (const Case& c : {rows, packed, rotated}) {
+    const Data d = make_data(c);
+    for (int threads : {1, 8}) {
+      set_num_threads(threads);
+      SCOPED_TRACE(c.name + " on " + std::to_string(threads) + " threads");
+      const Result r = run(d, Impl::chunk, DType::float64, false, DType::float64);
+      const std::int64_t C = std::max<std::int64_t>(1, std::min(c.chunk_size, d.T));
+      const std::int64_t per_row = (d.T + C - 1) / C;
+      ASSERT_EQ(r.chunk_states.size(0), d.cu.defined() ? d.N + per_row : d.B * per_row);
+      std::vector<bool> written(static_cast<std::size_t>(r.chunk_states.size(0)), false);
+      for (std::int64_t n = 0; n < d.N; ++n) {
+        const bool is_packed = d.cu.defined();
+        const std::int64_t batch = is_packed ? 0 : n,
+                           start = is_packed ? static_cast<std::int64_t>(d.cu.at(n)) : 0,
+                           length =
+                               is_packed ? static_cast<std::int64_t>(d.cu.at(n + 1)) - start : d.T;
+        for (std::int64_t chunk = 0; chunk * C < length; ++chunk) {
+          const std::int64_t slot = is_packed ? n + start / C + chunk : n * per_row + chunk;
+          const auto before = [&](const Tensor& x) {
+            return x.defined() ? testing::narrow(testing::narrow(x.view(), 0, batch, 1), 1, start,
+                                                 chunk * C)
+                               : TensorView{};
+          };
+          GatedDeltaRuleParams p;
+          p.q = before(d.q), p.k = before(d.k), p.v = before(d.v);
+          p.g = before(d.g), p.beta = before(d.beta), p.theta = before(d.theta);
+          p.scale = c.scale;
+          p.use_qk_l2norm_in_kernel = c.l2norm;
+          p.rotary_layout = c.rotary_layout;
+          if (d.h0.defined()) p.initial_state = testing::narrow(d.h0.view(), 0, n, 1);
+          Tensor o({1, chunk * C, c.HV, c.V}, DType::float64),
+              state({1, c.HV, c.K, c.V}, DType::float64);
+          gated_delta_rule_forward(p, Impl::reference, o.view(), state.view());
+          PHASOR_EXPECT_CLOSE(Tensor::copy_of(testing::narrow(r.chunk_states.view(), 0, slot, 1)),
+                              state, 1e-12,
+                              "sequence " + std::to_string(n) + ", chunk " + std::to_string(chunk));
+          written[static_cast<std::size_t>(slot)] = true;
+        }
+      }
+      for (std::int64_t slot = 0; slot < r.chunk_states.size(0); ++slot) {
+        if (written[static_cast<std::size_t>(slot)]) continue;
+        const Tensor unused = Tensor::copy_of(testing::narrow(r.chunk_states.view(), 0, slot, 1));
+        for (double x : unused.values())
+          EXPECT_TRUE(std::isnan(x)) << "slot " << slot << " written";
+      }
+    }
+  }
+  set_num_threads(0);
+}
+
+// In a 16-bit dtype each state is rounded once: the forward is unchanged and the gradients stay
+// close to the float64 reference.
+TEST(GatedDeltaRuleChunkStates, SixteenBitStates) {
+  Case c;
+  c.B = 2, c.T = 100, c.H = 2, c.HV = 2, c.K = 8, c.V = 8, c.chunk_size = 16;
+  const Data d = make_data(c);
+  const Result expected = run(d, Impl::reference, DType::float64);
+  const Result plain = run(d, Impl::chunk, DType::float32);
+  for (DType dtype : {DType::bfloat16, DType::float16}) {
+    const Result kept = run(d, Impl::chunk, DType::float32, true, dtype);
+    EXPECT_TRUE(kept.o.bit_equal(plain.o)) << to_string(dtype);
+    EXPECT_TRUE(kept.ht.bit_equal(plain.ht)) << to_string(dtype);
+    // Within one unit roundoff of the states' dtype (2^-8, 2^-11).
+    expect_close(kept, expected, dtype == DType::bfloat16 ? 0x1p-8 : 0x1p-11, to_string(dtype));
+    std::printf("chunk states in %s: worst relative RMS error vs reference %.2g (float32: %.2g)\n",
+                to_string(dtype), testing::worst_rel_rms(kept.fields(), expected.fields()),
+                testing::worst_rel_rms(plain.fields(), expected.fields()));
+  }
+}
+
+// The backward reads the kept states rather than replaying its own: given those of a forward
+// from another initial state h0′, it returns that problem's gradients (bit for bit), which differ
+// from its own — by item and by tile.
+TEST(GatedDeltaRuleChunkStates, BackwardReadsThem) {
+  Case c;
+  c.B = 2, c.T = 50, c.H = 1, c.HV = 2, c.K = 6, c.V = 70, c.chunk_size = 16;  // two value tiles
+  const Data mine = make_data(c);
+  Data theirs = mine;
+  std::mt19937_64 rng(901);
+  theirs.h0 = testing::randn(mine.h0.shape(), rng, 0.5);
+  for (int threads : {1, 8}) {
+    set_num_threads(threads);
+    const std::string on = " on " + std::to_string(threads) + " threads";
+    // The backward of `mine` with the chunk states of `theirs`' forward.
+    Result read = run(theirs, Impl::chunk, DType::float64, true, DType::float64);
+    {
+      GatedDeltaRuleParams p;
+      p.q = mine.q.view(), p.k = mine.k.view(), p.v = mine.v.view(), p.g = mine.g.view();
+      p.beta = mine.beta.view(), p.initial_state = mine.h0.view();
+      p.use_qk_l2norm_in_kernel = c.l2norm;
+      p.chunk_size = c.chunk_size;
+      Tensor dq(mine.q.shape(), DType::float64), dk(mine.k.shape(), DType::float64),
+          dv(mine.v.shape(), DType::float64), dg(mine.g.shape(), DType::float64),
+          dbeta(mine.beta.shape(), DType::float64), dh0(mine.h0.shape(), DType::float64);
+      gated_delta_rule_backward(
+          p, Impl::chunk, mine.d_o.view(), mine.d_ht.view(),
+          make_grads(dq.view(), dk.view(), dv.view(), dg.view(), dbeta.view(), dh0.view()),
+          read.chunk_states.view());
+      read.dq = dq, read.dk = dk, read.dv = dv, read.dg = dg, read.dbeta = dbeta, read.dh0 = dh0;
+    }
+    const Result replayed = run(theirs, Impl::chunk, DType::float64),
+                 own = run(mine, Impl::chunk, DType::float64);
+    for (const auto& [a, b] : {std::pair{&read.dq, &replayed.dq},
+                               {&read.dk, &replayed.dk},
+                               {&read.dv, &replayed.dv},
+                               {&read.dg, &replayed.dg},
+                               {&read.dbeta, &replayed.dbeta},
+                               {&read.dh0, &replayed.dh0}})
+      EXPECT_TRUE(a->bit_equal(*b)) << on;
+    EXPECT_FALSE(read.dq.bit_equal(own.dq)) << on;
+    EXPECT_FALSE(read.dbeta.bit_equal(own.dbeta)) << on;
+  }
+  set_num_threads(0);
+}
+
+TEST(GatedDeltaRuleChunkStates, BadChunkStatesNameTheArgument) {
+  Case c;
+  c.T = 20, c.H = 1, c.HV = 2, c.K = 4, c.V = 3, c.chunk_size = 8;  // 3 chunks
+  const Data d = make_data(c);
+  GatedDeltaRuleParams p;
+  p.q = d.q.view(), p.k = d.k.view(), p.v = d.v.view(), p.g = d.g.view(), p.beta = d.beta.view();
+  p.chunk_size = 8;
+  Tensor o({1, 20, 2, 3}, DType::float64), kept({3, 2, 4, 3}, DType::float64),
+      dq({1, 20, 1, 4}, DType::float64), bad({3, 1, 4, 3}, DType::float64);
+  GatedDeltaRuleGrads grads;
+  grads.dq = dq.view();
+  using testing::expect_error;
+  for (Impl impl : {Impl::reference, Impl::recurrent}) {
+    expect_error([&] { gated_delta_rule_forward(p, impl, o.view(), {}, kept.view()); },
+                 {"'chunk_states'", "only Impl::chunk", to_string(impl)});
+    expect_error([&] { gated_delta_rule_backward(p, impl, o.view(), {}, grads, kept.view()); },
+                 {"'chunk_states'", "only Impl::chunk", to_string(impl)});
+  }
+  expect_error([&] { gated_delta_rule_forward(p, Impl::chunk, o.view(), {}, bad.view()); },
+               {"chunk_gated_delta_rule", "'chunk_states'", "HV=2", "[3, 1, 4, 3]"});
+  const TensorView in_v = TensorView::of(static_cast<const double*>(d.v.data()), {3, 2, 4, 3});
+  expect_error([&] { gated_delta_rule_forward(p, Impl::chunk, o.view(), {}, in_v); },
+               {"'chunk_states'", "overlapping 'v'"});
+  const TensorView in_dq = TensorView::of(static_cast<double*>(dq.data()), {3, 2, 4, 3});
+  expect_error([&] { gated_delta_rule_backward(p, Impl::chunk, o.view(), {}, grads, in_dq); },
+               {"'chunk_states'", "overlapping 'dq'"});
 }
 
 // The chunk forward walks groups of consecutive q/k heads chunk by chunk (forward_heads), as many

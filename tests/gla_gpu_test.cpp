@@ -89,6 +89,7 @@ Inputs make_inputs(const Case& c, std::uint64_t seed) {
 
 struct Outputs {
   Tensor o, final_state, dq, dk, dv, dg, dh0, dtheta;
+  Tensor chunk_states;  // when kept (not among fields())
   testing::NamedTensors fields() const {
     return {{"o", &o},     {"final_state", &final_state},
             {"dq", &dq},   {"dk", &dk},
@@ -97,11 +98,19 @@ struct Outputs {
   }
 };
 
+// How a call keeps its chunk states (chunk_states): not at all, or in a dtype, contiguous or
+// through a strided view.
+struct Keep {
+  bool kept = false;
+  DType dtype = DType::float32;
+  bool strided = false;
+};
+
 // Forward and backward of `impl` on `device`, every input rounded to `dtype`, outputs in `dtype`
 // (states and dh0 in float32, or float64 for float64 inputs).
 // strided: every input through a strided view (OnDevice::in_strided).
 Outputs run(const Inputs& in, DType dtype, Device device, Impl impl, Rotation rotation,
-            bool strided = false) {
+            bool strided = false, Keep keep = {}) {
   OnDevice on(device);
   auto input = [&](const Tensor& t) { return on.in(t, dtype, strided); };
   const DType state_dtype = testing::compute_dtype(dtype);
@@ -119,7 +128,13 @@ Outputs run(const Inputs& in, DType dtype, Device device, Impl impl, Rotation ro
   }
   const TensorView o = on.out(in.v.shape(), dtype),
                    fs = on.out({in.N, in.c.H, in.c.K, in.c.V}, state_dtype);
-  gla_forward(p, impl, o, fs);
+  TensorView kept;
+  if (keep.kept) {
+    const Tensor nans = Tensor::nans(
+        {num_chunk_states(p.q, p.cu_seqlens, p.chunk_size), in.c.H, in.c.K, in.c.V}, keep.dtype);
+    kept = keep.strided ? on.in_strided(nans) : on.out(nans);
+  }
+  gla_forward(p, impl, o, fs, kept);
   GlaGrads grads;
   grads.dq = on.out(in.q.shape(), dtype);
   grads.dk = on.out(in.q.shape(), dtype);
@@ -127,8 +142,9 @@ Outputs run(const Inputs& in, DType dtype, Device device, Impl impl, Rotation ro
   grads.dg = on.out(in.q.shape(), dtype);
   if (in.h0.defined()) grads.dh0 = on.out(in.h0.shape(), state_dtype);
   if (rotation != Rotation::none) grads.dtheta = on.out(in.theta.shape(), dtype);
-  gla_backward(p, impl, input(in.d_o), on.in(in.dht, state_dtype), grads);
+  gla_backward(p, impl, input(in.d_o), on.in(in.dht, state_dtype), grads, kept);
   Outputs r;
+  if (kept.defined()) r.chunk_states = on.to_host(kept);
   r.o = on.to_host(o);
   r.final_state = on.to_host(fs);
   r.dq = on.to_host(grads.dq);
@@ -224,6 +240,42 @@ TEST_P(GlaGpu, ChunkMatchesCpuAndReference) {
         const Outputs gpu = run(in, dtype, device, Impl::chunk, rotation);
         compare_all(gpu, cpu, ref, dtype, Impl::chunk);
       }
+    }
+  }
+}
+
+// Chunk states kept by the forward (chunk_states) on the GPU: the kernels' own workspace when
+// they are float32 and contiguous, a copy in and out otherwise (bfloat16, a strided view). The
+// outputs and gradients are those of the calls without them (bit for bit in the compute dtype),
+// and the kept states are the CPU chunk kernel's (to float32 rounding), with several chunks, a
+// partial last chunk, two key and value tiles, rotation, and a packed batch (whose gradients are
+// checked; its states between sequences hold nothing to compare).
+TEST_P(GlaGpu, ChunkStatesKept) {
+  const Device device = GetParam();
+  PHASOR_SKIP_WITHOUT_GPU(device);
+  const std::vector<Case> cases = {
+      {"rows_c16", 2, 70, 2, 8, 6, {}, Gates::realistic, true, 16},
+      {"tiles_c32", 1, 75, 1, 40, 70, {}, Gates::mixed, false, 32},
+      {"packed_c16", 1, 0, 2, 6, 5, {3, 0, 1, 40, 0, 20}, Gates::zeros, true, 16},
+  };
+  for (const Case& c : cases) {
+    const Inputs in = make_inputs(c, 41);
+    const Rotation rotation = Rotation::half_split;
+    const Outputs plain = run(in, DType::float32, device, Impl::chunk, rotation);
+    const Outputs cpu = run(in, DType::float32, Device::cpu, Impl::chunk, rotation, false,
+                            Keep{true, DType::float32, false});
+    for (const Keep keep : {Keep{true, DType::float32, false}, Keep{true, DType::float32, true},
+                            Keep{true, DType::bfloat16, false}}) {
+      SCOPED_TRACE(c.name + " chunk states in " + to_string(keep.dtype) +
+                   (keep.strided ? ", strided" : ""));
+      const Outputs kept = run(in, DType::float32, device, Impl::chunk, rotation, false, keep);
+      if (keep.dtype == DType::float32)
+        testing::expect_bit_equal(kept.fields(), plain.fields(), "with chunk states");
+      else
+        testing::expect_close(kept.fields(), plain.fields(), 1e-2, "with bfloat16 chunk states");
+      if (c.lengths.empty())
+        PHASOR_EXPECT_CLOSE(kept.chunk_states, cpu.chunk_states,
+                            keep.dtype == DType::float32 ? 1e-5 : 1e-2, "chunk states");
     }
   }
 }

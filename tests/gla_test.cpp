@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <limits>
+#include <optional>
 #include <random>
 #include <string>
 #include <utility>
@@ -144,6 +145,7 @@ testing::StridedTensor make_output(const std::vector<std::int64_t>& shape, DType
 
 struct Result {
   Tensor o, final_state, dq, dk, dv, dg, dh0, dtheta;
+  Tensor chunk_states;  // when run() was asked to keep them (not among fields())
   testing::NamedTensors fields() const {
     return {{"o", &o},     {"final_state", &final_state},
             {"dq", &dq},   {"dk", &dk},
@@ -153,8 +155,10 @@ struct Result {
 };
 
 // Runs forward (o, final_state) and backward (every gradient) of one implementation.
-// in_dtype: the dtype of every floating input; out_dtype: of every output.
-Result run(const Inputs& in, Impl impl, DType in_dtype, DType out_dtype) {
+// in_dtype: the dtype of every floating input; out_dtype: of every output. With chunk_states, the
+// forward keeps them in that dtype (NaN where it writes nothing) and the backward reads them.
+Result run(const Inputs& in, Impl impl, DType in_dtype, DType out_dtype,
+           std::optional<DType> chunk_states = std::nullopt) {
   const Case& c = in.c;
   const bool s = c.strided;
   using testing::StridedTensor;
@@ -177,7 +181,11 @@ Result run(const Inputs& in, Impl impl, DType in_dtype, DType out_dtype) {
       state_shape{in.N, c.H, c.K, c.V};
   StridedTensor o = make_output(v_shape, out_dtype, s),
                 final_state = make_output(state_shape, out_dtype, s);
-  gla_forward(params, impl, o.view(), final_state.view());
+  StridedTensor kept;
+  if (chunk_states)
+    kept = make_output({num_chunk_states(params.q, params.cu_seqlens, c.chunk_size), c.H, c.K, c.V},
+                       *chunk_states, s);
+  gla_forward(params, impl, o.view(), final_state.view(), kept.view());
 
   StridedTensor dq = make_output(qk_shape, out_dtype, s), dk = make_output(qk_shape, out_dtype, s),
                 dv = make_output(v_shape, out_dtype, s), dg = make_output(qk_shape, out_dtype, s);
@@ -185,8 +193,10 @@ Result run(const Inputs& in, Impl impl, DType in_dtype, DType out_dtype) {
   if (c.initial_state) dh0 = make_output(state_shape, out_dtype, s);
   if (in.theta.defined()) dtheta = make_output(in.theta.shape(), out_dtype, s);
   gla_backward(params, impl, d_o.view(), dht.view(),
-               make_grads(dq.view(), dk.view(), dv.view(), dg.view(), dh0.view(), dtheta.view()));
+               make_grads(dq.view(), dk.view(), dv.view(), dg.view(), dh0.view(), dtheta.view()),
+               kept.view());
   Result r;
+  r.chunk_states = kept.gather();
   r.o = o.gather();
   r.final_state = final_state.gather();
   r.dq = dq.gather();
@@ -698,6 +708,182 @@ TEST(GlaKernels, BuffersKeptAcrossCallsOfChangingSize) {
     expect_bit_equal(l2, l1, "large again" + on);
   }
   set_num_threads(0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Chunk states kept by the forward for the backward (chunk_states).
+
+// Kept in the compute dtype, they change no bit: the forward's o and final state and the
+// backward's gradients are those of the calls without them, on every kernel case (varlen, strided,
+// partial chunks, chunk sizes 1 … 128, strong and zero gates), with rotation, and with one item
+// of 150 chunks, both by item (one thread) and by chunk (8 threads for few items: three windows).
+TEST(GlaChunkStates, KeptStatesChangeNoBit) {
+  std::vector<Case> cases = kernel_cases();
+  Case rotated{"rotated", 1, 130, 2, 6, 5, Gates::mixed_channels, 16};
+  rotated.rotate = true;
+  rotated.running_phase = true;
+  cases.push_back(rotated);
+  cases.push_back({"one_item_150_chunks", 1, 300, 1, 6, 5, Gates::realistic, 2});
+  std::uint64_t seed = 500;
+  for (const Case& c : cases) {
+    const Inputs in = make_inputs(c, seed++);
+    for (DType dtype : {DType::float32, DType::float64}) {
+      for (int threads : {1, 8}) {
+        set_num_threads(threads);
+        SCOPED_TRACE(c.name + " " + to_string(dtype) + " on " + std::to_string(threads) +
+                     " threads");
+        expect_bit_equal(run(in, Impl::chunk, dtype, dtype, dtype),
+                         run(in, Impl::chunk, dtype, dtype), "with chunk states");
+      }
+    }
+  }
+  set_num_threads(0);
+}
+
+// Each kept state is the state entering its chunk: the reference's final state after the tokens
+// of the sequence before that chunk (float64), at the documented index (phasor/common.h); a packed
+// batch leaves the indices between two sequences' chunks unwritten (NaN here). Batch rows, packed
+// sequences (empty, one token, several chunks), no initial state, rotation, a chunk longer than
+// T, both schedules.
+TEST(GlaChunkStates, AreTheStatesEnteringEachChunk) {
+  Case rows{"rows", 2, 37, 2, 5, 4, Gates::realistic, 8};
+  Case packed{"packed", 1, 53, 2, 4, 5, Gates::zeros, 16, {5, 0, 1, 17, 0, 30}};
+  Case no_state{"packed_no_state", 1, 26, 1, 4, 4, Gates::mixed_channels, 8, {0, 9, 1, 16}};
+  no_state.initial_state = false;
+  Case rotated{"rotated_rows", 2, 40, 1, 6, 3, Gates::strong, 16};
+  rotated.rotate = true;
+  Case longer{"chunk_longer_than_T", 2, 20, 1, 4, 4, Gates::realistic, 64};
+  std::uint64_t seed = 600;
+  for (const Case& c : {rows, packed, no_state, rotated, longer}) {
+    const Inputs in = make_inputs(c, seed++);
+    for (int threads : {1, 8}) {
+      set_num_threads(threads);
+      SCOPED_TRACE(c.name + " on " + std::to_string(threads) + " threads");
+      const Result r = run(in, Impl::chunk, DType::float64, DType::float64, DType::float64);
+      const std::int64_t C = std::max<std::int64_t>(1, std::min(c.chunk_size, c.T));
+      const std::int64_t per_row = (c.T + C - 1) / C;
+      ASSERT_EQ(r.chunk_states.size(0), c.lengths.empty() ? c.B * per_row : in.N + per_row);
+      std::vector<bool> written(static_cast<std::size_t>(r.chunk_states.size(0)), false);
+      for (std::int64_t n = 0; n < in.N; ++n) {
+        const bool is_packed = in.cu.defined();
+        const std::int64_t batch = is_packed ? 0 : n,
+                           start = is_packed ? static_cast<std::int64_t>(in.cu.at(n)) : 0,
+                           length =
+                               is_packed ? static_cast<std::int64_t>(in.cu.at(n + 1)) - start : c.T;
+        for (std::int64_t chunk = 0; chunk * C < length; ++chunk) {
+          const std::int64_t slot = is_packed ? n + start / C + chunk : n * per_row + chunk;
+          // The sequence's tokens [start, start + chunk·C) alone, from its initial state.
+          const auto before = [&](const Tensor& x) {
+            return x.defined() ? testing::narrow(testing::narrow(x.view(), 0, batch, 1), 1, start,
+                                                 chunk * C)
+                               : TensorView{};
+          };
+          GlaParams p;
+          p.q = before(in.q);
+          p.k = before(in.k);
+          p.v = before(in.v);
+          p.g = before(in.g);
+          p.theta = before(in.theta);
+          p.rotary_layout = c.layout;
+          if (in.h0.defined()) p.initial_state = testing::narrow(in.h0.view(), 0, n, 1);
+          Tensor o({1, chunk * C, c.H, c.V}, DType::float64),
+              state({1, c.H, c.K, c.V}, DType::float64);
+          gla_forward(p, Impl::reference, o.view(), state.view());
+          PHASOR_EXPECT_CLOSE(Tensor::copy_of(testing::narrow(r.chunk_states.view(), 0, slot, 1)),
+                              state, 1e-12,
+                              "sequence " + std::to_string(n) + ", chunk " + std::to_string(chunk));
+          written[static_cast<std::size_t>(slot)] = true;
+        }
+      }
+      for (std::int64_t slot = 0; slot < r.chunk_states.size(0); ++slot) {
+        if (written[static_cast<std::size_t>(slot)]) continue;
+        const Tensor unused = Tensor::copy_of(testing::narrow(r.chunk_states.view(), 0, slot, 1));
+        for (double x : unused.values())
+          EXPECT_TRUE(std::isnan(x)) << "slot " << slot << " written";
+      }
+    }
+  }
+  set_num_threads(0);
+}
+
+// In a 16-bit dtype each state is rounded once: the forward is unchanged (bit for bit) and the
+// gradients stay close to the float64 reference, within the rounding of that dtype.
+TEST(GlaChunkStates, SixteenBitStates) {
+  Case c{"sixteen_bit", 2, 100, 2, 8, 8, Gates::realistic, 16};
+  const Inputs in = make_inputs(c, 700);
+  const Result expected = run(in, Impl::reference, DType::float64, DType::float64);
+  const Result plain = run(in, Impl::chunk, DType::float32, DType::float32);
+  for (DType dtype : {DType::bfloat16, DType::float16}) {
+    SCOPED_TRACE(to_string(dtype));
+    const Result kept = run(in, Impl::chunk, DType::float32, DType::float32, dtype);
+    EXPECT_TRUE(kept.o.bit_equal(plain.o));
+    EXPECT_TRUE(kept.final_state.bit_equal(plain.final_state));
+    // Within one unit roundoff of the states' dtype (2^-8, 2^-11).
+    expect_close(kept, expected, dtype == DType::bfloat16 ? 0x1p-8 : 0x1p-11);
+    std::printf("chunk states in %s: worst relative RMS error vs reference %.2g (float32: %.2g)\n",
+                to_string(dtype), worst_error(kept, expected), worst_error(plain, expected));
+  }
+}
+
+// The backward reads the kept states rather than replaying its own: given those of a forward
+// from another initial state h0′, it returns that problem's gradients (bit for bit), which differ
+// from its own — by item and by chunk.
+TEST(GlaChunkStates, BackwardReadsThem) {
+  const Case c{"reads", 2, 50, 2, 6, 5, Gates::realistic, 16};
+  const Inputs in = make_inputs(c, 800);
+  Inputs other = in;
+  std::mt19937_64 rng(801);
+  other.h0 = testing::randn(in.h0.shape(), rng);
+  const GlaParams mine = plain_params(in), theirs = plain_params(other);
+  const std::int64_t count = num_chunk_states(mine.q, {}, c.chunk_size);
+  struct Grads {
+    Tensor dq, dk, dv, dg, dh0;
+  };
+  const auto backward = [&](const GlaParams& p, const TensorView& kept) {
+    Grads g{Tensor(in.q.shape(), DType::float64), Tensor(in.k.shape(), DType::float64),
+            Tensor(in.v.shape(), DType::float64), Tensor(in.g.shape(), DType::float64),
+            Tensor(in.h0.shape(), DType::float64)};
+    gla_backward(p, Impl::chunk, in.d_o.view(), in.dht.view(),
+                 make_grads(g.dq.view(), g.dk.view(), g.dv.view(), g.dg.view(), g.dh0.view()),
+                 kept);
+    return g;
+  };
+  for (int threads : {1, 8}) {
+    set_num_threads(threads);
+    SCOPED_TRACE(std::to_string(threads) + " threads");
+    Tensor o(in.v.shape(), DType::float64), kept({count, c.H, c.K, c.V}, DType::float64);
+    gla_forward(theirs, Impl::chunk, o.view(), {}, kept.view());
+    const Grads read = backward(mine, kept.view()), replayed = backward(theirs, {}),
+                own = backward(mine, {});
+    EXPECT_TRUE(read.dq.bit_equal(replayed.dq));
+    EXPECT_TRUE(read.dk.bit_equal(replayed.dk));
+    EXPECT_TRUE(read.dv.bit_equal(replayed.dv));
+    EXPECT_TRUE(read.dg.bit_equal(replayed.dg));
+    EXPECT_TRUE(read.dh0.bit_equal(replayed.dh0));
+    EXPECT_FALSE(read.dq.bit_equal(own.dq));
+    EXPECT_FALSE(read.dg.bit_equal(own.dg));
+  }
+  set_num_threads(0);
+}
+
+TEST(GlaChunkStates, Count) {
+  Tensor rows({3, 100, 2, 4}, DType::float32), row({1, 53, 2, 4}, DType::float32);
+  EXPECT_EQ(num_chunk_states(rows.view(), {}, 16), 3 * 7);
+  EXPECT_EQ(num_chunk_states(rows.view(), {}, 100), 3);
+  EXPECT_EQ(num_chunk_states(rows.view(), {}, 1000), 3);  // a chunk is at most the sequence
+  EXPECT_EQ(num_chunk_states(rows.view(), {}, 1), 300);
+  Tensor cu = Tensor::from({7}, {0, 5, 5, 6, 23, 23, 53}, DType::int32);
+  EXPECT_EQ(num_chunk_states(row.view(), cu.view(), 16), 6 + 4);
+  Tensor empty({2, 0, 2, 4}, DType::float32);
+  EXPECT_EQ(num_chunk_states(empty.view(), {}, 64), 0);
+  using testing::expect_error;
+  expect_error([&] { num_chunk_states(rows.view(), {}, 0); },
+               {"num_chunk_states", "'chunk_size'", "positive", "0"});
+  expect_error([&] { num_chunk_states(TensorView{}, {}, 16); },
+               {"num_chunk_states", "'q'", "none"});
+  Tensor flat({5}, DType::float32);
+  expect_error([&] { num_chunk_states(flat.view(), {}, 16); }, {"'q'", "[B, T, ...]", "[5]"});
+  expect_error([&] { num_chunk_states(rows.view(), cu.view(), 16); }, {"'cu_seqlens'", "B = 3"});
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1218,6 +1404,42 @@ TEST(GlaValidation, ShapesRanksAndDtypes) {
   expect_error([&] { gla_forward(b.params(), Impl::chunk, b.o.view(), fin_bad.view()); },
                {"'final_state'", "K=4"});
   expect_error([&] { gla_forward(b.params(), Impl::chunk, TensorView{}); }, {"'o'", "none"});
+}
+
+TEST(GlaValidation, ChunkStates) {
+  BadInputs b;  // T = 6 at chunk_size 64: one chunk a sequence
+  using testing::expect_error;
+  Tensor kept({1, 2, 4, 3}, DType::float32), dq({1, 6, 2, 4}, DType::float32);
+  GlaGrads grads;
+  grads.dq = dq.view();
+  for (Impl impl : {Impl::reference, Impl::recurrent}) {
+    expect_error([&] { gla_forward(b.params(), impl, b.o.view(), {}, kept.view()); },
+                 {"'chunk_states'", "only Impl::chunk", to_string(impl)});
+    expect_error([&] { gla_backward(b.params(), impl, b.o.view(), {}, grads, kept.view()); },
+                 {"'chunk_states'", "only Impl::chunk", to_string(impl)});
+  }
+  Tensor two({2, 2, 4, 3}, DType::float32);
+  expect_error([&] { gla_forward(b.params(), Impl::chunk, b.o.view(), {}, two.view()); },
+               {"chunk_gla", "'chunk_states'", "num_chunk_states=1", "[2, 2, 4, 3]"});
+  expect_error([&] { gla_backward(b.params(), Impl::chunk, b.o.view(), {}, grads, two.view()); },
+               {"'chunk_states'", "num_chunk_states=1"});
+  Tensor ints({1, 2, 4, 3}, DType::int32);
+  expect_error([&] { gla_forward(b.params(), Impl::chunk, b.o.view(), {}, ints.view()); },
+               {"'chunk_states'", "int32"});
+  const TensorView broadcast =
+      TensorView::strided(kept.data(), DType::float32, {1, 2, 4, 3}, {24, 0, 3, 1});
+  expect_error([&] { gla_forward(b.params(), Impl::chunk, b.o.view(), {}, broadcast); },
+               {"'chunk_states'", "zero (broadcast) strides"});
+  // Memory shared with another argument: written by the forward, read while the backward writes.
+  const TensorView in_o = TensorView::of(static_cast<float*>(b.o.data()), {1, 2, 4, 3});
+  expect_error([&] { gla_forward(b.params(), Impl::chunk, b.o.view(), {}, in_o); },
+               {"'chunk_states'", "overlapping 'o'"});
+  const TensorView in_k = TensorView::of(static_cast<const float*>(b.k.data()), {1, 2, 4, 3});
+  expect_error([&] { gla_forward(b.params(), Impl::chunk, b.o.view(), {}, in_k); },
+               {"'chunk_states'", "overlapping 'k'"});
+  const TensorView in_dq = TensorView::of(static_cast<float*>(dq.data()), {1, 2, 4, 3});
+  expect_error([&] { gla_backward(b.params(), Impl::chunk, b.o.view(), {}, grads, in_dq); },
+               {"'chunk_states'", "overlapping 'dq'"});
 }
 
 TEST(GlaValidation, CuSeqlens) {

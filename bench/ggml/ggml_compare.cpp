@@ -200,9 +200,10 @@ std::vector<float> transpose_heads(const float* x) {
 // ---- phasor
 // -----------------------------------------------------------------------------------------
 
-// The op on phasor's public API: forward (o and the final state), forward + backward (chunk
-// training step: the forward, then every input's gradient), or one decoded token with the state
-// updated in place.
+// The op on phasor's public API: forward (o and the final state), forward + backward (a training
+// step: the forward, then every input's gradient; GLA's and Gated DeltaNet's chunk forward keeps
+// its chunk states for the backward, as phasor's LibTorch layer does when it trains), or one
+// decoded token with the state updated in place.
 class PhasorRunner {
  public:
   PhasorRunner(const Problem& p, Impl impl, bool in_place_state)
@@ -236,28 +237,32 @@ class PhasorRunner {
 
   void forward_backward() {
     const TensorView d_o = view(p_.output_gradient);
+    if (impl_ == Impl::chunk && p_.op != Problem::Op::fox && chunk_states_.empty())
+      chunk_states_.assign(
+          static_cast<std::size_t>(phasor::num_chunk_states(d_o, {}, 64) * kHeads * kDim * kDim),
+          0.f);  // on the first (warm-up) call
     switch (p_.op) {
       case Problem::Op::gla: {
         const phasor::GlaParams params = gla_params();
-        phasor::gla_forward(params, impl_, view(o_), state_out());
+        phasor::gla_forward(params, impl_, view(o_), state_out(), chunk_states());
         phasor::GlaGrads grads;
         grads.dq = view(dq_);
         grads.dk = view(dk_);
         grads.dv = view(dv_);
         grads.dg = view(dg_);
-        phasor::gla_backward(params, impl_, d_o, {}, grads);
+        phasor::gla_backward(params, impl_, d_o, {}, grads, chunk_states());
         break;
       }
       case Problem::Op::gdn: {
         const phasor::GatedDeltaRuleParams params = gdn_params();
-        phasor::gated_delta_rule_forward(params, impl_, view(o_), state_out());
+        phasor::gated_delta_rule_forward(params, impl_, view(o_), state_out(), chunk_states());
         phasor::GatedDeltaRuleGrads grads;
         grads.dq = view(dq_);
         grads.dk = view(dk_);
         grads.dv = view(dv_);
         grads.dg = scalar_view(dg_);
         grads.dbeta = scalar_view(dbeta_);
-        phasor::gated_delta_rule_backward(params, impl_, d_o, {}, grads);
+        phasor::gated_delta_rule_backward(params, impl_, d_o, {}, grads, chunk_states());
         break;
       }
       case Problem::Op::fox: {
@@ -287,6 +292,12 @@ class PhasorRunner {
     return TensorView::of(x.data(), {1, p_.T, kHeads});
   }
   TensorView state_in() const { return TensorView::of(state_.data(), {1, kHeads, kDim, kDim}); }
+  // The chunk kernels' kept states (none for the other implementations).
+  TensorView chunk_states() const {
+    if (chunk_states_.empty()) return {};
+    const auto count = static_cast<std::int64_t>(chunk_states_.size()) / (kHeads * kDim * kDim);
+    return TensorView::of(chunk_states_.data(), {count, kHeads, kDim, kDim});
+  }
   // Decoding writes the state over itself (phasor's in-place path), the forward into a buffer.
   TensorView state_out() const {
     return in_place_ ? state_in() : TensorView::of(final_state_.data(), {1, kHeads, kDim, kDim});
@@ -331,7 +342,7 @@ class PhasorRunner {
   Impl impl_;
   bool in_place_;
   AlignedFloats state_;  // initial state; also the final one when in place
-  std::vector<float> o_, final_state_, dq_, dk_, dv_, dg_, dbeta_, lse_;
+  std::vector<float> o_, final_state_, dq_, dk_, dv_, dg_, dbeta_, lse_, chunk_states_;
 };
 
 // ---- ggml

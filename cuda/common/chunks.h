@@ -3,11 +3,11 @@
 // it), and where each chunk's per-chunk results go. Included by kernel files inside their own
 // anonymous namespace. Requires simt/simt.h.
 //
-// Chunk c of sequence n (its first token at flat index f = batch·T + start) has the slot
-// n + ⌊f / C⌋ + c: distinct for all (n, c), and fewer than N + ⌈B·T / C⌉ in all, so workspaces
-// of per-chunk results (states, attention tiles) are sized without knowing the sequences. A grid
-// of one block per slot finds its (n, c) by a binary search over n (slot_of is increasing in n);
-// slots that fall between two sequences' chunks have no chunk, and their blocks return at once.
+// Chunk c of sequence n has the slot sequences.chunk_slot(C, n, c) (common/sequences.h):
+// distinct for all (n, c), fewer than N + ⌈B·T / C⌉ in all, so workspaces of per-chunk results
+// (states, attention tiles) are sized without knowing the sequences. A grid of one block per slot
+// finds its (n, c) by a binary search over n (the slot is increasing in n); slots that fall
+// between two sequences' chunks have no chunk, and their blocks return at once.
 #pragma once
 
 #include <cstddef>
@@ -24,21 +24,6 @@ namespace {
 // same on every GPU, so that tile choices (and with them the results) do not depend on the device.
 constexpr std::size_t kSharedBudget = 160 * 1024;
 
-// Slots of per-chunk results for N sequences packed in B rows of T tokens, chunks of C tokens.
-inline std::int64_t chunk_slots(std::int64_t N, std::int64_t B, std::int64_t T, std::int64_t C) {
-  return N + (B * T + C - 1) / C;
-}
-
-PHASOR_HOST_DEVICE inline std::int64_t sequence_first_flat(const ::phasor::detail::Sequences& s,
-                                                           std::int64_t n) {
-  const ::phasor::detail::Sequence seq = s[n];
-  return seq.batch * s.T + seq.start;
-}
-PHASOR_HOST_DEVICE inline std::int64_t chunk_slot(const ::phasor::detail::Sequences& s,
-                                                  std::int64_t C, std::int64_t n, std::int64_t c) {
-  return n + sequence_first_flat(s, n) / C + c;
-}
-
 // The chunk in `slot`: its sequence n and index c; false if the slot holds none.
 PHASOR_DEVICE bool locate_chunk(const ::phasor::detail::Sequences& s, std::int64_t C,
                                 std::int64_t slot, std::int64_t& n, std::int64_t& c) {
@@ -46,13 +31,13 @@ PHASOR_DEVICE bool locate_chunk(const ::phasor::detail::Sequences& s, std::int64
   std::int64_t lo = 0, hi = s.size() - 1;  // the last n with chunk_slot(n, 0) ≤ slot
   while (lo < hi) {
     const std::int64_t mid = lo + (hi - lo + 1) / 2;
-    if (chunk_slot(s, C, mid, 0) <= slot)
+    if (s.chunk_slot(C, mid, 0) <= slot)
       lo = mid;
     else
       hi = mid - 1;
   }
   n = lo;
-  c = slot - chunk_slot(s, C, n, 0);
+  c = slot - s.chunk_slot(C, n, 0);
   return c >= 0 && c * C < s[n].length;
 }
 
@@ -68,7 +53,7 @@ PHASOR_DEVICE Chunk chunk_at(const ::phasor::detail::Sequences& sequences, int C
   Chunk ch;
   ch.n = n;
   ch.c = c;
-  ch.slot = chunk_slot(sequences, C, n, c);
+  ch.slot = sequences.chunk_slot(C, n, c);
   ch.batch = s.batch;
   ch.first = s.start + c * C;
   const std::int64_t left = s.length - c * C;

@@ -18,8 +18,9 @@
 namespace phasor::PHASOR_BACKEND {
 namespace {
 
-// A copy of `from` (any rank ≤ 4, any strides) into the contiguous `to` of the same dtype; exact
-// (double holds every value of every floating dtype).
+// A copy of `from` (any rank ≤ 4, any strides) into `to` of the same shape (any strides); values
+// go through double, which holds every value of every floating dtype: exact between views of one
+// dtype, rounded once (as simt::store rounds) into a narrower one.
 PHASOR_GLOBAL void copy_kernel(TensorView from, TensorView to) {
   const std::int64_t e = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (e >= from.numel()) return;
@@ -43,6 +44,15 @@ PHASOR_GLOBAL void copy_kernel(TensorView from, TensorView to) {
   }
 }
 
+// Queues copy_kernel(from, to) on `stream`.
+inline void copy_view(const TensorView& from, const TensorView& to, cuda::Stream stream) {
+  constexpr int kThreads = 256;
+  const std::int64_t count = from.numel();
+  if (count == 0) return;
+  PHASOR_LAUNCH(copy_kernel, simt::Dim3(static_cast<unsigned>((count + kThreads - 1) / kThreads)),
+                simt::Dim3(kThreads), 0, stream, from, to);
+}
+
 // Inputs staged into workspace copies, kept for the call.
 class Staging {
  public:
@@ -63,9 +73,7 @@ class Staging {
       copy.strides[static_cast<std::size_t>(k)] = stride;
       stride *= input.size(k);
     }
-    constexpr int kThreads = 256;
-    PHASOR_LAUNCH(copy_kernel, simt::Dim3(static_cast<unsigned>((count + kThreads - 1) / kThreads)),
-                  simt::Dim3(kThreads), 0, stream_, input, copy);
+    copy_view(input, copy, stream_);
     return copy;
   }
 

@@ -624,7 +624,7 @@ struct Runner {
   std::int64_t slots;
 
   Runner(const Dims& dims, cuda::Stream s)
-      : dm(dims), stream(s), slots(chunk_slots(dims.sequences.size(), dims.B, dims.T, kRows)) {}
+      : dm(dims), stream(s), slots(dims.sequences.chunk_slot_count(kRows)) {}
 
   std::size_t project_bytes() const {
     return static_cast<std::size_t>(kRows * dm.d + kTile * dm.d + kRows * kTile + 2 * kRows) *

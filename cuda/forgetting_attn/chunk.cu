@@ -1100,7 +1100,7 @@ struct Run {
     PHASOR_LAUNCH((rotate_kernel<A>), simt::Dim3(static_cast<unsigned>(ceil_div(count, threads))),
                   simt::Dim3(threads), 0, stream, p, x, out, heads, group);
   }
-  std::int64_t slots(int Bt) const { return chunk_slots(p.sequences.size(), p.B, p.T, Bt); }
+  std::int64_t slots(int Bt) const { return p.sequences.chunk_slot_count(Bt); }
   // The inputs of the kernels with tiles of Bt rows (the gate totals of those blocks computed).
   Inputs inputs(int Bt) {
     Inputs in{p, q, k, span<double>(slots(Bt) * p.HQ), Bt};

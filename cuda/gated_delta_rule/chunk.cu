@@ -1050,13 +1050,19 @@ struct Workspaces {
 
 template <class O>
 void forward_typed(const Problem& p, const TensorView& o, const TensorView& final_state,
-                   cuda::Stream stream) {
+                   const TensorView& chunk_states, cuda::Stream stream) {
   using A = Accumulator<O>;
   const int C = kernel_chunk_size(p.chunk_size);
-  const std::int64_t slots = chunk_slots(p.num_sequences(), p.B, p.T, C);
+  const std::int64_t slots = p.sequences.chunk_slot_count(C);
   const Run<O> run{p, stream, C, slots};
   Workspaces<A> work(p, C, slots, false, false, stream);
   run.prepare(work.space, final_state);
+  // The states entering the chunks, [slot][HV][K][V] as chunk_states (api.cpp checked its shape:
+  // the slots of its chunk_size are the kernels'; phasor/common.h).
+  if (chunk_states.defined())
+    copy_view(TensorView::contiguous(work.space.states.data, dtype_of<A>(), {slots, p.HV, p.K, p.V},
+                                     p.device),
+              chunk_states, stream);
   with_value_tile<O>(run.tiles.output, [&](auto tile) {
     constexpr int BV = decltype(tile)::value;
     PHASOR_LAUNCH((output_kernel<O, BV>), run.chunk_grid(p.HV, ceil_div(p.V, BV)),
@@ -1069,7 +1075,7 @@ void backward_typed(const Problem& p, const TensorView& d_o, const TensorView& d
                     const GatedDeltaRuleGrads& grads, cuda::Stream stream) {
   using A = Accumulator<O>;
   const int C = kernel_chunk_size(p.chunk_size);
-  const std::int64_t slots = chunk_slots(p.num_sequences(), p.B, p.T, C);
+  const std::int64_t slots = p.sequences.chunk_slot_count(C);
   const Run<O> run{p, stream, C, slots};
   const bool qk_grads =
       grads.dq.defined() || grads.dk.defined() || (p.theta.defined() && grads.dtheta.defined());
@@ -1096,7 +1102,8 @@ void backward_typed(const Problem& p, const TensorView& d_o, const TensorView& d
 
 }  // namespace
 
-void chunk_forward(const Problem& problem, const TensorView& o, const TensorView& final_state) {
+void chunk_forward(const Problem& problem, const TensorView& o, const TensorView& final_state,
+                   const TensorView& chunk_states) {
   check_limits(problem);
   if (problem.num_sequences() * problem.HV == 0 || problem.V == 0) return;
   const cuda::Stream stream = cuda::current_stream();
@@ -1105,7 +1112,7 @@ void chunk_forward(const Problem& problem, const TensorView& o, const TensorView
   for (TensorView* input : {&p.q, &p.k, &p.v, &p.g, &p.beta, &p.theta, &p.initial_state})
     *input = stage(*input, {o, final_state});
   dispatch_operand(p.q.dtype, [&](auto operand) {
-    forward_typed<decltype(operand)>(p, o, final_state, stream);
+    forward_typed<decltype(operand)>(p, o, final_state, chunk_states, stream);
   });
 }
 

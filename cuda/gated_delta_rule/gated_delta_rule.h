@@ -18,7 +18,8 @@
       const ::phasor::detail::gdn::Problem& p, const ::phasor::TensorView& d_o,                  \
       const ::phasor::TensorView& d_final_state, const ::phasor::GatedDeltaRuleGrads& grads);    \
   void chunk_forward(const ::phasor::detail::gdn::Problem& p, const ::phasor::TensorView& o,     \
-                     const ::phasor::TensorView& final_state);                                   \
+                     const ::phasor::TensorView& final_state,                                    \
+                     const ::phasor::TensorView& chunk_states);                                  \
   void chunk_backward(const ::phasor::detail::gdn::Problem& p, const ::phasor::TensorView& d_o,  \
                       const ::phasor::TensorView& d_final_state,                                 \
                       const ::phasor::GatedDeltaRuleGrads& grads);

@@ -32,7 +32,7 @@
 // Chunk sizes 16, 32 and 64 (a chunk_size below 16 — a sequence shorter than the requested chunk
 // — runs with 16; the result does not depend on it beyond rounding). Workspace (compute type):
 // the states (and in the backward their gradients) S · H · K · V each, and A (and dA)
-// S · H · C · C, with S = N + ⌈B·T / C⌉ chunk slots (cuda/common/chunks.h).
+// S · H · C · C, with S chunk slots (Sequences::chunk_slot_count, cuda/common/chunks.h).
 #include <algorithm>
 #include <string>
 #include <type_traits>
@@ -855,20 +855,38 @@ struct Run {
   }
 };
 
+// The chunk states (the state entering every chunk, [slot][H][K][V] in the compute type A) live
+// in the caller's chunk_states when it is laid out so (dtype A, contiguous; api.cpp checked its
+// shape: the slots of api.cpp's chunk_size are the kernels', see phasor/common.h), else in a
+// workspace of their own that copy_view moves to (forward) or from (backward) chunk_states.
+template <class A>
+bool states_in_chunk_states(const TensorView& chunk_states) {
+  return chunk_states.defined() && chunk_states.dtype == dtype_of<A>() &&
+         chunk_states.is_contiguous();
+}
+template <class A>
+TensorView state_view(const simt::Span<A>& states, const Problem& p) {
+  return TensorView::contiguous(states.data, dtype_of<A>(),
+                                {states.size / (p.H * p.K * p.V), p.H, p.K, p.V}, p.device);
+}
+
 template <class O, int BV>
 void forward_typed(const Problem& p, const TensorView& o, const TensorView& final_state,
-                   cuda::Stream stream) {
+                   const TensorView& chunk_states, cuda::Stream stream) {
   using A = Accumulator<O>;
   const int C = kernel_chunk_size(p.chunk_size);
-  const std::int64_t slots = chunk_slots(p.num_sequences(), p.B, p.T, C);
+  const std::int64_t slots = p.sequences.chunk_slot_count(C);
   const Run<O, BV> run{p, stream, C, slots};
   const std::int64_t state_elements = slots * p.H * p.K * p.V, attn_elements = slots * p.H * C * C;
-  simt::Workspace workspace(static_cast<std::size_t>(state_elements + attn_elements) * sizeof(A),
-                            stream);
-  const simt::Span<A> all = workspace.span<A>(state_elements + attn_elements);
-  const simt::Span<A> states{all.data, state_elements},
-      attn{all.data + state_elements, attn_elements};
+  const bool in_place = states_in_chunk_states<A>(chunk_states);
+  const std::int64_t own = (in_place ? 0 : state_elements) + attn_elements;
+  simt::Workspace workspace(static_cast<std::size_t>(own) * sizeof(A), stream);
+  const simt::Span<A> all = workspace.span<A>(own);
+  const simt::Span<A> states{in_place ? static_cast<A*>(chunk_states.data) : all.data,
+                             state_elements},
+      attn{all.data + (in_place ? 0 : state_elements), attn_elements};
   run.states(final_state, states);
+  if (chunk_states.defined() && !in_place) copy_view(state_view(states, p), chunk_states, stream);
   run.intra(attn);
   PHASOR_LAUNCH((output_kernel<O, BV>), run.chunk_grid(ceil_div(p.V, BV)), simt::Dim3(kThreads),
                 (output_shared_bytes<O, BV>(C)), stream, p, o, states, attn, C);
@@ -876,20 +894,32 @@ void forward_typed(const Problem& p, const TensorView& o, const TensorView& fina
 
 template <class O, int BV>
 void backward_typed(const Problem& p, const TensorView& d_o, const TensorView& d_final_state,
-                    const GlaGrads& grads, cuda::Stream stream) {
+                    const GlaGrads& grads, const TensorView& chunk_states, cuda::Stream stream) {
   using A = Accumulator<O>;
   const int C = kernel_chunk_size(p.chunk_size);
-  const std::int64_t slots = chunk_slots(p.num_sequences(), p.B, p.T, C);
+  const std::int64_t slots = p.sequences.chunk_slot_count(C);
   const Run<O, BV> run{p, stream, C, slots};
   const std::int64_t state_elements = slots * p.H * p.K * p.V, attn_elements = slots * p.H * C * C;
-  const std::int64_t total = 2 * state_elements + 2 * attn_elements;
-  simt::Workspace workspace(static_cast<std::size_t>(total) * sizeof(A), stream);
-  const simt::Span<A> all = workspace.span<A>(total);
-  const simt::Span<A> states{all.data, state_elements},
-      dstates{all.data + state_elements, state_elements},
-      attn{all.data + 2 * state_elements, attn_elements},
-      dattn{all.data + 2 * state_elements + attn_elements, attn_elements};
-  run.states(TensorView{}, states);
+  // The states: chunk_states read in place (never written: an input here), or a workspace.
+  const bool in_place = states_in_chunk_states<A>(chunk_states);
+  const std::int64_t own = (in_place ? 1 : 2) * state_elements + 2 * attn_elements;
+  simt::Workspace workspace(static_cast<std::size_t>(own) * sizeof(A), stream);
+  const simt::Span<A> all = workspace.span<A>(own);
+  A* at = all.data;
+  const auto take = [&](std::int64_t count) {
+    const simt::Span<A> span{at, count};
+    at += count;
+    return span;
+  };
+  const simt::Span<A> states =
+      in_place ? simt::Span<A>{static_cast<A*>(chunk_states.data), state_elements}
+               : take(state_elements);
+  const simt::Span<A> dstates = take(state_elements), attn = take(attn_elements),
+                      dattn = take(attn_elements);
+  if (!chunk_states.defined())
+    run.states(TensorView{}, states);  // the forward's scan, replayed
+  else if (!in_place)
+    copy_view(chunk_states, state_view(states, p), stream);
   PHASOR_LAUNCH((dstates_kernel<O, BV>), run.scan_grid(), simt::Dim3(kThreads),
                 (scan_shared_bytes<O, BV>(C)), stream, p, d_o, d_final_state, grads.dh0, dstates,
                 C);
@@ -920,7 +950,8 @@ void dispatch_value_tile(std::int64_t V, F&& f) {
 
 }  // namespace
 
-void chunk_forward(const Problem& problem, const TensorView& o, const TensorView& final_state) {
+void chunk_forward(const Problem& problem, const TensorView& o, const TensorView& final_state,
+                   const TensorView& chunk_states) {
   if (problem.num_work_items() == 0 || problem.V == 0) return;
   const cuda::Stream stream = cuda::current_stream();
   Staging stage(stream);
@@ -929,13 +960,14 @@ void chunk_forward(const Problem& problem, const TensorView& o, const TensorView
     *input = stage(*input, {o, final_state});
   dispatch_operand(p.q.dtype, [&](auto operand) {
     using O = decltype(operand);
-    dispatch_value_tile(
-        p.V, [&](auto tile) { forward_typed<O, tile.value>(p, o, final_state, stream); });
+    dispatch_value_tile(p.V, [&](auto tile) {
+      forward_typed<O, tile.value>(p, o, final_state, chunk_states, stream);
+    });
   });
 }
 
 void chunk_backward(const Problem& problem, const TensorView& d_o, const TensorView& d_final_state,
-                    const GlaGrads& grads) {
+                    const GlaGrads& grads, const TensorView& chunk_states) {
   if (problem.num_work_items() == 0 || problem.V == 0) return;
   if (!grads.dq.defined() && !grads.dk.defined() && !grads.dv.defined() && !grads.dg.defined() &&
       !grads.dh0.defined() && !grads.dtheta.defined())
@@ -951,7 +983,7 @@ void chunk_backward(const Problem& problem, const TensorView& d_o, const TensorV
   dispatch_operand(p.q.dtype, [&](auto operand) {
     using O = decltype(operand);
     dispatch_value_tile(p.V, [&](auto tile) {
-      backward_typed<O, tile.value>(p, d_o_in, d_final_in, grads, stream);
+      backward_typed<O, tile.value>(p, d_o_in, d_final_in, grads, chunk_states, stream);
     });
   });
 }

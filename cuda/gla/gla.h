@@ -10,16 +10,18 @@
 #include "gla/problem.h"
 #include "phasor/gla.h"
 
-#define PHASOR_GLA_GPU_ENTRY_POINTS                                                              \
-  void recurrent_forward(const ::phasor::detail::gla::Problem& p, const ::phasor::TensorView& o, \
-                         const ::phasor::TensorView& final_state);                               \
-  void recurrent_backward(                                                                       \
-      const ::phasor::detail::gla::Problem& p, const ::phasor::TensorView& d_o,                  \
-      const ::phasor::TensorView& d_final_state, const ::phasor::GlaGrads& grads);               \
-  void chunk_forward(const ::phasor::detail::gla::Problem& p, const ::phasor::TensorView& o,     \
-                     const ::phasor::TensorView& final_state);                                   \
-  void chunk_backward(const ::phasor::detail::gla::Problem& p, const ::phasor::TensorView& d_o,  \
-                      const ::phasor::TensorView& d_final_state, const ::phasor::GlaGrads& grads);
+#define PHASOR_GLA_GPU_ENTRY_POINTS                                                               \
+  void recurrent_forward(const ::phasor::detail::gla::Problem& p, const ::phasor::TensorView& o,  \
+                         const ::phasor::TensorView& final_state);                                \
+  void recurrent_backward(                                                                        \
+      const ::phasor::detail::gla::Problem& p, const ::phasor::TensorView& d_o,                   \
+      const ::phasor::TensorView& d_final_state, const ::phasor::GlaGrads& grads);                \
+  void chunk_forward(const ::phasor::detail::gla::Problem& p, const ::phasor::TensorView& o,      \
+                     const ::phasor::TensorView& final_state,                                     \
+                     const ::phasor::TensorView& chunk_states);                                   \
+  void chunk_backward(const ::phasor::detail::gla::Problem& p, const ::phasor::TensorView& d_o,   \
+                      const ::phasor::TensorView& d_final_state, const ::phasor::GlaGrads& grads, \
+                      const ::phasor::TensorView& chunk_states);
 
 namespace phasor::cuda::gla {
 PHASOR_GLA_GPU_ENTRY_POINTS

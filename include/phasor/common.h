@@ -123,6 +123,18 @@ enum class Impl : std::uint8_t { reference, recurrent, chunk };
 const char* to_string(Impl impl);
 Impl impl_from_string(const std::string& name);  // "reference" | "recurrent" | "chunk"
 
+// Chunk states: the state entering every chunk, which Impl::chunk's forward of GLA and Gated
+// DeltaNet can keep for its backward (phasor/gla.h, phasor/gated_delta_rule.h: chunk_states; fla's
+// h), laid out [num_chunk_states(q, cu_seqlens, chunk_size), H, K, V]. With C = chunk_size clamped
+// to T (as the kernels clamp it) the count is B·⌈T/C⌉ without cu_seqlens and N + ⌈T/C⌉ with N
+// packed sequences; the state entering chunk c of sequence n is at index n·⌈T/C⌉ + c, or
+// n + ⌊cu_seqlens[n] / C⌋ + c in a packed batch, whose indices between two sequences' chunks hold
+// no chunk's state (the CPU kernels leave them untouched). Only q's sizes B, T and cu_seqlens' size
+// are read (never its values, which may live on a GPU). q: [B, T, ...] as the op's q; cu_seqlens
+// optional, [N + 1].
+std::int64_t num_chunk_states(const TensorView& q, const TensorView& cu_seqlens,
+                              std::int64_t chunk_size);
+
 // Where the two members of each rotation pair sit within a row of K = 2R values, for RoPE-style
 // rotations (apply_rotary and the rotation fused into the attention kernels):
 //   half_split   pairs (i, i + R)    GPT-NeoX, fla and the public Selective RoPE code (default)

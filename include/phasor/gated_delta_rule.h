@@ -81,13 +81,25 @@ struct GatedDeltaRuleGrads {
 // o: [B, T, HV, V]; final_state: [N, HV, K, V], optional (undefined: not computed).
 // final_state may alias initial_state (in-place state update, e.g. for decoding one token at a
 // time with Impl::recurrent and T = 1).
+// chunk_states: optional, Impl::chunk only (a phasor::Error names it for the others):
+// [num_chunk_states(q, cu_seqlens, chunk_size), HV, K, V] (phasor/common.h: the layout; fla's h),
+// any float dtype, owning its elements. The forward writes into it the state entering every chunk
+// of every value head (chunk 0's: initial_state, or zeros); a training step passes it on to
+// gated_delta_rule_backward, which then reads the states instead of replaying the forward's
+// recurrence on the cpu (on a GPU device the backward's state kernel also forms U_new, so it still
+// runs and reads none of them).
 void gated_delta_rule_forward(const GatedDeltaRuleParams& params, Impl impl, const TensorView& o,
-                              const TensorView& final_state = {});
+                              const TensorView& final_state = {},
+                              const TensorView& chunk_states = {});
 
 // Backward of gated_delta_rule_forward. d_o: [B, T, HV, V], the gradient of the loss with respect
 // to o; d_final_state: [N, HV, K, V], optional (undefined: zero), the gradient with respect to
-// final_state (dht in fla).
+// final_state (dht in fla). chunk_states: optional (Impl::chunk only), what
+// gated_delta_rule_forward wrote with the same params and inputs; trusted, not checked. In the
+// compute dtype (float32, or float64 for float64 q) the gradients are bit-identical to a backward
+// without them; a 16-bit dtype rounds each state once.
 void gated_delta_rule_backward(const GatedDeltaRuleParams& params, Impl impl, const TensorView& d_o,
-                               const TensorView& d_final_state, const GatedDeltaRuleGrads& grads);
+                               const TensorView& d_final_state, const GatedDeltaRuleGrads& grads,
+                               const TensorView& chunk_states = {});
 
 }  // namespace phasor

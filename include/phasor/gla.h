@@ -90,12 +90,24 @@ struct GlaGrads {
 // o: [B, T, H, V]; final_state: [N, H, K, V], optional (undefined: not computed).
 // final_state may alias initial_state (in-place state update, e.g. for decoding one token at a
 // time with Impl::recurrent and T = 1).
+// chunk_states: optional, Impl::chunk only (a phasor::Error names it for the others):
+// [num_chunk_states(q, cu_seqlens, chunk_size), H, K, V] (phasor/common.h: the layout; fla's h),
+// any float dtype, owning its elements. The forward writes into it the state entering every chunk
+// (chunk 0's: initial_state, or zeros); a training step passes it on to gla_backward, which then
+// reads the states instead of replaying the state recurrence (one of its five K × V products per
+// token; docs/performance.md). K·V values per chunk and head: at K = V = 128, C = 64 half the size
+// of q, k, v and g in float32.
 void gla_forward(const GlaParams& params, Impl impl, const TensorView& o,
-                 const TensorView& final_state = {});
+                 const TensorView& final_state = {}, const TensorView& chunk_states = {});
 
 // Backward of gla_forward. d_o: [B, T, H, V], the gradient of the loss with respect to o;
 // d_final_state: [N, H, K, V], optional, the gradient with respect to final_state (dht in fla).
+// chunk_states: optional (Impl::chunk only), what gla_forward wrote with the same params and
+// inputs; the backward trusts them (they are not recomputed to be checked). In the compute dtype
+// (float32, or float64 for float64 q) the gradients are bit-identical to a backward without
+// them; a 16-bit dtype rounds each state once.
 void gla_backward(const GlaParams& params, Impl impl, const TensorView& d_o,
-                  const TensorView& d_final_state, const GlaGrads& grads);
+                  const TensorView& d_final_state, const GlaGrads& grads,
+                  const TensorView& chunk_states = {});
 
 }  // namespace phasor

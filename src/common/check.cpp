@@ -10,6 +10,7 @@
 
 #include "common/element_access.h"
 #include "common/parallel.h"
+#include "common/view_extent.h"
 #include "phasor/device.h"
 
 namespace phasor::detail {
@@ -142,6 +143,14 @@ void check_owned_output(const std::string& op, const std::string& name, const Te
     if (x.size(d) > 1 && x.stride(d) == 0)
       fail(op, name, "an output view without zero (broadcast) strides",
            "stride 0 in dimension " + std::to_string(d) + " of " + x.shape_string());
+}
+
+void check_disjoint(const std::string& op, const std::string& name, const TensorView& x,
+                    std::initializer_list<NamedView> others) {
+  for (const NamedView& other : others)
+    if (other.view.defined() && overlaps(x, other.view))
+      fail(op, name, std::string("memory of its own (no overlap with '") + other.name + "')",
+           std::string("a view overlapping '") + other.name + "'");
 }
 
 Sequences sequences(const std::string& op, const TensorView& cu, std::int64_t B, std::int64_t T,
@@ -356,3 +365,22 @@ void raise_value_failure(const std::string& op, const ValueChecks& checks,
 }
 
 }  // namespace phasor::detail
+
+namespace phasor {
+
+std::int64_t num_chunk_states(const TensorView& q, const TensorView& cu_seqlens,
+                              std::int64_t chunk_size) {
+  const std::string op = "num_chunk_states";
+  if (!q.defined()) detail::fail(op, "q", "a tensor [B, T, ...]", "none");
+  detail::check_view(op, "q", q);
+  if (q.rank < 2)
+    detail::fail(op, "q", "a tensor [B, T, ...]",
+                 std::to_string(q.rank) + "-D tensor of shape " + q.shape_string());
+  detail::check_positive(op, "chunk_size", chunk_size);
+  const std::int64_t T = q.size(1);
+  const detail::Sequences s = detail::sequences(
+      op, cu_seqlens, q.size(0), T, cu_seqlens.defined() ? cu_seqlens.device : q.device);
+  return s.chunk_slot_count(std::max<std::int64_t>(1, std::min(chunk_size, T)));
+}
+
+}  // namespace phasor

@@ -62,6 +62,14 @@ inline void check_output(const std::string& op, const std::string& name, const T
 // would make several results land on the same memory (check_output alone allows broadcast views).
 void check_owned_output(const std::string& op, const std::string& name, const TensorView& x,
                         std::initializer_list<Dim> dims, Device device = Device::cpu);
+// `x` must share no memory with any defined view of `others` (an output the kernels write while
+// they read or write the others: a clash would give silently wrong results).
+struct NamedView {
+  const char* name;
+  TensorView view;
+};
+void check_disjoint(const std::string& op, const std::string& name, const TensorView& x,
+                    std::initializer_list<NamedView> others);
 // `x` must be defined, on `device`, floating, of this rank.
 void check_float_rank(const std::string& op, const std::string& name, const TensorView& x, int rank,
                       const char* layout, Device device = Device::cpu);

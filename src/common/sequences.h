@@ -60,6 +60,22 @@ struct Sequences {
     return lo;
   }
 
+  // Chunk slots: where the per-chunk results of chunk c of sequence n go, for chunks of C tokens
+  // (the chunk states of phasor/common.h's num_chunk_states; the GPU kernels' workspaces):
+  //   B rows, no cu_seqlens:  n·⌈T/C⌉ + c          B·⌈T/C⌉ slots, every one a chunk's;
+  //   packed:                 n + ⌊cu[n] / C⌋ + c   fewer than N + ⌈T/C⌉ slots.
+  // Packed slots are distinct: sequence n has ⌈len/C⌉ ≤ ⌊(cu[n] mod C + len)/C⌋ + 1 chunks, so
+  // its last slot stays below the next sequence's first; a slot between two sequences' chunks
+  // (or of an empty sequence) holds no chunk. Both are increasing in n and need only the offsets
+  // of sequence n, never a sum over the sequences before it (which a GPU would have to scan).
+  PHASOR_HOST_DEVICE std::int64_t chunk_slot(std::int64_t C, std::int64_t n, std::int64_t c) const {
+    if (!packed()) return n * ((T + C - 1) / C) + c;
+    return n + offset(n) / C + c;
+  }
+  PHASOR_HOST_DEVICE std::int64_t chunk_slot_count(std::int64_t C) const {
+    return packed() ? count + (T + C - 1) / C : count * ((T + C - 1) / C);
+  }
+
   // Host-side iteration: `for (const Sequence& s : sequences)`.
   struct Iterator {
     const Sequences* table;

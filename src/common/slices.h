@@ -80,12 +80,14 @@ inline void store_2d(const M& in, const TensorView& x, std::int64_t base, std::i
   const std::int64_t rows = in.rows(), cols = in.cols();
   if (rows == 0 || cols == 0) return;  // writes nothing; x.data may be null (see load_2d)
   using Scalar = typename M::Scalar;
-  if constexpr (std::is_base_of_v<Eigen::PlainObjectBase<M>, M> &&
-                (static_cast<int>(M::Flags) & Eigen::RowMajorBit)) {
-    if (x.dtype == dtype_of<Scalar>() && (cs == 1 || cols == 1)) {  // plain row-major: copy rows
+  // Row-major storage with contiguous rows (a matrix, or a block of rows of one): copy rows.
+  if constexpr ((static_cast<int>(M::Flags) & Eigen::DirectAccessBit) &&
+                (static_cast<int>(M::Flags) & Eigen::RowMajorBit) &&
+                M::InnerStrideAtCompileTime == 1) {
+    if (x.dtype == dtype_of<Scalar>() && (cs == 1 || cols == 1)) {
       Scalar* p = static_cast<Scalar*>(x.data) + base;
       for (std::int64_t r = 0; r < rows; ++r)
-        std::memcpy(p + r * rs, in.data() + r * cols,
+        std::memcpy(p + r * rs, in.data() + r * in.outerStride(),
                     static_cast<std::size_t>(cols) * sizeof(Scalar));
       return;
     }

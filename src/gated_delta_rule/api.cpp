@@ -91,14 +91,41 @@ void check_state_shaped(const std::string& op, const char* name, const TensorVie
                        {{p.num_sequences(), "N"}, {p.HV, "HV"}, {p.K, "K"}, {p.V, "V"}}, p.device);
 }
 
+// chunk_states: [num_chunk_states, HV, K, V], Impl::chunk only.
+void check_chunk_states(const std::string& op, const TensorView& x, const Problem& p, Impl impl) {
+  if (!x.defined()) return;
+  if (impl != Impl::chunk)
+    detail::fail(op, "chunk_states", "no chunk states (only Impl::chunk keeps them)",
+                 std::string("chunk states with Impl::") + to_string(impl));
+  detail::check_owned_output(op, "chunk_states", x,
+                             {{p.sequences.chunk_slot_count(p.chunk_size), "num_chunk_states"},
+                              {p.HV, "HV"},
+                              {p.K, "K"},
+                              {p.V, "V"}},
+                             p.device);
+}
+
 }  // namespace
 
 void gated_delta_rule_forward(const GatedDeltaRuleParams& params, Impl impl, const TensorView& o,
-                              const TensorView& final_state) {
+                              const TensorView& final_state, const TensorView& chunk_states) {
   const std::string op = op_name(Op::gated_delta_rule, impl);
   const Problem p = make_problem(op, params, impl == Impl::chunk);
   detail::check_output(op, "o", o, {{p.B, "B"}, {p.T, "T"}, {p.HV, "HV"}, {p.V, "V"}}, p.device);
   if (final_state.defined()) check_state_shaped(op, "final_state", final_state, p);
+  check_chunk_states(op, chunk_states, p, impl);
+  if (chunk_states.defined())
+    detail::check_disjoint(op, "chunk_states", chunk_states,
+                           {{"q", p.q},
+                            {"k", p.k},
+                            {"v", p.v},
+                            {"g", p.g},
+                            {"beta", p.beta},
+                            {"initial_state", p.initial_state},
+                            {"theta", p.theta},
+                            {"cu_seqlens", params.cu_seqlens},
+                            {"o", o},
+                            {"final_state", final_state}});
   detail::run_on_device(
       op, Op::gated_delta_rule, impl, p.device, value_checks(p),
       [&] {
@@ -108,21 +135,22 @@ void gated_delta_rule_forward(const GatedDeltaRuleParams& params, Impl impl, con
           case Impl::recurrent:
             return detail::gdn::recurrent_forward(p, o, final_state);
           case Impl::chunk:
-            return detail::gdn::chunk_forward(p, o, final_state);
+            return detail::gdn::chunk_forward(p, o, final_state, chunk_states);
         }
       },
       // Impl::recurrent and Impl::chunk have CUDA kernels (phasor/ops.h); run_on_device refuses
       // the reference.
       [&] {
         if (impl == Impl::chunk)
-          PHASOR_ON_GPU(p.device, gdn::chunk_forward(p, o, final_state));
+          PHASOR_ON_GPU(p.device, gdn::chunk_forward(p, o, final_state, chunk_states));
         else
           PHASOR_ON_GPU(p.device, gdn::recurrent_forward(p, o, final_state));
       });
 }
 
 void gated_delta_rule_backward(const GatedDeltaRuleParams& params, Impl impl, const TensorView& d_o,
-                               const TensorView& d_final_state, const GatedDeltaRuleGrads& grads) {
+                               const TensorView& d_final_state, const GatedDeltaRuleGrads& grads,
+                               const TensorView& chunk_states) {
   const std::string op = op_name(Op::gated_delta_rule, impl);
   // The recurrent backward recomputes states from checkpoints every chunk_size tokens.
   const Problem p = make_problem(op, params, impl != Impl::reference);
@@ -145,6 +173,16 @@ void gated_delta_rule_backward(const GatedDeltaRuleParams& params, Impl impl, co
     check_state_shaped(op, "dh0", grads.dh0, p);
   }
   detail::check_dtheta(op, grads.dtheta, params.theta, p.device);
+  check_chunk_states(op, chunk_states, p, impl);
+  if (chunk_states.defined())  // read while the gradients are written
+    detail::check_disjoint(op, "chunk_states", chunk_states,
+                           {{"dq", grads.dq},
+                            {"dk", grads.dk},
+                            {"dv", grads.dv},
+                            {"dg", grads.dg},
+                            {"dbeta", grads.dbeta},
+                            {"dh0", grads.dh0},
+                            {"dtheta", grads.dtheta}});
   detail::run_on_device(
       op, Op::gated_delta_rule, impl, p.device, value_checks(p),
       [&] {
@@ -154,7 +192,7 @@ void gated_delta_rule_backward(const GatedDeltaRuleParams& params, Impl impl, co
           case Impl::recurrent:
             return detail::gdn::recurrent_backward(p, d_o, d_final_state, grads);
           case Impl::chunk:
-            return detail::gdn::chunk_backward(p, d_o, d_final_state, grads);
+            return detail::gdn::chunk_backward(p, d_o, d_final_state, grads, chunk_states);
         }
       },
       [&] {

@@ -14,7 +14,10 @@
 //   S_next = γ_{L−1} S + (diag(E) K)ᵀ U_new,     E_j = exp(Σ_{s∈(j,L−1]} g_s).             (4)
 // Applying T to the V columns of diag(β) V − diag(βγ) K S, rather than forming U and W (V + K
 // columns) and then W S, is the same product regrouped and saves the K-column half of the solve
-// (and of its adjoint); K S and Q̃ S come from one product [K; Q̃] S.
+// (and of its adjoint). K S is formed by the same product in the forward and in the backward's
+// replay (solve_u_new), so a state the forward keeps for the backward (chunk_states) has the bits
+// the replay would give it; one product [K; Q̃] S for both halves ran no faster (K = V = 128) and
+// rounds K S differently at small sizes, where Eigen evaluates it coefficient by coefficient.
 //
 // Stability: g is a scalar per token, so every decay factor is built elementwise as exp of a sum
 // accumulated from a nearby token (γ from the chunk start, E from the chunk end, Γ_ij from i back
@@ -28,10 +31,11 @@
 // writes dθ.
 //
 // Backward: the forward is replayed keeping the state at every chunk boundary (O(T/C · K · V) per
-// value head); chunks are then walked in reverse carrying dS = ∂L/∂S_next, each chunk's M and
-// U_new are recomputed and every dense operation of (1)–(4) is differentiated in reverse order.
-// The adjoint of the solve M U_new = R is Mᵀ Y = dU_new (a second triangular solve): dR = Y and
-// dM = −Y U_newᵀ on the strictly lower part.
+// value head) — unless the forward kept them (chunk_states), which saves the replay's solve and
+// its two K × V products per token; chunks are then walked in reverse carrying dS = ∂L/∂S_next,
+// each chunk's M and U_new are recomputed and every dense operation of (1)–(4) is differentiated in
+// reverse order. The adjoint of the solve M U_new = R is Mᵀ Y = dU_new (a second triangular solve):
+// dR = Y and dM = −Y U_newᵀ on the strictly lower part.
 
 #include "common/eigen.h"  // first: see there
 
@@ -196,7 +200,7 @@ void prepare_chunk(const Problem& p, const Sequence& block, std::int64_t hv, con
 // Buffers of one value tile's step.
 template <class S>
 struct TileWork {
-  Mat<S> v, kq_s, u_new, out;
+  Mat<S> v, ks, u_new, out;
 };
 
 // Where a chunk lies in its sequence, for the products the forward and backward may skip as exact
@@ -243,9 +247,12 @@ void forward_tile(const Problem& p, const Sequence& block, std::int64_t hv, cons
     w.u_new = beta.asDiagonal() * w.v;
     w.out.setZero(L, w.v.cols());
   } else {
-    w.kq_s.noalias() = gram.kq * state;
-    w.u_new = beta.asDiagonal() * (w.v - chunk.gamma.asDiagonal() * w.kq_s.topRows(L));
-    w.out = chunk.gamma.asDiagonal() * w.kq_s.bottomRows(L);
+    // K S as the backward's solve_u_new forms it (the same product, so the same bits: the
+    // states a forward keeps for the backward are those its replay would compute), then Q̃ S.
+    w.ks.noalias() = gram.kq.topRows(L) * state;
+    w.u_new = beta.asDiagonal() * (w.v - chunk.gamma.asDiagonal() * w.ks);
+    w.out.noalias() = gram.kq.bottomRows(L) * state;
+    w.out = chunk.gamma.asDiagonal() * w.out;
   }
   solve_in_place(chunk.m.template triangularView<UnitLower>(), w.u_new);
   add_triangular_product(w.out, chunk.attn.template triangularView<Lower>(), w.u_new);
@@ -289,6 +296,22 @@ void store_tile_states(const Problem& p, std::int64_t n, std::int64_t h,
                   value_columns(final_state, value_tile(p, i)), n, h * p.group + r);
 }
 
+// Tile `tile`'s columns of value head hv's state entering chunk c of sequence n, in chunk_states
+// ([num_chunk_states, HV, K, V]; phasor/common.h's layout): kept by the forward, read by the
+// backward in place of its replay.
+template <class S>
+void keep_tile_state(const Problem& p, const Mat<S>& state, const TensorView& chunk_states,
+                     std::int64_t n, std::int64_t c, std::int64_t hv, const ValueTile& tile) {
+  store_state(state, value_columns(chunk_states, tile), p.sequences.chunk_slot(p.chunk_size, n, c),
+              hv);
+}
+template <class S>
+void load_kept_tile_state(const Problem& p, const TensorView& chunk_states, std::int64_t n,
+                          std::int64_t c, std::int64_t hv, const ValueTile& tile, Mat<S>& state) {
+  load_state(value_columns(chunk_states, tile), p.sequences.chunk_slot(p.chunk_size, n, c), hv,
+             state);
+}
+
 // The q/k heads [h0, h0 + count) of sequence n, walked chunk by chunk and, within a chunk, head by
 // head (as GLA's forward_heads: a token's rows of consecutive heads are adjacent in memory, where
 // one head's rows are H · K apart). Each head's arithmetic is that of a walk of its own: its own
@@ -310,7 +333,8 @@ struct ForwardWork {
 
 template <class S>
 void forward_heads(const Problem& p, std::int64_t n, std::int64_t h0, std::int64_t count,
-                   const TensorView& o, const TensorView& final_state) {
+                   const TensorView& o, const TensorView& final_state,
+                   const TensorView& chunk_states) {
   const std::int64_t G = p.group, tiles = num_value_tiles(p);
   const Sequence& s = p.sequences[static_cast<std::size_t>(n)];
   // Kept per thread across calls, as the backward's (BackwardWork): a group's buffers (~150 KiB
@@ -340,10 +364,15 @@ void forward_heads(const Problem& p, std::int64_t n, std::int64_t h0, std::int64
       gram.compute(qk);
       for (std::int64_t r = 0; r < G; ++r) {
         prepare_chunk(p, block, h * G + r, qk, gram, in, chunk);
-        for (std::int64_t t = 0; t < tiles; ++t)
-          forward_tile(p, block, h * G + r, value_tile(p, t), gram, chunk, in.beta, o,
-                       states[static_cast<std::size_t>(i)][static_cast<std::size_t>(r * tiles + t)],
-                       work, place);
+        for (std::int64_t t = 0; t < tiles; ++t) {
+          Mat<S>& state =
+              states[static_cast<std::size_t>(i)][static_cast<std::size_t>(r * tiles + t)];
+          if (chunk_states.defined())
+            keep_tile_state(p, state, chunk_states, n, t0 / p.chunk_size, h * G + r,
+                            value_tile(p, t));
+          forward_tile(p, block, h * G + r, value_tile(p, t), gram, chunk, in.beta, o, state, work,
+                       place);
+        }
       }
     }
   }
@@ -426,7 +455,8 @@ struct ChunkWindow {
 
 // The by-tile forward (see above), a window of chunks at a time.
 template <class S>
-void forward_by_tile(const Problem& p, const TensorView& o, const TensorView& final_state) {
+void forward_by_tile(const Problem& p, const TensorView& o, const TensorView& final_state,
+                     const TensorView& chunk_states) {
   const std::int64_t items = p.num_items(), G = p.group, tiles = num_value_tiles(p);
   ChunkWindow<S> w(p, 0);
   std::vector<std::vector<Mat<S>>> states(static_cast<std::size_t>(items));
@@ -443,6 +473,9 @@ void forward_by_tile(const Problem& p, const TensorView& o, const TensorView& fi
           states[static_cast<std::size_t>(item)][static_cast<std::size_t>(r * tiles + i)];
       for (std::int64_t c = first; c < w.end_of(item); ++c) {
         const std::size_t at = w.at(item, c, r);
+        if (chunk_states.defined())
+          keep_tile_state(p, state, chunk_states, p.item_sequence(item), c, h * G + r,
+                          value_tile(p, i));
         forward_tile(p, w.block_at(item, c), h * G + r, value_tile(p, i), w.grams[w.slot(item, c)],
                      w.chunks[at], w.betas[at], o, state, work,
                      ChunkPlace::forward(p, c, w.chunks_of(item), final_state));
@@ -705,6 +738,7 @@ struct BackwardWork {
   ValueGrads<S> d;
   BackwardFactors<S> factors;
   Mat<S> v, d_out, dv, dq, dk;
+  Mat<S> kept;  // a tile's entering state, read from chunk_states
 
   void release_if_large() { detail::release_if_large(boundary); }
 };
@@ -713,7 +747,8 @@ struct BackwardWork {
 // turn (the by-item schedule).
 template <class S>
 void backward_item(const Problem& p, std::int64_t item, const TensorView& d_o,
-                   const TensorView& d_final_state, const GatedDeltaRuleGrads& grads) {
+                   const TensorView& d_final_state, const GatedDeltaRuleGrads& grads,
+                   const TensorView& chunk_states) {
   const std::int64_t n = p.item_sequence(item), h = p.item_head(item), G = p.group;
   const std::int64_t tiles = num_value_tiles(p);
   const Sequence& s = p.sequences[static_cast<std::size_t>(n)];
@@ -732,12 +767,13 @@ void backward_item(const Problem& p, std::int64_t item, const TensorView& d_o,
   ChunkState<S>& chunk = work.chunk;
   TileScratch<S>& scratch = work.scratch;
   // Forward again, keeping boundary[(r · tiles + i) · num_chunks + c] = tile i's columns of the
-  // state of value head r entering chunk c.
+  // state of value head r entering chunk c — unless the forward kept them (chunk_states).
   std::vector<Mat<S>>& states = work.states;
   std::vector<Mat<S>>& boundary = work.boundary;
-  load_tile_states<S>(p, n, h, states);
-  boundary.resize(static_cast<std::size_t>(G * tiles * num_chunks));
-  for (std::int64_t c = 0; c < num_chunks; ++c) {
+  const bool replay = !chunk_states.defined();
+  if (replay) load_tile_states<S>(p, n, h, states);
+  if (replay) boundary.resize(static_cast<std::size_t>(G * tiles * num_chunks));
+  for (std::int64_t c = 0; replay && c < num_chunks; ++c) {
     for (std::int64_t u = 0; u < G * tiles; ++u)
       boundary[static_cast<std::size_t>(u * num_chunks + c)] = states[static_cast<std::size_t>(u)];
     // The walk back needs no state after the last chunk: stop at its entering states (a
@@ -778,10 +814,13 @@ void backward_item(const Problem& p, std::int64_t item, const TensorView& d_o,
         const auto u = static_cast<std::size_t>(r * tiles + i);
         load_rows(value_columns(p.v, tile), block, hv, work.v);
         load_rows(value_columns(d_o, tile), block, hv, work.d_out);
-        backward_tile(
-            qk, gram, chunk, work.factors, in.beta, work.v, work.d_out,
-            boundary[u * static_cast<std::size_t>(num_chunks) + static_cast<std::size_t>(c)], dS[u],
-            work.dv, work.parts[static_cast<std::size_t>(i)], scratch, place);
+        Mat<S>& entering =
+            replay
+                ? boundary[u * static_cast<std::size_t>(num_chunks) + static_cast<std::size_t>(c)]
+                : work.kept;
+        if (!replay) load_kept_tile_state(p, chunk_states, n, c, hv, tile, entering);
+        backward_tile(qk, gram, chunk, work.factors, in.beta, work.v, work.d_out, entering, dS[u],
+                      work.dv, work.parts[static_cast<std::size_t>(i)], scratch, place);
         if (grads.dv.defined()) store_rows(work.dv, value_columns(grads.dv, tile), block, hv);
       }
       finish_value_head(p, block, hv, qk, gram, chunk, in.beta, work.parts.data(), dq, dk, work.d,
@@ -802,7 +841,7 @@ void backward_item(const Problem& p, std::int64_t item, const TensorView& d_o,
 // arithmetic of backward_item's, so the bits are the same.
 template <class S>
 void backward_by_tile(const Problem& p, const TensorView& d_o, const TensorView& d_final_state,
-                      const GatedDeltaRuleGrads& grads) {
+                      const GatedDeltaRuleGrads& grads, const TensorView& chunk_states) {
   const std::int64_t items = p.num_items(), G = p.group, C = p.chunk_size, K = p.K;
   const std::int64_t tiles = num_value_tiles(p);
   // Beside each (chunk, value head) of the window: its BackwardFactors (C² + 2 C K) and its
@@ -813,8 +852,11 @@ void backward_by_tile(const Problem& p, const TensorView& d_o, const TensorView&
   std::vector<TileGrads<S>> parts(w.chunks.size() * static_cast<std::size_t>(tiles));
   // Replay: boundary[(item · G + r) · tiles + i][c] = tile i's columns of the state of value head
   // r entering chunk c.
-  std::vector<std::vector<Mat<S>>> boundary(static_cast<std::size_t>(items * G * tiles));
-  {
+  // (None with chunk_states: each tile's walk back reads its entering states from there.)
+  const bool replay = !chunk_states.defined();
+  std::vector<std::vector<Mat<S>>> boundary(
+      static_cast<std::size_t>(replay ? items * G * tiles : 0));
+  if (replay) {
     std::vector<std::vector<Mat<S>>> states(static_cast<std::size_t>(items));
     for (std::int64_t item = 0; item < items; ++item) {
       load_tile_states<S>(p, p.item_sequence(item), p.item_head(item),
@@ -860,18 +902,20 @@ void backward_by_tile(const Problem& p, const TensorView& d_o, const TensorView&
       const std::int64_t hv = p.item_head(item) * G + r;
       const ValueTile tile = value_tile(p, i);
       thread_local TileScratch<S> scratch;
-      thread_local Mat<S> v, d_out, dv;
+      thread_local Mat<S> v, d_out, dv, kept;
       for (std::int64_t c = w.end_of(item) - 1; c >= first; --c) {
         const std::size_t s = w.slot(item, c), at = w.at(item, c, r);
         const Sequence block = w.block_at(item, c);
         load_rows(value_columns(p.v, tile), block, hv, v);
         load_rows(value_columns(d_o, tile), block, hv, d_out);
-        backward_tile(w.qks[s], w.grams[s], w.chunks[at], factors[at], w.betas[at], v, d_out,
-                      boundary[static_cast<std::size_t>(u)][static_cast<std::size_t>(c)],
-                      dS[static_cast<std::size_t>(item)][static_cast<std::size_t>(r * tiles + i)],
-                      dv, parts[at * static_cast<std::size_t>(tiles) + static_cast<std::size_t>(i)],
-                      scratch,
-                      ChunkPlace::backward(p, c, w.chunks_of(item), d_final_state, grads.dh0));
+        if (!replay)
+          load_kept_tile_state(p, chunk_states, p.item_sequence(item), c, hv, tile, kept);
+        backward_tile(
+            w.qks[s], w.grams[s], w.chunks[at], factors[at], w.betas[at], v, d_out,
+            replay ? boundary[static_cast<std::size_t>(u)][static_cast<std::size_t>(c)] : kept,
+            dS[static_cast<std::size_t>(item)][static_cast<std::size_t>(r * tiles + i)], dv,
+            parts[at * static_cast<std::size_t>(tiles) + static_cast<std::size_t>(i)], scratch,
+            ChunkPlace::backward(p, c, w.chunks_of(item), d_final_state, grads.dh0));
         if (grads.dv.defined()) store_rows(dv, value_columns(grads.dv, tile), block, hv);
       }
     });
@@ -900,27 +944,31 @@ void backward_by_tile(const Problem& p, const TensorView& d_o, const TensorView&
 
 }  // namespace
 
-void chunk_forward(const Problem& p, const TensorView& o, const TensorView& final_state) {
+void chunk_forward(const Problem& p, const TensorView& o, const TensorView& final_state,
+                   const TensorView& chunk_states) {
   dispatch_float(p.q, [&](auto zero) {
     using S = decltype(zero);
-    if (split_items(p.num_items() * p.group)) return forward_by_tile<S>(p, o, final_state);
+    if (split_items(p.num_items() * p.group))
+      return forward_by_tile<S>(p, o, final_state, chunk_states);
     const std::int64_t heads = head_group_size(
         p.num_sequences(), p.H, p.group * p.K * p.V * static_cast<std::int64_t>(sizeof(S)));
     parallel_for(p.num_items() / heads, [&](std::int64_t index) {
       const std::int64_t first = index * heads;
-      forward_heads<S>(p, p.item_sequence(first), p.item_head(first), heads, o, final_state);
+      forward_heads<S>(p, p.item_sequence(first), p.item_head(first), heads, o, final_state,
+                       chunk_states);
     });
   });
 }
 
 void chunk_backward(const Problem& p, const TensorView& d_o, const TensorView& d_final_state,
-                    const GatedDeltaRuleGrads& grads) {
+                    const GatedDeltaRuleGrads& grads, const TensorView& chunk_states) {
   dispatch_float(p.q, [&](auto zero) {
     using S = decltype(zero);
     if (split_items(p.num_items() * p.group))
-      return backward_by_tile<S>(p, d_o, d_final_state, grads);
-    parallel_for(p.num_items(),
-                 [&](std::int64_t item) { backward_item<S>(p, item, d_o, d_final_state, grads); });
+      return backward_by_tile<S>(p, d_o, d_final_state, grads, chunk_states);
+    parallel_for(p.num_items(), [&](std::int64_t item) {
+      backward_item<S>(p, item, d_o, d_final_state, grads, chunk_states);
+    });
   });
 }
 

@@ -38,9 +38,13 @@ void reference_backward(const Problem& p, const TensorView& d_o, const TensorVie
 void recurrent_forward(const Problem& p, const TensorView& o, const TensorView& final_state);
 void recurrent_backward(const Problem& p, const TensorView& d_o, const TensorView& d_final_state,
                         const GatedDeltaRuleGrads& grads);
-void chunk_forward(const Problem& p, const TensorView& o, const TensorView& final_state);
+// chunk_states (chunk only; optional): [num_chunk_states, HV, K, V], the state entering every chunk
+// at Sequences::chunk_slot(chunk_size, n, c) — written by the forward, read by the backward in
+// place of its replay of the forward.
+void chunk_forward(const Problem& p, const TensorView& o, const TensorView& final_state,
+                   const TensorView& chunk_states);
 void chunk_backward(const Problem& p, const TensorView& d_o, const TensorView& d_final_state,
-                    const GatedDeltaRuleGrads& grads);
+                    const GatedDeltaRuleGrads& grads, const TensorView& chunk_states);
 
 template <class S>
 using RowVec = Eigen::Matrix<S, 1, Eigen::Dynamic>;

@@ -71,14 +71,40 @@ void check_state(const std::string& op, const char* name, const TensorView& x, c
                        p.device);
 }
 
+// chunk_states: [num_chunk_states, H, K, V], Impl::chunk only.
+void check_chunk_states(const std::string& op, const TensorView& x, const Problem& p, Impl impl) {
+  if (!x.defined()) return;
+  if (impl != Impl::chunk)
+    detail::fail(op, "chunk_states", "no chunk states (only Impl::chunk keeps them)",
+                 std::string("chunk states with Impl::") + to_string(impl));
+  detail::check_owned_output(op, "chunk_states", x,
+                             {{p.sequences.chunk_slot_count(p.chunk_size), "num_chunk_states"},
+                              {p.H, "H"},
+                              {p.K, "K"},
+                              {p.V, "V"}},
+                             p.device);
+}
+
 }  // namespace
 
 void gla_forward(const GlaParams& params, Impl impl, const TensorView& o,
-                 const TensorView& final_state) {
+                 const TensorView& final_state, const TensorView& chunk_states) {
   const std::string op = op_name(Op::gla, impl);
   const Problem p = make_problem(op, params, impl);
   detail::check_output(op, "o", o, {{p.B, "B"}, {p.T, "T"}, {p.H, "H"}, {p.V, "V"}}, p.device);
   if (final_state.defined()) check_state(op, "final_state", final_state, p);
+  check_chunk_states(op, chunk_states, p, impl);
+  if (chunk_states.defined())
+    detail::check_disjoint(op, "chunk_states", chunk_states,
+                           {{"q", p.q},
+                            {"k", p.k},
+                            {"v", p.v},
+                            {"g", p.g},
+                            {"initial_state", p.initial_state},
+                            {"theta", p.theta},
+                            {"cu_seqlens", params.cu_seqlens},
+                            {"o", o},
+                            {"final_state", final_state}});
   detail::run_on_device(
       op, Op::gla, impl, p.device, value_checks(p),
       [&] {
@@ -88,21 +114,22 @@ void gla_forward(const GlaParams& params, Impl impl, const TensorView& o,
           case Impl::recurrent:
             return detail::gla::recurrent_forward(p, o, final_state);
           case Impl::chunk:
-            return detail::gla::chunk_forward(p, o, final_state);
+            return detail::gla::chunk_forward(p, o, final_state, chunk_states);
         }
       },
       // Impl::recurrent and Impl::chunk have CUDA kernels (phasor/ops.h); run_on_device refuses
       // the reference.
       [&] {
         if (impl == Impl::chunk)
-          PHASOR_ON_GPU(p.device, gla::chunk_forward(p, o, final_state));
+          PHASOR_ON_GPU(p.device, gla::chunk_forward(p, o, final_state, chunk_states));
         else
           PHASOR_ON_GPU(p.device, gla::recurrent_forward(p, o, final_state));
       });
 }
 
 void gla_backward(const GlaParams& params, Impl impl, const TensorView& d_o,
-                  const TensorView& d_final_state, const GlaGrads& grads) {
+                  const TensorView& d_final_state, const GlaGrads& grads,
+                  const TensorView& chunk_states) {
   const std::string op = op_name(Op::gla, impl);
   const Problem p = make_problem(op, params, impl);
   const std::initializer_list<detail::Dim> qk = {{p.B, "B"}, {p.T, "T"}, {p.H, "H"}, {p.K, "K"}},
@@ -120,6 +147,15 @@ void gla_backward(const GlaParams& params, Impl impl, const TensorView& d_o,
     check_state(op, "dh0", grads.dh0, p);
   }
   detail::check_dtheta(op, grads.dtheta, params.theta, p.device);
+  check_chunk_states(op, chunk_states, p, impl);
+  if (chunk_states.defined())  // read while the gradients are written
+    detail::check_disjoint(op, "chunk_states", chunk_states,
+                           {{"dq", grads.dq},
+                            {"dk", grads.dk},
+                            {"dv", grads.dv},
+                            {"dg", grads.dg},
+                            {"dh0", grads.dh0},
+                            {"dtheta", grads.dtheta}});
   detail::run_on_device(
       op, Op::gla, impl, p.device, value_checks(p),
       [&] {
@@ -129,12 +165,12 @@ void gla_backward(const GlaParams& params, Impl impl, const TensorView& d_o,
           case Impl::recurrent:
             return detail::gla::recurrent_backward(p, d_o, d_final_state, grads);
           case Impl::chunk:
-            return detail::gla::chunk_backward(p, d_o, d_final_state, grads);
+            return detail::gla::chunk_backward(p, d_o, d_final_state, grads, chunk_states);
         }
       },
       [&] {
         if (impl == Impl::chunk)
-          PHASOR_ON_GPU(p.device, gla::chunk_backward(p, d_o, d_final_state, grads));
+          PHASOR_ON_GPU(p.device, gla::chunk_backward(p, d_o, d_final_state, grads, chunk_states));
         else
           PHASOR_ON_GPU(p.device, gla::recurrent_backward(p, d_o, d_final_state, grads));
       });

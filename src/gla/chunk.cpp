@@ -26,8 +26,10 @@
 // State recurrence: S_next = diag(P_last) S_prev + L with the chunk's own contribution
 // L = (k ⊙ E)ᵀ v, so the states before the chunks are a scan of the L's (computed in parallel over
 // chunks when there are few (sequence, head) items; see "Schedules" below).
-// Backward: a first pass stores the state before every chunk (O(T/C · K·V) memory); the chunks
-// are then walked in reverse carrying dS (the gradient of the loss w.r.t. S_next):
+// Backward: a first pass stores the state before every chunk (O(T/C · K·V) memory) — unless the
+// forward kept them (chunk_states), which saves the backward one of its five K × V products per
+// token; the chunks are then walked in reverse carrying dS (the gradient of the loss w.r.t.
+// S_next):
 //   dS_prev = diag(P_last) dS + scale · Σ_i (q_i ⊙ P_i) do_iᵀ
 //   dq_i = scale · P_i ⊙ (S_prev do_i) + scale · Σ_{j ≤ i} dA_ij D_ij ⊙ k_j,   dA_ij = do_i · v_j
 //   dk_j = E_j ⊙ (dS v_j)              + scale · Σ_{i ≥ j} dA_ij D_ij ⊙ q_i
@@ -379,6 +381,10 @@ struct ChunkUnit {
     return chunk_of(p.sequences[item / p.H], p.chunk_size, chunk);
   }
   std::int64_t head(const Problem& p) const { return item % p.H; }
+  // Its index in chunk_states.
+  std::int64_t slot(const Problem& p) const {
+    return p.sequences.chunk_slot(p.chunk_size, item / p.H, chunk);
+  }
 };
 std::vector<ChunkUnit> chunk_units(const Problem& p, std::int64_t first, std::int64_t count) {
   std::vector<ChunkUnit> units;
@@ -506,7 +512,8 @@ struct StateWindow {
 // hardware prefetchers follow the runs.)
 template <class S>
 void forward_heads(const Problem& p, std::int64_t n, std::int64_t h0, std::int64_t count,
-                   const TensorView& o, const TensorView& final_state) {
+                   const TensorView& o, const TensorView& final_state,
+                   const TensorView& chunk_states) {
   const Sequence& s = p.sequences[static_cast<std::size_t>(n)];
   std::vector<Mat<S>> states(static_cast<std::size_t>(count));
   for (std::int64_t i = 0; i < count; ++i) {
@@ -523,6 +530,8 @@ void forward_heads(const Problem& p, std::int64_t n, std::int64_t h0, std::int64
       const std::int64_t h = h0 + i;
       work.load(p, part, h, /*with_q=*/true, TensorView{});
       Mat<S>& state = states[static_cast<std::size_t>(i)];
+      if (chunk_states.defined())
+        store_state(state, chunk_states, p.sequences.chunk_slot(p.chunk_size, n, c), h);
       work.gate_factors();
       work.forward_output(state);
       store_rows(work.out, o, part, h);
@@ -538,7 +547,8 @@ void forward_heads(const Problem& p, std::int64_t n, std::int64_t h0, std::int64
 // The chunk-parallel forward, a window of chunks at a time (bounded memory: one K × V block per
 // chunk of the window).
 template <class S>
-void forward_by_chunk(const Problem& p, const TensorView& o, const TensorView& final_state) {
+void forward_by_chunk(const Problem& p, const TensorView& o, const TensorView& final_state,
+                      const TensorView& chunk_states) {
   StateWindow<S> w(p, 1);
   std::vector<Mat<S>> states = w.item_blocks(p.initial_state);
   for (std::int64_t index = 0; index < w.num_windows(); ++index) {
@@ -552,6 +562,8 @@ void forward_by_chunk(const Problem& p, const TensorView& o, const TensorView& f
       work.gate_factors();
       work.forward_output(w.state(unit.item, unit.chunk));
       store_rows(work.out, o, unit.part(p), unit.head(p));
+      if (chunk_states.defined())
+        store_state(w.state(unit.item, unit.chunk), chunk_states, unit.slot(p), unit.head(p));
     });
   }
   if (final_state.defined())
@@ -579,27 +591,30 @@ void chunk_gradients(const Problem& p, const Sequence& part, std::int64_t h, con
 
 template <class S>
 void backward_item(const Problem& p, std::int64_t n, std::int64_t h, const TensorView& d_o,
-                   const TensorView& d_final_state, const GlaGrads& grads) {
+                   const TensorView& d_final_state, const GlaGrads& grads,
+                   const TensorView& chunk_states) {
   const Sequence& s = p.sequences[static_cast<std::size_t>(n)];
   const std::int64_t C = p.chunk_size, K = p.K, V = p.V, chunks = num_chunks(s, C);
   // Kept per thread across calls (common/kept_buffers.h): the states before every chunk are
   // O(T/C · K · V), and a block freed after every item comes back as new pages.
   thread_local ChunkWork<S> work;
-  thread_local Mat<S> states;
+  thread_local Mat<S> states, entering;
   Mat<S> local(K, V);
 
-  // Pass 1: states[c] = the state before chunk c.
-  states.resize(chunks * K, V);
-  Mat<S> state = Mat<S>::Zero(K, V);
-  if (p.initial_state.defined()) load_state(p.initial_state, n, h, state);
-  for (std::int64_t c = 0; c < chunks; ++c) {
-    states.middleRows(c * K, K) = state;
-    if (c + 1 == chunks) break;  // pass 2 needs no state after the last chunk
-    work.load(p, chunk_of(s, C, c), h, /*with_q=*/false, TensorView{});
-    prefetch_chunk(p, chunk_of(s, C, c + 1), h, false, TensorView{});
-    work.gate_factors(/*with_prefix=*/false);
-    work.state_contribution(local);
-    carry_state(state, work.p_last, local);
+  // Pass 1: states[c] = the state before chunk c (the forward kept them in chunk_states if given).
+  if (!chunk_states.defined()) {
+    states.resize(chunks * K, V);
+    Mat<S> state = Mat<S>::Zero(K, V);
+    if (p.initial_state.defined()) load_state(p.initial_state, n, h, state);
+    for (std::int64_t c = 0; c < chunks; ++c) {
+      states.middleRows(c * K, K) = state;
+      if (c + 1 == chunks) break;  // pass 2 needs no state after the last chunk
+      work.load(p, chunk_of(s, C, c), h, /*with_q=*/false, TensorView{});
+      prefetch_chunk(p, chunk_of(s, C, c + 1), h, false, TensorView{});
+      work.gate_factors(/*with_prefix=*/false);
+      work.state_contribution(local);
+      carry_state(state, work.p_last, local);
+    }
   }
 
   // Pass 2: chunks in reverse, carrying dS.
@@ -610,7 +625,12 @@ void backward_item(const Problem& p, std::int64_t n, std::int64_t h, const Tenso
     work.load(p, part, h, /*with_q=*/true, d_o);
     if (c > 0) prefetch_chunk(p, chunk_of(s, C, c - 1), h, true, d_o);
     work.gate_factors();
-    chunk_gradients(p, part, h, grads, states.middleRows(c * K, K), d_state, work);
+    if (chunk_states.defined()) {
+      load_state(chunk_states, p.sequences.chunk_slot(C, n, c), h, entering);
+      chunk_gradients(p, part, h, grads, entering, d_state, work);
+    } else {
+      chunk_gradients(p, part, h, grads, states.middleRows(c * K, K), d_state, work);
+    }
     work.state_gradient_contribution(local);
     carry_state(d_state, work.p_last, local);
   }
@@ -626,15 +646,18 @@ void backward_item(const Problem& p, std::int64_t n, std::int64_t h, const Tenso
 // holding the gradient w.r.t. the state leaving its chunk; every chunk's gradients. Each L is
 // computed twice, in the replay and in the walk back (~8% more products than the backward's),
 // for memory bounded by the window instead of two K × V blocks per chunk of the sequence.
+// With chunk_states (kept by the forward) there is no replay and no scan of the states: each
+// chunk's gradients read its entering state from there.
 template <class S>
 void backward_by_chunk(const Problem& p, const TensorView& d_o, const TensorView& d_final_state,
-                       const GlaGrads& grads) {
+                       const GlaGrads& grads, const TensorView& chunk_states) {
+  const bool replay = !chunk_states.defined();
   StateWindow<S> w(p, 2);
   const std::int64_t items = w.items, windows = w.num_windows();
   // entering[item · windows + index]: the state entering window `index` of the item.
-  std::vector<Mat<S>> entering(static_cast<std::size_t>(items * windows));
-  std::vector<Mat<S>> states = w.item_blocks(p.initial_state);
-  for (std::int64_t index = 0; index < windows; ++index) {
+  std::vector<Mat<S>> entering(static_cast<std::size_t>(replay ? items * windows : 0));
+  std::vector<Mat<S>> states = replay ? w.item_blocks(p.initial_state) : std::vector<Mat<S>>{};
+  for (std::int64_t index = 0; replay && index < windows; ++index) {
     for (std::int64_t item = 0; item < items; ++item)
       entering[static_cast<std::size_t>(item * windows + index)] =
           states[static_cast<std::size_t>(item)];
@@ -652,22 +675,31 @@ void backward_by_chunk(const Problem& p, const TensorView& d_o, const TensorView
       thread_local ChunkWork<S> work;
       work.load(p, unit.part(p), unit.head(p), /*with_q=*/true, d_o);
       work.gate_factors();
-      work.state_contribution(w.state(unit.item, unit.chunk));
+      if (replay) work.state_contribution(w.state(unit.item, unit.chunk));
       work.state_gradient_contribution(w.d_state(unit.item, unit.chunk));
       w.p_last(unit.item, unit.chunk) = work.p_last;
     });
-    for (std::int64_t item = 0; item < items; ++item)
-      states[static_cast<std::size_t>(item)] =
-          entering[static_cast<std::size_t>(item * windows + index)];
-    w.carry_states(states, /*keep_entering=*/true);
+    if (replay) {
+      for (std::int64_t item = 0; item < items; ++item)
+        states[static_cast<std::size_t>(item)] =
+            entering[static_cast<std::size_t>(item * windows + index)];
+      w.carry_states(states, /*keep_entering=*/true);
+    }
     w.carry_d_states(d_states);
     parallel_for(static_cast<std::int64_t>(w.units.size()), [&](std::int64_t u) {
       const ChunkUnit unit = w.units[static_cast<std::size_t>(u)];
       thread_local ChunkWork<S> work;
+      thread_local Mat<S> kept;
       work.load(p, unit.part(p), unit.head(p), /*with_q=*/true, d_o);
       work.gate_factors();
-      chunk_gradients(p, unit.part(p), unit.head(p), grads, w.state(unit.item, unit.chunk),
-                      w.d_state(unit.item, unit.chunk), work);
+      if (replay) {
+        chunk_gradients(p, unit.part(p), unit.head(p), grads, w.state(unit.item, unit.chunk),
+                        w.d_state(unit.item, unit.chunk), work);
+      } else {
+        load_state(chunk_states, unit.slot(p), unit.head(p), kept);
+        chunk_gradients(p, unit.part(p), unit.head(p), grads, kept,
+                        w.d_state(unit.item, unit.chunk), work);
+      }
     });
   }
   if (grads.dh0.defined())
@@ -677,26 +709,29 @@ void backward_by_chunk(const Problem& p, const TensorView& d_o, const TensorView
 
 }  // namespace
 
-void chunk_forward(const Problem& p, const TensorView& o, const TensorView& final_state) {
+void chunk_forward(const Problem& p, const TensorView& o, const TensorView& final_state,
+                   const TensorView& chunk_states) {
   dispatch_float(p.q, [&](auto zero) {
     using S = decltype(zero);
-    if (split_items(p.num_work_items())) return forward_by_chunk<S>(p, o, final_state);
+    if (split_items(p.num_work_items()))
+      return forward_by_chunk<S>(p, o, final_state, chunk_states);
     const std::int64_t group =
         head_group_size(p.num_sequences(), p.H, p.K * p.V * static_cast<std::int64_t>(sizeof(S)));
     parallel_for(p.num_work_items() / group, [&](std::int64_t index) {
       const std::int64_t first = index * group;
-      forward_heads<S>(p, first / p.H, first % p.H, group, o, final_state);
+      forward_heads<S>(p, first / p.H, first % p.H, group, o, final_state, chunk_states);
     });
   });
 }
 
 void chunk_backward(const Problem& p, const TensorView& d_o, const TensorView& d_final_state,
-                    const GlaGrads& grads) {
+                    const GlaGrads& grads, const TensorView& chunk_states) {
   dispatch_float(p.q, [&](auto zero) {
     using S = decltype(zero);
-    if (split_items(p.num_work_items())) return backward_by_chunk<S>(p, d_o, d_final_state, grads);
+    if (split_items(p.num_work_items()))
+      return backward_by_chunk<S>(p, d_o, d_final_state, grads, chunk_states);
     parallel_for(p.num_work_items(), [&](std::int64_t item) {
-      backward_item<S>(p, item / p.H, item % p.H, d_o, d_final_state, grads);
+      backward_item<S>(p, item / p.H, item % p.H, d_o, d_final_state, grads, chunk_states);
     });
   });
 }

@@ -28,7 +28,11 @@ namespace phasor::detail::gla {
 // problem.initial_state).
 void reference_forward(const Problem& problem, const TensorView& o, const TensorView& final_state);
 void recurrent_forward(const Problem& problem, const TensorView& o, const TensorView& final_state);
-void chunk_forward(const Problem& problem, const TensorView& o, const TensorView& final_state);
+// chunk_states (chunk only; optional): [num_chunk_states, H, K, V], the state entering every chunk,
+// at Sequences::chunk_slot(chunk_size, n, c) — written by the forward, read by the backward in
+// place of its replay of the state recurrence.
+void chunk_forward(const Problem& problem, const TensorView& o, const TensorView& final_state,
+                   const TensorView& chunk_states);
 
 // Backward: d_o [B, T, H, V]; d_final_state optional (zeros). Writes each defined view of grads
 // (dh0 only if problem.initial_state is defined; api.cpp enforces this).
@@ -37,7 +41,7 @@ void reference_backward(const Problem& problem, const TensorView& d_o,
 void recurrent_backward(const Problem& problem, const TensorView& d_o,
                         const TensorView& d_final_state, const GlaGrads& grads);
 void chunk_backward(const Problem& problem, const TensorView& d_o, const TensorView& d_final_state,
-                    const GlaGrads& grads);
+                    const GlaGrads& grads, const TensorView& chunk_states);
 
 // The tokens [offset, offset + length) of a sequence, as a Sequence usable with slices.h.
 inline Sequence subsequence(const Sequence& s, std::int64_t offset, std::int64_t length) {

@@ -3,6 +3,7 @@
 // the core *_backward with the same Impl.
 #include "phasor/torch.h"
 
+#include <initializer_list>
 #include <string>
 
 #include "layer_util.h"
@@ -23,7 +24,30 @@ struct GlaOptions {
   bool output_final_state;
   std::int64_t chunk_size;
   RotaryLayout rotary_layout;
+  bool keep_chunk_states;  // the forward keeps the chunk states for the backward
 };
+
+// Whether a chunk forward keeps its chunk states for the backward (phasor/gla.h, chunk_states):
+// when autograd records the call (grad mode on, an input that requires grad) and a sequence may
+// span more than one chunk (with one chunk the backward replays nothing). Under no_grad, as in
+// torch.utils.checkpoint's first pass, nothing is kept; nor for CPU tensors computed on a GPU
+// (set_compute_device(Device::cuda)), whose states would cross to the host and back.
+bool keep_chunk_states(Impl impl, const at::Tensor& q, std::int64_t chunk_size,
+                       std::initializer_list<c10::optional<at::Tensor>> inputs) {
+  if (impl != Impl::chunk || !at::GradMode::is_enabled() || q.size(1) <= chunk_size ||
+      (q.is_cpu() && compute_device() == Device::cuda))
+    return false;
+  for (const auto& x : inputs)
+    if (x && requires_grad(*x)) return true;
+  return false;
+}
+
+// The chunk states a forward keeps: [num_chunk_states, H, K, V] in the states' dtype.
+at::Tensor chunk_state_buffer(const at::Tensor& q, const at::Tensor& cu, std::int64_t H,
+                              std::int64_t K, std::int64_t V, std::int64_t chunk_size) {
+  const std::int64_t count = num_chunk_states(view_of(q), view_of(cu), chunk_size);  // sizes only
+  return at::empty({count, H, K, V}, q.options().dtype(state_dtype(q)));
+}
 
 GlaParams gla_params(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                      const at::Tensor& g, const at::Tensor& h0, const at::Tensor& cu,
@@ -54,13 +78,17 @@ struct GlaFunction : torch::autograd::Function<GlaFunction> {
     if (opt.output_final_state)
       ht = at::empty({num_sequences(q, cu), q.size(2), q.size(3), v.size(3)},
                      q.options().dtype(state_dtype(q)));
+    at::Tensor kept;
     rethrow_as_torch([&] {
       const GlaParams p =
           gla_params(q, k, v, g, h0, cu, theta, opt.scale, opt.chunk_size, opt.rotary_layout);
-      gla_forward(p, opt.impl, compute_out_view_of(o), compute_out_view_of(ht));
+      if (opt.keep_chunk_states)
+        kept = chunk_state_buffer(q, cu, q.size(2), q.size(3), v.size(3), opt.chunk_size);
+      gla_forward(p, opt.impl, compute_out_view_of(o), compute_out_view_of(ht),
+                  compute_out_view_of(kept));
     });
 
-    ctx->save_for_backward({q, k, v, g, h0, cu, theta});
+    ctx->save_for_backward({q, k, v, g, h0, cu, theta, kept});
     ctx->saved_data["impl"] = static_cast<std::int64_t>(opt.impl);
     ctx->saved_data["scale"] = optional_double(opt.scale);
     ctx->saved_data["chunk_size"] = opt.chunk_size;
@@ -77,7 +105,7 @@ struct GlaFunction : torch::autograd::Function<GlaFunction> {
     check_first_order(gla_op_name(static_cast<Impl>(ctx->saved_data["impl"].toInt())));
     const auto saved = ctx->get_saved_variables();
     const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &g = saved[3], &h0 = saved[4],
-                     &cu = saved[5], &theta = saved[6];
+                     &cu = saved[5], &theta = saved[6], &kept = saved[7];
     const auto impl = static_cast<Impl>(ctx->saved_data["impl"].toInt());
     const auto need = ctx->saved_data["need"].toBoolList();
 
@@ -94,7 +122,7 @@ struct GlaFunction : torch::autograd::Function<GlaFunction> {
       out.dq = compute_out_view_of(dq), out.dk = compute_out_view_of(dk);
       out.dv = compute_out_view_of(dv), out.dg = compute_out_view_of(dg);
       out.dh0 = compute_out_view_of(dh0), out.dtheta = compute_out_view_of(dtheta);
-      gla_backward(p, impl, compute_view_of(d_o), compute_view_of(dht), out);
+      gla_backward(p, impl, compute_view_of(d_o), compute_view_of(dht), out, compute_view_of(kept));
     });
     return {dq, dk, dv, dg, dh0, at::Tensor(), dtheta, at::Tensor()};
   }
@@ -109,6 +137,7 @@ struct GatedDeltaRuleOptions {
   bool use_qk_l2norm_in_kernel;
   std::int64_t chunk_size;
   RotaryLayout rotary_layout;
+  bool keep_chunk_states;  // the forward keeps the chunk states for the backward
 };
 
 GatedDeltaRuleParams gated_delta_rule_params(const at::Tensor& q, const at::Tensor& k,
@@ -146,14 +175,18 @@ struct GatedDeltaRuleFunction : torch::autograd::Function<GatedDeltaRuleFunction
     if (opt.output_final_state)
       ht = at::empty({num_sequences(q, cu), v.size(2), q.size(3), v.size(3)},
                      q.options().dtype(state_dtype(q)));
+    at::Tensor kept;
     rethrow_as_torch([&] {
       const GatedDeltaRuleParams p =
           gated_delta_rule_params(q, k, v, g, beta, h0, cu, theta, opt.scale,
                                   opt.use_qk_l2norm_in_kernel, opt.chunk_size, opt.rotary_layout);
-      gated_delta_rule_forward(p, opt.impl, compute_out_view_of(o), compute_out_view_of(ht));
+      if (opt.keep_chunk_states)
+        kept = chunk_state_buffer(q, cu, v.size(2), q.size(3), v.size(3), opt.chunk_size);
+      gated_delta_rule_forward(p, opt.impl, compute_out_view_of(o), compute_out_view_of(ht),
+                               compute_out_view_of(kept));
     });
 
-    ctx->save_for_backward({q, k, v, g, beta, h0, cu, theta});
+    ctx->save_for_backward({q, k, v, g, beta, h0, cu, theta, kept});
     ctx->saved_data["impl"] = static_cast<std::int64_t>(opt.impl);
     ctx->saved_data["scale"] = optional_double(opt.scale);
     ctx->saved_data["l2norm"] = opt.use_qk_l2norm_in_kernel;
@@ -171,7 +204,7 @@ struct GatedDeltaRuleFunction : torch::autograd::Function<GatedDeltaRuleFunction
     check_first_order(gated_delta_rule_op_name(static_cast<Impl>(ctx->saved_data["impl"].toInt())));
     const auto saved = ctx->get_saved_variables();
     const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &g = saved[3], &beta = saved[4],
-                     &h0 = saved[5], &cu = saved[6], &theta = saved[7];
+                     &h0 = saved[5], &cu = saved[6], &theta = saved[7], &kept = saved[8];
     const auto impl = static_cast<Impl>(ctx->saved_data["impl"].toInt());
     const auto need = ctx->saved_data["need"].toBoolList();
 
@@ -191,7 +224,8 @@ struct GatedDeltaRuleFunction : torch::autograd::Function<GatedDeltaRuleFunction
       out.dv = compute_out_view_of(dv), out.dg = compute_out_view_of(dg);
       out.dbeta = compute_out_view_of(dbeta), out.dh0 = compute_out_view_of(dh0);
       out.dtheta = compute_out_view_of(dtheta);
-      gated_delta_rule_backward(p, impl, compute_view_of(d_o), compute_view_of(dht), out);
+      gated_delta_rule_backward(p, impl, compute_view_of(d_o), compute_view_of(dht), out,
+                                compute_view_of(kept));
     });
     return {dq, dk, dv, dg, dbeta, dh0, at::Tensor(), dtheta, at::Tensor()};
   }
@@ -317,9 +351,10 @@ OutputAndState gla(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v
   check_cu_seqlens(op, cu_seqlens);
   check_optional_float(op, "theta", theta, 4, "[B, T, H, K/2]");
   check_compute_device(op);
-  const variable_list out =
-      GlaFunction::apply(q, k, v, g, initial_state, cu_seqlens, theta,
-                         GlaOptions{impl, scale, output_final_state, chunk_size, rotary_layout});
+  const variable_list out = GlaFunction::apply(
+      q, k, v, g, initial_state, cu_seqlens, theta,
+      GlaOptions{impl, scale, output_final_state, chunk_size, rotary_layout,
+                 keep_chunk_states(impl, q, chunk_size, {q, k, v, g, initial_state, theta})});
   c10::optional<at::Tensor> final_state;
   if (output_final_state) final_state = out[1];
   return {out[0], final_state};
@@ -363,8 +398,12 @@ OutputAndState gated_delta_rule(
   check_compute_device(op);
   const variable_list out = GatedDeltaRuleFunction::apply(
       q, k, v, g, beta, initial_state, cu_seqlens, theta,
-      GatedDeltaRuleOptions{impl, scale, output_final_state, use_qk_l2norm_in_kernel, chunk_size,
-                            rotary_layout});
+      GatedDeltaRuleOptions{
+          impl, scale, output_final_state, use_qk_l2norm_in_kernel, chunk_size, rotary_layout,
+          // On a GPU the backward's state kernel runs anyway (it also forms U_new): only the CPU
+          // kernels read kept states.
+          q.is_cpu() && compute_device() == Device::cpu &&
+              keep_chunk_states(impl, q, chunk_size, {q, k, v, g, beta, initial_state, theta})});
   c10::optional<at::Tensor> final_state;
   if (output_final_state) final_state = out[1];
   return {out[0], final_state};
