@@ -219,24 +219,39 @@ void time_dtype(benchmark::State& state, bool bf16, std::int64_t T, F&& call) {
 // ---- Long single sequences ----------------------------------------------------------------------
 // B = H = 1, T = 65,536, K = V = 128: one (sequence, head) item, so threads help only by splitting
 // it (the chunk kernels' by-chunk schedules). Arguments (threads, backward).
-inline void register_long_sequence_grid(benchmark::internal::Benchmark* b, bool with_backward) {
-  b->ArgNames({"threads", "bwd"});
+// with_kept: the forward + backward rows also with the chunk states kept by the forward for the
+// backward (a third argument, kept).
+inline void register_long_sequence_grid(benchmark::internal::Benchmark* b, bool with_backward,
+                                        bool with_kept = false) {
+  if (with_kept)
+    b->ArgNames({"threads", "bwd", "kept"});
+  else
+    b->ArgNames({"threads", "bwd"});
   for (std::int64_t backward : {0, 1}) {
     if (backward && !with_backward) continue;
-    for (std::int64_t threads : {1, 2}) b->Args({threads, backward});
+    for (std::int64_t kept : {0, 1}) {
+      if (kept && !(with_kept && backward)) continue;
+      for (std::int64_t threads : {1, 2}) {
+        if (with_kept)
+          b->Args({threads, backward, kept});
+        else
+          b->Args({threads, backward});
+      }
+    }
   }
   b->Unit(benchmark::kMillisecond)->MinTime(0.5)->UseRealTime();
 }
 
-// Runs time_calls on `threads` threads, labelled "chunk/<threads> thread(s)[/fwd+bwd]".
+// Runs time_calls on `threads` threads, labelled "chunk/<threads> thread(s)[/fwd+bwd][/states
+// kept]".
 template <class F>
 void time_long_sequence(benchmark::State& state, int threads, bool backward, std::int64_t T,
-                        F&& call) {
+                        F&& call, bool kept = false) {
   phasor::set_num_threads(threads);
   time_calls(state, T, Impl::chunk, call);
   phasor::set_num_threads(0);
   state.SetLabel("chunk/" + std::to_string(threads) + " thread" + (threads > 1 ? "s" : "") +
-                 (backward ? "/fwd+bwd" : "/fwd"));
+                 (backward ? "/fwd+bwd" : "/fwd") + (kept ? "/states kept" : ""));
 }
 
 // ---- Decoding: one token per call, the state updated in place ---------------------------------

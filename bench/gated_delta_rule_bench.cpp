@@ -184,15 +184,23 @@ void BM_GatedDeltaRuleInputDtype(benchmark::State& state) {
 // backward, 1 and 2 threads).
 void BM_GatedDeltaRuleLongSequence(benchmark::State& state) {
   const int threads = static_cast<int>(state.range(0));
-  const bool backward = state.range(1) != 0;
+  const bool backward = state.range(1) != 0, kept = state.range(2) != 0;
   Problem problem(65536, {1, 1, kK, kV});
   const phasor::GatedDeltaRuleParams params = problem.params();
   const TensorView o = problem.v_view(problem.o), d_o = problem.v_view(problem.d_o);
+  const std::int64_t count = phasor::num_chunk_states(params.q, {}, params.chunk_size);
+  std::vector<float> states(kept ? static_cast<std::size_t>(count * kK * kV) : 0);
+  const TensorView chunk_states =
+      kept ? TensorView::of(states.data(), {count, 1, kK, kV}) : TensorView{};
   const phasor::GatedDeltaRuleGrads grads = problem.grads();
-  phasor::bench::time_long_sequence(state, threads, backward, problem.T, [&] {
-    phasor::gated_delta_rule_forward(params, Impl::chunk, o);
-    if (backward) phasor::gated_delta_rule_backward(params, Impl::chunk, d_o, {}, grads);
-  });
+  phasor::bench::time_long_sequence(
+      state, threads, backward, problem.T,
+      [&] {
+        phasor::gated_delta_rule_forward(params, Impl::chunk, o, {}, chunk_states);
+        if (backward)
+          phasor::gated_delta_rule_backward(params, Impl::chunk, d_o, {}, grads, chunk_states);
+      },
+      kept);
 }
 
 // Rotation by Selective-RoPE-like angles: none / fused into the kernel / apply_rotary + op
@@ -325,7 +333,8 @@ void BM_GatedDeltaRuleDecode(benchmark::State& state) {
 const bool registered = [] {
   using benchmark::RegisterBenchmark;
   phasor::bench::register_long_sequence_grid(
-      RegisterBenchmark("BM_GatedDeltaRuleLongSequence", BM_GatedDeltaRuleLongSequence), true);
+      RegisterBenchmark("BM_GatedDeltaRuleLongSequence", BM_GatedDeltaRuleLongSequence), true,
+      true);
   phasor::bench::register_dtype_grid(
       RegisterBenchmark("BM_GatedDeltaRuleInputDtype", BM_GatedDeltaRuleInputDtype));
   phasor::bench::register_decode_grid(

@@ -260,15 +260,22 @@ void BM_GlaInputDtype(benchmark::State& state) {
 // threads).
 void BM_GlaLongSequence(benchmark::State& state) {
   const int threads = static_cast<int>(state.range(0));
-  const bool backward = state.range(1) != 0;
+  const bool backward = state.range(1) != 0, kept = state.range(2) != 0;
   Problem problem(65536, {1, 1, kK, kV});
   const phasor::GlaParams params = problem.params();
   const TensorView o = problem.v_view(problem.o), d_o = problem.v_view(problem.d_o);
+  const std::int64_t count = phasor::num_chunk_states(params.q, {}, params.chunk_size);
+  std::vector<float> states(kept ? static_cast<std::size_t>(count * kK * kV) : 0);
+  const TensorView chunk_states =
+      kept ? TensorView::of(states.data(), {count, 1, kK, kV}) : TensorView{};
   const phasor::GlaGrads grads = problem.grads();
-  phasor::bench::time_long_sequence(state, threads, backward, problem.T, [&] {
-    phasor::gla_forward(params, Impl::chunk, o);
-    if (backward) phasor::gla_backward(params, Impl::chunk, d_o, {}, grads);
-  });
+  phasor::bench::time_long_sequence(
+      state, threads, backward, problem.T,
+      [&] {
+        phasor::gla_forward(params, Impl::chunk, o, {}, chunk_states);
+        if (backward) phasor::gla_backward(params, Impl::chunk, d_o, {}, grads, chunk_states);
+      },
+      kept);
 }
 
 // Rotation by Selective-RoPE-like angles: none / fused into the kernel / apply_rotary + op
@@ -316,7 +323,7 @@ const bool registered = [] {
   phasor::bench::register_harness_grid(RegisterBenchmark("BM_GlaHarnessShape", BM_GlaHarnessShape),
                                        {Impl::recurrent, Impl::chunk});
   phasor::bench::register_long_sequence_grid(
-      RegisterBenchmark("BM_GlaLongSequence", BM_GlaLongSequence), true);
+      RegisterBenchmark("BM_GlaLongSequence", BM_GlaLongSequence), true, true);
   phasor::bench::register_dtype_grid(RegisterBenchmark("BM_GlaInputDtype", BM_GlaInputDtype));
   phasor::bench::register_rotation_grid(
       RegisterBenchmark("BM_GlaRotationForward", BM_GlaRotationForward),
