@@ -189,6 +189,19 @@ inline void register_chunk_state_grid(benchmark::internal::Benchmark* b) {
 inline const char* chunk_state_label(bool kept) {
   return kept ? "chunk/states kept" : "chunk/states replayed";
 }
+// The float32 chunk states of a call with q [B, T, ·, K] and v [B, T, heads, V], no cu_seqlens:
+// [num_chunk_states, heads, K, V]; none (an undefined view) when not kept.
+struct ChunkStates {
+  std::vector<float> storage;
+  TensorView view;
+  ChunkStates(bool kept, const TensorView& q, const TensorView& v, std::int64_t chunk_size) {
+    if (!kept) return;
+    const std::int64_t count = num_chunk_states(q, {}, chunk_size), heads = v.size(2),
+                       K = q.size(3), V = v.size(3);
+    storage.resize(static_cast<std::size_t>(count * heads * K * V));
+    view = TensorView::of(storage.data(), {count, heads, K, V});
+  }
+};
 
 // ---- Input dtype: float32 against bfloat16 ----------------------------------------------------
 // A bfloat16 copy (rounded to nearest even) of the contiguous float32 tensor x, held in

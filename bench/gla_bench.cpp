@@ -123,10 +123,8 @@ void BM_GlaChunkStates(benchmark::State& state) {
   const phasor::GlaParams params = problem.params();
   const TensorView o = problem.v_view(problem.o), d_o = problem.v_view(problem.d_o);
   const phasor::GlaGrads grads = problem.grads();
-  const std::int64_t count = phasor::num_chunk_states(params.q, {}, params.chunk_size);
-  std::vector<float> states(kept ? static_cast<std::size_t>(count * kH * kK * kV) : 0);
-  const TensorView chunk_states =
-      kept ? TensorView::of(states.data(), {count, kH, kK, kV}) : TensorView{};
+  const phasor::bench::ChunkStates kept_states(kept, params.q, params.v, params.chunk_size);
+  const TensorView& chunk_states = kept_states.view;
   const double seconds = phasor::bench::time_calls(state, problem.T, Impl::chunk, [&] {
     phasor::gla_forward(params, Impl::chunk, o, {}, chunk_states);
     if (backward) phasor::gla_backward(params, Impl::chunk, d_o, {}, grads, chunk_states);
@@ -264,10 +262,8 @@ void BM_GlaLongSequence(benchmark::State& state) {
   Problem problem(65536, {1, 1, kK, kV});
   const phasor::GlaParams params = problem.params();
   const TensorView o = problem.v_view(problem.o), d_o = problem.v_view(problem.d_o);
-  const std::int64_t count = phasor::num_chunk_states(params.q, {}, params.chunk_size);
-  std::vector<float> states(kept ? static_cast<std::size_t>(count * kK * kV) : 0);
-  const TensorView chunk_states =
-      kept ? TensorView::of(states.data(), {count, 1, kK, kV}) : TensorView{};
+  const phasor::bench::ChunkStates kept_states(kept, params.q, params.v, params.chunk_size);
+  const TensorView& chunk_states = kept_states.view;
   const phasor::GlaGrads grads = problem.grads();
   phasor::bench::time_long_sequence(
       state, threads, backward, problem.T,

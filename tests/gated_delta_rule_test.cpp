@@ -914,45 +914,28 @@ TEST(GatedDeltaRuleChunkStates, AreTheStatesEnteringEachChunk) {
       set_num_threads(threads);
       SCOPED_TRACE(c.name + " on " + std::to_string(threads) + " threads");
       const Result r = run(d, Impl::chunk, DType::float64, false, DType::float64);
-      const std::int64_t C = std::max<std::int64_t>(1, std::min(c.chunk_size, d.T));
-      const std::int64_t per_row = (d.T + C - 1) / C;
-      ASSERT_EQ(r.chunk_states.size(0), d.cu.defined() ? d.N + per_row : d.B * per_row);
-      std::vector<bool> written(static_cast<std::size_t>(r.chunk_states.size(0)), false);
-      for (std::int64_t n = 0; n < d.N; ++n) {
-        const bool is_packed = d.cu.defined();
-        const std::int64_t batch = is_packed ? 0 : n,
-                           start = is_packed ? static_cast<std::int64_t>(d.cu.at(n)) : 0,
-                           length =
-                               is_packed ? static_cast<std::int64_t>(d.cu.at(n + 1)) - start : d.T;
-        for (std::int64_t chunk = 0; chunk * C < length; ++chunk) {
-          const std::int64_t slot = is_packed ? n + start / C + chunk : n * per_row + chunk;
-          const auto before = [&](const Tensor& x) {
-            return x.defined() ? testing::narrow(testing::narrow(x.view(), 0, batch, 1), 1, start,
-                                                 chunk * C)
-                               : TensorView{};
-          };
-          GatedDeltaRuleParams p;
-          p.q = before(d.q), p.k = before(d.k), p.v = before(d.v);
-          p.g = before(d.g), p.beta = before(d.beta), p.theta = before(d.theta);
-          p.scale = c.scale;
-          p.use_qk_l2norm_in_kernel = c.l2norm;
-          p.rotary_layout = c.rotary_layout;
-          if (d.h0.defined()) p.initial_state = testing::narrow(d.h0.view(), 0, n, 1);
-          Tensor o({1, chunk * C, c.HV, c.V}, DType::float64),
-              state({1, c.HV, c.K, c.V}, DType::float64);
-          gated_delta_rule_forward(p, Impl::reference, o.view(), state.view());
-          PHASOR_EXPECT_CLOSE(Tensor::copy_of(testing::narrow(r.chunk_states.view(), 0, slot, 1)),
-                              state, 1e-12,
-                              "sequence " + std::to_string(n) + ", chunk " + std::to_string(chunk));
-          written[static_cast<std::size_t>(slot)] = true;
-        }
-      }
-      for (std::int64_t slot = 0; slot < r.chunk_states.size(0); ++slot) {
-        if (written[static_cast<std::size_t>(slot)]) continue;
-        const Tensor unused = Tensor::copy_of(testing::narrow(r.chunk_states.view(), 0, slot, 1));
-        for (double x : unused.values())
-          EXPECT_TRUE(std::isnan(x)) << "slot " << slot << " written";
-      }
+      const testing::BatchChunks chunks = testing::batch_chunks(d.B, d.T, d.cu, c.chunk_size);
+      testing::expect_chunk_states(
+          r.chunk_states, chunks, [&](const testing::BatchChunk& chunk, const Tensor& kept) {
+            const auto before = [&](const Tensor& x) {
+              return x.defined() ? testing::narrow(testing::narrow(x.view(), 0, chunk.batch, 1), 1,
+                                                   chunk.start, chunk.before)
+                                 : TensorView{};
+            };
+            GatedDeltaRuleParams p;
+            p.q = before(d.q), p.k = before(d.k), p.v = before(d.v);
+            p.g = before(d.g), p.beta = before(d.beta), p.theta = before(d.theta);
+            p.scale = c.scale;
+            p.use_qk_l2norm_in_kernel = c.l2norm;
+            p.rotary_layout = c.rotary_layout;
+            if (d.h0.defined()) p.initial_state = testing::narrow(d.h0.view(), 0, chunk.n, 1);
+            Tensor o({1, chunk.before, c.HV, c.V}, DType::float64),
+                state({1, c.HV, c.K, c.V}, DType::float64);
+            gated_delta_rule_forward(p, Impl::reference, o.view(), state.view());
+            PHASOR_EXPECT_CLOSE(
+                kept, state, 1e-12,
+                "sequence " + std::to_string(chunk.n) + ", slot " + std::to_string(chunk.slot));
+          });
     }
   }
   set_num_threads(0);

@@ -760,47 +760,30 @@ TEST(GlaChunkStates, AreTheStatesEnteringEachChunk) {
       set_num_threads(threads);
       SCOPED_TRACE(c.name + " on " + std::to_string(threads) + " threads");
       const Result r = run(in, Impl::chunk, DType::float64, DType::float64, DType::float64);
-      const std::int64_t C = std::max<std::int64_t>(1, std::min(c.chunk_size, c.T));
-      const std::int64_t per_row = (c.T + C - 1) / C;
-      ASSERT_EQ(r.chunk_states.size(0), c.lengths.empty() ? c.B * per_row : in.N + per_row);
-      std::vector<bool> written(static_cast<std::size_t>(r.chunk_states.size(0)), false);
-      for (std::int64_t n = 0; n < in.N; ++n) {
-        const bool is_packed = in.cu.defined();
-        const std::int64_t batch = is_packed ? 0 : n,
-                           start = is_packed ? static_cast<std::int64_t>(in.cu.at(n)) : 0,
-                           length =
-                               is_packed ? static_cast<std::int64_t>(in.cu.at(n + 1)) - start : c.T;
-        for (std::int64_t chunk = 0; chunk * C < length; ++chunk) {
-          const std::int64_t slot = is_packed ? n + start / C + chunk : n * per_row + chunk;
-          // The sequence's tokens [start, start + chunk·C) alone, from its initial state.
-          const auto before = [&](const Tensor& x) {
-            return x.defined() ? testing::narrow(testing::narrow(x.view(), 0, batch, 1), 1, start,
-                                                 chunk * C)
-                               : TensorView{};
-          };
-          GlaParams p;
-          p.q = before(in.q);
-          p.k = before(in.k);
-          p.v = before(in.v);
-          p.g = before(in.g);
-          p.theta = before(in.theta);
-          p.rotary_layout = c.layout;
-          if (in.h0.defined()) p.initial_state = testing::narrow(in.h0.view(), 0, n, 1);
-          Tensor o({1, chunk * C, c.H, c.V}, DType::float64),
-              state({1, c.H, c.K, c.V}, DType::float64);
-          gla_forward(p, Impl::reference, o.view(), state.view());
-          PHASOR_EXPECT_CLOSE(Tensor::copy_of(testing::narrow(r.chunk_states.view(), 0, slot, 1)),
-                              state, 1e-12,
-                              "sequence " + std::to_string(n) + ", chunk " + std::to_string(chunk));
-          written[static_cast<std::size_t>(slot)] = true;
-        }
-      }
-      for (std::int64_t slot = 0; slot < r.chunk_states.size(0); ++slot) {
-        if (written[static_cast<std::size_t>(slot)]) continue;
-        const Tensor unused = Tensor::copy_of(testing::narrow(r.chunk_states.view(), 0, slot, 1));
-        for (double x : unused.values())
-          EXPECT_TRUE(std::isnan(x)) << "slot " << slot << " written";
-      }
+      const testing::BatchChunks chunks = testing::batch_chunks(c.B, c.T, in.cu, c.chunk_size);
+      testing::expect_chunk_states(
+          r.chunk_states, chunks, [&](const testing::BatchChunk& chunk, const Tensor& kept) {
+            // The sequence's tokens before the chunk alone, from its initial state.
+            const auto before = [&](const Tensor& x) {
+              return x.defined() ? testing::narrow(testing::narrow(x.view(), 0, chunk.batch, 1), 1,
+                                                   chunk.start, chunk.before)
+                                 : TensorView{};
+            };
+            GlaParams p;
+            p.q = before(in.q);
+            p.k = before(in.k);
+            p.v = before(in.v);
+            p.g = before(in.g);
+            p.theta = before(in.theta);
+            p.rotary_layout = c.layout;
+            if (in.h0.defined()) p.initial_state = testing::narrow(in.h0.view(), 0, chunk.n, 1);
+            Tensor o({1, chunk.before, c.H, c.V}, DType::float64),
+                state({1, c.H, c.K, c.V}, DType::float64);
+            gla_forward(p, Impl::reference, o.view(), state.view());
+            PHASOR_EXPECT_CLOSE(
+                kept, state, 1e-12,
+                "sequence " + std::to_string(chunk.n) + ", slot " + std::to_string(chunk.slot));
+          });
     }
   }
   set_num_threads(0);

@@ -145,6 +145,19 @@ void check_owned_output(const std::string& op, const std::string& name, const Te
            "stride 0 in dimension " + std::to_string(d) + " of " + x.shape_string());
 }
 
+void check_chunk_states(const std::string& op, const TensorView& x, Impl impl,
+                        const Sequences& sequences, std::int64_t chunk_size, Dim heads,
+                        std::int64_t K, std::int64_t V, Device device) {
+  if (!x.defined()) return;
+  if (impl != Impl::chunk)
+    fail(op, "chunk_states", "no chunk states (only Impl::chunk keeps them)",
+         std::string("chunk states with Impl::") + to_string(impl));
+  check_owned_output(
+      op, "chunk_states", x,
+      {{sequences.chunk_slot_count(chunk_size), "num_chunk_states"}, heads, {K, "K"}, {V, "V"}},
+      device);
+}
+
 void check_disjoint(const std::string& op, const std::string& name, const TensorView& x,
                     std::initializer_list<NamedView> others) {
   for (const NamedView& other : others)

@@ -62,6 +62,12 @@ inline void check_output(const std::string& op, const std::string& name, const T
 // would make several results land on the same memory (check_output alone allows broadcast views).
 void check_owned_output(const std::string& op, const std::string& name, const TensorView& x,
                         std::initializer_list<Dim> dims, Device device = Device::cpu);
+// chunk_states (phasor/common.h; GLA's and Gated DeltaNet's chunk forward and backward): only
+// Impl::chunk keeps chunk states; [num_chunk_states, heads, K, V] with the slots of `sequences` at
+// chunk_size (the problem's, clamped), owning its elements. Undefined: nothing to check.
+void check_chunk_states(const std::string& op, const TensorView& x, Impl impl,
+                        const Sequences& sequences, std::int64_t chunk_size, Dim heads,
+                        std::int64_t K, std::int64_t V, Device device);
 // `x` must share no memory with any defined view of `others` (an output the kernels write while
 // they read or write the others: a clash would give silently wrong results).
 struct NamedView {

@@ -71,20 +71,6 @@ void check_state(const std::string& op, const char* name, const TensorView& x, c
                        p.device);
 }
 
-// chunk_states: [num_chunk_states, H, K, V], Impl::chunk only.
-void check_chunk_states(const std::string& op, const TensorView& x, const Problem& p, Impl impl) {
-  if (!x.defined()) return;
-  if (impl != Impl::chunk)
-    detail::fail(op, "chunk_states", "no chunk states (only Impl::chunk keeps them)",
-                 std::string("chunk states with Impl::") + to_string(impl));
-  detail::check_owned_output(op, "chunk_states", x,
-                             {{p.sequences.chunk_slot_count(p.chunk_size), "num_chunk_states"},
-                              {p.H, "H"},
-                              {p.K, "K"},
-                              {p.V, "V"}},
-                             p.device);
-}
-
 }  // namespace
 
 void gla_forward(const GlaParams& params, Impl impl, const TensorView& o,
@@ -93,7 +79,8 @@ void gla_forward(const GlaParams& params, Impl impl, const TensorView& o,
   const Problem p = make_problem(op, params, impl);
   detail::check_output(op, "o", o, {{p.B, "B"}, {p.T, "T"}, {p.H, "H"}, {p.V, "V"}}, p.device);
   if (final_state.defined()) check_state(op, "final_state", final_state, p);
-  check_chunk_states(op, chunk_states, p, impl);
+  detail::check_chunk_states(op, chunk_states, impl, p.sequences, p.chunk_size, {p.H, "H"}, p.K,
+                             p.V, p.device);
   if (chunk_states.defined())
     detail::check_disjoint(op, "chunk_states", chunk_states,
                            {{"q", p.q},
@@ -147,7 +134,8 @@ void gla_backward(const GlaParams& params, Impl impl, const TensorView& d_o,
     check_state(op, "dh0", grads.dh0, p);
   }
   detail::check_dtheta(op, grads.dtheta, params.theta, p.device);
-  check_chunk_states(op, chunk_states, p, impl);
+  detail::check_chunk_states(op, chunk_states, impl, p.sequences, p.chunk_size, {p.H, "H"}, p.K,
+                             p.V, p.device);
   if (chunk_states.defined())  // read while the gradients are written
     detail::check_disjoint(op, "chunk_states", chunk_states,
                            {{"dq", grads.dq},

@@ -2,6 +2,9 @@
 
 #include <cmath>
 #include <cstdio>
+#include <vector>
+
+#include "phasor/testing/layout.h"
 
 namespace phasor::testing {
 namespace {
@@ -95,6 +98,21 @@ void expect_in_place_runs_bit_equal(const std::vector<Tensor>& outputs,
   };
   expect_all_bit_equal(outputs, [&](std::size_t i) { return "o, " + mode(i); });
   expect_all_bit_equal(states, [&](std::size_t i) { return "state, " + mode(i); });
+}
+
+void expect_chunk_states(const Tensor& chunk_states, const BatchChunks& chunks,
+                         const std::function<void(const BatchChunk&, const Tensor&)>& check) {
+  ASSERT_EQ(chunk_states.size(0), chunks.slots) << "num_chunk_states";
+  std::vector<bool> written(static_cast<std::size_t>(chunks.slots), false);
+  for (const BatchChunk& chunk : chunks.chunks) {
+    check(chunk, Tensor::copy_of(narrow(chunk_states.view(), 0, chunk.slot, 1)));
+    written[static_cast<std::size_t>(chunk.slot)] = true;
+  }
+  for (std::int64_t slot = 0; slot < chunks.slots; ++slot) {
+    if (written[static_cast<std::size_t>(slot)]) continue;
+    for (double x : Tensor::copy_of(narrow(chunk_states.view(), 0, slot, 1)).values())
+      EXPECT_TRUE(std::isnan(x)) << "slot " << slot << " (no chunk's) written";
+  }
 }
 
 }  // namespace phasor::testing

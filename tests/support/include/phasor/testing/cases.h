@@ -2,8 +2,10 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "phasor/common.h"
+#include "phasor/testing/tensor.h"
 
 namespace phasor::testing {
 
@@ -39,5 +41,20 @@ class FlushDenormalsScope {
   bool previous_;
 };
 constexpr bool kFlushDenormalModes[] = {true, false};
+
+// The chunks of a batch and where their kept states go (phasor/common.h's num_chunk_states),
+// written out from that description for the suites of the chunk kernels that keep them: chunk c
+// of sequence n (batch row `batch`, first token `start`) is entered after the `before` tokens
+// [start, start + before) of that row, and its state is at index `slot`.
+struct BatchChunk {
+  std::int64_t n, batch, start, before, slot;
+};
+struct BatchChunks {
+  std::int64_t slots = 0;  // num_chunk_states
+  std::vector<BatchChunk> chunks;
+};
+// B rows of T tokens, or (cu_seqlens defined) the sequences it packs into one row of T.
+BatchChunks batch_chunks(std::int64_t B, std::int64_t T, const Tensor& cu_seqlens,
+                         std::int64_t chunk_size);
 
 }  // namespace phasor::testing

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "phasor/testing/cases.h"
 #include "phasor/testing/compare.h"
 #include "phasor/testing/finite_differences.h"
 #include "phasor/testing/tensor.h"
@@ -70,6 +71,12 @@ void expect_close(const NamedTensors& actual, const NamedTensors& expected, doub
                   const std::string& what = "");
 // Field by field: the same dtype, shape and bytes (two undefined fields are equal).
 void expect_bit_equal(const NamedTensors& a, const NamedTensors& b, const std::string& what);
+
+// Kept chunk states [slots, heads, K, V] (NaN before the forward): every slot of `chunks`
+// checked by check(chunk, its state) — the state a reference computes — and every other slot still
+// NaN (a packed batch's slots between sequences are not written).
+void expect_chunk_states(const Tensor& chunk_states, const BatchChunks& chunks,
+                         const std::function<void(const BatchChunk&, const Tensor&)>& check);
 
 // Every tensor of `results` equal, bit for bit, to the first (`label(i)` names result i).
 template <class Label>
