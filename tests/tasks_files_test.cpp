@@ -73,10 +73,12 @@ struct WriteDelay {
   ~WriteDelay() { ::unsetenv("PHASOR_TASKS_WRITE_DELAY_MS"); }
 };
 
-// Waits (up to 10 s) until `path` exists.
-bool appears(const fs::path& path) {
+// Waits (up to 10 s) until `path` holds exactly `expected`. A writer's temporary file exists from
+// its open on, before its bytes are written, so existence alone is no sign the write is complete
+// (a writer killed then leaves an empty temporary file: CI saw that under AddressSanitizer).
+bool comes_to_hold(const fs::path& path, const std::string& expected) {
   for (int i = 0; i < 10000; ++i) {
-    if (fs::exists(path)) return true;
+    if (fs::exists(path) && contents(path) == expected) return true;
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   return false;
@@ -104,14 +106,13 @@ TEST(TasksFiles, ReadersSeeTheOldFileUntilTheRename) {
   const fs::path dir = fresh_dir("reader");
   const fs::path path = dir / "results.csv";
   write_file_atomically(path.string(), "old");
-  const WriteDelay delay(300);
+  const WriteDelay delay(2000);
   std::thread writer([&] { write_file_atomically(path.string(), "new contents"); });
   const fs::path tmp = temp_path_of(path.string());
-  ASSERT_TRUE(appears(tmp));
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  const bool complete = comes_to_hold(tmp, "new contents");
   EXPECT_EQ(contents(path), "old");
-  EXPECT_EQ(contents(tmp), "new contents");
   writer.join();
+  ASSERT_TRUE(complete);
   EXPECT_EQ(contents(path), "new contents");
   EXPECT_FALSE(fs::exists(tmp));
 }
@@ -133,11 +134,11 @@ TEST(TasksFiles, AWriterKilledMidWriteLeavesThePreviousFile) {
     ::_exit(0);
   }
   const fs::path tmp = path.string() + ".tmp." + std::to_string(child);
-  const bool seen = appears(tmp);
+  const bool complete = comes_to_hold(tmp, "checkpoint of step 20");
   ::kill(child, SIGKILL);
   int status = 0;
   ::waitpid(child, &status, 0);
-  ASSERT_TRUE(seen);
+  ASSERT_TRUE(complete);
   EXPECT_TRUE(WIFSIGNALED(status));
   EXPECT_EQ(contents(path), "checkpoint of step 10");
   EXPECT_EQ(contents(tmp), "checkpoint of step 20");
