@@ -339,6 +339,12 @@ std::vector<Case> kernel_cases() {
       {"V48_mixed_channels", 1, 33, 1, 7, 48, Gates::mixed_channels, 8, {20, 0, 13}},
       {"V128_T1", 2, 1, 1, 3, 128, Gates::realistic, 64},
       {"V128", 1, 21, 2, 9, 128, Gates::zeros, 16},
+      // K = 16, 48, 64, 128: the chunk backward's float32 diagonal blocks in registers (AVX-512),
+      // with partial sub-blocks (chunk 40, T not a multiple of 16) and a one-token sub-block.
+      {"K16_strong", 1, 45, 2, 16, 5, Gates::strong, 16},
+      {"K48_mixed_channels_chunk40", 1, 100, 1, 48, 7, Gates::mixed_channels, 40},
+      {"K64_zero_gates_varlen", 1, 53, 1, 64, 3, Gates::zeros, 64, {5, 0, 1, 17, 0, 30}},
+      {"K128_weak_gates", 1, 81, 1, 128, 6, Gates::weak, 64},
   };
   Case no_state{"no_initial_state", 2, 29, 2, 5, 4, Gates::realistic, 8};
   no_state.initial_state = false;
