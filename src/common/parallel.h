@@ -48,6 +48,14 @@ constexpr std::int64_t kWorkPerThread = 1 << 19;
 void parallel_for(std::int64_t n, std::int64_t work_per_item,
                   const std::function<void(std::int64_t)>& fn);
 
+// Runs fn(begin, end) over runs of consecutive items [begin, end) covering [0, items), one run
+// per thread (the last may be shorter), in parallel. For kernels that keep large per-thread
+// buffers across the items of a run and release them after it (common/kept_buffers.h): released
+// after every item, each next item faulted them back in. Which items share a run depends on the
+// thread count, so each item's arithmetic must not depend on what ran before it on its thread.
+void parallel_for_runs(std::int64_t items,
+                       const std::function<void(std::int64_t, std::int64_t)>& fn);
+
 // Whether a kernel whose work comes as `items` independent (sequence, head) items should also
 // split each item along the sequence: the items alone cannot keep every thread busy (fewer than
 // two per thread). Kernels that do so split by boundaries fixed by the problem (chunks, value

@@ -740,11 +740,9 @@ void backward_typed(const Problem& p, const TensorView& d_o, const TensorView& o
   // run per thread: released after every item, each next item faulted them back in and zeroed
   // them (~17% of a forward + backward in a fresh process, perf). Which items share a run depends
   // on the thread count; each item's arithmetic does not (its buffers are set before use).
-  const std::int64_t items = p.num_items(), threads = std::max(1, num_threads());
-  const std::int64_t run = std::max<std::int64_t>(1, (items + threads - 1) / threads);
-  parallel_for((items + run - 1) / run, [&](std::int64_t first) {
+  parallel_for_runs(p.num_items(), [&](std::int64_t begin, std::int64_t end) {
     thread_local ItemBackward<S> item;
-    for (std::int64_t index = first * run; index < std::min(items, (first + 1) * run); ++index)
+    for (std::int64_t index = begin; index < end; ++index)
       backward_item(p, want, d_o, o, lse, grads, index, item);
     item.release_if_large();
   });

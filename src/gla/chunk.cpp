@@ -703,16 +703,27 @@ void chunk_gradients(const Problem& p, const Sequence& part, std::int64_t h, con
   if (grads.dg.defined()) store_rows(work.dg, grads.dg, part, h);
 }
 
+// Per-thread buffers of backward_item, kept across calls and across a thread's run of items
+// (common/kept_buffers.h): the replay's states before every chunk are O(T/C · K · V) per item
+// (16 MiB at T = 16384, K = V = 128, float32), and a block freed after every item came back as
+// new pages on the next. Every element is written before it is read.
+template <class S>
+struct BackwardItemWork {
+  ChunkWork<S> chunk;
+  Mat<S> states, entering;
+
+  void release_if_large() { detail::release_if_large(states); }
+};
+
 template <class S>
 void backward_item(const Problem& p, std::int64_t n, std::int64_t h, const TensorView& d_o,
                    const TensorView& d_final_state, const GlaGrads& grads,
-                   const TensorView& chunk_states) {
+                   const TensorView& chunk_states, BackwardItemWork<S>& buffers) {
   const Sequence& s = p.sequences[static_cast<std::size_t>(n)];
   const std::int64_t C = p.chunk_size, K = p.K, V = p.V, chunks = num_chunks(s, C);
-  // Kept per thread across calls (common/kept_buffers.h): the states before every chunk are
-  // O(T/C · K · V), and a block freed after every item comes back as new pages.
-  thread_local ChunkWork<S> work;
-  thread_local Mat<S> states, entering;
+  ChunkWork<S>& work = buffers.chunk;
+  Mat<S>& states = buffers.states;
+  Mat<S>& entering = buffers.entering;
   Mat<S> local(K, V);
 
   // Pass 1: states[c] = the state before chunk c (the forward kept them in chunk_states if given).
@@ -749,7 +760,6 @@ void backward_item(const Problem& p, std::int64_t n, std::int64_t h, const Tenso
     carry_state(d_state, work.p_last, local);
   }
   if (grads.dh0.defined()) store_state(d_state, grads.dh0, n, h);
-  release_if_large(states);
 }
 
 // The chunk-parallel backward. A replay of the forward's carries, window by window, keeps the
@@ -844,8 +854,12 @@ void chunk_backward(const Problem& p, const TensorView& d_o, const TensorView& d
     using S = decltype(zero);
     if (split_items(p.num_work_items()))
       return backward_by_chunk<S>(p, d_o, d_final_state, grads, chunk_states);
-    parallel_for(p.num_work_items(), [&](std::int64_t item) {
-      backward_item<S>(p, item / p.H, item % p.H, d_o, d_final_state, grads, chunk_states);
+    parallel_for_runs(p.num_work_items(), [&](std::int64_t begin, std::int64_t end) {
+      thread_local BackwardItemWork<S> buffers;
+      for (std::int64_t item = begin; item < end; ++item)
+        backward_item<S>(p, item / p.H, item % p.H, d_o, d_final_state, grads, chunk_states,
+                         buffers);
+      buffers.release_if_large();
     });
   });
 }
