@@ -325,9 +325,8 @@ void parallel_for_runs(std::int64_t items,
   if (items <= 0) return;
   const std::int64_t threads = std::max(1, num_threads());
   const std::int64_t run = (items + threads - 1) / threads;
-  parallel_for((items + run - 1) / run, [&](std::int64_t index) {
-    fn(index * run, std::min(items, (index + 1) * run));
-  });
+  parallel_for((items + run - 1) / run,
+               [&](std::int64_t index) { fn(index * run, std::min(items, (index + 1) * run)); });
 }
 
 void parallel_for(std::int64_t n, std::int64_t work_per_item,
