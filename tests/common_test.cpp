@@ -7,9 +7,11 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <mutex>
 #include <random>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "common/check.h"
@@ -346,6 +348,36 @@ TEST(Threads, ParallelForRunsEveryItemOnceAndPropagatesErrors) {
   set_num_threads(0);
   EXPECT_GE(num_threads(), 1);
   EXPECT_THROW(set_num_threads(-1), Error);
+}
+
+// parallel_for_runs: runs of consecutive items that cover [0, items) once each, no more runs than
+// threads, all of one length but the last (the kernels keep buffers across a run's items).
+TEST(Threads, ParallelForRunsCoversTheItemsInConsecutiveRuns) {
+  for (int threads : {1, 2, 3, 8}) {
+    set_num_threads(threads);
+    for (std::int64_t items : {0, 1, 2, 7, 8, 100}) {
+      std::mutex mutex;
+      std::vector<std::pair<std::int64_t, std::int64_t>> runs;
+      detail::parallel_for_runs(items, [&](std::int64_t begin, std::int64_t end) {
+        const std::lock_guard<std::mutex> lock(mutex);
+        runs.emplace_back(begin, end);
+      });
+      std::sort(runs.begin(), runs.end());
+      SCOPED_TRACE(std::to_string(threads) + " threads, " + std::to_string(items) + " items");
+      EXPECT_LE(static_cast<std::int64_t>(runs.size()), threads);
+      std::int64_t next = 0;
+      for (std::size_t r = 0; r < runs.size(); ++r) {
+        EXPECT_EQ(runs[r].first, next);
+        EXPECT_LT(runs[r].first, runs[r].second);
+        if (r + 1 < runs.size()) {
+          EXPECT_EQ(runs[r].second - runs[r].first, runs[0].second - runs[0].first);
+        }
+        next = runs[r].second;
+      }
+      EXPECT_EQ(next, items);
+    }
+  }
+  set_num_threads(0);
 }
 
 // The work-aware overload: every item once, and work too small for a hand-off stays on the
