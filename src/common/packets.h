@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <type_traits>
+#include <utility>
 
 namespace phasor::detail {
 
@@ -39,6 +40,18 @@ bool with_packets_of_16(std::int64_t width, F&& f) {
       break;
   }
   return true;
+}
+
+// with_packets_of_16 for kernels written for float32 on AVX-512 only: with S = float on a CPU
+// build with AVX-512, as with_packets_of_16; otherwise false without calling f, so f's body (a
+// generic lambda naming such a kernel) is never instantiated and the kernel need only be declared
+// there. The callers' generic code runs when it returns false.
+template <class S, class F>
+bool with_float_packets_of_16([[maybe_unused]] std::int64_t width, [[maybe_unused]] F&& f) {
+#if defined(__AVX512F__)
+  if constexpr (std::is_same_v<S, float>) return with_packets_of_16(width, std::forward<F>(f));
+#endif
+  return false;
 }
 
 }  // namespace phasor::detail

@@ -14,7 +14,6 @@
 #include "common/eigen.h"  // first: see there
 
 #include <cmath>
-#include <type_traits>
 #include <vector>
 #if defined(__AVX512F__)
 #include <immintrin.h>
@@ -47,6 +46,12 @@ void advance(const Prev& prev, Next& next, const S* k, const S* q, const RowVec<
     if (out) out->noalias() += q[i] * next.row(i);
   }
 }
+
+// advance() in float32 for V = 16 · NP ≤ 128 columns, defined with AVX-512 only (reached through
+// with_float_packets_of_16, which calls nothing otherwise): see below.
+template <int NP>
+void advance_in_registers(float* state, std::int64_t K, const float* k, const float* q,
+                          const float* v, float a, float beta, float* out);
 
 #if defined(__AVX512F__)
 // advance() in float32 with the state updated in place and the output given, for V = 16 · NP
@@ -138,20 +143,16 @@ void forward_item(const Problem& p, std::int64_t item, const TensorView& o,
       load_values(p, block, h * G + r, in);
       StateMap<S>& state = states[static_cast<std::size_t>(r)];
       out.resize(block.length, p.V);
-#if defined(__AVX512F__)
-      if constexpr (std::is_same_v<S, float>) {
-        const bool stepped = with_packets_of_16(p.V, [&](auto packets) {
-          for (std::int64_t t = 0; t < block.length; ++t)
-            advance_in_registers<decltype(packets)::value>(
-                state.data(), p.K, qk.k.data() + t * p.K, qk.q.data() + t * p.K, &in.v(t, 0),
-                std::exp(in.g(t)), in.beta(t), &out(t, 0));
-        });
-        if (stepped) {
-          store_rows(out, o, block, h * G + r);
-          continue;
-        }
+      const bool stepped = with_float_packets_of_16<S>(p.V, [&](auto packets) {
+        for (std::int64_t t = 0; t < block.length; ++t)
+          advance_in_registers<decltype(packets)::value>(state.data(), p.K, qk.k.data() + t * p.K,
+                                                         qk.q.data() + t * p.K, &in.v(t, 0),
+                                                         std::exp(in.g(t)), in.beta(t), &out(t, 0));
+      });
+      if (stepped) {
+        store_rows(out, o, block, h * G + r);
+        continue;
       }
-#endif
       for (std::int64_t t = 0; t < block.length; ++t) {
         v_row = in.v.row(t);
         advance<S>(state, state, qk.k.data() + t * p.K, qk.q.data() + t * p.K, v_row, in.g(t),

@@ -60,7 +60,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <type_traits>
 #include <utility>
 #include <vector>
 #if defined(__AVX512F__)
@@ -81,6 +80,16 @@ using RowVec = Eigen::Matrix<S, 1, Eigen::Dynamic>;
 
 // Sub-block size c of the intra-chunk part.
 constexpr std::int64_t kSubBlock = 16;
+
+// The diagonal blocks' float32 kernels for K = 16 · NP ≤ 128, defined with AVX-512 only: the
+// callers reach them through with_float_packets_of_16, which calls nothing otherwise.
+template <int NP>
+void diagonal_block_pairs(std::int64_t r, std::int64_t rows, std::int64_t ld, float scale,
+                          const float* q, const float* k, const float* decay, const float* d_attn,
+                          float* attn, float* dq, float* dk, float* pair, float* cross);
+template <int NP>
+void diagonal_block_scores(std::int64_t r, std::int64_t rows, std::int64_t ld, float scale,
+                           const float* q, const float* k, const float* decay, float* attn);
 
 #if defined(__AVX512F__)
 // The backward's pairs r ≤ j ≤ i < r + rows of one diagonal block in float32, K = 16 · NP
@@ -125,7 +134,11 @@ void diagonal_block_pairs(std::int64_t r, std::int64_t rows, std::int64_t ld, fl
           _mm512_storeu_ps(pair + (j - r) * K + 16 * u, _mm512_mul_ps(w, qk[u]));
     }
     for (int u = 0; u < NP; ++u) _mm512_storeu_ps(dq + i * K + 16 * u, dqi[u]);
-    // cross[t] += Σ_{r ≤ j < t} M_ij for r < t ≤ i (dqi reused as the running sum).
+    // cross[t] += Σ_{r ≤ j < t} M_ij for r < t ≤ i (dqi reused as the running sum). The terms
+    // were made with j descending (D_ij is a running product from j = i down) and are summed with
+    // j ascending, hence the store and reload through pair (at most 16 rows of K floats: L1);
+    // summing as they are made would need Σ_{j<t} = Σ_j − Σ_{j≥t}, the cancelling form the file
+    // comment rules out.
     for (int u = 0; u < NP; ++u) dqi[u] = _mm512_setzero_ps();
     for (std::int64_t j = r; j < i; ++j)
       for (int u = 0; u < NP; ++u) {
@@ -248,21 +261,6 @@ struct ChunkWork {
     k_f = (k.topRows(r).array() * f_k.array()).matrix();
   }
 
-  // The diagonal block's scores by diagonal_block_scores (float32, K = 16 · NP ≤ 128, AVX-512);
-  // false where that does not apply and the generic loop runs.
-  bool diagonal_scores_in_registers([[maybe_unused]] std::int64_t r,
-                                    [[maybe_unused]] std::int64_t rows) {
-#if defined(__AVX512F__)
-    if constexpr (std::is_same_v<S, float>) {
-      return with_packets_of_16(q.cols(), [&](auto packets) {
-        diagonal_block_scores<decltype(packets)::value>(r, rows, n, scale, q.data(), k.data(),
-                                                        decay.data(), attn.data());
-      });
-    }
-#endif
-    return false;
-  }
-
   // A (scale included), lower triangular.
   void intra_attention() {
     attn.setZero(n, n);
@@ -272,7 +270,13 @@ struct ChunkWork {
         block_factors(r, rows);
         attn.block(r, 0, rows, r).noalias() = scale * (q_f * k_f.transpose());
       }
-      if (diagonal_scores_in_registers(r, rows)) continue;
+      // The diagonal block by diagonal_block_scores where it applies (float32, K = 16 · NP ≤ 128,
+      // AVX-512), else by the loop below. Every row is contiguous (Mat).
+      if (with_float_packets_of_16<S>(q.cols(), [&](auto packets) {
+            diagonal_block_scores<decltype(packets)::value>(r, rows, n, scale, q.data(), k.data(),
+                                                            decay.data(), attn.data());
+          }))
+        continue;
       for (std::int64_t i = r; i < r + rows; ++i) {
         qd = q.row(i);  // q_i ⊙ D_ij, for j = i, i − 1, …, r
         attn(i, i) = scale * qd.dot(k.row(i));
@@ -308,22 +312,6 @@ struct ChunkWork {
   void state_gradient_contribution(Local&& local) {
     q_p = scale * (q.array() * prefix.array()).matrix();
     local.noalias() = q_p.transpose() * d_out;
-  }
-
-  // The diagonal block's pairs by diagonal_block_pairs (float32, K = 16 · NP ≤ 128, AVX-512);
-  // false where that does not apply and the generic loop runs. Every row is contiguous (Mat).
-  bool diagonal_block_in_registers([[maybe_unused]] std::int64_t r,
-                                   [[maybe_unused]] std::int64_t rows) {
-#if defined(__AVX512F__)
-    if constexpr (std::is_same_v<S, float>) {
-      return with_packets_of_16(q.cols(), [&](auto packets) {
-        diagonal_block_pairs<decltype(packets)::value>(
-            r, rows, n, scale, q.data(), k.data(), decay.data(), d_attn.data(), attn.data(),
-            dq_diag.data(), dk_diag.data(), pair_terms.data(), cross_diag.data());
-      });
-    }
-#endif
-    return false;
   }
 
   // Gradients of the chunk given S_prev and dS (the gradient w.r.t. S_next). Expects load(…, d_o)
@@ -370,8 +358,15 @@ struct ChunkWork {
           acc += key_terms.middleRows(key_block * kSubBlock, kSubBlock).colwise().sum();
         }
       }
-      // Diagonal block: pairs r ≤ j ≤ i < r + rows, D_ij as a running product.
-      if (diagonal_block_in_registers(r, rows)) continue;
+      // Diagonal block: pairs r ≤ j ≤ i < r + rows, D_ij as a running product; by
+      // diagonal_block_pairs where it applies (float32, K = 16 · NP ≤ 128, AVX-512), else by the
+      // loop below.
+      if (with_float_packets_of_16<S>(K, [&](auto packets) {
+            diagonal_block_pairs<decltype(packets)::value>(
+                r, rows, n, scale, q.data(), k.data(), decay.data(), d_attn.data(), attn.data(),
+                dq_diag.data(), dk_diag.data(), pair_terms.data(), cross_diag.data());
+          }))
+        continue;
       for (std::int64_t i = r; i < r + rows; ++i) {
         acc.setOnes(K);  // D_ij
         for (std::int64_t j = i; j >= r; --j) {

@@ -21,7 +21,6 @@
 #include "common/eigen.h"  // first: see there
 
 #include <algorithm>
-#include <type_traits>
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #endif
@@ -65,6 +64,12 @@ void advance(const Segment<S>& seg, std::int64_t t, State&& state) {
   for (std::int64_t a = 0; a < state.rows(); ++a)
     state.row(a) = seg.decay(t, a) * state.row(a) + seg.k(t, a) * seg.v.row(t);
 }
+
+// One token's step in float32 for V = 16 · NP ≤ 128 columns, defined with AVX-512 only (reached
+// through with_float_packets_of_16, which calls nothing otherwise): see below.
+template <int NP>
+void step_in_registers(float* state, std::int64_t K, const float* decay, const float* k,
+                       const float* v, const float* q_scaled, float* out);
 
 #if defined(__AVX512F__)
 // One token's step in float32 for V = 16 · NP columns (V ≤ 128): for every row a of the state
@@ -118,24 +123,21 @@ void forward_steps(const Problem& p, const Sequence& s, std::int64_t h, const Te
     const Sequence part = subsequence(s, offset, std::min(p.chunk_size, s.length - offset));
     seg.load(p, part, h, /*with_q=*/true);
     out.setZero(part.length, p.V);
-#if defined(__AVX512F__)
-    if constexpr (std::is_same_v<S, float>) {
-      // The state is K × V, rows contiguous (Mat or StateMap of one): see step_in_registers.
+    // float32 with AVX-512: step_in_registers. The state is K × V, rows contiguous (Mat or
+    // StateMap of one).
+    const bool stepped = with_float_packets_of_16<S>(p.V, [&](auto packets) {
       Vec<S>& q_scaled = w.q_scaled;
-      const bool stepped = with_packets_of_16(p.V, [&](auto packets) {
-        for (std::int64_t t = 0; t < part.length; ++t) {
-          q_scaled = scale * seg.q.row(t).transpose();
-          step_in_registers<decltype(packets)::value>(state.data(), p.K, &seg.decay(t, 0),
-                                                      &seg.k(t, 0), &seg.v(t, 0), q_scaled.data(),
-                                                      &out(t, 0));
-        }
-      });
-      if (stepped) {
-        store_rows(out, o, part, h);
-        continue;
+      for (std::int64_t t = 0; t < part.length; ++t) {
+        q_scaled = scale * seg.q.row(t).transpose();
+        step_in_registers<decltype(packets)::value>(state.data(), p.K, &seg.decay(t, 0),
+                                                    &seg.k(t, 0), &seg.v(t, 0), q_scaled.data(),
+                                                    &out(t, 0));
       }
+    });
+    if (stepped) {
+      store_rows(out, o, part, h);
+      continue;
     }
-#endif
     for (std::int64_t t = 0; t < part.length; ++t) {
       // One pass over the rows: update row a of S_t, then o_t += scale · q_t[a] · S_t[a, :].
       auto out_row = out.row(t);
