@@ -1035,10 +1035,12 @@ TEST(GatedDeltaRuleChunkStates, BadChunkStatesNameTheArgument) {
 }
 
 // The chunk forward walks groups of consecutive q/k heads chunk by chunk (forward_heads), as many
-// per group as still leave a group per thread: here 12 items (4 sequences × 3 heads) give groups
-// of 3 heads on 1 and 4 threads and single heads on 5. Same bits either way, with varlen sequences
-// (one empty, one shorter than a chunk), two value heads per q/k head, initial states, rotation and
-// strided views; and the reference agrees (the groups compute every head, not only the first).
+// per group as still leave a group per thread, and so does the backward when the forward kept the
+// chunk states (backward_heads; without them it walks single heads): here 12 items (4 sequences ×
+// 3 heads) give groups of 3 heads on 1 and 4 threads and single heads on 5. Same bits either way,
+// kept states or not, with varlen sequences (one empty, one shorter than a chunk), two value heads
+// per q/k head, initial states, rotation and strided views; and the reference agrees (the groups
+// compute every head, not only the first).
 TEST(GatedDeltaRuleKernels, ChunkHeadGroupsAreBitIdentical) {
   Case c;
   c.T = 61, c.H = 3, c.HV = 6, c.K = 12, c.V = 10, c.chunk_size = 8;
@@ -1056,6 +1058,17 @@ TEST(GatedDeltaRuleKernels, ChunkHeadGroupsAreBitIdentical) {
                        std::to_string(threads) + " threads");
     }
     expect_close(groups_of_three, expected, dtype == DType::float32 ? 1e-5 : 1e-10, "reference");
+    // The backward: by single heads without kept states, by groups with them.
+    const Result expected_grads = run(d, Impl::reference, DType::float64);
+    set_num_threads(1);
+    const Result single_heads = run(d, Impl::chunk, dtype);
+    for (int threads : {1, 4, 5}) {
+      set_num_threads(threads);
+      expect_bit_equal(run(d, Impl::chunk, dtype, /*backward=*/true, dtype), single_heads,
+                       std::to_string(threads) + " threads, chunk states kept");
+    }
+    expect_close(single_heads, expected_grads, dtype == DType::float32 ? 1e-5 : 1e-10,
+                 "reference, backward");
   }
   set_num_threads(0);
 }

@@ -667,9 +667,11 @@ TEST(GlaKernels, ChunkParallelScheduleIsBitIdentical) {
 }
 
 // The chunk forward walks groups of consecutive heads chunk by chunk (forward_heads), as many per
-// group as still leave a group per thread: here 9 items (3 sequences × 3 heads) give groups of 3
-// heads on 1 and 2 threads and single heads on 4. Same bits either way, with varlen sequences
-// (one empty, one shorter than a chunk), initial states, rotation and strided views.
+// group as still leave a group per thread, and so does the backward when the forward kept the
+// chunk states (backward_heads; without them it walks single heads): here 9 items (3 sequences ×
+// 3 heads) give groups of 3 heads on 1 and 2 threads and single heads on 4. Same bits either way,
+// kept states or not, with varlen sequences (one empty, one shorter than a chunk), initial states,
+// rotation and strided views.
 TEST(GlaKernels, ChunkHeadGroupsAreBitIdentical) {
   Case c{"head_groups", 1, 61, 3, 12, 10, Gates::mixed_channels, 8, {37, 0, 5, 19}};
   c.strided = true;
@@ -680,10 +682,13 @@ TEST(GlaKernels, ChunkHeadGroupsAreBitIdentical) {
     SCOPED_TRACE(to_string(dtype));
     set_num_threads(1);
     const Result groups_of_three = run(in, Impl::chunk, dtype, dtype);
-    for (int threads : {2, 4}) {
+    for (int threads : {1, 2, 4}) {
       set_num_threads(threads);
-      expect_bit_equal(run(in, Impl::chunk, dtype, dtype), groups_of_three,
-                       std::to_string(threads) + " threads");
+      if (threads > 1)
+        expect_bit_equal(run(in, Impl::chunk, dtype, dtype), groups_of_three,
+                         std::to_string(threads) + " threads");
+      expect_bit_equal(run(in, Impl::chunk, dtype, dtype, dtype), groups_of_three,
+                       std::to_string(threads) + " threads, chunk states kept");
     }
     // And the reference agrees (the groups compute every head, not only the first of each).
     expect_close(groups_of_three, expected, dtype == DType::float32 ? 1e-6 : 1e-12);

@@ -724,14 +724,15 @@ void finish_value_head(const Problem& p, const Sequence& block, std::int64_t hv,
   if (grads.dbeta.defined()) store_column(d.dbeta, grads.dbeta, block, hv);
 }
 
-// Per-thread buffers of backward_item.
+// Per-thread buffers of backward_heads.
 template <class S>
 struct BackwardWork {
   QKInputs<S> qk;
   ValueInputs<S> in;
   ChunkGram<S> gram;
   ChunkState<S> chunk;
-  std::vector<Mat<S>> states, boundary, dS;
+  std::vector<Mat<S>> states, boundary;
+  std::vector<std::vector<Mat<S>>> dS;  // per head of the group, its tiles' dS
   std::vector<TileGrads<S>> parts;
   TileScratch<S> scratch;
   FinishScratch<S> finish;
@@ -743,13 +744,16 @@ struct BackwardWork {
   void release_if_large() { detail::release_if_large(boundary); }
 };
 
-// The backward of one item, chunk by chunk from the last, each chunk's value heads and tiles in
-// turn (the by-item schedule).
+// The backward of the items [first, first + count) (consecutive heads of one sequence), chunk by
+// chunk from the last and, within a chunk, head by head as forward_heads walks them, each head's
+// value heads and tiles in turn (the by-item schedule). Each head carries its own dS through the
+// same arithmetic in any grouping. Without chunk_states the item's states are replayed first
+// (O(T/C · K · V) per head): count is 1 then.
 template <class S>
-void backward_item(const Problem& p, std::int64_t item, const TensorView& d_o,
-                   const TensorView& d_final_state, const GatedDeltaRuleGrads& grads,
-                   const TensorView& chunk_states) {
-  const std::int64_t n = p.item_sequence(item), h = p.item_head(item), G = p.group;
+void backward_heads(const Problem& p, std::int64_t first, std::int64_t count, const TensorView& d_o,
+                    const TensorView& d_final_state, const GatedDeltaRuleGrads& grads,
+                    const TensorView& chunk_states) {
+  const std::int64_t n = p.item_sequence(first), G = p.group;
   const std::int64_t tiles = num_value_tiles(p);
   const Sequence& s = p.sequences[static_cast<std::size_t>(n)];
   const std::int64_t C = p.chunk_size, num_chunks = (s.length + C - 1) / C;
@@ -771,7 +775,8 @@ void backward_item(const Problem& p, std::int64_t item, const TensorView& d_o,
   std::vector<Mat<S>>& states = work.states;
   std::vector<Mat<S>>& boundary = work.boundary;
   const bool replay = !chunk_states.defined();
-  if (replay) load_tile_states<S>(p, n, h, states);
+  const std::int64_t h_replayed = p.item_head(first);
+  if (replay) load_tile_states<S>(p, n, h_replayed, states);
   if (replay) boundary.resize(static_cast<std::size_t>(G * tiles * num_chunks));
   for (std::int64_t c = 0; replay && c < num_chunks; ++c) {
     for (std::int64_t u = 0; u < G * tiles; ++u)
@@ -780,55 +785,63 @@ void backward_item(const Problem& p, std::int64_t item, const TensorView& d_o,
     // sequence of one chunk, as in short training sequences, replays nothing).
     if (c + 1 == num_chunks) break;
     const Sequence block = chunk_block(c);
-    load_qk(p, block, h, qk);
-    prefetch_inputs(p, chunk_block(c + 1), h);
+    load_qk(p, block, h_replayed, qk);
+    prefetch_inputs(p, chunk_block(c + 1), h_replayed);
     gram.compute(qk);
     for (std::int64_t r = 0; r < G; ++r) {
-      prepare_chunk(p, block, h * G + r, qk, gram, in, chunk);
+      prepare_chunk(p, block, h_replayed * G + r, qk, gram, in, chunk);
       for (std::int64_t i = 0; i < tiles; ++i) {
-        load_rows(value_columns(p.v, value_tile(p, i)), block, h * G + r, work.v);
+        load_rows(value_columns(p.v, value_tile(p, i)), block, h_replayed * G + r, work.v);
         replay_tile(gram, chunk, in.beta, work.v, states[static_cast<std::size_t>(r * tiles + i)],
                     scratch, c == 0 && !p.initial_state.defined());
       }
     }
   }
   // Walk the chunks backwards, recomputing each one from its entering states.
-  std::vector<Mat<S>>& dS = work.dS;
-  load_tile_blocks<S>(p, d_final_state, n, h, dS);
+  work.dS.resize(static_cast<std::size_t>(count));
+  for (std::int64_t j = 0; j < count; ++j)
+    load_tile_blocks<S>(p, d_final_state, n, p.item_head(first + j),
+                        work.dS[static_cast<std::size_t>(j)]);
   work.parts.resize(static_cast<std::size_t>(tiles));
   Mat<S>&dq = work.dq, &dk = work.dk;
   for (std::int64_t c = num_chunks - 1; c >= 0; --c) {
     const Sequence block = chunk_block(c);
-    load_qk(p, block, h, qk);
-    if (c > 0) prefetch_inputs(p, chunk_block(c - 1), h, d_o);
-    gram.compute(qk);
-    dq.setZero(block.length, p.K);
-    dk.setZero(block.length, p.K);
-    const ChunkPlace place = ChunkPlace::backward(p, c, num_chunks, d_final_state, grads.dh0);
-    for (std::int64_t r = 0; r < G; ++r) {
-      const std::int64_t hv = h * G + r;
-      prepare_chunk(p, block, hv, qk, gram, in, chunk);
-      work.factors.compute(qk, chunk);
-      for (std::int64_t i = 0; i < tiles; ++i) {
-        const ValueTile tile = value_tile(p, i);
-        const auto u = static_cast<std::size_t>(r * tiles + i);
-        load_rows(value_columns(p.v, tile), block, hv, work.v);
-        load_rows(value_columns(d_o, tile), block, hv, work.d_out);
-        Mat<S>& entering =
-            replay
-                ? boundary[u * static_cast<std::size_t>(num_chunks) + static_cast<std::size_t>(c)]
-                : work.kept;
-        if (!replay) load_kept_tile_state(p, chunk_states, n, c, hv, tile, entering);
-        backward_tile(qk, gram, chunk, work.factors, in.beta, work.v, work.d_out, entering, dS[u],
-                      work.dv, work.parts[static_cast<std::size_t>(i)], scratch, place);
-        if (grads.dv.defined()) store_rows(work.dv, value_columns(grads.dv, tile), block, hv);
+    for (std::int64_t j = 0; j < count; ++j) {
+      const std::int64_t h = p.item_head(first + j);
+      std::vector<Mat<S>>& dS = work.dS[static_cast<std::size_t>(j)];
+      load_qk(p, block, h, qk);
+      if (c > 0) prefetch_inputs(p, chunk_block(c - 1), h, d_o);
+      gram.compute(qk);
+      dq.setZero(block.length, p.K);
+      dk.setZero(block.length, p.K);
+      const ChunkPlace place = ChunkPlace::backward(p, c, num_chunks, d_final_state, grads.dh0);
+      for (std::int64_t r = 0; r < G; ++r) {
+        const std::int64_t hv = h * G + r;
+        prepare_chunk(p, block, hv, qk, gram, in, chunk);
+        work.factors.compute(qk, chunk);
+        for (std::int64_t i = 0; i < tiles; ++i) {
+          const ValueTile tile = value_tile(p, i);
+          const auto u = static_cast<std::size_t>(r * tiles + i);
+          load_rows(value_columns(p.v, tile), block, hv, work.v);
+          load_rows(value_columns(d_o, tile), block, hv, work.d_out);
+          Mat<S>& entering =
+              replay
+                  ? boundary[u * static_cast<std::size_t>(num_chunks) + static_cast<std::size_t>(c)]
+                  : work.kept;
+          if (!replay) load_kept_tile_state(p, chunk_states, n, c, hv, tile, entering);
+          backward_tile(qk, gram, chunk, work.factors, in.beta, work.v, work.d_out, entering, dS[u],
+                        work.dv, work.parts[static_cast<std::size_t>(i)], scratch, place);
+          if (grads.dv.defined()) store_rows(work.dv, value_columns(grads.dv, tile), block, hv);
+        }
+        finish_value_head(p, block, hv, qk, gram, chunk, in.beta, work.parts.data(), dq, dk, work.d,
+                          work.finish, grads);
       }
-      finish_value_head(p, block, hv, qk, gram, chunk, in.beta, work.parts.data(), dq, dk, work.d,
-                        work.finish, grads);
+      store_qk_grads(p, block, h, qk, dq, dk, grads);
     }
-    store_qk_grads(p, block, h, qk, dq, dk, grads);
   }
-  store_tile_states(p, n, h, dS, grads.dh0);
+  for (std::int64_t j = 0; j < count; ++j)
+    store_tile_states(p, n, p.item_head(first + j), work.dS[static_cast<std::size_t>(j)],
+                      grads.dh0);
   work.release_if_large();
 }
 
@@ -838,7 +851,7 @@ void backward_item(const Problem& p, std::int64_t item, const TensorView& d_o,
 // the walk back a window at a time from the last: the state-independent parts in parallel over
 // chunks, the tiles' walks back (backward_tile) in parallel over (item, value head, tile), and the
 // chunks' finish (finish_value_head, store_qk_grads) in parallel over chunks. Each piece runs the
-// arithmetic of backward_item's, so the bits are the same.
+// arithmetic of backward_heads', so the bits are the same.
 template <class S>
 void backward_by_tile(const Problem& p, const TensorView& d_o, const TensorView& d_final_state,
                       const GatedDeltaRuleGrads& grads, const TensorView& chunk_states) {
@@ -966,8 +979,14 @@ void chunk_backward(const Problem& p, const TensorView& d_o, const TensorView& d
     using S = decltype(zero);
     if (split_items(p.num_items() * p.group))
       return backward_by_tile<S>(p, d_o, d_final_state, grads, chunk_states);
-    parallel_for(p.num_items(), [&](std::int64_t item) {
-      backward_item<S>(p, item, d_o, d_final_state, grads, chunk_states);
+    // Head groups need the kept states (a replay would keep O(T) states for every head of one).
+    const std::int64_t heads =
+        chunk_states.defined()
+            ? head_group_size(p.num_sequences(), p.H,
+                              p.group * p.K * p.V * static_cast<std::int64_t>(sizeof(S)))
+            : 1;
+    parallel_for(p.num_items() / heads, [&](std::int64_t index) {
+      backward_heads<S>(p, index * heads, heads, d_o, d_final_state, grads, chunk_states);
     });
   });
 }

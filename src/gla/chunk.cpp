@@ -698,7 +698,7 @@ void chunk_gradients(const Problem& p, const Sequence& part, std::int64_t h, con
   if (grads.dg.defined()) store_rows(work.dg, grads.dg, part, h);
 }
 
-// Per-thread buffers of backward_item, kept across calls and across a thread's run of items
+// Per-thread buffers of backward_heads, kept across calls and across a thread's run of items
 // (common/kept_buffers.h): the replay's states before every chunk are O(T/C · K · V) per item
 // (16 MiB at T = 16384, K = V = 128, float32), and a block freed after every item came back as
 // new pages on the next. Every element is written before it is read.
@@ -706,14 +706,23 @@ template <class S>
 struct BackwardItemWork {
   ChunkWork<S> chunk;
   Mat<S> states, entering;
+  std::vector<Mat<S>> d_states;  // dS of each head of the group
 
   void release_if_large() { detail::release_if_large(states); }
 };
 
+// Heads [h0, h0 + count) of sequence n, their chunks walked in reverse and, within a chunk, head
+// by head, as forward_heads walks them (the rows of a group's heads are adjacent in memory; one
+// thread, T = 4096: see docs/performance.md). Each head carries its own dS through the same
+// arithmetic in any grouping. Without chunk_states a head's states are replayed first, which
+// needs O(T/C · K · V) per head: count is 1 then.
 template <class S>
-void backward_item(const Problem& p, std::int64_t n, std::int64_t h, const TensorView& d_o,
-                   const TensorView& d_final_state, const GlaGrads& grads,
-                   const TensorView& chunk_states, BackwardItemWork<S>& buffers) {
+using ConstStateMap = Eigen::Map<const Mat<S>, Eigen::Unaligned>;
+
+template <class S>
+void backward_heads(const Problem& p, std::int64_t n, std::int64_t h0, std::int64_t count,
+                    const TensorView& d_o, const TensorView& d_final_state, const GlaGrads& grads,
+                    const TensorView& chunk_states, BackwardItemWork<S>& buffers) {
   const Sequence& s = p.sequences[static_cast<std::size_t>(n)];
   const std::int64_t C = p.chunk_size, K = p.K, V = p.V, chunks = num_chunks(s, C);
   ChunkWork<S>& work = buffers.chunk;
@@ -725,36 +734,53 @@ void backward_item(const Problem& p, std::int64_t n, std::int64_t h, const Tenso
   if (!chunk_states.defined()) {
     states.resize(chunks * K, V);
     Mat<S> state = Mat<S>::Zero(K, V);
-    if (p.initial_state.defined()) load_state(p.initial_state, n, h, state);
+    if (p.initial_state.defined()) load_state(p.initial_state, n, h0, state);
     for (std::int64_t c = 0; c < chunks; ++c) {
       states.middleRows(c * K, K) = state;
       if (c + 1 == chunks) break;  // pass 2 needs no state after the last chunk
-      work.load(p, chunk_of(s, C, c), h, /*with_q=*/false, TensorView{});
-      prefetch_chunk(p, chunk_of(s, C, c + 1), h, false, TensorView{});
+      work.load(p, chunk_of(s, C, c), h0, /*with_q=*/false, TensorView{});
+      prefetch_chunk(p, chunk_of(s, C, c + 1), h0, false, TensorView{});
       work.gate_factors(/*with_prefix=*/false);
       work.state_contribution(local);
       carry_state(state, work.p_last, local);
     }
   }
 
-  // Pass 2: chunks in reverse, carrying dS.
-  Mat<S> d_state = Mat<S>::Zero(K, V);
-  if (d_final_state.defined()) load_state(d_final_state, n, h, d_state);
+  // Pass 2: chunks in reverse, each head carrying its dS.
+  std::vector<Mat<S>>& d_states = buffers.d_states;
+  d_states.resize(static_cast<std::size_t>(count));
+  for (std::int64_t i = 0; i < count; ++i) {
+    Mat<S>& d_state = d_states[static_cast<std::size_t>(i)];
+    d_state.setZero(K, V);
+    if (d_final_state.defined()) load_state(d_final_state, n, h0 + i, d_state);
+  }
   for (std::int64_t c = chunks - 1; c >= 0; --c) {
     const Sequence part = chunk_of(s, C, c);
-    work.load(p, part, h, /*with_q=*/true, d_o);
-    if (c > 0) prefetch_chunk(p, chunk_of(s, C, c - 1), h, true, d_o);
-    work.gate_factors();
-    if (chunk_states.defined()) {
-      load_state(chunk_states, p.sequences.chunk_slot(C, n, c), h, entering);
-      chunk_gradients(p, part, h, grads, entering, d_state, work);
-    } else {
-      chunk_gradients(p, part, h, grads, states.middleRows(c * K, K), d_state, work);
+    for (std::int64_t i = 0; i < count; ++i) {
+      const std::int64_t h = h0 + i;
+      Mat<S>& d_state = d_states[static_cast<std::size_t>(i)];
+      work.load(p, part, h, /*with_q=*/true, d_o);
+      if (c > 0) prefetch_chunk(p, chunk_of(s, C, c - 1), h, true, d_o);
+      work.gate_factors();
+      // The entering state where the forward kept it when its layout is a Mat's (no copy), else
+      // a copy in `entering`; the replay's in `states`.
+      const S* state_prev = states.data() + c * K * V;
+      if (chunk_states.defined()) {
+        const std::int64_t slot = p.sequences.chunk_slot(C, n, c);
+        state_prev = state_in_place<S>(chunk_states, slot, h);
+        if (!state_prev) {
+          load_state(chunk_states, slot, h, entering);
+          state_prev = entering.data();
+        }
+      }
+      chunk_gradients(p, part, h, grads, ConstStateMap<S>(state_prev, K, V), d_state, work);
+      work.state_gradient_contribution(local);
+      carry_state(d_state, work.p_last, local);
     }
-    work.state_gradient_contribution(local);
-    carry_state(d_state, work.p_last, local);
   }
-  if (grads.dh0.defined()) store_state(d_state, grads.dh0, n, h);
+  if (grads.dh0.defined())
+    for (std::int64_t i = 0; i < count; ++i)
+      store_state(d_states[static_cast<std::size_t>(i)], grads.dh0, n, h0 + i);
 }
 
 // The chunk-parallel backward. A replay of the forward's carries, window by window, keeps the
@@ -849,11 +875,18 @@ void chunk_backward(const Problem& p, const TensorView& d_o, const TensorView& d
     using S = decltype(zero);
     if (split_items(p.num_work_items()))
       return backward_by_chunk<S>(p, d_o, d_final_state, grads, chunk_states);
-    parallel_for_runs(p.num_work_items(), [&](std::int64_t begin, std::int64_t end) {
+    // Head groups need the kept states (a replay would keep O(T) states for every head of one).
+    const std::int64_t group =
+        chunk_states.defined() ? head_group_size(p.num_sequences(), p.H,
+                                                 p.K * p.V * static_cast<std::int64_t>(sizeof(S)))
+                               : 1;
+    parallel_for_runs(p.num_work_items() / group, [&](std::int64_t begin, std::int64_t end) {
       thread_local BackwardItemWork<S> buffers;
-      for (std::int64_t item = begin; item < end; ++item)
-        backward_item<S>(p, item / p.H, item % p.H, d_o, d_final_state, grads, chunk_states,
-                         buffers);
+      for (std::int64_t index = begin; index < end; ++index) {
+        const std::int64_t first = index * group;
+        backward_heads<S>(p, first / p.H, first % p.H, group, d_o, d_final_state, grads,
+                          chunk_states, buffers);
+      }
       buffers.release_if_large();
     });
   });
