@@ -380,6 +380,21 @@ TEST(Threads, ParallelForRunsCoversTheItemsInConsecutiveRuns) {
   set_num_threads(0);
 }
 
+// items_overflow_cache: on one thread never (nothing to share); on n threads once an item's bytes
+// exceed an n-th of kSharedCacheBytes.
+TEST(Threads, ItemsOverflowCacheAtAThreadsShare) {
+  set_num_threads(1);
+  EXPECT_FALSE(detail::items_overflow_cache(std::int64_t(1) << 40));
+  for (int threads : {2, 4}) {
+    set_num_threads(threads);
+    const std::int64_t share = detail::kSharedCacheBytes / threads;
+    EXPECT_FALSE(detail::items_overflow_cache(0)) << threads;
+    EXPECT_FALSE(detail::items_overflow_cache(share)) << threads;
+    EXPECT_TRUE(detail::items_overflow_cache(share + 1)) << threads;
+  }
+  set_num_threads(0);
+}
+
 // The work-aware overload: every item once, and work too small for a hand-off stays on the
 // calling thread; many back-to-back jobs (the decoding pattern: workers still spinning from the
 // previous one) each run every item exactly once.

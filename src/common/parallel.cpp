@@ -342,6 +342,11 @@ bool split_items(std::int64_t items) {
   return threads > 1 && items < 2 * static_cast<std::int64_t>(threads);
 }
 
+bool items_overflow_cache(std::int64_t item_bytes) {
+  const int threads = num_threads();
+  return threads > 1 && item_bytes > kSharedCacheBytes / threads;
+}
+
 std::int64_t window_chunks(std::int64_t items, std::int64_t bytes_per_chunk) {
   constexpr std::int64_t kWindowBytes = std::int64_t(16) << 20, kMaxWindow = 64;
   const std::int64_t per_window =

@@ -62,6 +62,16 @@ void parallel_for_runs(std::int64_t items,
 // tiles, query blocks), never by the thread count, so only their schedule depends on this.
 bool split_items(std::int64_t items);
 
+// Whether a by-item schedule would overflow the cache its threads share: each running item keeps
+// `item_bytes` in use (read again for every block of it, as attention reads an item's keys and
+// values for every query block), and all threads' items together exceed kSharedCacheBytes. Such
+// kernels then take one item at a time, split along the sequence as for split_items, so the
+// threads share one working set in cache. FoX's forward, B = 1, H = 8, K = V = 128, float32,
+// 2 threads of our 2-core machines (32 MiB of L3): at T = 16,384 (16 MiB of keys and values per
+// item) 1.2× faster one item at a time; at T = 4096 and 8192 the same either way.
+constexpr std::int64_t kSharedCacheBytes = std::int64_t(16) << 20;
+bool items_overflow_cache(std::int64_t item_bytes);
+
 // Chunks per window of a by-chunk schedule that keeps `bytes_per_chunk` for every chunk of every
 // item in flight: at most ~16 MiB in all, between 1 and 64 chunks.
 std::int64_t window_chunks(std::int64_t items, std::int64_t bytes_per_chunk);

@@ -330,14 +330,19 @@ void forward_query_block(const Problem& p, const Sequence& seq, std::int64_t h, 
   if (lse.defined()) store_column(w.out_lse, lse, rows, hq);
 }
 
-// Two schedules, the same blocks: one item per thread while the items keep every thread busy;
-// otherwise item after item, its (query head, query block) pairs in parallel — a long single
-// sequence (B = H = 1) or a few key heads shared by many query heads use every thread. Blocks
-// are handed out from the last (the most key blocks to visit) to the first, which balances the
-// causal triangle's uneven work.
+// Two schedules, the same blocks: one item per thread while the items keep every thread busy and
+// their keys and values fit the cache beside each other; otherwise item after item, its (query
+// head, query block) pairs in parallel — a long single sequence (B = H = 1) or a few key heads
+// shared by many query heads use every thread, and long sequences share one item's keys and
+// values in cache (common/parallel.h's items_overflow_cache). Blocks are handed out from the last
+// (the most key blocks to visit) to the first, which balances the causal triangle's uneven work.
 template <class S>
 void forward_typed(const Problem& p, const TensorView& o, const TensorView& lse) {
-  if (split_items(p.num_items())) {
+  std::int64_t longest = 0;
+  for (std::int64_t n = 0; n < p.sequences.size(); ++n)
+    longest = std::max(longest, p.sequences[n].length);
+  const std::int64_t key_bytes = longest * (p.K + p.V) * static_cast<std::int64_t>(sizeof(S));
+  if (split_items(p.num_items()) || items_overflow_cache(key_bytes)) {
     // The calling thread's buffers, kept across calls (see below). Named through references:
     // the blocks' lambda runs on other threads, where the thread_local names would mean theirs.
     thread_local ItemKeys<S> kept_keys;
