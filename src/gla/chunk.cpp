@@ -711,14 +711,16 @@ struct BackwardItemWork {
   void release_if_large() { detail::release_if_large(states); }
 };
 
-// Heads [h0, h0 + count) of sequence n, their chunks walked in reverse and, within a chunk, head
-// by head, as forward_heads walks them (the rows of a group's heads are adjacent in memory; one
-// thread, T = 4096: see docs/performance.md). Each head carries its own dS through the same
-// arithmetic in any grouping. Without chunk_states a head's states are replayed first, which
-// needs O(T/C · K · V) per head: count is 1 then.
+// A K × V state as the backward reads it: a kept state where the forward left it, a copy, or a
+// replayed one (one type for all three: one instantiation of ChunkWork::backward).
 template <class S>
 using ConstStateMap = Eigen::Map<const Mat<S>, Eigen::Unaligned>;
 
+// Heads [h0, h0 + count) of sequence n, their chunks walked in reverse and, within a chunk, head
+// by head, as forward_heads walks them (the rows of a group's heads are adjacent in memory; see
+// docs/performance.md). Each head carries its own dS through the same arithmetic in any
+// grouping. Without chunk_states a head's states are replayed first, which needs
+// O(T/C · K · V) per head: count is 1 then.
 template <class S>
 void backward_heads(const Problem& p, std::int64_t n, std::int64_t h0, std::int64_t count,
                     const TensorView& d_o, const TensorView& d_final_state, const GlaGrads& grads,
@@ -764,7 +766,7 @@ void backward_heads(const Problem& p, std::int64_t n, std::int64_t h0, std::int6
       work.gate_factors();
       // The entering state where the forward kept it when its layout is a Mat's (no copy), else
       // a copy in `entering`; the replay's in `states`.
-      const S* state_prev = states.data() + c * K * V;
+      const S* state_prev = nullptr;
       if (chunk_states.defined()) {
         const std::int64_t slot = p.sequences.chunk_slot(C, n, c);
         state_prev = state_in_place<S>(chunk_states, slot, h);
@@ -772,6 +774,8 @@ void backward_heads(const Problem& p, std::int64_t n, std::int64_t h0, std::int6
           load_state(chunk_states, slot, h, entering);
           state_prev = entering.data();
         }
+      } else {
+        state_prev = states.data() + c * K * V;
       }
       chunk_gradients(p, part, h, grads, ConstStateMap<S>(state_prev, K, V), d_state, work);
       work.state_gradient_contribution(local);
