@@ -89,6 +89,13 @@ struct Sequences {
   };
   Iterator begin() const { return {this, 0}; }
   Iterator end() const { return {this, count}; }
+
+  // The length of the longest sequence (0 for none; host side).
+  std::int64_t longest() const {
+    std::int64_t length = 0;
+    for (const Sequence& s : *this) length = length < s.length ? s.length : length;
+    return length;
+  }
 };
 
 }  // namespace phasor::detail

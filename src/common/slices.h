@@ -154,6 +154,9 @@ void store_state(const M& in, const TensorView& x, std::int64_t n, std::int64_t 
 // on it as on owned storage, so results are bit-identical either way.
 template <class S>
 using StateMap = Eigen::Map<Mat<S>, Eigen::Unaligned>;
+// The same, read only (a chunk backward reading a kept state where the forward left it).
+template <class S>
+using ConstStateMap = Eigen::Map<const Mat<S>, Eigen::Unaligned>;
 
 // True when a kernel may keep its states in `final_state` while it runs: final_state overlaps
 // none of `inputs` (read while states are written) and initial_state is either the same view

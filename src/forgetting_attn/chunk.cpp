@@ -338,10 +338,8 @@ void forward_query_block(const Problem& p, const Sequence& seq, std::int64_t h, 
 // (the most key blocks to visit) to the first, which balances the causal triangle's uneven work.
 template <class S>
 void forward_typed(const Problem& p, const TensorView& o, const TensorView& lse) {
-  std::int64_t longest = 0;
-  for (std::int64_t n = 0; n < p.sequences.size(); ++n)
-    longest = std::max(longest, p.sequences[n].length);
-  const std::int64_t key_bytes = longest * (p.K + p.V) * static_cast<std::int64_t>(sizeof(S));
+  const std::int64_t key_bytes =
+      p.sequences.longest() * (p.K + p.V) * static_cast<std::int64_t>(sizeof(S));
   if (split_items(p.num_items()) || items_overflow_cache(key_bytes)) {
     // The calling thread's buffers, kept across calls (see below). Named through references:
     // the blocks' lambda runs on other threads, where the thread_local names would mean theirs.

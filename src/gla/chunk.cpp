@@ -711,11 +711,6 @@ struct BackwardItemWork {
   void release_if_large() { detail::release_if_large(states); }
 };
 
-// A K × V state as the backward reads it: a kept state where the forward left it, a copy, or a
-// replayed one (one type for all three: one instantiation of ChunkWork::backward).
-template <class S>
-using ConstStateMap = Eigen::Map<const Mat<S>, Eigen::Unaligned>;
-
 // Heads [h0, h0 + count) of sequence n, their chunks walked in reverse and, within a chunk, head
 // by head, as forward_heads walks them (the rows of a group's heads are adjacent in memory; see
 // docs/performance.md). Each head carries its own dS through the same arithmetic in any
@@ -777,6 +772,7 @@ void backward_heads(const Problem& p, std::int64_t n, std::int64_t h0, std::int6
       } else {
         state_prev = states.data() + c * K * V;
       }
+      // One state type for all three sources: one instantiation of ChunkWork::backward.
       chunk_gradients(p, part, h, grads, ConstStateMap<S>(state_prev, K, V), d_state, work);
       work.state_gradient_contribution(local);
       carry_state(d_state, work.p_last, local);
