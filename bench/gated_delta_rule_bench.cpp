@@ -7,8 +7,9 @@
 // per second; peak_MiB is the peak heap of one forward + backward (everything allocated on top of
 // the inputs and outputs, Eigen included). BM_GatedDeltaRuleHarnessShape: forward + backward of one
 // layer of the synthetic-task harness's quick suite (B = 32, H = 2, K = 32, V = 64, T = 64).
-// BM_GatedDeltaRuleChunkStates: the chunk forward and forward + backward with the chunk states
-// kept by the forward for the backward (as the LibTorch layer trains) against the replay.
+// BM_GatedDeltaRuleChunkStates: the chunk forward and forward + backward with the chunk states and
+// U_new (v_new) kept by the forward for the backward (as the LibTorch layer trains) against the
+// replay.
 #include <benchmark/benchmark.h>
 
 #include <cmath>
@@ -96,7 +97,9 @@ double gdn_chunk_flops(bool backward, bool kept = false) {
   const double K = kK, V = kV, L = 64;
   const double forward = 6 * K * V + 2 * L * V + 2 * L * K;
   const double replay = kept ? 0 : 4 * K * V + L * V + 2 * L * K;
-  return kH * (backward ? forward + replay + 14 * K * V + 5 * L * V + 6 * L * K : forward);
+  // With U_new kept (v_new) as well, the walk back forms no K S and solves once.
+  const double walk_back = 14 * K * V + 5 * L * V + 6 * L * K - (kept ? 2 * K * V + L * V : 0);
+  return kH * (backward ? forward + replay + walk_back : forward);
 }
 
 void BM_GatedDeltaRuleForward(benchmark::State& state) {
@@ -134,10 +137,13 @@ void BM_GatedDeltaRuleChunkStates(benchmark::State& state) {
   const phasor::GatedDeltaRuleGrads grads = problem.grads();
   const phasor::bench::ChunkStates kept_states(kept, params.q, params.v, params.chunk_size);
   const TensorView& chunk_states = kept_states.view;
+  // U_new beside the states, as the LibTorch layer keeps it (phasor/gated_delta_rule.h, v_new).
+  std::vector<float> kept_v_new(kept ? problem.v.size() : 0);
+  const TensorView v_new = kept ? problem.v_view(kept_v_new) : TensorView{};
   const double seconds = phasor::bench::time_calls(state, problem.T, Impl::chunk, [&] {
-    phasor::gated_delta_rule_forward(params, Impl::chunk, o, {}, chunk_states);
+    phasor::gated_delta_rule_forward(params, Impl::chunk, o, {}, chunk_states, v_new);
     if (backward)
-      phasor::gated_delta_rule_backward(params, Impl::chunk, d_o, {}, grads, chunk_states);
+      phasor::gated_delta_rule_backward(params, Impl::chunk, d_o, {}, grads, chunk_states, v_new);
   });
   phasor::bench::report_flops(state, seconds, problem.T, gdn_chunk_flops(backward, kept));
   state.SetLabel(phasor::bench::chunk_state_label(kept));

@@ -166,6 +166,7 @@ Tensor gather(const Arg& a) {
 struct Result {
   Tensor o, ht, dq, dk, dv, dg, dbeta, dh0, dtheta;
   Tensor chunk_states;  // when run() was asked to keep them (not among fields())
+  Tensor v_new;         // likewise
   testing::NamedTensors fields() const {
     return {{"o", &o},   {"final_state", &ht}, {"dq", &dq},   {"dk", &dk},        {"dv", &dv},
             {"dg", &dg}, {"dbeta", &dbeta},    {"dh0", &dh0}, {"dtheta", &dtheta}};
@@ -188,9 +189,10 @@ GatedDeltaRuleGrads make_grads(const TensorView& dq, const TensorView& dk, const
 
 // Runs forward (and backward) of `impl` on the case's inputs converted to `dtype`; outputs are
 // written in `dtype` too. With chunk_states, the forward keeps them in that dtype (NaN where it
-// writes nothing) and the backward reads them.
+// writes nothing) and the backward reads them; with v_new as well, U_new beside them, in the same
+// dtype.
 Result run(const Data& d, Impl impl, DType dtype, bool backward = true,
-           std::optional<DType> chunk_states = std::nullopt) {
+           std::optional<DType> chunk_states = std::nullopt, bool v_new = false) {
   const Case& c = d.c;
   const Layout st = c.layout;
   const Arg q = make_arg(d.q, dtype, st), k = make_arg(d.k, dtype, st),
@@ -217,11 +219,14 @@ Result run(const Data& d, Impl impl, DType dtype, bool backward = true,
   if (chunk_states)
     kept = make_output({num_chunk_states(p.q, p.cu_seqlens, c.chunk_size), c.HV, c.K, c.V},
                        *chunk_states, st);
-  gated_delta_rule_forward(p, impl, o.view(), ht.view(), kept.view());
+  Arg kept_v_new;
+  if (chunk_states && v_new) kept_v_new = make_output({d.B, d.T, c.HV, c.V}, *chunk_states, st);
+  gated_delta_rule_forward(p, impl, o.view(), ht.view(), kept.view(), kept_v_new.view());
   Result r;
   r.o = gather(o);
   r.ht = gather(ht);
   if (kept.defined()) r.chunk_states = gather(kept);
+  if (kept_v_new.defined()) r.v_new = gather(kept_v_new);
   if (!backward) return r;
   const Arg d_o = make_arg(d.d_o, dtype, st), d_ht = make_arg(d.d_ht, dtype, st);
   Arg dq = make_output({d.B, d.T, c.H, c.K}, dtype, st);
@@ -234,7 +239,7 @@ Result run(const Data& d, Impl impl, DType dtype, bool backward = true,
   gated_delta_rule_backward(p, impl, d_o.view(), d_ht.view(),
                             make_grads(dq.view(), dk.view(), dv.view(), dg.view(), dbeta.view(),
                                        dh0.view(), dtheta.view()),
-                            kept.view());
+                            kept.view(), kept_v_new.view());
   r.dq = gather(dq);
   r.dk = gather(dk);
   r.dv = gather(dv);
@@ -867,11 +872,11 @@ TEST(GatedDeltaRuleKernels, ChunkParallelScheduleIsBitIdentical) {
   set_num_threads(0);
 }
 
-// Chunk states kept by the forward for the backward (chunk_states). In the compute dtype they
-// change no bit: the forward's outputs and the backward's gradients are those of the calls
-// without them, on every adversarial case (varlen, grouped heads, value tiles, strided layouts,
-// rotation, chunk sizes 1 … 64) by item (one thread) and by tile (8 threads for few items), and
-// on one item of 130 chunks in value tiles (windows).
+// Chunk states kept by the forward for the backward (chunk_states), and U_new beside them (v_new).
+// In the compute dtype they change no bit: the forward's outputs and the backward's gradients are
+// those of the calls without them, on every adversarial case (varlen, grouped heads, value tiles,
+// strided layouts, rotation, chunk sizes 1 … 64) by item (one thread) and by tile (8 threads for
+// few items), and on one item of 130 chunks in value tiles (windows).
 TEST(GatedDeltaRuleChunkStates, KeptStatesChangeNoBit) {
   std::vector<Case> cases = adversarial_cases();
   Case one_item;
@@ -886,7 +891,9 @@ TEST(GatedDeltaRuleChunkStates, KeptStatesChangeNoBit) {
         set_num_threads(threads);
         const std::string what =
             c.name + " " + to_string(dtype) + " on " + std::to_string(threads) + " threads";
-        expect_bit_equal(run(d, Impl::chunk, dtype, true, dtype), run(d, Impl::chunk, dtype), what);
+        const Result plain = run(d, Impl::chunk, dtype);
+        expect_bit_equal(run(d, Impl::chunk, dtype, true, dtype), plain, what);
+        expect_bit_equal(run(d, Impl::chunk, dtype, true, dtype, true), plain, what + ", v_new");
       }
     }
   }
@@ -974,36 +981,122 @@ TEST(GatedDeltaRuleChunkStates, BackwardReadsThem) {
   for (int threads : {1, 8}) {
     set_num_threads(threads);
     const std::string on = " on " + std::to_string(threads) + " threads";
-    // The backward of `mine` with the chunk states of `theirs`' forward.
-    Result read = run(theirs, Impl::chunk, DType::float64, true, DType::float64);
-    {
-      GatedDeltaRuleParams p;
-      p.q = mine.q.view(), p.k = mine.k.view(), p.v = mine.v.view(), p.g = mine.g.view();
-      p.beta = mine.beta.view(), p.initial_state = mine.h0.view();
-      p.use_qk_l2norm_in_kernel = c.l2norm;
-      p.chunk_size = c.chunk_size;
-      Tensor dq(mine.q.shape(), DType::float64), dk(mine.k.shape(), DType::float64),
-          dv(mine.v.shape(), DType::float64), dg(mine.g.shape(), DType::float64),
-          dbeta(mine.beta.shape(), DType::float64), dh0(mine.h0.shape(), DType::float64);
-      gated_delta_rule_backward(
-          p, Impl::chunk, mine.d_o.view(), mine.d_ht.view(),
-          make_grads(dq.view(), dk.view(), dv.view(), dg.view(), dbeta.view(), dh0.view()),
-          read.chunk_states.view());
-      read.dq = dq, read.dk = dk, read.dv = dv, read.dg = dg, read.dbeta = dbeta, read.dh0 = dh0;
+    for (const bool v_new : {false, true}) {
+      const std::string what = on + (v_new ? ", with v_new" : "");
+      // The backward of `mine` with the chunk states (and U_new) of `theirs`' forward.
+      Result read = run(theirs, Impl::chunk, DType::float64, true, DType::float64, v_new);
+      {
+        GatedDeltaRuleParams p;
+        p.q = mine.q.view(), p.k = mine.k.view(), p.v = mine.v.view(), p.g = mine.g.view();
+        p.beta = mine.beta.view(), p.initial_state = mine.h0.view();
+        p.use_qk_l2norm_in_kernel = c.l2norm;
+        p.chunk_size = c.chunk_size;
+        Tensor dq(mine.q.shape(), DType::float64), dk(mine.k.shape(), DType::float64),
+            dv(mine.v.shape(), DType::float64), dg(mine.g.shape(), DType::float64),
+            dbeta(mine.beta.shape(), DType::float64), dh0(mine.h0.shape(), DType::float64);
+        gated_delta_rule_backward(
+            p, Impl::chunk, mine.d_o.view(), mine.d_ht.view(),
+            make_grads(dq.view(), dk.view(), dv.view(), dg.view(), dbeta.view(), dh0.view()),
+            read.chunk_states.view(), read.v_new.view());
+        read.dq = dq, read.dk = dk, read.dv = dv, read.dg = dg, read.dbeta = dbeta, read.dh0 = dh0;
+      }
+      const Result replayed = run(theirs, Impl::chunk, DType::float64),
+                   own = run(mine, Impl::chunk, DType::float64);
+      for (const auto& [a, b] : {std::pair{&read.dq, &replayed.dq},
+                                 {&read.dk, &replayed.dk},
+                                 {&read.dv, &replayed.dv},
+                                 {&read.dg, &replayed.dg},
+                                 {&read.dbeta, &replayed.dbeta},
+                                 {&read.dh0, &replayed.dh0}})
+        EXPECT_TRUE(a->bit_equal(*b)) << what;
+      EXPECT_FALSE(read.dq.bit_equal(own.dq)) << what;
+      EXPECT_FALSE(read.dbeta.bit_equal(own.dbeta)) << what;
     }
-    const Result replayed = run(theirs, Impl::chunk, DType::float64),
-                 own = run(mine, Impl::chunk, DType::float64);
-    for (const auto& [a, b] : {std::pair{&read.dq, &replayed.dq},
-                               {&read.dk, &replayed.dk},
-                               {&read.dv, &replayed.dv},
-                               {&read.dg, &replayed.dg},
-                               {&read.dbeta, &replayed.dbeta},
-                               {&read.dh0, &replayed.dh0}})
-      EXPECT_TRUE(a->bit_equal(*b)) << on;
-    EXPECT_FALSE(read.dq.bit_equal(own.dq)) << on;
-    EXPECT_FALSE(read.dbeta.bit_equal(own.dbeta)) << on;
+    // And it reads U_new rather than solving for it: `theirs`' states with `mine`'s U_new give
+    // gradients of neither problem.
+    const Result own_kept = run(mine, Impl::chunk, DType::float64, false, DType::float64, true),
+                 their_kept = run(theirs, Impl::chunk, DType::float64, false, DType::float64, true);
+    Tensor dq(mine.q.shape(), DType::float64), dbeta(mine.beta.shape(), DType::float64);
+    GatedDeltaRuleParams p;
+    p.q = theirs.q.view(), p.k = theirs.k.view(), p.v = theirs.v.view(), p.g = theirs.g.view();
+    p.beta = theirs.beta.view(), p.initial_state = theirs.h0.view();
+    p.use_qk_l2norm_in_kernel = c.l2norm;
+    p.chunk_size = c.chunk_size;
+    GatedDeltaRuleGrads grads;
+    grads.dq = dq.view(), grads.dbeta = dbeta.view();
+    gated_delta_rule_backward(p, Impl::chunk, theirs.d_o.view(), theirs.d_ht.view(), grads,
+                              their_kept.chunk_states.view(), own_kept.v_new.view());
+    const Result replayed = run(theirs, Impl::chunk, DType::float64);
+    EXPECT_FALSE(dq.bit_equal(replayed.dq)) << on;
+    EXPECT_FALSE(dbeta.bit_equal(replayed.dbeta)) << on;
   }
   set_num_threads(0);
+}
+
+// v_new holds U_new: u_t = β_t (v_t − a_t S_{t−1}ᵀ k_t) of the recurrence S_t = a_t S_{t−1} +
+// k_t u_tᵀ, walked here token by token in float64 (packed sequences, grouped value heads, value
+// tiles, strong and closed gates), by item and by tile.
+TEST(GatedDeltaRuleChunkStates, VNewIsTheDeltaRuleUpdate) {
+  Case c;
+  c.lengths = {30, 0, 1, 45}, c.H = 1, c.HV = 2, c.K = 6, c.V = 70, c.chunk_size = 8;
+  c.gates = Gates::mixed, c.l2norm = false;
+  const Data d = make_data(c);
+  for (int threads : {1, 8}) {
+    set_num_threads(threads);
+    const Result r = run(d, Impl::chunk, DType::float64, false, DType::float64, true);
+    std::int64_t start = 0;
+    for (std::size_t n = 0; n < c.lengths.size(); ++n) {
+      for (std::int64_t hv = 0; hv < c.HV; ++hv) {
+        const std::int64_t h = hv / (c.HV / c.H);
+        std::vector<double> S(static_cast<std::size_t>(c.K * c.V));
+        for (std::int64_t e = 0; e < c.K * c.V; ++e)
+          S[static_cast<std::size_t>(e)] =
+              d.h0.at((static_cast<std::int64_t>(n) * c.HV + hv) * c.K * c.V + e);
+        for (std::int64_t t = start; t < start + c.lengths[n]; ++t) {
+          const double a = std::exp(d.g.at(t * c.HV + hv)), beta = d.beta.at(t * c.HV + hv);
+          std::vector<double> u(static_cast<std::size_t>(c.V));
+          for (std::int64_t j = 0; j < c.V; ++j) {
+            double sk = 0;  // (S_{t−1}ᵀ k_t)_j
+            for (std::int64_t i = 0; i < c.K; ++i)
+              sk += S[static_cast<std::size_t>(i * c.V + j)] * d.k.at((t * c.H + h) * c.K + i);
+            u[static_cast<std::size_t>(j)] = beta * (d.v.at((t * c.HV + hv) * c.V + j) - a * sk);
+          }
+          for (std::int64_t i = 0; i < c.K; ++i)
+            for (std::int64_t j = 0; j < c.V; ++j) {
+              double& e = S[static_cast<std::size_t>(i * c.V + j)];
+              e = a * e + d.k.at((t * c.H + h) * c.K + i) * u[static_cast<std::size_t>(j)];
+            }
+          for (std::int64_t j = 0; j < c.V; ++j) {
+            const double kept = r.v_new.at((t * c.HV + hv) * c.V + j),
+                         want = u[static_cast<std::size_t>(j)];
+            EXPECT_NEAR(kept, want, 1e-12 * (1 + std::abs(want)))
+                << "token " << t << ", value head " << hv << ", column " << j << " on " << threads
+                << " threads";
+          }
+        }
+      }
+      start += c.lengths[n];
+    }
+  }
+  set_num_threads(0);
+}
+
+// U_new in a 16-bit dtype (beside 16-bit states) is rounded once: the forward is unchanged and
+// the gradients stay close to the float64 reference.
+TEST(GatedDeltaRuleChunkStates, SixteenBitVNew) {
+  Case c;
+  c.B = 2, c.T = 100, c.H = 2, c.HV = 2, c.K = 8, c.V = 8, c.chunk_size = 16;
+  const Data d = make_data(c);
+  const Result expected = run(d, Impl::reference, DType::float64);
+  const Result plain = run(d, Impl::chunk, DType::float32);
+  for (DType dtype : {DType::bfloat16, DType::float16}) {
+    const Result kept = run(d, Impl::chunk, DType::float32, true, dtype, true);
+    EXPECT_TRUE(kept.o.bit_equal(plain.o)) << to_string(dtype);
+    EXPECT_TRUE(kept.ht.bit_equal(plain.ht)) << to_string(dtype);
+    expect_close(kept, expected, dtype == DType::bfloat16 ? 0x1p-7 : 0x1p-10, to_string(dtype));
+    std::printf("chunk states and v_new in %s: worst relative RMS error vs reference %.2g\n",
+                to_string(dtype), testing::worst_rel_rms(kept.fields(), expected.fields()));
+  }
 }
 
 TEST(GatedDeltaRuleChunkStates, BadChunkStatesNameTheArgument) {
@@ -1032,6 +1125,43 @@ TEST(GatedDeltaRuleChunkStates, BadChunkStatesNameTheArgument) {
   const TensorView in_dq = TensorView::of(static_cast<double*>(dq.data()), {3, 2, 4, 3});
   expect_error([&] { gated_delta_rule_backward(p, Impl::chunk, o.view(), {}, grads, in_dq); },
                {"'chunk_states'", "overlapping 'dq'"});
+
+  // v_new: Impl::chunk, with chunk_states, v's shape, memory of its own.
+  Tensor v_new({1, 20, 2, 3}, DType::float64), v_new_bad({1, 20, 2, 4}, DType::float64);
+  for (Impl impl : {Impl::reference, Impl::recurrent})
+    expect_error([&] { gated_delta_rule_forward(p, impl, o.view(), {}, {}, v_new.view()); },
+                 {"'v_new'", "only Impl::chunk", to_string(impl)});
+  expect_error([&] { gated_delta_rule_forward(p, Impl::chunk, o.view(), {}, {}, v_new.view()); },
+               {"'v_new'", "chunk_states to be given as well"});
+  expect_error(
+      [&] { gated_delta_rule_backward(p, Impl::chunk, o.view(), {}, grads, {}, v_new.view()); },
+      {"'v_new'", "chunk_states to be given as well"});
+  expect_error(
+      [&] {
+        gated_delta_rule_forward(p, Impl::chunk, o.view(), {}, kept.view(), v_new_bad.view());
+      },
+      {"chunk_gated_delta_rule", "'v_new'", "V=3", "[1, 20, 2, 4]"});
+  const TensorView v_new_in_v =
+      TensorView::of(static_cast<const double*>(d.v.data()), {1, 20, 2, 3});
+  expect_error(
+      [&] { gated_delta_rule_forward(p, Impl::chunk, o.view(), {}, kept.view(), v_new_in_v); },
+      {"'v_new'", "overlapping 'v'"});
+  Tensor shared({1, 20, 2, 3}, DType::float64);  // holds both: chunk_states in its first 72
+  const TensorView states_in_shared =
+      TensorView::of(static_cast<double*>(shared.data()), {3, 2, 4, 3});
+  expect_error(
+      [&] {
+        gated_delta_rule_forward(p, Impl::chunk, o.view(), {}, states_in_shared, shared.view());
+      },
+      {"'v_new'", "overlapping 'chunk_states'"});
+  GatedDeltaRuleGrads grads_in_shared;  // dq in shared's first 80
+  grads_in_shared.dq = TensorView::of(static_cast<double*>(shared.data()), {1, 20, 1, 4});
+  expect_error(
+      [&] {
+        gated_delta_rule_backward(p, Impl::chunk, o.view(), {}, grads_in_shared, kept.view(),
+                                  shared.view());
+      },
+      {"'v_new'", "overlapping 'dq'"});
 }
 
 // The chunk forward walks groups of consecutive q/k heads chunk by chunk (forward_heads), as many

@@ -237,10 +237,12 @@ class PhasorRunner {
 
   void forward_backward() {
     const TensorView d_o = view(p_.output_gradient);
-    if (impl_ == Impl::chunk && p_.op != Problem::Op::fox && chunk_states_.empty())
+    if (impl_ == Impl::chunk && p_.op != Problem::Op::fox && chunk_states_.empty()) {
       chunk_states_.assign(
           static_cast<std::size_t>(phasor::num_chunk_states(d_o, {}, 64) * kHeads * kDim * kDim),
           0.f);  // on the first (warm-up) call
+      if (p_.op == Problem::Op::gdn) v_new_.assign(p_.token_elems(), 0.f);
+    }
     switch (p_.op) {
       case Problem::Op::gla: {
         const phasor::GlaParams params = gla_params();
@@ -255,14 +257,17 @@ class PhasorRunner {
       }
       case Problem::Op::gdn: {
         const phasor::GatedDeltaRuleParams params = gdn_params();
-        phasor::gated_delta_rule_forward(params, impl_, view(o_), state_out(), chunk_states());
+        // U_new kept beside the states, as the LibTorch layer trains (v_new).
+        const TensorView v_new = v_new_.empty() ? TensorView{} : view(v_new_);
+        phasor::gated_delta_rule_forward(params, impl_, view(o_), state_out(), chunk_states(),
+                                         v_new);
         phasor::GatedDeltaRuleGrads grads;
         grads.dq = view(dq_);
         grads.dk = view(dk_);
         grads.dv = view(dv_);
         grads.dg = scalar_view(dg_);
         grads.dbeta = scalar_view(dbeta_);
-        phasor::gated_delta_rule_backward(params, impl_, d_o, {}, grads, chunk_states());
+        phasor::gated_delta_rule_backward(params, impl_, d_o, {}, grads, chunk_states(), v_new);
         break;
       }
       case Problem::Op::fox: {
@@ -342,7 +347,7 @@ class PhasorRunner {
   Impl impl_;
   bool in_place_;
   AlignedFloats state_;  // initial state; also the final one when in place
-  std::vector<float> o_, final_state_, dq_, dk_, dv_, dg_, dbeta_, lse_, chunk_states_;
+  std::vector<float> o_, final_state_, dq_, dk_, dv_, dg_, dbeta_, lse_, chunk_states_, v_new_;
 };
 
 // ---- ggml

@@ -88,18 +88,27 @@ struct GatedDeltaRuleGrads {
 // gated_delta_rule_backward, which then reads the states instead of replaying the forward's
 // recurrence on the cpu (on a GPU device the backward's state kernel also forms U_new, so it still
 // runs and reads none of them).
+// v_new: optional, Impl::chunk on the cpu only, and only with chunk_states: [B, T, HV, V] (v's
+// shape; fla's v_new), any float dtype, owning its elements. The forward writes into it U_new,
+// row t of value head h the delta rule's update u_t = β_t (v_t − a_t S_{t−1}ᵀ k_t) (S_t = a_t
+// S_{t−1}
+// + k_t u_tᵀ); a training step passes it on to gated_delta_rule_backward with chunk_states, which
+// then reads U_new instead of solving for it again (the walk back's K S product and triangular
+// solve: ~12% of its time at K = V = 128, for V values per token and value head kept).
 void gated_delta_rule_forward(const GatedDeltaRuleParams& params, Impl impl, const TensorView& o,
                               const TensorView& final_state = {},
-                              const TensorView& chunk_states = {});
+                              const TensorView& chunk_states = {}, const TensorView& v_new = {});
 
 // Backward of gated_delta_rule_forward. d_o: [B, T, HV, V], the gradient of the loss with respect
 // to o; d_final_state: [N, HV, K, V], optional (undefined: zero), the gradient with respect to
 // final_state (dht in fla). chunk_states: optional (Impl::chunk only), what
 // gated_delta_rule_forward wrote with the same params and inputs; trusted, not checked. In the
 // compute dtype (float32, or float64 for float64 q) the gradients are bit-identical to a backward
-// without them; a 16-bit dtype rounds each state once.
+// without them; a 16-bit dtype rounds each state once. v_new: optional, with chunk_states only,
+// what the same forward wrote into its v_new; trusted, not checked; the same bits in the compute
+// dtype, a 16-bit dtype rounds each row once.
 void gated_delta_rule_backward(const GatedDeltaRuleParams& params, Impl impl, const TensorView& d_o,
                                const TensorView& d_final_state, const GatedDeltaRuleGrads& grads,
-                               const TensorView& chunk_states = {});
+                               const TensorView& chunk_states = {}, const TensorView& v_new = {});
 
 }  // namespace phasor

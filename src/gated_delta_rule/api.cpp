@@ -91,10 +91,28 @@ void check_state_shaped(const std::string& op, const char* name, const TensorVie
                        {{p.num_sequences(), "N"}, {p.HV, "HV"}, {p.K, "K"}, {p.V, "V"}}, p.device);
 }
 
+// v_new (phasor/gated_delta_rule.h): Impl::chunk on the cpu, beside chunk_states, v's shape.
+void check_v_new(const std::string& op, const TensorView& v_new, Impl impl,
+                 const TensorView& chunk_states, const Problem& p) {
+  if (!v_new.defined()) return;
+  if (impl != Impl::chunk)
+    detail::fail(op, "v_new", "no v_new (only Impl::chunk keeps it)",
+                 std::string("v_new with Impl::") + to_string(impl));
+  if (p.device != Device::cpu)
+    detail::fail(op, "v_new", "a call on the cpu (the GPU kernels form U_new themselves)",
+                 std::string("a call on ") + to_string(p.device));
+  if (!chunk_states.defined())
+    detail::fail(op, "v_new", "chunk_states to be given as well (U_new is kept with the states)",
+                 "v_new without chunk_states");
+  detail::check_owned_output(op, "v_new", v_new, {{p.B, "B"}, {p.T, "T"}, {p.HV, "HV"}, {p.V, "V"}},
+                             p.device);
+}
+
 }  // namespace
 
 void gated_delta_rule_forward(const GatedDeltaRuleParams& params, Impl impl, const TensorView& o,
-                              const TensorView& final_state, const TensorView& chunk_states) {
+                              const TensorView& final_state, const TensorView& chunk_states,
+                              const TensorView& v_new) {
   const std::string op = op_name(Op::gated_delta_rule, impl);
   const Problem p = make_problem(op, params, impl == Impl::chunk);
   detail::check_output(op, "o", o, {{p.B, "B"}, {p.T, "T"}, {p.HV, "HV"}, {p.V, "V"}}, p.device);
@@ -113,6 +131,20 @@ void gated_delta_rule_forward(const GatedDeltaRuleParams& params, Impl impl, con
                             {"cu_seqlens", params.cu_seqlens},
                             {"o", o},
                             {"final_state", final_state}});
+  check_v_new(op, v_new, impl, chunk_states, p);
+  if (v_new.defined())
+    detail::check_disjoint(op, "v_new", v_new,
+                           {{"q", p.q},
+                            {"k", p.k},
+                            {"v", p.v},
+                            {"g", p.g},
+                            {"beta", p.beta},
+                            {"initial_state", p.initial_state},
+                            {"theta", p.theta},
+                            {"cu_seqlens", params.cu_seqlens},
+                            {"o", o},
+                            {"final_state", final_state},
+                            {"chunk_states", chunk_states}});
   detail::run_on_device(
       op, Op::gated_delta_rule, impl, p.device, value_checks(p),
       [&] {
@@ -122,7 +154,7 @@ void gated_delta_rule_forward(const GatedDeltaRuleParams& params, Impl impl, con
           case Impl::recurrent:
             return detail::gdn::recurrent_forward(p, o, final_state);
           case Impl::chunk:
-            return detail::gdn::chunk_forward(p, o, final_state, chunk_states);
+            return detail::gdn::chunk_forward(p, o, final_state, chunk_states, v_new);
         }
       },
       // Impl::recurrent and Impl::chunk have CUDA kernels (phasor/ops.h); run_on_device refuses
@@ -137,7 +169,7 @@ void gated_delta_rule_forward(const GatedDeltaRuleParams& params, Impl impl, con
 
 void gated_delta_rule_backward(const GatedDeltaRuleParams& params, Impl impl, const TensorView& d_o,
                                const TensorView& d_final_state, const GatedDeltaRuleGrads& grads,
-                               const TensorView& chunk_states) {
+                               const TensorView& chunk_states, const TensorView& v_new) {
   const std::string op = op_name(Op::gated_delta_rule, impl);
   // The recurrent backward recomputes states from checkpoints every chunk_size tokens.
   const Problem p = make_problem(op, params, impl != Impl::reference);
@@ -171,6 +203,16 @@ void gated_delta_rule_backward(const GatedDeltaRuleParams& params, Impl impl, co
                             {"dbeta", grads.dbeta},
                             {"dh0", grads.dh0},
                             {"dtheta", grads.dtheta}});
+  check_v_new(op, v_new, impl, chunk_states, p);
+  if (v_new.defined())  // read while the gradients are written
+    detail::check_disjoint(op, "v_new", v_new,
+                           {{"dq", grads.dq},
+                            {"dk", grads.dk},
+                            {"dv", grads.dv},
+                            {"dg", grads.dg},
+                            {"dbeta", grads.dbeta},
+                            {"dh0", grads.dh0},
+                            {"dtheta", grads.dtheta}});
   detail::run_on_device(
       op, Op::gated_delta_rule, impl, p.device, value_checks(p),
       [&] {
@@ -180,7 +222,7 @@ void gated_delta_rule_backward(const GatedDeltaRuleParams& params, Impl impl, co
           case Impl::recurrent:
             return detail::gdn::recurrent_backward(p, d_o, d_final_state, grads);
           case Impl::chunk:
-            return detail::gdn::chunk_backward(p, d_o, d_final_state, grads, chunk_states);
+            return detail::gdn::chunk_backward(p, d_o, d_final_state, grads, chunk_states, v_new);
         }
       },
       [&] {

@@ -35,7 +35,11 @@
 // its two K × V products per token; chunks are then walked in reverse carrying dS = ∂L/∂S_next,
 // each chunk's M and U_new are recomputed and every dense operation of (1)–(4) is differentiated in
 // reverse order. The adjoint of the solve M U_new = R is Mᵀ Y = dU_new (a second triangular solve):
-// dR = Y and dM = −Y U_newᵀ on the strictly lower part.
+// dR = Y and dM = −Y U_newᵀ on the strictly lower part. Given v_new as well (the forward's U_new,
+// kept beside its states), the walk back reads U_new instead of solving for it — its K S product
+// and its first solve, 2KV + LV of its 14KV + 5LV + 6LK multiply-adds per token — and never
+// needs K S: the terms of dβ and dγ that read it take (K S)_i · Y_i = k_i · (Y Sᵀ)_i, Y Sᵀ being
+// a product the walk back forms anyway (for dK).
 
 #include "common/eigen.h"  // first: see there
 
@@ -235,12 +239,13 @@ struct ChunkPlace {
   }
 };
 
-// Eqs. (2)–(4) for the value columns of `tile` of one chunk and value head: O's columns stored,
-// the tile's state advanced. Expects prepare_chunk.
+// Eqs. (2)–(4) for the value columns of `tile` of one chunk and value head: O's columns stored
+// (and U_new's, into v_new when given), the tile's state advanced. Expects prepare_chunk.
 template <class S>
 void forward_tile(const Problem& p, const Sequence& block, std::int64_t hv, const ValueTile& tile,
                   const ChunkGram<S>& gram, const ChunkState<S>& chunk, const Vec<S>& beta,
-                  const TensorView& o, Mat<S>& state, TileWork<S>& w, const ChunkPlace& place) {
+                  const TensorView& o, const TensorView& v_new, Mat<S>& state, TileWork<S>& w,
+                  const ChunkPlace& place) {
   const std::int64_t L = chunk.L;
   load_rows(value_columns(p.v, tile), block, hv, w.v);
   if (place.state_zero) {  // K S = Q̃ S = 0
@@ -255,6 +260,7 @@ void forward_tile(const Problem& p, const Sequence& block, std::int64_t hv, cons
     w.out = chunk.gamma.asDiagonal() * w.out;
   }
   solve_in_place(chunk.m.template triangularView<UnitLower>(), w.u_new);
+  if (v_new.defined()) store_rows(w.u_new, value_columns(v_new, tile), block, hv);
   add_triangular_product(w.out, chunk.attn.template triangularView<Lower>(), w.u_new);
   store_rows(w.out, value_columns(o, tile), block, hv);
   if (!place.next_needed) return;
@@ -334,7 +340,7 @@ struct ForwardWork {
 template <class S>
 void forward_heads(const Problem& p, std::int64_t n, std::int64_t h0, std::int64_t count,
                    const TensorView& o, const TensorView& final_state,
-                   const TensorView& chunk_states) {
+                   const TensorView& chunk_states, const TensorView& v_new) {
   const std::int64_t G = p.group, tiles = num_value_tiles(p);
   const Sequence& s = p.sequences[static_cast<std::size_t>(n)];
   // Kept per thread across calls, as the backward's (BackwardWork): a group's buffers (~150 KiB
@@ -370,8 +376,8 @@ void forward_heads(const Problem& p, std::int64_t n, std::int64_t h0, std::int64
           if (chunk_states.defined())
             keep_tile_state(p, state, chunk_states, n, t0 / p.chunk_size, h * G + r,
                             value_tile(p, t));
-          forward_tile(p, block, h * G + r, value_tile(p, t), gram, chunk, in.beta, o, state, work,
-                       place);
+          forward_tile(p, block, h * G + r, value_tile(p, t), gram, chunk, in.beta, o, v_new, state,
+                       work, place);
         }
       }
     }
@@ -456,7 +462,7 @@ struct ChunkWindow {
 // The by-tile forward (see above), a window of chunks at a time.
 template <class S>
 void forward_by_tile(const Problem& p, const TensorView& o, const TensorView& final_state,
-                     const TensorView& chunk_states) {
+                     const TensorView& chunk_states, const TensorView& v_new) {
   const std::int64_t items = p.num_items(), G = p.group, tiles = num_value_tiles(p);
   ChunkWindow<S> w(p, 0);
   std::vector<std::vector<Mat<S>>> states(static_cast<std::size_t>(items));
@@ -477,7 +483,7 @@ void forward_by_tile(const Problem& p, const TensorView& o, const TensorView& fi
           keep_tile_state(p, state, chunk_states, p.item_sequence(item), c, h * G + r,
                           value_tile(p, i));
         forward_tile(p, w.block_at(item, c), h * G + r, value_tile(p, i), w.grams[w.slot(item, c)],
-                     w.chunks[at], w.betas[at], o, state, work,
+                     w.chunks[at], w.betas[at], o, v_new, state, work,
                      ChunkPlace::forward(p, c, w.chunks_of(item), final_state));
       }
     });
@@ -523,8 +529,8 @@ struct TileScratch {
   Mat<S> u_new;    // U_new, L × width
   Mat<S> d_kt;     // ∂/∂(diag(E) K)
   Mat<S> du;       // ∂/∂U_new, then Y = M⁻ᵀ ∂/∂U_new = ∂/∂R
-  Mat<S> dz;       // [∂/∂(K S); dO], 2L × width
-  Mat<S> dz_s;     // [∂/∂(K S) Sᵀ; dO Sᵀ], 2L × K
+  Mat<S> dz;       // [Y; dO], 2L × width
+  Mat<S> dz_s;     // [Y Sᵀ; dO Sᵀ], 2L × K
   Mat<S> dS_prev;  // ∂L/∂S (entering state)
 };
 
@@ -543,17 +549,17 @@ void solve_u_new(const ChunkGram<S>& gram, const ChunkState<S>& c, const Vec<S>&
   solve_in_place(c.m.template triangularView<UnitLower>(), w.u_new);
 }
 
-// What backward_tile needs of a chunk beyond prepare_chunk: [K; diag(γ) Q̃] (2L × K), for the
-// products with [∂/∂(K S); dO], and Mᵀ stored as a matrix of its own (a solve with the
+// What backward_tile needs of a chunk and value head beyond prepare_chunk: [−diag(βγ) K; diag(γ) Q̃]
+// (2L × K), for the products with [Y; dO], and Mᵀ stored as a matrix of its own (a solve with the
 // transposed view of M ran 2.5× slower, and a value tile solves once per chunk).
 template <class S>
 struct BackwardFactors {
   Mat<S> kqg, m_t;
 
-  void compute(const QKInputs<S>& qk, const ChunkState<S>& c) {
+  void compute(const QKInputs<S>& qk, const ChunkState<S>& c, const Vec<S>& beta) {
     const std::int64_t L = c.L;
     kqg.resize(2 * L, qk.k.cols());
-    kqg.topRows(L) = qk.k;
+    kqg.topRows(L) = (-beta.cwiseProduct(c.gamma)).asDiagonal() * qk.k;
     kqg.bottomRows(L) = c.gamma.asDiagonal() * qk.q;
     m_t = c.m.transpose();
   }
@@ -562,16 +568,18 @@ struct BackwardFactors {
 // The walk back through one chunk for the value columns of one tile: given the tile's entering
 // state, its v and dO columns, and dS = its columns of ∂L/∂S_next, writes the tile's dv and its
 // share t of the chunk's gradients, and replaces dS by its columns of ∂L/∂S. Expects
-// prepare_chunk (gates, M, the gated attention, diag(E) K) and f = BackwardFactors.
+// prepare_chunk (gates, M, the gated attention, diag(E) K) and f = BackwardFactors; with
+// u_new_given, w.u_new holding the tile's columns of U_new (the forward's v_new), else solves for
+// them (solve_u_new) — the same bits either way, the forward's U_new being solve_u_new's.
 template <class S>
 void backward_tile(const QKInputs<S>& qk, const ChunkGram<S>& gram, const ChunkState<S>& c,
                    const BackwardFactors<S>& f, const Vec<S>& beta, const Mat<S>& v,
                    const Mat<S>& d_out, const Mat<S>& state, Mat<S>& dS, Mat<S>& dv,
-                   TileGrads<S>& t, TileScratch<S>& w, const ChunkPlace& place) {
+                   TileGrads<S>& t, TileScratch<S>& w, const ChunkPlace& place, bool u_new_given) {
   const std::int64_t L = c.L, width = state.cols();
   const Mat<S>& Kc = qk.k;
   const Mat<S>& Qc = qk.q;
-  solve_u_new(gram, c, beta, v, state, w, place.state_zero);
+  if (!u_new_given) solve_u_new(gram, c, beta, v, state, w, place.state_zero);
 
   // (4) S_next = γ_{L−1} S + (diag(E) K)ᵀ U_new.
   t.dgamma.setZero(L);
@@ -601,29 +609,29 @@ void backward_tile(const QKInputs<S>& qk, const ChunkGram<S>& gram, const ChunkS
   t.dm.resize(L, L);
   assign_product(t.dm.template triangularView<Lower>(), Y, w.u_new.transpose());
   // R = diag(β) (V − diag(γ) K S): dV = diag(β) Y, dβ_i = (V − γ K S)_i · Y_i,
-  // dγ_i = −β_i (K S)_i · Y_i, ∂/∂(K S) = −diag(βγ) Y.
+  // dγ_i = −β_i (K S)_i · Y_i, ∂/∂(K S) = −diag(βγ) Y. K S itself is never formed (U_new may come
+  // from the forward): (K S)_i · Y_i = k_i · (Y Sᵀ)_i, and Y Sᵀ is the product below.
   dv = beta.asDiagonal() * Y;
   t.dbeta.resize(L);
   w.dz.resize(2 * L, width);
-  for (std::int64_t i = 0; i < L; ++i) {
-    t.dbeta(i) = v.row(i).dot(Y.row(i));
-    if (!place.state_zero) {  // K S = 0 otherwise
-      const S ks_y = w.ks.row(i).dot(Y.row(i));
-      t.dbeta(i) -= c.gamma(i) * ks_y;
-      t.dgamma(i) -= beta(i) * ks_y;
-    }
-    w.dz.row(i) = (-beta(i) * c.gamma(i)) * Y.row(i);
-  }
+  for (std::int64_t i = 0; i < L; ++i) t.dbeta(i) = v.row(i).dot(Y.row(i));
+  w.dz.topRows(L) = Y;
   w.dz.bottomRows(L) = d_out;
 
-  // [K S; diag(γ) Q̃ S] = [K; diag(γ) Q̃] S, one product each way:
-  //   ∂L/∂S += [K; diag(γ) Q̃]ᵀ [∂/∂(K S); dO],  [∂/∂(K S); dO] Sᵀ → dK, dQ̃ and dγ.
+  // [K S; diag(γ) Q̃ S] = [K; diag(γ) Q̃] S, one product each way, with ∂/∂(K S) = −diag(βγ) Y:
+  //   ∂L/∂S += [−diag(βγ) K; diag(γ) Q̃]ᵀ [Y; dO],  [Y; dO] Sᵀ → dK, dQ̃, dβ and dγ.
   if (place.ds_prev_needed) w.dS_prev.noalias() += f.kqg.transpose() * w.dz;
-  if (place.state_zero) {  // S = 0: [∂/∂(K S); dO] Sᵀ = 0
+  if (place.state_zero) {  // S = 0: [Y; dO] Sᵀ = 0
     t.dq.setZero(L, Kc.cols());
   } else {
     w.dz_s.noalias() = w.dz * state.transpose();
-    t.dk += w.dz_s.topRows(L);
+    const auto y_s = w.dz_s.topRows(L);
+    for (std::int64_t i = 0; i < L; ++i) {
+      const S ks_y = Kc.row(i).dot(y_s.row(i));  // (K S)_i · Y_i
+      t.dbeta(i) -= c.gamma(i) * ks_y;
+      t.dgamma(i) -= beta(i) * ks_y;
+    }
+    t.dk.noalias() -= (beta.cwiseProduct(c.gamma)).asDiagonal() * y_s;
     const auto do_s = w.dz_s.bottomRows(L);
     for (std::int64_t i = 0; i < L; ++i) t.dgamma(i) += Qc.row(i).dot(do_s.row(i));
     t.dq.noalias() = c.gamma.asDiagonal() * do_s;
@@ -752,7 +760,7 @@ struct BackwardWork {
 template <class S>
 void backward_heads(const Problem& p, std::int64_t first, std::int64_t count, const TensorView& d_o,
                     const TensorView& d_final_state, const GatedDeltaRuleGrads& grads,
-                    const TensorView& chunk_states) {
+                    const TensorView& chunk_states, const TensorView& v_new) {
   const std::int64_t n = p.item_sequence(first), G = p.group;
   const std::int64_t tiles = num_value_tiles(p);
   const Sequence& s = p.sequences[static_cast<std::size_t>(n)];
@@ -818,7 +826,7 @@ void backward_heads(const Problem& p, std::int64_t first, std::int64_t count, co
       for (std::int64_t r = 0; r < G; ++r) {
         const std::int64_t hv = h * G + r;
         prepare_chunk(p, block, hv, qk, gram, in, chunk);
-        work.factors.compute(qk, chunk);
+        work.factors.compute(qk, chunk, in.beta);
         for (std::int64_t i = 0; i < tiles; ++i) {
           const ValueTile tile = value_tile(p, i);
           const auto u = static_cast<std::size_t>(r * tiles + i);
@@ -829,8 +837,10 @@ void backward_heads(const Problem& p, std::int64_t first, std::int64_t count, co
                   ? boundary[u * static_cast<std::size_t>(num_chunks) + static_cast<std::size_t>(c)]
                   : work.kept;
           if (!replay) load_kept_tile_state(p, chunk_states, n, c, hv, tile, entering);
+          if (v_new.defined()) load_rows(value_columns(v_new, tile), block, hv, scratch.u_new);
           backward_tile(qk, gram, chunk, work.factors, in.beta, work.v, work.d_out, entering, dS[u],
-                        work.dv, work.parts[static_cast<std::size_t>(i)], scratch, place);
+                        work.dv, work.parts[static_cast<std::size_t>(i)], scratch, place,
+                        v_new.defined());
           if (grads.dv.defined()) store_rows(work.dv, value_columns(grads.dv, tile), block, hv);
         }
         finish_value_head(p, block, hv, qk, gram, chunk, in.beta, work.parts.data(), dq, dk, work.d,
@@ -854,7 +864,8 @@ void backward_heads(const Problem& p, std::int64_t first, std::int64_t count, co
 // arithmetic of backward_heads', so the bits are the same.
 template <class S>
 void backward_by_tile(const Problem& p, const TensorView& d_o, const TensorView& d_final_state,
-                      const GatedDeltaRuleGrads& grads, const TensorView& chunk_states) {
+                      const GatedDeltaRuleGrads& grads, const TensorView& chunk_states,
+                      const TensorView& v_new) {
   const std::int64_t items = p.num_items(), G = p.group, C = p.chunk_size, K = p.K;
   const std::int64_t tiles = num_value_tiles(p);
   // Beside each (chunk, value head) of the window: its BackwardFactors (C² + 2 C K) and its
@@ -908,7 +919,7 @@ void backward_by_tile(const Problem& p, const TensorView& d_o, const TensorView&
        first -= w.window) {
     w.prepare(first, [&](std::size_t at) {
       const std::size_t s = at / static_cast<std::size_t>(G);
-      factors[at].compute(w.qks[s], w.chunks[at]);
+      factors[at].compute(w.qks[s], w.chunks[at], w.betas[at]);
     });
     parallel_for(items * G * tiles, [&](std::int64_t u) {
       const std::int64_t item = u / (G * tiles), r = u / tiles % G, i = u % tiles;
@@ -923,12 +934,14 @@ void backward_by_tile(const Problem& p, const TensorView& d_o, const TensorView&
         load_rows(value_columns(d_o, tile), block, hv, d_out);
         if (!replay)
           load_kept_tile_state(p, chunk_states, p.item_sequence(item), c, hv, tile, kept);
+        if (v_new.defined()) load_rows(value_columns(v_new, tile), block, hv, scratch.u_new);
         backward_tile(
             w.qks[s], w.grams[s], w.chunks[at], factors[at], w.betas[at], v, d_out,
             replay ? boundary[static_cast<std::size_t>(u)][static_cast<std::size_t>(c)] : kept,
             dS[static_cast<std::size_t>(item)][static_cast<std::size_t>(r * tiles + i)], dv,
             parts[at * static_cast<std::size_t>(tiles) + static_cast<std::size_t>(i)], scratch,
-            ChunkPlace::backward(p, c, w.chunks_of(item), d_final_state, grads.dh0));
+            ChunkPlace::backward(p, c, w.chunks_of(item), d_final_state, grads.dh0),
+            v_new.defined());
         if (grads.dv.defined()) store_rows(dv, value_columns(grads.dv, tile), block, hv);
       }
     });
@@ -958,27 +971,28 @@ void backward_by_tile(const Problem& p, const TensorView& d_o, const TensorView&
 }  // namespace
 
 void chunk_forward(const Problem& p, const TensorView& o, const TensorView& final_state,
-                   const TensorView& chunk_states) {
+                   const TensorView& chunk_states, const TensorView& v_new) {
   dispatch_float(p.q, [&](auto zero) {
     using S = decltype(zero);
     if (split_items(p.num_items() * p.group))
-      return forward_by_tile<S>(p, o, final_state, chunk_states);
+      return forward_by_tile<S>(p, o, final_state, chunk_states, v_new);
     const std::int64_t heads = head_group_size(
         p.num_sequences(), p.H, p.group * p.K * p.V * static_cast<std::int64_t>(sizeof(S)));
     parallel_for(p.num_items() / heads, [&](std::int64_t index) {
       const std::int64_t first = index * heads;
       forward_heads<S>(p, p.item_sequence(first), p.item_head(first), heads, o, final_state,
-                       chunk_states);
+                       chunk_states, v_new);
     });
   });
 }
 
 void chunk_backward(const Problem& p, const TensorView& d_o, const TensorView& d_final_state,
-                    const GatedDeltaRuleGrads& grads, const TensorView& chunk_states) {
+                    const GatedDeltaRuleGrads& grads, const TensorView& chunk_states,
+                    const TensorView& v_new) {
   dispatch_float(p.q, [&](auto zero) {
     using S = decltype(zero);
     if (split_items(p.num_items() * p.group))
-      return backward_by_tile<S>(p, d_o, d_final_state, grads, chunk_states);
+      return backward_by_tile<S>(p, d_o, d_final_state, grads, chunk_states, v_new);
     // Head groups need the kept states (a replay would keep O(T) states for every head of one).
     const std::int64_t heads =
         chunk_states.defined()
@@ -986,7 +1000,7 @@ void chunk_backward(const Problem& p, const TensorView& d_o, const TensorView& d
                               p.group * p.K * p.V * static_cast<std::int64_t>(sizeof(S)))
             : 1;
     parallel_for(p.num_items() / heads, [&](std::int64_t index) {
-      backward_heads<S>(p, index * heads, heads, d_o, d_final_state, grads, chunk_states);
+      backward_heads<S>(p, index * heads, heads, d_o, d_final_state, grads, chunk_states, v_new);
     });
   });
 }

@@ -40,11 +40,14 @@ void recurrent_backward(const Problem& p, const TensorView& d_o, const TensorVie
                         const GatedDeltaRuleGrads& grads);
 // chunk_states (chunk only; optional): [num_chunk_states, HV, K, V], the state entering every chunk
 // at Sequences::chunk_slot(chunk_size, n, c) — written by the forward, read by the backward in
-// place of its replay of the forward.
+// place of its replay of the forward. v_new (optional, only with chunk_states): [B, T, HV, V],
+// U_new of eq. (2) of chunk.cpp for every token — written by the forward, read by the backward in
+// place of its solve.
 void chunk_forward(const Problem& p, const TensorView& o, const TensorView& final_state,
-                   const TensorView& chunk_states);
+                   const TensorView& chunk_states, const TensorView& v_new);
 void chunk_backward(const Problem& p, const TensorView& d_o, const TensorView& d_final_state,
-                    const GatedDeltaRuleGrads& grads, const TensorView& chunk_states);
+                    const GatedDeltaRuleGrads& grads, const TensorView& chunk_states,
+                    const TensorView& v_new);
 
 template <class S>
 using RowVec = Eigen::Matrix<S, 1, Eigen::Dynamic>;

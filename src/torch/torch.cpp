@@ -175,18 +175,23 @@ struct GatedDeltaRuleFunction : torch::autograd::Function<GatedDeltaRuleFunction
     if (opt.output_final_state)
       ht = at::empty({num_sequences(q, cu), v.size(2), q.size(3), v.size(3)},
                      q.options().dtype(state_dtype(q)));
-    at::Tensor kept;
+    at::Tensor kept, kept_v_new;
     rethrow_as_torch([&] {
       const GatedDeltaRuleParams p =
           gated_delta_rule_params(q, k, v, g, beta, h0, cu, theta, opt.scale,
                                   opt.use_qk_l2norm_in_kernel, opt.chunk_size, opt.rotary_layout);
-      if (opt.keep_chunk_states)
+      if (opt.keep_chunk_states) {
         kept = chunk_state_buffer(q, cu, v.size(2), q.size(3), v.size(3), opt.chunk_size);
+        // U_new beside the states (phasor/gated_delta_rule.h, v_new): on the cpu only, where
+        // the backward reads it in place of its solve (the GPU kernels form it themselves).
+        if (q.is_cpu() && compute_device() == Device::cpu)
+          kept_v_new = at::empty(v.sizes(), v.options().dtype(state_dtype(q)));
+      }
       gated_delta_rule_forward(p, opt.impl, compute_out_view_of(o), compute_out_view_of(ht),
-                               compute_out_view_of(kept));
+                               compute_out_view_of(kept), compute_out_view_of(kept_v_new));
     });
 
-    ctx->save_for_backward({q, k, v, g, beta, h0, cu, theta, kept});
+    ctx->save_for_backward({q, k, v, g, beta, h0, cu, theta, kept, kept_v_new});
     ctx->saved_data["impl"] = static_cast<std::int64_t>(opt.impl);
     ctx->saved_data["scale"] = optional_double(opt.scale);
     ctx->saved_data["l2norm"] = opt.use_qk_l2norm_in_kernel;
@@ -204,7 +209,8 @@ struct GatedDeltaRuleFunction : torch::autograd::Function<GatedDeltaRuleFunction
     check_first_order(gated_delta_rule_op_name(static_cast<Impl>(ctx->saved_data["impl"].toInt())));
     const auto saved = ctx->get_saved_variables();
     const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &g = saved[3], &beta = saved[4],
-                     &h0 = saved[5], &cu = saved[6], &theta = saved[7], &kept = saved[8];
+                     &h0 = saved[5], &cu = saved[6], &theta = saved[7], &kept = saved[8],
+                     &kept_v_new = saved[9];
     const auto impl = static_cast<Impl>(ctx->saved_data["impl"].toInt());
     const auto need = ctx->saved_data["need"].toBoolList();
 
@@ -225,7 +231,7 @@ struct GatedDeltaRuleFunction : torch::autograd::Function<GatedDeltaRuleFunction
       out.dbeta = compute_out_view_of(dbeta), out.dh0 = compute_out_view_of(dh0);
       out.dtheta = compute_out_view_of(dtheta);
       gated_delta_rule_backward(p, impl, compute_view_of(d_o), compute_view_of(dht), out,
-                                compute_view_of(kept));
+                                compute_view_of(kept), compute_view_of(kept_v_new));
     });
     return {dq, dk, dv, dg, dbeta, dh0, at::Tensor(), dtheta, at::Tensor()};
   }
