@@ -37,7 +37,7 @@
 // reverse order. The adjoint of the solve M U_new = R is Mᵀ Y = dU_new (a second triangular solve):
 // dR = Y and dM = −Y U_newᵀ on the strictly lower part. Given v_new as well (the forward's U_new,
 // kept beside its states), the walk back reads U_new instead of solving for it — its K S product
-// and its first solve, 2KV + LV of its 14KV + 5LV + 6LK multiply-adds per token — and never
+// and its first solve, 2KV + LV of its 14KV + 5LV + 6LK flops per token — and never
 // needs K S: the terms of dβ and dγ that read it take (K S)_i · Y_i = k_i · (Y Sᵀ)_i, Y Sᵀ being
 // a product the walk back forms anyway (for dK).
 
@@ -609,8 +609,8 @@ void backward_tile(const QKInputs<S>& qk, const ChunkGram<S>& gram, const ChunkS
   t.dm.resize(L, L);
   assign_product(t.dm.template triangularView<Lower>(), Y, w.u_new.transpose());
   // R = diag(β) (V − diag(γ) K S): dV = diag(β) Y, dβ_i = (V − γ K S)_i · Y_i,
-  // dγ_i = −β_i (K S)_i · Y_i, ∂/∂(K S) = −diag(βγ) Y. K S itself is never formed (U_new may come
-  // from the forward): (K S)_i · Y_i = k_i · (Y Sᵀ)_i, and Y Sᵀ is the product below.
+  // dγ_i = −β_i (K S)_i · Y_i, ∂/∂(K S) = −diag(βγ) Y. K S is not read (with v_new it is never
+  // formed): (K S)_i · Y_i = k_i · (Y Sᵀ)_i, and Y Sᵀ is the product below.
   dv = beta.asDiagonal() * Y;
   t.dbeta.resize(L);
   w.dz.resize(2 * L, width);
