@@ -119,32 +119,23 @@ void gated_delta_rule_forward(const GatedDeltaRuleParams& params, Impl impl, con
   if (final_state.defined()) check_state_shaped(op, "final_state", final_state, p);
   detail::check_chunk_states(op, chunk_states, impl, p.sequences, p.chunk_size, {p.HV, "HV"}, p.K,
                              p.V, p.device);
-  if (chunk_states.defined())
-    detail::check_disjoint(op, "chunk_states", chunk_states,
-                           {{"q", p.q},
-                            {"k", p.k},
-                            {"v", p.v},
-                            {"g", p.g},
-                            {"beta", p.beta},
-                            {"initial_state", p.initial_state},
-                            {"theta", p.theta},
-                            {"cu_seqlens", params.cu_seqlens},
-                            {"o", o},
-                            {"final_state", final_state}});
   check_v_new(op, v_new, impl, chunk_states, p);
-  if (v_new.defined())
-    detail::check_disjoint(op, "v_new", v_new,
-                           {{"q", p.q},
-                            {"k", p.k},
-                            {"v", p.v},
-                            {"g", p.g},
-                            {"beta", p.beta},
-                            {"initial_state", p.initial_state},
-                            {"theta", p.theta},
-                            {"cu_seqlens", params.cu_seqlens},
-                            {"o", o},
-                            {"final_state", final_state},
-                            {"chunk_states", chunk_states}});
+  // The buffers kept for the backward overlap nothing the call reads or writes, nor each other.
+  for (const detail::NamedView& kept :
+       {detail::NamedView{"chunk_states", chunk_states}, detail::NamedView{"v_new", v_new}})
+    if (kept.view.defined())
+      detail::check_disjoint(op, kept.name, kept.view,
+                             {{"q", p.q},
+                              {"k", p.k},
+                              {"v", p.v},
+                              {"g", p.g},
+                              {"beta", p.beta},
+                              {"initial_state", p.initial_state},
+                              {"theta", p.theta},
+                              {"cu_seqlens", params.cu_seqlens},
+                              {"o", o},
+                              {"final_state", final_state}});
+  if (v_new.defined()) detail::check_disjoint(op, "v_new", v_new, {{"chunk_states", chunk_states}});
   detail::run_on_device(
       op, Op::gated_delta_rule, impl, p.device, value_checks(p),
       [&] {
@@ -194,25 +185,19 @@ void gated_delta_rule_backward(const GatedDeltaRuleParams& params, Impl impl, co
   detail::check_dtheta(op, grads.dtheta, params.theta, p.device);
   detail::check_chunk_states(op, chunk_states, impl, p.sequences, p.chunk_size, {p.HV, "HV"}, p.K,
                              p.V, p.device);
-  if (chunk_states.defined())  // read while the gradients are written
-    detail::check_disjoint(op, "chunk_states", chunk_states,
-                           {{"dq", grads.dq},
-                            {"dk", grads.dk},
-                            {"dv", grads.dv},
-                            {"dg", grads.dg},
-                            {"dbeta", grads.dbeta},
-                            {"dh0", grads.dh0},
-                            {"dtheta", grads.dtheta}});
   check_v_new(op, v_new, impl, chunk_states, p);
-  if (v_new.defined())  // read while the gradients are written
-    detail::check_disjoint(op, "v_new", v_new,
-                           {{"dq", grads.dq},
-                            {"dk", grads.dk},
-                            {"dv", grads.dv},
-                            {"dg", grads.dg},
-                            {"dbeta", grads.dbeta},
-                            {"dh0", grads.dh0},
-                            {"dtheta", grads.dtheta}});
+  // The kept buffers are read while the gradients are written.
+  for (const detail::NamedView& kept :
+       {detail::NamedView{"chunk_states", chunk_states}, detail::NamedView{"v_new", v_new}})
+    if (kept.view.defined())
+      detail::check_disjoint(op, kept.name, kept.view,
+                             {{"dq", grads.dq},
+                              {"dk", grads.dk},
+                              {"dv", grads.dv},
+                              {"dg", grads.dg},
+                              {"dbeta", grads.dbeta},
+                              {"dh0", grads.dh0},
+                              {"dtheta", grads.dtheta}});
   detail::run_on_device(
       op, Op::gated_delta_rule, impl, p.device, value_checks(p),
       [&] {
