@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <exception>
 #include <mutex>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -362,6 +363,17 @@ std::int64_t head_group_size(std::int64_t sequences, std::int64_t heads, std::in
   for (std::int64_t g = 1; g <= std::min(heads, by_cache); ++g)
     if (heads % g == 0 && sequences * (heads / g) >= threads) best = g;
   return best;
+}
+
+std::int64_t backward_head_group_size(std::int64_t sequences, std::int64_t heads,
+                                      std::int64_t state_bytes, bool states_kept) {
+  return states_kept ? head_group_size(sequences, heads, state_bytes) : 1;
+}
+
+void check_one_replayed_head(std::int64_t count) {
+  if (count != 1)
+    throw std::logic_error("phasor internal error: a backward replaying its chunk states got " +
+                           std::to_string(count) + " heads in a group, expected 1");
 }
 
 }  // namespace detail

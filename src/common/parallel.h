@@ -84,4 +84,12 @@ std::int64_t window_chunks(std::int64_t items, std::int64_t bytes_per_chunk);
 // group, so that the size (chosen by thread count) never shows.
 std::int64_t head_group_size(std::int64_t sequences, std::int64_t heads, std::int64_t state_bytes);
 
+// Heads per group of a backward's by-item walk (GLA, Gated DeltaNet): head_group_size's when the
+// forward kept the chunk states, else 1 — replaying them keeps O(T/C · K · V) states per head,
+// which a group would multiply by its size. The backward's walk replays one head only, and checks
+// that it was given one (a std::logic_error: a bug in phasor, never the caller's).
+std::int64_t backward_head_group_size(std::int64_t sequences, std::int64_t heads,
+                                      std::int64_t state_bytes, bool states_kept);
+void check_one_replayed_head(std::int64_t count);
+
 }  // namespace phasor::detail

@@ -756,7 +756,7 @@ struct BackwardWork {
 // chunk from the last and, within a chunk, head by head as forward_heads walks them, each head's
 // value heads and tiles in turn (the by-item schedule). Each head carries its own dS through the
 // same arithmetic in any grouping. Without chunk_states the item's states are replayed first
-// (O(T/C · K · V) per head): count is 1 then.
+// (O(T/C · K · V) per head): count is 1 then (backward_head_group_size).
 template <class S>
 void backward_heads(const Problem& p, std::int64_t first, std::int64_t count, const TensorView& d_o,
                     const TensorView& d_final_state, const GatedDeltaRuleGrads& grads,
@@ -783,6 +783,7 @@ void backward_heads(const Problem& p, std::int64_t first, std::int64_t count, co
   std::vector<Mat<S>>& states = work.states;
   std::vector<Mat<S>>& boundary = work.boundary;
   const bool replay = !chunk_states.defined();
+  if (replay) check_one_replayed_head(count);
   const std::int64_t h_replayed = p.item_head(first);
   if (replay) load_tile_states<S>(p, n, h_replayed, states);
   if (replay) boundary.resize(static_cast<std::size_t>(G * tiles * num_chunks));
@@ -993,12 +994,9 @@ void chunk_backward(const Problem& p, const TensorView& d_o, const TensorView& d
     using S = decltype(zero);
     if (split_items(p.num_items() * p.group))
       return backward_by_tile<S>(p, d_o, d_final_state, grads, chunk_states, v_new);
-    // Head groups need the kept states (a replay would keep O(T) states for every head of one).
-    const std::int64_t heads =
-        chunk_states.defined()
-            ? head_group_size(p.num_sequences(), p.H,
-                              p.group * p.K * p.V * static_cast<std::int64_t>(sizeof(S)))
-            : 1;
+    const std::int64_t heads = backward_head_group_size(
+        p.num_sequences(), p.H, p.group * p.K * p.V * static_cast<std::int64_t>(sizeof(S)),
+        chunk_states.defined());
     parallel_for(p.num_items() / heads, [&](std::int64_t index) {
       backward_heads<S>(p, index * heads, heads, d_o, d_final_state, grads, chunk_states, v_new);
     });

@@ -715,7 +715,7 @@ struct BackwardItemWork {
 // by head, as forward_heads walks them (the rows of a group's heads are adjacent in memory; see
 // docs/performance.md). Each head carries its own dS through the same arithmetic in any
 // grouping. Without chunk_states a head's states are replayed first, which needs
-// O(T/C · K · V) per head: count is 1 then.
+// O(T/C · K · V) per head: count is 1 then (backward_head_group_size).
 template <class S>
 void backward_heads(const Problem& p, std::int64_t n, std::int64_t h0, std::int64_t count,
                     const TensorView& d_o, const TensorView& d_final_state, const GlaGrads& grads,
@@ -729,6 +729,7 @@ void backward_heads(const Problem& p, std::int64_t n, std::int64_t h0, std::int6
 
   // Pass 1: states[c] = the state before chunk c (the forward kept them in chunk_states if given).
   if (!chunk_states.defined()) {
+    check_one_replayed_head(count);
     states.resize(chunks * K, V);
     Mat<S> state = Mat<S>::Zero(K, V);
     if (p.initial_state.defined()) load_state(p.initial_state, n, h0, state);
@@ -875,11 +876,9 @@ void chunk_backward(const Problem& p, const TensorView& d_o, const TensorView& d
     using S = decltype(zero);
     if (split_items(p.num_work_items()))
       return backward_by_chunk<S>(p, d_o, d_final_state, grads, chunk_states);
-    // Head groups need the kept states (a replay would keep O(T) states for every head of one).
-    const std::int64_t group =
-        chunk_states.defined() ? head_group_size(p.num_sequences(), p.H,
-                                                 p.K * p.V * static_cast<std::int64_t>(sizeof(S)))
-                               : 1;
+    const std::int64_t group = backward_head_group_size(
+        p.num_sequences(), p.H, p.K * p.V * static_cast<std::int64_t>(sizeof(S)),
+        chunk_states.defined());
     parallel_for_runs(p.num_work_items() / group, [&](std::int64_t begin, std::int64_t end) {
       thread_local BackwardItemWork<S> buffers;
       for (std::int64_t index = begin; index < end; ++index) {
