@@ -187,6 +187,22 @@ GatedDeltaRuleGrads make_grads(const TensorView& dq, const TensorView& dk, const
   return grads;
 }
 
+// The case's problem over its float64 data as stored (what run() passes in float64, without the
+// copy into the case's layout).
+GatedDeltaRuleParams params_of(const Data& d) {
+  const Case& c = d.c;
+  GatedDeltaRuleParams p;
+  p.q = d.q.view(), p.k = d.k.view(), p.v = d.v.view(), p.g = d.g.view(), p.beta = d.beta.view();
+  p.initial_state = d.h0.view();
+  p.cu_seqlens = d.cu.view();
+  p.scale = c.scale;
+  p.use_qk_l2norm_in_kernel = c.l2norm;
+  p.chunk_size = c.chunk_size;
+  p.theta = d.theta.view();
+  p.rotary_layout = c.rotary_layout;
+  return p;
+}
+
 // Runs forward (and backward) of `impl` on the case's inputs converted to `dtype`; outputs are
 // written in `dtype` too. With chunk_states, the forward keeps them in that dtype (NaN where it
 // writes nothing) and the backward reads them; with v_new as well, U_new beside them, in the same
@@ -546,11 +562,7 @@ TEST(GatedDeltaRuleKernels, OptionalGradientsAndFinalStateGradient) {
   Data d = make_data(c);
   for (Impl impl : {Impl::reference, Impl::recurrent, Impl::chunk}) {
     const Result full = run(d, impl, DType::float64);
-    GatedDeltaRuleParams p;
-    p.q = d.q.view(), p.k = d.k.view(), p.v = d.v.view(), p.g = d.g.view(), p.beta = d.beta.view();
-    p.initial_state = d.h0.view();
-    p.use_qk_l2norm_in_kernel = c.l2norm;
-    p.chunk_size = c.chunk_size;
+    const GatedDeltaRuleParams p = params_of(d);
     Tensor dq = Tensor::zeros(d.q.shape()), dbeta = Tensor::zeros(d.beta.shape());
     dq.fill(kNaN);
     dbeta.fill(kNaN);
@@ -986,16 +998,11 @@ TEST(GatedDeltaRuleChunkStates, BackwardReadsThem) {
       // The backward of `mine` with the chunk states (and U_new) of `theirs`' forward.
       Result read = run(theirs, Impl::chunk, DType::float64, true, DType::float64, v_new);
       {
-        GatedDeltaRuleParams p;
-        p.q = mine.q.view(), p.k = mine.k.view(), p.v = mine.v.view(), p.g = mine.g.view();
-        p.beta = mine.beta.view(), p.initial_state = mine.h0.view();
-        p.use_qk_l2norm_in_kernel = c.l2norm;
-        p.chunk_size = c.chunk_size;
         Tensor dq(mine.q.shape(), DType::float64), dk(mine.k.shape(), DType::float64),
             dv(mine.v.shape(), DType::float64), dg(mine.g.shape(), DType::float64),
             dbeta(mine.beta.shape(), DType::float64), dh0(mine.h0.shape(), DType::float64);
         gated_delta_rule_backward(
-            p, Impl::chunk, mine.d_o.view(), mine.d_ht.view(),
+            params_of(mine), Impl::chunk, mine.d_o.view(), mine.d_ht.view(),
             make_grads(dq.view(), dk.view(), dv.view(), dg.view(), dbeta.view(), dh0.view()),
             read.chunk_states.view(), read.v_new.view());
         read.dq = dq, read.dk = dk, read.dv = dv, read.dg = dg, read.dbeta = dbeta, read.dh0 = dh0;
@@ -1017,15 +1024,10 @@ TEST(GatedDeltaRuleChunkStates, BackwardReadsThem) {
     const Result own_kept = run(mine, Impl::chunk, DType::float64, false, DType::float64, true),
                  their_kept = run(theirs, Impl::chunk, DType::float64, false, DType::float64, true);
     Tensor dq(mine.q.shape(), DType::float64), dbeta(mine.beta.shape(), DType::float64);
-    GatedDeltaRuleParams p;
-    p.q = theirs.q.view(), p.k = theirs.k.view(), p.v = theirs.v.view(), p.g = theirs.g.view();
-    p.beta = theirs.beta.view(), p.initial_state = theirs.h0.view();
-    p.use_qk_l2norm_in_kernel = c.l2norm;
-    p.chunk_size = c.chunk_size;
     GatedDeltaRuleGrads grads;
     grads.dq = dq.view(), grads.dbeta = dbeta.view();
-    gated_delta_rule_backward(p, Impl::chunk, theirs.d_o.view(), theirs.d_ht.view(), grads,
-                              their_kept.chunk_states.view(), own_kept.v_new.view());
+    gated_delta_rule_backward(params_of(theirs), Impl::chunk, theirs.d_o.view(), theirs.d_ht.view(),
+                              grads, their_kept.chunk_states.view(), own_kept.v_new.view());
     const Result replayed = run(theirs, Impl::chunk, DType::float64);
     EXPECT_FALSE(dq.bit_equal(replayed.dq)) << on;
     EXPECT_FALSE(dbeta.bit_equal(replayed.dbeta)) << on;
@@ -1327,14 +1329,7 @@ TEST(GatedDeltaRuleRotation, OptionalGradientsWithRotation) {
   const Data d = make_data(c);
   for (Impl impl : {Impl::reference, Impl::recurrent, Impl::chunk}) {
     const Result full = run(d, impl, DType::float64);
-    GatedDeltaRuleParams p;
-    p.q = d.q.view(), p.k = d.k.view(), p.v = d.v.view(), p.g = d.g.view(), p.beta = d.beta.view();
-    p.initial_state = d.h0.view();
-    p.cu_seqlens = d.cu.view();
-    p.use_qk_l2norm_in_kernel = c.l2norm;
-    p.chunk_size = c.chunk_size;
-    p.theta = d.theta.view();
-    p.rotary_layout = c.rotary_layout;
+    const GatedDeltaRuleParams p = params_of(d);
     Tensor dtheta = Tensor::zeros(d.theta.shape()), dq = Tensor::zeros(d.q.shape());
     dtheta.fill(kNaN);
     dq.fill(kNaN);
