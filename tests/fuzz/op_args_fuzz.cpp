@@ -526,7 +526,19 @@ Batch any_batch(Decoder& in, Call& call) {
   return b;
 }
 
-// Each returns the function that makes the call (after the views are built).
+// The number of chunk states a call of GLA or Gated DeltaNet expects (phasor/common.h:
+// num_chunk_states), in the fuzzer's own wrapping arithmetic since the sizes may be anything; a
+// fuzzed dimension where the formula has none (T or chunk_size ≤ 0).
+std::int64_t chunk_state_count(Decoder& in, const Batch& b, std::int64_t chunk_size) {
+  if (b.T <= 0 || chunk_size <= 0) return in.dim();
+  const std::int64_t C = std::min(chunk_size, b.T), per_sequence = b.T / C + (b.T % C != 0);
+  return b.cu.defined() ? wrap_add(b.N, per_sequence) : wrap_mul(b.B, per_sequence);
+}
+
+// Each returns the function that makes the call (after the views are built). The optional views
+// the last releases added (the kept chunk states, Gated DeltaNet's v_new) are decoded last, so
+// that an input written before them (the committed corpus) decodes as it did: an exhausted input
+// reads 0, which leaves an optional view out.
 using Run = std::function<void()>;
 
 Run gla_call(Decoder& in, Call& c, bool backward) {
@@ -549,7 +561,9 @@ Run gla_call(Decoder& in, Call& c, bool backward) {
     const TensorView final_state = p.initial_state.defined() && in.chance(1, 4)
                                        ? Call::same(p.initial_state)
                                        : c.output({b.N, H, K, V}, true);
-    return [=] { gla_forward(p, impl, o, final_state); };
+    const TensorView chunk_states =
+        c.output({chunk_state_count(in, b, p.chunk_size), H, K, V}, true);
+    return [=] { gla_forward(p, impl, o, final_state, chunk_states); };
   }
   const TensorView d_o = c.view({b.B, b.T, H, V}, Fill::values);
   const TensorView dht = c.view({b.N, H, K, V}, Fill::values, true);
@@ -560,7 +574,9 @@ Run gla_call(Decoder& in, Call& c, bool backward) {
   g.dg = c.output({b.B, b.T, H, K}, true);
   g.dh0 = c.output({b.N, H, K, V}, true);
   g.dtheta = c.output({b.B, b.T, H, R}, true);
-  return [=] { gla_backward(p, impl, d_o, dht, g); };
+  const TensorView chunk_states =
+      c.view({chunk_state_count(in, b, p.chunk_size), H, K, V}, Fill::values, true);
+  return [=] { gla_backward(p, impl, d_o, dht, g, chunk_states); };
 }
 
 Run gated_delta_rule_call(Decoder& in, Call& c, bool backward) {
@@ -586,7 +602,10 @@ Run gated_delta_rule_call(Decoder& in, Call& c, bool backward) {
     const TensorView final_state = p.initial_state.defined() && in.chance(1, 4)
                                        ? Call::same(p.initial_state)
                                        : c.output({b.N, HV, K, V}, true);
-    return [=] { gated_delta_rule_forward(p, impl, o, final_state); };
+    const TensorView chunk_states =
+        c.output({chunk_state_count(in, b, p.chunk_size), HV, K, V}, true);
+    const TensorView v_new = c.output({b.B, b.T, HV, V}, true);
+    return [=] { gated_delta_rule_forward(p, impl, o, final_state, chunk_states, v_new); };
   }
   const TensorView d_o = c.view({b.B, b.T, HV, V}, Fill::values);
   const TensorView dht = c.view({b.N, HV, K, V}, Fill::values, true);
@@ -598,7 +617,10 @@ Run gated_delta_rule_call(Decoder& in, Call& c, bool backward) {
   g.dbeta = c.output({b.B, b.T, HV}, true);
   g.dh0 = c.output({b.N, HV, K, V}, true);
   g.dtheta = c.output({b.B, b.T, H, R}, true);
-  return [=] { gated_delta_rule_backward(p, impl, d_o, dht, g); };
+  const TensorView chunk_states =
+      c.view({chunk_state_count(in, b, p.chunk_size), HV, K, V}, Fill::values, true);
+  const TensorView v_new = c.view({b.B, b.T, HV, V}, Fill::values, true);
+  return [=] { gated_delta_rule_backward(p, impl, d_o, dht, g, chunk_states, v_new); };
 }
 
 Run forgetting_attn_call(Decoder& in, Call& c, bool backward) {
