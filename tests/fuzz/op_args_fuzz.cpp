@@ -536,9 +536,9 @@ std::int64_t chunk_state_count(Decoder& in, const Batch& b, std::int64_t chunk_s
 }
 
 // Each returns the function that makes the call (after the views are built). The optional views
-// the last releases added (the kept chunk states, Gated DeltaNet's v_new) are decoded last, so
-// that an input written before them (the committed corpus) decodes as it did: an exhausted input
-// reads 0, which leaves an optional view out.
+// added after the committed corpus was written (the kept chunk states, Gated DeltaNet's v_new) are
+// decoded last, so that its inputs decode as they did: an exhausted input reads 0, which leaves an
+// optional view out.
 using Run = std::function<void()>;
 
 Run gla_call(Decoder& in, Call& c, bool backward) {
