@@ -249,7 +249,9 @@ TEST_P(GlaGpu, ChunkMatchesCpuAndReference) {
 // outputs and gradients are those of the calls without them (bit for bit in the compute dtype),
 // and the kept states are the CPU chunk kernel's (to float32 rounding), with several chunks, a
 // partial last chunk, two key and value tiles, rotation, and a packed batch (whose gradients are
-// checked; its states between sequences hold nothing to compare).
+// checked; its states between sequences hold nothing to compare). Empty states (K = 0) are
+// copied too: their shape is the call's, never divided out of an element count (op_args_fuzz found
+// a division by zero there).
 TEST_P(GlaGpu, ChunkStatesKept) {
   const Device device = GetParam();
   PHASOR_SKIP_WITHOUT_GPU(device);
@@ -257,6 +259,7 @@ TEST_P(GlaGpu, ChunkStatesKept) {
       {"rows_c16", 2, 70, 2, 8, 6, {}, Gates::realistic, true, 16},
       {"tiles_c32", 1, 75, 1, 40, 70, {}, Gates::mixed, false, 32},
       {"packed_c16", 1, 0, 2, 6, 5, {3, 0, 1, 40, 0, 20}, Gates::zeros, true, 16},
+      {"K0_c16", 1, 20, 2, 0, 5, {}, Gates::realistic, true, 16},
   };
   for (const Case& c : cases) {
     const Inputs in = make_inputs(c, 41);

@@ -865,9 +865,9 @@ bool states_in_chunk_states(const TensorView& chunk_states) {
          chunk_states.is_contiguous();
 }
 template <class A>
-TensorView state_view(const simt::Span<A>& states, const Problem& p) {
-  return TensorView::contiguous(states.data, dtype_of<A>(),
-                                {states.size / (p.H * p.K * p.V), p.H, p.K, p.V}, p.device);
+TensorView state_view(const simt::Span<A>& states, std::int64_t slots, const Problem& p) {
+  // The shape is given, never divided out of states.size: K, V or H may be 0 (an empty problem).
+  return TensorView::contiguous(states.data, dtype_of<A>(), {slots, p.H, p.K, p.V}, p.device);
 }
 
 template <class O, int BV>
@@ -886,7 +886,8 @@ void forward_typed(const Problem& p, const TensorView& o, const TensorView& fina
                              state_elements},
       attn{all.data + (in_place ? 0 : state_elements), attn_elements};
   run.states(final_state, states);
-  if (chunk_states.defined() && !in_place) copy_view(state_view(states, p), chunk_states, stream);
+  if (chunk_states.defined() && !in_place)
+    copy_view(state_view(states, slots, p), chunk_states, stream);
   run.intra(attn);
   PHASOR_LAUNCH((output_kernel<O, BV>), run.chunk_grid(ceil_div(p.V, BV)), simt::Dim3(kThreads),
                 (output_shared_bytes<O, BV>(C)), stream, p, o, states, attn, C);
@@ -919,7 +920,7 @@ void backward_typed(const Problem& p, const TensorView& d_o, const TensorView& d
   if (!chunk_states.defined())
     run.states(TensorView{}, states);  // the forward's scan, replayed
   else if (!in_place)
-    copy_view(chunk_states, state_view(states, p), stream);
+    copy_view(chunk_states, state_view(states, slots, p), stream);
   PHASOR_LAUNCH((dstates_kernel<O, BV>), run.scan_grid(), simt::Dim3(kThreads),
                 (scan_shared_bytes<O, BV>(C)), stream, p, d_o, d_final_state, grads.dh0, dstates,
                 C);
