@@ -509,6 +509,7 @@ TEST_P(ForgettingAttnChunkGpu, MatchesCpuAndReference) {
       {"dominant_keys_below", 2, 45, 2, 1, 32, 6, 16, std::nullopt, G::weak, true, {}, 3.0, 19},
       {"block32", 1, 100, 1, 1, 8, 8, 32, 45, G::weak},
       {"K0_slopes", 1, 37, 2, 1, 0, 5, 16, std::nullopt, G::mixed, true},  // logits: bias only
+      {"V0_slopes", 1, 37, 2, 1, 4, 0, 16, std::nullopt, G::mixed, true},  // o empty, dq = dk = 0
   };
   for (const ChunkCase& c : cases) {
     const ChunkInputs in = make_chunk_inputs(c, 7);

@@ -200,6 +200,8 @@ TEST_P(GatedDeltaRuleGpu, MatchesCpuAndReference) {
       {"odd_sizes_no_state", 1, 6, 1, 6, 5, {}, Gates::realistic, false, 5},
       {"K48_V40_l2norm", 1, 5, 1, 48, 40, {}, Gates::realistic, true, 2, 1, 2.0, true},
       {"K0_grouped_l2norm", 1, 6, 2, 0, 5, {}, Gates::realistic, true, 4, 2, 1.0, true},  // o = 0
+      // no values: o and the state are empty, dq = dk = dg = dβ = 0
+      {"V0_grouped_l2norm", 1, 6, 2, 4, 0, {}, Gates::realistic, true, 4, 2, 1.0, true},
   };
   for (const Case& c : cases) {
     const Inputs in = make_inputs(c, 7);
@@ -249,6 +251,7 @@ TEST_P(GatedDeltaRuleGpu, ChunkMatchesCpuAndReference) {
       // two value tiles of 64 (the second partial) in the states, output and dstates kernels
       {"K40_V70_l2norm_c32", 1, 36, 1, 40, 70, {}, Gates::realistic, true, 32, 1, 2.0, true},
       {"K0_l2norm_c16", 1, 20, 2, 0, 5, {}, Gates::realistic, true, 16, 1, 1.0, true},  // o = 0
+      {"V0_grouped_l2norm_c16", 1, 20, 2, 4, 0, {}, Gates::realistic, true, 16, 2, 1.0, true},
   };
   for (const Case& c : cases) {
     const Inputs in = make_inputs(c, 5);

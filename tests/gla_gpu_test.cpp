@@ -191,6 +191,7 @@ TEST_P(GlaGpu, MatchesCpuAndReference) {
       {"odd_sizes_no_state", 1, 6, 1, 6, 5, {}, Gates::realistic, false, 5},
       {"K48_V40", 1, 5, 1, 48, 40, {}, Gates::realistic, true, 2},
       {"K0", 1, 6, 2, 0, 5},  // no state: o = 0 (every launch of an empty grid runs nothing)
+      {"V0", 1, 6, 2, 4, 0},  // no values: o and the state are empty, dq = dk = dg = dθ = 0
   };
   for (const Case& c : cases) {
     const Inputs in = make_inputs(c, 7);
@@ -228,6 +229,7 @@ TEST_P(GlaGpu, ChunkMatchesCpuAndReference) {
       {"K33_c16", 1, 20, 1, 33, 9, {}, Gates::realistic, true, 16},
       {"V140_c32", 1, 40, 1, 8, 140, {}, Gates::realistic, true, 32},  // three value tiles of 64
       {"K0_c16", 1, 20, 2, 0, 5, {}, Gates::realistic, true, 16},      // no state: o = 0, dv = 0
+      {"V0_c16", 1, 20, 2, 4, 0, {}, Gates::realistic, true, 16},  // no values: dq = dk = dg = 0
   };
   for (const Case& c : cases) {
     const Inputs in = make_inputs(c, 5);
@@ -249,9 +251,9 @@ TEST_P(GlaGpu, ChunkMatchesCpuAndReference) {
 // outputs and gradients are those of the calls without them (bit for bit in the compute dtype),
 // and the kept states are the CPU chunk kernel's (to float32 rounding), with several chunks, a
 // partial last chunk, two key and value tiles, rotation, and a packed batch (whose gradients are
-// checked; its states between sequences hold nothing to compare). Empty states (K = 0) are
-// copied too: their shape is the call's, never divided out of an element count (op_args_fuzz found
-// a division by zero there).
+// checked; its states between sequences hold nothing to compare). Empty states (K = 0 or V = 0)
+// are copied too: their shape is the call's, never divided out of an element count (found by
+// op_args_fuzz: a division by zero).
 TEST_P(GlaGpu, ChunkStatesKept) {
   const Device device = GetParam();
   PHASOR_SKIP_WITHOUT_GPU(device);
@@ -260,6 +262,7 @@ TEST_P(GlaGpu, ChunkStatesKept) {
       {"tiles_c32", 1, 75, 1, 40, 70, {}, Gates::mixed, false, 32},
       {"packed_c16", 1, 0, 2, 6, 5, {3, 0, 1, 40, 0, 20}, Gates::zeros, true, 16},
       {"K0_c16", 1, 20, 2, 0, 5, {}, Gates::realistic, true, 16},
+      {"V0_c16", 1, 20, 2, 4, 0, {}, Gates::realistic, true, 16},
   };
   for (const Case& c : cases) {
     const Inputs in = make_inputs(c, 41);

@@ -443,7 +443,11 @@ void recurrent_forward(const Problem& problem, const TensorView& o, const Tensor
 void recurrent_backward(const Problem& problem, const TensorView& d_o,
                         const TensorView& d_final_state, const GlaGrads& grads) {
   const Shape shape = shape_of(problem, "fused_recurrent_gla");
-  if (problem.num_work_items() == 0 || problem.V == 0) return;
+  if (problem.num_work_items() == 0) return;
+  if (problem.V == 0) {  // no values: o and the state are empty, the other gradients are zero
+    zero_views({grads.dq, grads.dk, grads.dg, grads.dtheta}, cuda::current_stream());
+    return;
+  }
   if (!grads.dq.defined() && !grads.dk.defined() && !grads.dv.defined() && !grads.dg.defined() &&
       !grads.dh0.defined() && !grads.dtheta.defined())
     return;
