@@ -5,7 +5,7 @@
 // final_state = initial_state) when one thread owns both; on the GPU other blocks may still read
 // what a block has written. A kernel whose inputs may overlap its outputs copies each such input
 // to a contiguous workspace first: Staging(stream)(input, {outputs...}) returns the input itself or
-// its copy. Exact for every dtype (the copy goes through double). Also zero_view, for the outputs
+// its copy. Exact for every dtype (the copy goes through double). Also zero_views, for the outputs
 // of a call with nothing to compute that are not empty (the gradients of q and k when V = 0).
 // Requires simt/simt.h.
 #pragma once
@@ -20,9 +20,6 @@
 namespace phasor::PHASOR_BACKEND {
 namespace {
 
-// A copy of `from` (any rank ≤ 4, any strides) into `to` of the same shape (any strides); values
-// go through double, which holds every value of every floating dtype: exact between views of one
-// dtype, rounded once (as simt::store rounds) into a narrower one.
 // The row-major multi-index of element `e` of `view` (the indices past its rank are 0).
 struct ElementIndex {
   std::int64_t i[TensorView::kMaxRank] = {0, 0, 0, 0};
@@ -60,6 +57,9 @@ PHASOR_DEVICE void store_element(const TensorView& view, double value, const Ele
   }
 }
 
+// A copy of `from` (any rank ≤ 4, any strides) into `to` of the same shape (any strides); values
+// go through double, which holds every value of every floating dtype: exact between views of one
+// dtype, rounded once (as simt::store rounds) into a narrower one.
 PHASOR_GLOBAL void copy_kernel(TensorView from, TensorView to) {
   const std::int64_t e = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (e >= from.numel()) return;
@@ -67,6 +67,7 @@ PHASOR_GLOBAL void copy_kernel(TensorView from, TensorView to) {
   store_element(to, load_element(from, at), at);
 }
 
+// Zeros every element of `to` (any rank ≤ 4, any strides).
 PHASOR_GLOBAL void zero_kernel(TensorView to) {
   const std::int64_t e = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (e >= to.numel()) return;
