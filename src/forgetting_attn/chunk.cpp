@@ -3,7 +3,8 @@
 // Work item = (sequence, key/value head). The item loads its keys and values once; for each
 // query head of its group and each query block I of block_size rows it walks the key blocks J
 // that the causal mask, the window and the zero gates leave visible, from the diagonal block
-// down, with tiles of block_size × block_size:
+// down, with tiles of block_size × block_size (a run of consecutive key blocks at a time, each
+// product one of the run: see kKeysPerRun):
 //   forward:  ℓ = (scale Q_I) K_Jᵀ + gate bias; online softmax (running max m, sum l and
 //             accumulator A: A ← e^{m_old − m_new} A + e^{ℓ − m_new} V_J); o = A / l,
 //             lse = m + log l.
@@ -162,23 +163,12 @@ void add_tile_bias(const BlockGates& gates, const Slopes& slopes, std::int64_t w
   }
 }
 
-// The logits of the tile: the products, then add_tile_bias.
-template <class S>
-void tile_logits(const Mat<S>& q_scaled, const Mat<S>& k, const BlockGates& gates,
-                 const Slopes& slopes, std::int64_t window, std::int64_t i0, std::int64_t j0,
-                 std::int64_t nJ, double gap, Mat<S>& logits) {
-  logits.resize(q_scaled.rows(), nJ);
-  logits.noalias() = q_scaled * k.middleRows(j0, nJ).transpose();
-  add_tile_bias<S>(gates, slopes, window, i0, j0, nJ, gap, logits);
-}
-
 // The tile's probabilities exp(min(logits − offset_r, 0)), row by row (probabilities.h: no
 // subnormal numbers, masked (−inf) logits exactly 0). The offset is the row's running max
 // (forward) or its lse (backward). Each row's exp runs on contiguous memory so that Eigen
 // vectorises it (a column broadcast over a row-major matrix would not be).
-template <class S>
-void masked_exp(const Mat<S>& logits, const Vec<S>& row_offset, Mat<S>& out) {
-  out.resize(logits.rows(), logits.cols());
+template <class Logits, class Offsets, class Out>
+void masked_exp(const Logits& logits, const Offsets& row_offset, Out& out) {
   for (Eigen::Index r = 0; r < logits.rows(); ++r)
     probabilities(out.row(r).array(), logits.row(r).array() - row_offset[r]);
 }
@@ -189,18 +179,37 @@ struct KeyBlock {
   double gap;
 };
 
+// A tile's storage, whose shape changes from key run to key run without reallocating it: an
+// Eigen matrix resized to another size frees its memory and allocates anew, and glibc gave such
+// tiles back to the system and faulted them in again, run after run (FoX's chunk backward at
+// B = 1, H = 8, T = 1024 in a plain program, 2 threads: 37 ms a call with resizing tiles, 26 ms
+// with the malloc trimming that did it turned off).
+template <class S>
+class TileBuffer {
+ public:
+  Eigen::Map<Mat<S>> shaped(Eigen::Index rows, Eigen::Index cols) {
+    if (storage_.size() < rows * cols) storage_.resize(rows * cols);
+    return {storage_.data(), rows, cols};
+  }
+
+ private:
+  Vec<S> storage_;
+};
+
 // Per-thread tiles.
 template <class S>
 struct Scratch {
-  Mat<S> logits, probs, dprobs, dlogits;
+  TileBuffer<S> logits, probs, dprobs, dlogits;
   std::vector<KeyBlock> visible;
 };
 
-// The forward takes the visible key blocks in runs of up to kKeysPerRun consecutive keys: one
-// product (scale Q_I) K_runᵀ and one P V_run per run, each block of the run then biased and masked
-// as a tile of its own. Products of 64 × 128 by 128 × 64 spend much of their time packing
-// operands; a run packs the query block once and makes the products large enough for Eigen's GEMM
-// to run near its peak. The online softmax steps once per run. 256 keys, not more: Eigen packs a
+// Both passes take the visible key blocks in runs of up to kKeysPerRun consecutive keys: the
+// forward one product (scale Q_I) K_runᵀ and one P V_run per run, the backward its five (ℓ, Pᵀ dO,
+// dO V_runᵀ, dℓ K_run, dℓᵀ Q_I), each block of the run biased and masked as a tile of its own.
+// Products of 64 × 128 by 128 × 64 spend much of their time packing operands; a run packs the
+// query block once and makes the products large enough for Eigen's GEMM to run near its peak
+// (the backward alone at B = 1, H = 8, T = 4096, 2 threads: 485–492 ms with 64-key tiles,
+// 454–474 ms with runs). The online softmax steps once per run. 256 keys, not more: Eigen packs a
 // product's right-hand side into a workspace it puts on the stack up to 128 KiB
 // (EIGEN_STACK_ALLOCATION_LIMIT) and on the heap beyond; 1,024 keys × 128 channels (512 KiB) went
 // to malloc on every product, which glibc serves with fresh pages unless the program's earlier
@@ -208,6 +217,21 @@ struct Scratch {
 // T = 1024, one thread: 43k tokens/s with runs of 1,024, 60k with 256; no difference where malloc
 // keeps the blocks, as in the benchmark programs).
 constexpr std::int64_t kKeysPerRun = 256;
+
+// The last block of the run that starts at visible[first] (blocks in walk order: descending j0,
+// each next one right below): the following blocks while the run spans at most kKeysPerRun keys
+// and its keys stay on one side of the key row `boundary`, all ≥ it or all < it (the backward
+// adds a segment's own keys' gradients and earlier keys' to different sums).
+std::size_t run_last(const std::vector<KeyBlock>& visible, std::size_t first,
+                     std::int64_t boundary) {
+  const std::int64_t end = visible[first].j0 + visible[first].nJ;
+  const bool above = visible[first].j0 >= boundary;
+  std::size_t last = first;
+  while (last + 1 < visible.size() && end - visible[last + 1].j0 <= kKeysPerRun &&
+         (visible[last + 1].j0 >= boundary) == above)
+    ++last;
+  return last;
+}
 
 // Forward of one query block: o (nI × V) and lse (nI) by the online softmax over the key runs.
 template <class S>
@@ -224,30 +248,28 @@ void forward_block(const Problem& p, const Mat<S>& k, const Mat<S>& v, const Blo
     tmp.visible.push_back({j0, nJ, gap});
   });
   for (std::size_t first = 0; first < tmp.visible.size();) {
-    std::size_t last = first;  // the run is visible[first .. last]
-    while (last + 1 < tmp.visible.size() &&
-           tmp.visible[first].j0 + tmp.visible[first].nJ - tmp.visible[last + 1].j0 <= kKeysPerRun)
-      ++last;
+    const std::size_t last = run_last(tmp.visible, first, 0);  // the run is visible[first .. last]
     const std::int64_t lo = tmp.visible[last].j0,
                        n = tmp.visible[first].j0 + tmp.visible[first].nJ - lo;
-    tmp.logits.resize(nI, n);
-    tmp.logits.noalias() = q_scaled * k.middleRows(lo, n).transpose();
+    auto logits = tmp.logits.shaped(nI, n);
+    logits.noalias() = q_scaled * k.middleRows(lo, n).transpose();
     for (std::size_t b = first; b <= last; ++b) {
       const KeyBlock& kb = tmp.visible[b];
       add_tile_bias<S>(gates, slopes, p.window, i0, kb.j0, kb.nJ, kb.gap,
-                       tmp.logits.middleCols(kb.j0 - lo, kb.nJ));
+                       logits.middleCols(kb.j0 - lo, kb.nJ));
     }
     for (std::int64_t r = 0; r < nI; ++r) {
-      const S new_max = std::max(row_max[r], tmp.logits.row(r).maxCoeff());
+      const S new_max = std::max(row_max[r], logits.row(r).maxCoeff());
       // The diagonal tile comes first and always holds j = i, so new_max is finite from then on;
       // the guard only protects against a row with nothing visible yet.
       rescale[r] = std::isinf(new_max) ? S(1) : std::exp(row_max[r] - new_max);
       row_max[r] = new_max;
     }
-    masked_exp(tmp.logits, row_max, tmp.probs);
-    row_sum = rescale.cwiseProduct(row_sum) + tmp.probs.rowwise().sum();
+    auto probs = tmp.probs.shaped(nI, n);
+    masked_exp(logits, row_max, probs);
+    row_sum = rescale.cwiseProduct(row_sum) + probs.rowwise().sum();
     out = rescale.asDiagonal() * out;
-    out.noalias() += tmp.probs * v.middleRows(lo, n);
+    out.noalias() += probs * v.middleRows(lo, n);
     first = last + 1;
   }
   out = row_sum.cwiseInverse().asDiagonal() * out;
@@ -400,14 +422,15 @@ void forward_typed(const Problem& p, const TensorView& o, const TensorView& lse)
 }
 
 // Adds the tile's part of dg_s = Σ_{(i, j): j < s ≤ i} dℓ_ij, the pairs whose bias contains g_s.
-// For J before I (j1 = j0 + nJ ≤ i0), with column sums C_j and row sums R_i of the tile:
+// For keys J = [j0, j1) before I (j1 ≤ i0: any run of whole key blocks below the diagonal), with
+// column sums C_j and row sums R_i of the tile:
 //   s ∈ (j0, j1):  Σ_{j0 ≤ j < s} C_j      (every row of I is ≥ s)
 //   s ∈ [j1, i0]:  the tile's total         (added to `spans` as a difference array)
 //   s ∈ (i0, i1):  Σ_{s ≤ i < i1} R_i       (every column of J is < s)
-// The diagonal tile takes, for each row, the running sum of its entries left of the diagonal.
-// (Dominant entries are zero here; the caller adds them.)
-template <class S>
-void add_gate_grads(const Mat<S>& dlogits, const Vec<S>& row_sums, std::int64_t i0, std::int64_t j0,
+// The diagonal tile (j0 = i0) takes, for each row, the running sum of its entries left of the
+// diagonal; its row sums are unused. (Dominant entries are zero here; the caller adds them.)
+template <class Tile, class RowSums>
+void add_gate_grads(const Tile& dlogits, const RowSums& row_sums, std::int64_t i0, std::int64_t j0,
                     Vec<double>& dg, Vec<double>& spans) {
   const std::int64_t nI = dlogits.rows(), nJ = dlogits.cols();
   if (j0 == i0) {
@@ -420,6 +443,7 @@ void add_gate_grads(const Mat<S>& dlogits, const Vec<S>& row_sums, std::int64_t 
     }
     return;
   }
+  using S = typename Tile::Scalar;
   const Eigen::Matrix<S, 1, Eigen::Dynamic> col_sums = dlogits.colwise().sum();
   double run = 0, total = 0;
   for (std::int64_t c = 0; c + 1 < nJ; ++c) {
@@ -439,8 +463,8 @@ void add_gate_grads(const Mat<S>& dlogits, const Vec<S>& row_sums, std::int64_t 
 // Adds the tile's part of the slope gradients: ℓ_ij contains −(i − j)(a_i + b_j), so
 // da_i += −(i − j) dℓ_ij and db_j += −(i − j) dℓ_ij, in float64. (Dominant entries are zero here;
 // the caller adds them.)
-template <class S>
-void add_slope_grads(const Mat<S>& dlogits, std::int64_t i0, std::int64_t j0, Vec<double>& da,
+template <class Tile>
+void add_slope_grads(const Tile& dlogits, std::int64_t i0, std::int64_t j0, Vec<double>& da,
                      Vec<double>& db) {
   for (Eigen::Index r = 0; r < dlogits.rows(); ++r) {
     double row = 0;
@@ -577,32 +601,56 @@ void backward_segment(const Problem& p, const Wanted& want, const TensorView& d_
     if (p.dlogit_sums_elsewhere.defined())  // the keys of the rows outside this call
       load_column(p.dlogit_sums_elsewhere, rows, hq, w.other_sums);
     w.dominant.assign(static_cast<std::size_t>(nI), -1);  // j* of each row, or −1
+    // The visible key blocks in runs of consecutive keys, as in the forward (kKeysPerRun): each
+    // of the run's five products (logits, Pᵀ dO, dO Vᵀ, dℓ K, dℓᵀ Q) is one product of the run.
+    tmp.visible.clear();
     walk_key_blocks(item.gates, p.window, i0, [&](std::int64_t j0, std::int64_t nJ, double gap) {
-      tile_logits(w.q_scaled, k, item.gates, item.slopes, p.window, i0, j0, nJ, gap, tmp.logits);
-      masked_exp(tmp.logits, lse_rows, tmp.probs);
-      if (want.dv) key_rows(item.dv, part_dv, j0, nJ).noalias() += tmp.probs.transpose() * w.dout;
-      if (!want.dlogits()) return;
-      tmp.dprobs.resize(nI, nJ);
-      tmp.dprobs.noalias() = w.dout * v.middleRows(j0, nJ).transpose();
-      tmp.dlogits.resize(nI, nJ);
+      tmp.visible.push_back({j0, nJ, gap});
+    });
+    for (std::size_t first_block = 0; first_block < tmp.visible.size();) {
+      const std::size_t last_block = run_last(tmp.visible, first_block, first);
+      const std::int64_t lo = tmp.visible[last_block].j0,
+                         n = tmp.visible[first_block].j0 + tmp.visible[first_block].nJ - lo;
+      auto logits = tmp.logits.shaped(nI, n);
+      logits.noalias() = w.q_scaled * k.middleRows(lo, n).transpose();
+      for (std::size_t b = first_block; b <= last_block; ++b) {
+        const KeyBlock& kb = tmp.visible[b];
+        add_tile_bias<S>(item.gates, item.slopes, p.window, i0, kb.j0, kb.nJ, kb.gap,
+                         logits.middleCols(kb.j0 - lo, kb.nJ));
+      }
+      first_block = last_block + 1;
+      auto probs = tmp.probs.shaped(nI, n);
+      masked_exp(logits, lse_rows, probs);
+      if (want.dv) key_rows(item.dv, part_dv, lo, n).noalias() += probs.transpose() * w.dout;
+      if (!want.dlogits()) continue;
+      auto dprobs = tmp.dprobs.shaped(nI, n), dlogits = tmp.dlogits.shaped(nI, n);
+      dprobs.noalias() = w.dout * v.middleRows(lo, n).transpose();
       for (std::int64_t r = 0; r < nI; ++r)
-        tmp.dlogits.row(r).array() =
-            tmp.probs.row(r).array() * (tmp.dprobs.row(r).array() - delta_rows[r]);
+        dlogits.row(r).array() = probs.row(r).array() * (dprobs.row(r).array() - delta_rows[r]);
       // A dominant key's dℓ is left out here and added below as −(the rest of its row).
       for (std::int64_t r = 0; r < nI; ++r) {
         Eigen::Index c;
-        if (w.dominant[static_cast<std::size_t>(r)] < 0 && tmp.probs.row(r).maxCoeff(&c) > S(0.5)) {
-          w.dominant[static_cast<std::size_t>(r)] = j0 + c;
-          tmp.dlogits(r, c) = 0;
+        if (w.dominant[static_cast<std::size_t>(r)] < 0 && probs.row(r).maxCoeff(&c) > S(0.5)) {
+          w.dominant[static_cast<std::size_t>(r)] = lo + c;
+          dlogits(r, c) = 0;
         }
       }
-      w.row_sums = tmp.dlogits.rowwise().sum();
-      w.other_sums += w.row_sums;
-      if (want.dq) w.dq.noalias() += tmp.dlogits * k.middleRows(j0, nJ);
-      if (want.dk) key_rows(item.dk, part_dk, j0, nJ).noalias() += tmp.dlogits.transpose() * w.q;
-      if (want.dg) add_gate_grads(tmp.dlogits, w.row_sums, i0, j0, part_dg, part_spans);
-      if (want.dslopes()) add_slope_grads(tmp.dlogits, i0, j0, item.da, part_db);
-    });
+      if (want.dq) w.dq.noalias() += dlogits * k.middleRows(lo, n);
+      if (want.dk) key_rows(item.dk, part_dk, lo, n).noalias() += dlogits.transpose() * w.q;
+      if (want.dslopes()) add_slope_grads(dlogits, i0, lo, item.da, part_db);
+      // dg: the diagonal block (the run's last columns, when the run holds it) on its own, the
+      // keys below it as one tile (add_gate_grads).
+      const std::int64_t below = std::min(n, i0 - lo);  // columns of keys before i0
+      if (below < n && want.dg)
+        add_gate_grads(dlogits.rightCols(n - below), w.row_sums, i0, i0, part_dg, part_spans);
+      if (below > 0) {
+        w.row_sums = dlogits.leftCols(below).rowwise().sum();
+        w.other_sums += w.row_sums;
+        if (want.dg)
+          add_gate_grads(dlogits.leftCols(below), w.row_sums, i0, lo, part_dg, part_spans);
+      }
+      if (below < n) w.other_sums += dlogits.rightCols(n - below).rowwise().sum();
+    }
     // dℓ_ij* = −Σ_{j≠j*} dℓ_ij: dq_i += dℓ_ij* k_j*, dk_j* += dℓ_ij* q_i, and g_s for
     // s ∈ (j*, i] gets dℓ_ij* (a range of the difference array).
     for (std::int64_t r = 0; r < nI && want.dlogits(); ++r) {
