@@ -218,19 +218,49 @@ struct Scratch {
 // keeps the blocks, as in the benchmark programs).
 constexpr std::int64_t kKeysPerRun = 256;
 
-// The last block of the run that starts at visible[first] (blocks in walk order: descending j0,
-// each next one right below): the following blocks while the run spans at most kKeysPerRun keys
-// and its keys stay on one side of the key row `boundary`, all ≥ it or all < it (the backward
-// adds a segment's own keys' gradients and earlier keys' to different sums).
-std::size_t run_last(const std::vector<KeyBlock>& visible, std::size_t first,
-                     std::int64_t boundary) {
+// The key blocks visible from query block i0, in walk order (walk_key_blocks: the diagonal first,
+// descending j0, each next one right below, so a run of them is a contiguous key range).
+void collect_visible(const BlockGates& gates, std::int64_t window, std::int64_t i0,
+                     std::vector<KeyBlock>& visible) {
+  visible.clear();
+  walk_key_blocks(gates, window, i0, [&](std::int64_t j0, std::int64_t nJ, double gap) {
+    visible.push_back({j0, nJ, gap});
+  });
+}
+
+// A run of visible key blocks, visible[first .. last]: the keys [lo, lo + n).
+struct KeyRun {
+  std::size_t first, last;
+  std::int64_t lo, n;
+};
+
+// The run that starts at visible[first]: the following blocks while it spans at most kKeysPerRun
+// keys and its keys stay on one side of the key row `boundary`, all ≥ it or all < it (the
+// backward adds a segment's own keys' gradients and earlier keys' to different sums).
+KeyRun key_run(const std::vector<KeyBlock>& visible, std::size_t first, std::int64_t boundary) {
   const std::int64_t end = visible[first].j0 + visible[first].nJ;
   const bool above = visible[first].j0 >= boundary;
   std::size_t last = first;
   while (last + 1 < visible.size() && end - visible[last + 1].j0 <= kKeysPerRun &&
          (visible[last + 1].j0 >= boundary) == above)
     ++last;
-  return last;
+  return {first, last, visible[last].j0, end - visible[last].j0};
+}
+
+// The logits of the run (nI × n, in tmp.logits): one product (scale Q_I) K_runᵀ, then each block's
+// bias and masks as a tile of its own (add_tile_bias).
+template <class S>
+Eigen::Map<Mat<S>> run_logits(const Mat<S>& q_scaled, const Mat<S>& k, const BlockGates& gates,
+                              const Slopes& slopes, std::int64_t window, std::int64_t i0,
+                              const KeyRun& run, Scratch<S>& tmp) {
+  auto logits = tmp.logits.shaped(q_scaled.rows(), run.n);
+  logits.noalias() = q_scaled * k.middleRows(run.lo, run.n).transpose();
+  for (std::size_t b = run.first; b <= run.last; ++b) {
+    const KeyBlock& kb = tmp.visible[b];
+    add_tile_bias<S>(gates, slopes, window, i0, kb.j0, kb.nJ, kb.gap,
+                     logits.middleCols(kb.j0 - run.lo, kb.nJ));
+  }
+  return logits;
 }
 
 // Forward of one query block: o (nI × V) and lse (nI) by the online softmax over the key runs.
@@ -242,22 +272,12 @@ void forward_block(const Problem& p, const Mat<S>& k, const Mat<S>& v, const Blo
   Vec<S> row_max = Vec<S>::Constant(nI, -std::numeric_limits<S>::infinity());
   Vec<S> row_sum = Vec<S>::Zero(nI), rescale(nI);
   out = Mat<S>::Zero(nI, p.V);  // the accumulator A
-  // The visible key blocks, diagonal first (descending j0: each run is a contiguous key range).
-  tmp.visible.clear();
-  walk_key_blocks(gates, p.window, i0, [&](std::int64_t j0, std::int64_t nJ, double gap) {
-    tmp.visible.push_back({j0, nJ, gap});
-  });
+  collect_visible(gates, p.window, i0, tmp.visible);
   for (std::size_t first = 0; first < tmp.visible.size();) {
-    const std::size_t last = run_last(tmp.visible, first, 0);  // the run is visible[first .. last]
-    const std::int64_t lo = tmp.visible[last].j0,
-                       n = tmp.visible[first].j0 + tmp.visible[first].nJ - lo;
-    auto logits = tmp.logits.shaped(nI, n);
-    logits.noalias() = q_scaled * k.middleRows(lo, n).transpose();
-    for (std::size_t b = first; b <= last; ++b) {
-      const KeyBlock& kb = tmp.visible[b];
-      add_tile_bias<S>(gates, slopes, p.window, i0, kb.j0, kb.nJ, kb.gap,
-                       logits.middleCols(kb.j0 - lo, kb.nJ));
-    }
+    const KeyRun run = key_run(tmp.visible, first, 0);
+    const std::int64_t lo = run.lo, n = run.n;
+    first = run.last + 1;
+    auto logits = run_logits(q_scaled, k, gates, slopes, p.window, i0, run, tmp);
     for (std::int64_t r = 0; r < nI; ++r) {
       const S new_max = std::max(row_max[r], logits.row(r).maxCoeff());
       // The diagonal tile comes first and always holds j = i, so new_max is finite from then on;
@@ -270,7 +290,6 @@ void forward_block(const Problem& p, const Mat<S>& k, const Mat<S>& v, const Blo
     row_sum = rescale.cwiseProduct(row_sum) + probs.rowwise().sum();
     out = rescale.asDiagonal() * out;
     out.noalias() += probs * v.middleRows(lo, n);
-    first = last + 1;
   }
   out = row_sum.cwiseInverse().asDiagonal() * out;
   out_lse = row_max.array() + row_sum.array().log();
@@ -427,22 +446,11 @@ void forward_typed(const Problem& p, const TensorView& o, const TensorView& lse)
 //   s ∈ (j0, j1):  Σ_{j0 ≤ j < s} C_j      (every row of I is ≥ s)
 //   s ∈ [j1, i0]:  the tile's total         (added to `spans` as a difference array)
 //   s ∈ (i0, i1):  Σ_{s ≤ i < i1} R_i       (every column of J is < s)
-// The diagonal tile (j0 = i0) takes, for each row, the running sum of its entries left of the
-// diagonal; its row sums are unused. (Dominant entries are zero here; the caller adds them.)
+// (Dominant entries are zero here; the caller adds them.)
 template <class Tile, class RowSums>
 void add_gate_grads(const Tile& dlogits, const RowSums& row_sums, std::int64_t i0, std::int64_t j0,
                     Vec<double>& dg, Vec<double>& spans) {
   const std::int64_t nI = dlogits.rows(), nJ = dlogits.cols();
-  if (j0 == i0) {
-    for (std::int64_t r = 1; r < nI; ++r) {
-      double run = 0;
-      for (std::int64_t c = 0; c < r; ++c) {
-        run += static_cast<double>(dlogits(r, c));
-        dg[i0 + c + 1] += run;
-      }
-    }
-    return;
-  }
   using S = typename Tile::Scalar;
   const Eigen::Matrix<S, 1, Eigen::Dynamic> col_sums = dlogits.colwise().sum();
   double run = 0, total = 0;
@@ -457,6 +465,19 @@ void add_gate_grads(const Tile& dlogits, const RowSums& row_sums, std::int64_t i
   for (std::int64_t r = nI - 1; r >= 1; --r) {
     run += static_cast<double>(row_sums[r]);
     dg[i0 + r] += run;
+  }
+}
+
+// The same for the diagonal tile (keys and queries from i0): for each row, the running sum of its
+// entries left of the diagonal. (Dominant entries are zero here; the caller adds them.)
+template <class Tile>
+void add_diagonal_gate_grads(const Tile& dlogits, std::int64_t i0, Vec<double>& dg) {
+  for (std::int64_t r = 1; r < dlogits.rows(); ++r) {
+    double run = 0;
+    for (std::int64_t c = 0; c < r; ++c) {
+      run += static_cast<double>(dlogits(r, c));
+      dg[i0 + c + 1] += run;
+    }
   }
 }
 
@@ -603,22 +624,12 @@ void backward_segment(const Problem& p, const Wanted& want, const TensorView& d_
     w.dominant.assign(static_cast<std::size_t>(nI), -1);  // j* of each row, or −1
     // The visible key blocks in runs of consecutive keys, as in the forward (kKeysPerRun): each
     // of the run's five products (logits, Pᵀ dO, dO Vᵀ, dℓ K, dℓᵀ Q) is one product of the run.
-    tmp.visible.clear();
-    walk_key_blocks(item.gates, p.window, i0, [&](std::int64_t j0, std::int64_t nJ, double gap) {
-      tmp.visible.push_back({j0, nJ, gap});
-    });
+    collect_visible(item.gates, p.window, i0, tmp.visible);
     for (std::size_t first_block = 0; first_block < tmp.visible.size();) {
-      const std::size_t last_block = run_last(tmp.visible, first_block, first);
-      const std::int64_t lo = tmp.visible[last_block].j0,
-                         n = tmp.visible[first_block].j0 + tmp.visible[first_block].nJ - lo;
-      auto logits = tmp.logits.shaped(nI, n);
-      logits.noalias() = w.q_scaled * k.middleRows(lo, n).transpose();
-      for (std::size_t b = first_block; b <= last_block; ++b) {
-        const KeyBlock& kb = tmp.visible[b];
-        add_tile_bias<S>(item.gates, item.slopes, p.window, i0, kb.j0, kb.nJ, kb.gap,
-                         logits.middleCols(kb.j0 - lo, kb.nJ));
-      }
-      first_block = last_block + 1;
+      const KeyRun run = key_run(tmp.visible, first_block, first);
+      const std::int64_t lo = run.lo, n = run.n;
+      first_block = run.last + 1;
+      auto logits = run_logits(w.q_scaled, k, item.gates, item.slopes, p.window, i0, run, tmp);
       auto probs = tmp.probs.shaped(nI, n);
       masked_exp(logits, lse_rows, probs);
       if (want.dv) key_rows(item.dv, part_dv, lo, n).noalias() += probs.transpose() * w.dout;
@@ -639,10 +650,9 @@ void backward_segment(const Problem& p, const Wanted& want, const TensorView& d_
       if (want.dk) key_rows(item.dk, part_dk, lo, n).noalias() += dlogits.transpose() * w.q;
       if (want.dslopes()) add_slope_grads(dlogits, i0, lo, item.da, part_db);
       // dg: the diagonal block (the run's last columns, when the run holds it) on its own, the
-      // keys below it as one tile (add_gate_grads).
+      // keys below it as one tile.
       const std::int64_t below = std::min(n, i0 - lo);  // columns of keys before i0
-      if (below < n && want.dg)
-        add_gate_grads(dlogits.rightCols(n - below), w.row_sums, i0, i0, part_dg, part_spans);
+      if (below < n && want.dg) add_diagonal_gate_grads(dlogits.rightCols(n - below), i0, part_dg);
       if (below > 0) {
         w.row_sums = dlogits.leftCols(below).rowwise().sum();
         w.other_sums += w.row_sums;
