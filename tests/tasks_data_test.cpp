@@ -12,6 +12,7 @@
 #include <limits>
 #include <map>
 #include <numeric>
+#include <random>
 #include <set>
 #include <vector>
 
@@ -778,6 +779,48 @@ TEST(TasksMetrics, HandMadeExample) {
   EXPECT_DOUBLE_EQ(token_accuracy(p2, t2, 3, 4), 0.75);
   // Nothing scored: token accuracy is NaN.
   EXPECT_TRUE(std::isnan(token_accuracy({0, 0}, {I, I}, 1, 2)));
+}
+
+TEST(TasksMetrics, CorrectPrefixLengthIsTheMedianFirstError) {
+  const std::int64_t I = kIgnoreIndex;
+  // Four rows of 6 positions whose first errors are at 1, 3, 4 and never (6): at least half of
+  // the rows are right through position 3 (rows 2 and 3), not through position 4 (row 3 only).
+  const std::vector<std::int64_t> targets(24, 1);
+  std::vector<std::int64_t> preds(24, 1);
+  preds[0 * 6 + 1] = preds[0 * 6 + 5] = 0;
+  preds[1 * 6 + 3] = 0;
+  preds[2 * 6 + 4] = 0;
+  const Metrics m = evaluate(preds, targets, 4, 6);
+  EXPECT_EQ(m.prefix_sequence_accuracy, (std::vector<double>{1, 0.75, 0.75, 0.5, 0.25, 0.25}));
+  EXPECT_EQ(correct_prefix_length(m.prefix_sequence_accuracy), 4);
+  // Brute force over random predictions: the count equals the upper median of the first errors.
+  std::mt19937_64 rng(7);
+  for (int trial = 0; trial < 200; ++trial) {
+    const std::int64_t rows = 1 + static_cast<std::int64_t>(rng() % 9);
+    const std::int64_t cols = 1 + static_cast<std::int64_t>(rng() % 12);
+    std::vector<std::int64_t> t(static_cast<std::size_t>(rows * cols)), p(t.size());
+    for (std::size_t i = 0; i < t.size(); ++i) {
+      t[i] = rng() % 5 == 0 ? I : 1;                                      // some positions unscored
+      p[i] = rng() % static_cast<unsigned>(4 + trial % 30) == 0 ? 0 : 1;  // rare errors
+    }
+    std::vector<std::int64_t> first_error;
+    for (std::int64_t r = 0; r < rows; ++r) {
+      std::int64_t f = cols;
+      for (std::int64_t c = cols - 1; c >= 0; --c) {
+        const auto i = static_cast<std::size_t>(r * cols + c);
+        if (t[i] != I && p[i] != t[i]) f = c;
+      }
+      first_error.push_back(f);
+    }
+    std::sort(first_error.begin(), first_error.end());
+    // The largest m with F ≥ m for at least half of the rows: the ⌈rows/2⌉-th largest F.
+    const std::int64_t expected = first_error[static_cast<std::size_t>(rows - (rows + 1) / 2)];
+    EXPECT_EQ(correct_prefix_length(evaluate(p, t, rows, cols).prefix_sequence_accuracy), expected)
+        << "rows " << rows << " cols " << cols << " trial " << trial;
+  }
+  EXPECT_EQ(correct_prefix_length({}), 0);
+  EXPECT_EQ(correct_prefix_length({0.4, 0.4}), 0);
+  EXPECT_EQ(correct_prefix_length({1.0, std::numeric_limits<double>::quiet_NaN(), 1.0}), 1);
 }
 
 TEST(TasksMetrics, PerfectPredictionsOnGeneratedBatches) {

@@ -74,6 +74,13 @@ double num(const json& v) {
   return v.is_number() ? v.get<double>() : std::numeric_limits<double>::quiet_NaN();
 }
 
+// data.h's correct_prefix_length of an evaluation's cumulative sequence-accuracy curve.
+std::int64_t prefix_length(const json& e) {
+  std::vector<double> curve;
+  for (const json& v : e["cumulative_sequence_accuracy"]) curve.push_back(num(v));
+  return correct_prefix_length(curve);
+}
+
 TEST(TasksExperiment, TinyGridEndToEnd) {
   const ExperimentConfig config = parse_experiment_config(tiny_config());
   // The reference length max(train_lengths) = 8 is added to the evaluation lengths, sorted.
@@ -177,15 +184,46 @@ TEST(TasksExperiment, TinyGridEndToEnd) {
   ASSERT_EQ(csv.size(), 1u + 8u * 3u);
   EXPECT_EQ(csv[0],
             "arm,lr,seed,length,token_accuracy,sequence_accuracy,loss,final_step,stopped_early,"
-            "diverged,best_lr,num_kv_pairs");
+            "diverged,best_lr,num_kv_pairs,correct_prefix_length");
   for (std::size_t i = 1; i < csv.size(); ++i) {
     std::vector<std::string> f;
     std::stringstream ss(csv[i]);
     for (std::string x; std::getline(ss, x, ',');) f.push_back(x);
-    ASSERT_EQ(f.size(), 11u) << csv[i];  // getline drops the empty num_kv_pairs of parity
+    ASSERT_EQ(f.size(), 13u) << csv[i];  // num_kv_pairs empty for parity
     EXPECT_EQ(f[10] == "1", std::stod(f[1]) == best_lr[f[0]]) << csv[i];
     EXPECT_EQ(f[7], "12");
+    EXPECT_EQ(f[11], "");
+    // The correct prefix of the run's curve at that length (data.h: correct_prefix_length).
+    bool found = false;
+    for (const json& run : file["runs"])
+      if (run["arm"] == f[0] && num(run["lr"]) == std::stod(f[1]) &&
+          std::to_string(run["seed"].get<int>()) == f[2])
+        for (const json& e : run["eval_by_length"])
+          if (std::to_string(e["length"].get<std::int64_t>()) == f[3]) {
+            found = true;
+            EXPECT_EQ(f[12], std::to_string(prefix_length(e))) << csv[i];
+          }
+    EXPECT_TRUE(found) << csv[i];
   }
+  // The summary's correct prefix: the mean over seeds of the runs' at each length.
+  for (const json& a : file["summary"])
+    for (const json& l : a["lrs"])
+      for (const json& len : l["lengths"]) {
+        double sum = 0;
+        int n = 0;
+        for (const json& run : file["runs"])
+          if (run["arm"] == a["arm"] && num(run["lr"]) == num(l["lr"]))
+            for (const json& e : run["eval_by_length"])
+              if (e["length"] == len["length"]) {
+                sum += static_cast<double>(prefix_length(e));
+                ++n;
+              }
+        ASSERT_EQ(n, 2);
+        EXPECT_DOUBLE_EQ(num(len["correct_prefix_length"]), sum / n);
+        if (len["length"] == 8) {
+          EXPECT_DOUBLE_EQ(num(l["reference_correct_prefix_length"]), sum / n);
+        }
+      }
 
   for (const char* png : {"accuracy_vs_length.png", "token_accuracy_vs_length.png", "loss.png"})
     EXPECT_EQ(png_size(out / png), std::make_pair(800u, 500u)) << png;
@@ -195,6 +233,7 @@ TEST(TasksExperiment, TinyGridEndToEnd) {
   EXPECT_NE(table.find("gdn"), std::string::npos) << table;
   EXPECT_NE(table.find("8*"), std::string::npos) << table;
   EXPECT_NE(table.find("8 runs ("), std::string::npos) << table;
+  EXPECT_NE(table.find("correct prefix at length 8 per learning rate"), std::string::npos) << table;
   std::ifstream table_file(out / "table.txt");
   EXPECT_EQ(std::string(std::istreambuf_iterator<char>(table_file), {}), table);
   EXPECT_NE(format_result_table(results).find("8 runs on 2 threads"), std::string::npos);
@@ -356,9 +395,16 @@ TEST(TasksExperiment, MqarAndCopyTasks) {
   EXPECT_EQ(num(summary_points[1]["token_accuracy"]), num(points[1]["token_accuracy"]));
   const auto csv = lines_of(fs::path(options.out_dir) / "results.csv");
   ASSERT_EQ(csv.size(), 1u + 2u + 2u);
-  EXPECT_EQ(csv[1].substr(csv[1].rfind(',')), ",2");           // length 16, the task's num_kv_pairs
+  // num_kv_pairs, then correct_prefix_length: the last two fields.
+  const auto last_two = [](const std::string& line) {
+    const std::size_t last = line.rfind(',');
+    return line.substr(line.rfind(',', last - 1) + 1);
+  };
+  const auto prefix_of = [](const json& e) { return std::to_string(prefix_length(e)); };
+  // Length 16, the task's num_kv_pairs.
+  EXPECT_EQ(last_two(csv[1]), "2," + prefix_of(q["runs"][0]["eval_by_length"][0])) << csv[1];
   EXPECT_EQ(csv[3].rfind("gla,0.01,0,32,", 0), 0u) << csv[3];  // the point (32, 8)
-  EXPECT_EQ(csv[3].substr(csv[3].rfind(',')), ",8");
+  EXPECT_EQ(last_two(csv[3]), "8," + prefix_of(points[0])) << csv[3];
   const std::string table = format_result_table(q);
   EXPECT_NE(table.find("32/kv8"), std::string::npos) << table;
   EXPECT_NE(table.find("16/kv2"), std::string::npos) << table;

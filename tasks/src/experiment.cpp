@@ -346,6 +346,15 @@ double num(const json& v) {
   return v.is_number() ? v.get<double>() : std::numeric_limits<double>::quiet_NaN();
 }
 
+// data.h's correct_prefix_length of an evaluation's cumulative curve (eval_json). Computed from
+// the curve rather than stored beside it, so that records written before it existed (--resume)
+// are summarised the same way.
+std::int64_t prefix_length_of(const json& e) {
+  std::vector<double> curve;
+  for (const json& v : e.at("cumulative_sequence_accuracy")) curve.push_back(num(v));
+  return correct_prefix_length(curve);
+}
+
 double mean(const std::vector<double>& v) {
   double s = 0;
   for (double x : v) s += x;
@@ -705,26 +714,35 @@ ExperimentOutput run_experiment(const ExperimentConfig& config, const Experiment
     double best_lr = config.lrs.front();
     for (double lr : config.lrs) {
       json lengths = json::array();
-      double ref_acc = std::numeric_limits<double>::quiet_NaN();
+      double ref_acc = std::numeric_limits<double>::quiet_NaN(), ref_prefix = ref_acc;
       for (std::int64_t length : task.eval_lengths) {
-        std::vector<double> seq, tok;
+        std::vector<double> seq, tok, prefix;
         for (const json& run : runs)
           if (run["arm"] == arm.name && lr_string(num(run["lr"])) == lr_string(lr))
             for (const json& e : run["eval_by_length"])
               if (e["length"] == length) {
                 seq.push_back(num(e["sequence_accuracy"]));
                 tok.push_back(num(e["token_accuracy"]));
+                prefix.push_back(static_cast<double>(prefix_length_of(e)));
               }
-        lengths.push_back(
-            {{"length", length}, {"sequence_accuracy", mean(seq)}, {"token_accuracy", mean(tok)}});
-        if (length == ref) ref_acc = mean(seq);
+        lengths.push_back({{"length", length},
+                           {"sequence_accuracy", mean(seq)},
+                           {"token_accuracy", mean(tok)},
+                           {"correct_prefix_length", mean(prefix)}});
+        if (length == ref) {
+          ref_acc = mean(seq);
+          ref_prefix = mean(prefix);
+        }
       }
       // NaN (a diverged run) never wins; the first lr wins ties.
       if (ref_acc > best_acc) {
         best_acc = ref_acc;
         best_lr = lr;
       }
-      json summary = {{"lr", lr}, {"reference_sequence_accuracy", ref_acc}, {"lengths", lengths}};
+      json summary = {{"lr", lr},
+                      {"reference_sequence_accuracy", ref_acc},
+                      {"reference_correct_prefix_length", ref_prefix},
+                      {"lengths", lengths}};
       if (!task.mqar_eval_points.empty()) {
         json points = json::array();
         for (const TaskSpec::MqarPoint& p : task.mqar_eval_points) {
@@ -766,7 +784,7 @@ ExperimentOutput run_experiment(const ExperimentConfig& config, const Experiment
   // results.csv: one row per arm × lr × seed × eval length.
   std::ostringstream csv;
   csv << "arm,lr,seed,length,token_accuracy,sequence_accuracy,loss,final_step,stopped_early,"
-         "diverged,best_lr,num_kv_pairs\n";
+         "diverged,best_lr,num_kv_pairs,correct_prefix_length\n";
   for (const json& run : runs) {
     const double lr = num(run["lr"]);
     bool best = false;
@@ -780,7 +798,7 @@ ExperimentOutput run_experiment(const ExperimentConfig& config, const Experiment
           << ',' << run["final_step"].get<std::int64_t>() << ','
           << (run["stopped_early"].get<bool>() ? 1 : 0) << ','
           << (run["diverged"].get<bool>() ? 1 : 0) << ',' << (best ? 1 : 0) << ',' << num_kv_pairs
-          << '\n';
+          << ',' << prefix_length_of(e) << '\n';
     };
     const std::string task_kv =
         task.name == "mqar" ? std::to_string(task.mqar.num_kv_pairs) : std::string();
@@ -946,6 +964,22 @@ std::string format_result_table(const json& results, const json& timings) {
     t += fmt::format("{:<{}}", a["arm"].get<std::string>(), w);
     for (const json& l : a["lrs"])
       t += fmt::format("  {:>8.3f}", num(l["reference_sequence_accuracy"]));
+    t += "\n";
+  }
+  // How far the rows stay right where few are right to their end (data.h: correct_prefix_length).
+  t += fmt::format(
+      "\ncorrect prefix at length {} per learning rate (positions that half the rows get "
+      "entirely right; mean over seeds)\n",
+      ref);
+  t += fmt::format("{:<{}}", "arm", w);
+  for (const json& l : first) t += fmt::format("  {:>8}", lr_string(num(l["lr"])));
+  t += "\n";
+  for (const json& a : results["summary"]) {
+    t += fmt::format("{:<{}}", a["arm"].get<std::string>(), w);
+    for (const json& l : a["lrs"])
+      t += fmt::format("  {:>8.1f}", l.contains("reference_correct_prefix_length")
+                                         ? num(l["reference_correct_prefix_length"])
+                                         : std::numeric_limits<double>::quiet_NaN());
     t += "\n";
   }
   const json& machine = results["machine"];

@@ -95,6 +95,15 @@ std::vector<double> cumulative_sequence_accuracy(const std::vector<std::int64_t>
   return evaluate(predictions, targets, rows, cols).prefix_sequence_accuracy;
 }
 
+std::int64_t correct_prefix_length(const std::vector<double>& prefix_sequence_accuracy) {
+  std::int64_t length = 0;
+  for (double a : prefix_sequence_accuracy) {
+    if (!(a >= 0.5)) break;  // NaN too
+    ++length;
+  }
+  return length;
+}
+
 CopyMetrics copy_metrics(const std::int64_t* predictions, const std::int64_t* targets,
                          std::int64_t rows, std::int64_t cols) {
   const Metrics m = evaluate(predictions, targets, rows, cols);

@@ -250,6 +250,17 @@ std::vector<double> cumulative_sequence_accuracy(const std::vector<std::int64_t>
                                                  const std::vector<std::int64_t>& targets,
                                                  std::int64_t rows, std::int64_t cols);
 
+// The longest prefix of positions that at least half of the rows get entirely right: the number
+// of leading entries t of a prefix_sequence_accuracy curve with value ≥ 0.5 (the curve does not
+// increase, so counting stops at the first entry below 0.5; NaN counts as below). For a row,
+// let F be the position of its first wrong scored prediction (its length if it has none): the
+// result is the largest m with F ≥ m for at least half of the rows, F's median. It tells how far
+// a model carries a task's state when hardly any row is right to its end (a parity model that
+// tracks 20 of 128 tokens and one that tracks 2 both have sequence accuracy 0). Positions, not
+// scored tokens: where only some positions are scored (MQAR's queries), the unscored ones between
+// count too.
+std::int64_t correct_prefix_length(const std::vector<double>& prefix_sequence_accuracy);
+
 // Copying scores of teacher-forced predictions (copy_eval or copy_train rows):
 //   exact_match     fraction of rows whose every scored position is correct — the copied
 //                   string and its terminating '.' (a row is "s." exactly);

@@ -51,11 +51,12 @@
 //   periodic
 //                   evaluations, per-length token / sequence accuracy, loss and cumulative
 //                   sequence-accuracy curve, copy: char_accuracy) and the summary (best lr per
-//                   arm, means). No clock readings: for a config, seeds and thread counts its
+//                   arm, means, among them of data.h's correct_prefix_length). No clock readings: for a config, seeds and thread counts its
 //                   bytes are the same whether the grid ran in one go or was killed and resumed
 //                   any number of times (tests/tasks_kill_resume_test.py)
-//   results.csv     one row per arm × lr × seed × eval length (and MQAR eval point); the last
-//                   column, num_kv_pairs, is empty for the other tasks. Bit-identical likewise
+//   results.csv     one row per arm × lr × seed × eval length (and MQAR eval point); the column
+//                   num_kv_pairs is empty for the other tasks; the last, correct_prefix_length,
+//                   is data.h's correct_prefix_length of the row's curve. Bit-identical likewise
 //   timings.json    the clock: this invocation's wall time, the training time, and per run
 //                   whether it was resumed, its wall time, tokens_per_s and time_breakdown
 //                   (train.h's TimeBreakdown) — of the invocation that finished the run
@@ -187,8 +188,9 @@ ExperimentOutput run_experiment(const ExperimentConfig& config, const Experiment
 
 // The result table printed by `phasor tasks run` (and table.txt): one line per arm with its best
 // lr and the mean sequence accuracy at each evaluation length, then the mean accuracy at the
-// reference length for every lr of every arm, then the number of runs and, with timings, the
-// training and wall time.
+// reference length for every lr of every arm, then as much of the mean correct prefix there
+// (data.h: correct_prefix_length; how far half the rows stay right), then the number of runs
+// and, with timings, the training and wall time.
 std::string format_result_table(const nlohmann::json& results,
                                 const nlohmann::json& timings = nlohmann::json());
 
