@@ -637,7 +637,8 @@ TEST(TasksExperiment, ShippedConfigsParse) {
   const std::vector<std::string> expected_claims = {
       "copy_small",          "mqar_L128_kv8_full",  "mqar_L256_kv16_full",
       "mqar_L64_kv4_full",   "mqar_d128_small",     "mqar_small",
-      "state_tracking_full", "state_tracking_long", "state_tracking_small"};
+      "state_tracking_full", "state_tracking_long", "state_tracking_mixed_lengths",
+      "state_tracking_small"};
   EXPECT_EQ(claims, expected_claims);
 }
 
