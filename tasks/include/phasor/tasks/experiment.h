@@ -51,9 +51,10 @@
 //   periodic
 //                   evaluations, per-length token / sequence accuracy, loss and cumulative
 //                   sequence-accuracy curve, copy: char_accuracy) and the summary (best lr per
-//                   arm, means, among them of data.h's correct_prefix_length). No clock readings: for a config, seeds and thread counts its
-//                   bytes are the same whether the grid ran in one go or was killed and resumed
-//                   any number of times (tests/tasks_kill_resume_test.py)
+//                   arm; means over seeds, data.h's correct_prefix_length among them). No
+//                   clock readings: for a config, seeds and thread counts its bytes are the
+//                   same whether the grid ran in one go or was killed and resumed any number
+//                   of times (tests/tasks_kill_resume_test.py)
 //   results.csv     one row per arm × lr × seed × eval length (and MQAR eval point); the column
 //                   num_kv_pairs is empty for the other tasks; the last, correct_prefix_length,
 //                   is data.h's correct_prefix_length of the row's curve. Bit-identical likewise
