@@ -189,7 +189,7 @@ ExperimentOutput run_experiment(const ExperimentConfig& config, const Experiment
 
 // The result table printed by `phasor tasks run` (and table.txt): one line per arm with its best
 // lr and the mean sequence accuracy at each evaluation length, then the mean accuracy at the
-// reference length for every lr of every arm, then as much of the mean correct prefix there
+// reference length for every lr of every arm, then the mean correct prefix there for every lr
 // (data.h: correct_prefix_length; how far half the rows stay right), then the number of runs
 // and, with timings, the training and wall time.
 std::string format_result_table(const nlohmann::json& results,
