@@ -167,6 +167,13 @@ TEST(SelectiveRoPE, SpectraFollowTheirDefinitions) {
                 1e-15);
   }
   EXPECT_DOUBLE_EQ(tan2[0].item<double>(), 1.0);
+  // Base 1: ω ≡ 1 on every pair (the Selective RoPE code's state-tracking temp_theta 1.0).
+  const at::Tensor flat = SelectiveRoPEImpl::spectrum_values(Spectrum::rope, K, 1.0);
+  ASSERT_EQ(flat.numel(), R);
+  EXPECT_TRUE(at::equal(flat, at::ones({R}, flat.options())));
+  const SelectiveRoPE fixed(
+      SelectiveRoPEOptions(8, 2, K).spectrum_base(1.0).learnable_omega(false));
+  EXPECT_TRUE(at::equal(fixed->omega(), at::ones({R}, fixed->omega().options())));
 }
 
 TEST(SelectiveRoPE, ZeroInputPathIsRoPE) {
@@ -769,8 +776,10 @@ TEST(Layers, OptionErrorsNameTheOption) {
                {"SelectiveRoPE", "'hidden_size'", "num_heads = 2", "got 9"});
   expect_error([] { SelectiveRoPE(SelectiveRoPEOptions(8, 2, 4).rank(0)); },
                {"SelectiveRoPE", "'rank'", "got 0"});
-  expect_error([] { SelectiveRoPE(SelectiveRoPEOptions(8, 2, 4).spectrum_base(1.0)); },
-               {"SelectiveRoPE", "'spectrum_base'"});
+  expect_error([] { SelectiveRoPE(SelectiveRoPEOptions(8, 2, 4).spectrum_base(0.5)); },
+               {"SelectiveRoPE", "'spectrum_base'", "≥ 1", "got 0.5"});
+  expect_error([] { SelectiveRoPE(SelectiveRoPEOptions(8, 2, 4).spectrum_base(std::nan(""))); },
+               {"SelectiveRoPE", "'spectrum_base'", "≥ 1"});
   expect_error([] { ShortConvolution(ShortConvolutionOptions(8, 0)); },
                {"ShortConvolution", "'kernel_size'", "got 0"});
   // The sub-options' sizes are the layer's: an odd K is caught before the submodule is built.

@@ -201,7 +201,8 @@ enum class PhaseGate {
 };
 // The temperature spectrum ω_i, i = 0 … R−1 (the frequencies of the R pairs of a head).
 enum class Spectrum {
-  // ω_i = spectrum_base^(−2i/K) (RoPE's, with base 500000 by default).
+  // ω_i = spectrum_base^(−2i/K) (RoPE's, with base 500000 by default; base 1 gives ω ≡ 1, the
+  // Selective RoPE code's state-tracking setting).
   rope,
   // The paper's optimal temperature τ(α) = tan²(α/2) for a query–key angle α ~ U[0, 2π],
   // sampled at R evenly spaced levels: ω_i is τ's quantile at level 1 − (i + ½)/R, i.e.
@@ -226,7 +227,7 @@ struct SelectiveRoPEOptions {
   TORCH_ARG(bool, bias) = true;                      // add exp(b), b: [H·R] init 0, default on
   TORCH_ARG(PhaseGate, gate) = PhaseGate::per_head;  // sigmoid phase gate, default per head
   TORCH_ARG(Spectrum, spectrum) = Spectrum::rope;    // initial (or fixed) ω
-  TORCH_ARG(double, spectrum_base) = 500000.0;       // base of Spectrum::rope (> 1)
+  TORCH_ARG(double, spectrum_base) = 500000.0;       // base of Spectrum::rope (≥ 1)
   TORCH_ARG(bool, learnable_omega) = true;  // ω a parameter [H, R] (per head), else buffer [R]
   // Context parallelism (see "Context parallelism" above): the phases continue across the ranks.
   // Set by the layers that own the SelectiveRoPE from their own option.

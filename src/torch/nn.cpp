@@ -404,8 +404,10 @@ void SelectiveRoPEImpl::reset() {
                std::to_string(o.head_dim()));
   check_positive(layer, "rank", o.rank());
   check_positive(layer, "conv_size", o.conv_size());
-  check_option(o.spectrum() != Spectrum::rope || o.spectrum_base() > 1.0, layer, "spectrum_base",
-               "a base > 1", std::to_string(o.spectrum_base()));
+  // Base 1 is allowed: ω ≡ 1 on every pair (the Selective RoPE code's state-tracking setting,
+  // temp_theta 1.0); below 1 the frequencies would grow with the pair index.
+  check_option(o.spectrum() != Spectrum::rope || o.spectrum_base() >= 1.0, layer, "spectrum_base",
+               "a base ≥ 1", std::to_string(o.spectrum_base()));
   const std::int64_t D = o.hidden_size(), H = o.num_heads(), R = o.head_dim() / 2, HR = H * R;
 
   if (o.projection() == PhaseProjection::low_rank) {
