@@ -681,6 +681,33 @@ TEST(TasksGroups, WordProblemTargetsAreRunningProducts) {
   }
 }
 
+TEST(TasksGroups, WordProblemBosPrependsOneUnscoredToken) {
+  for (const auto& gc : kGroups) {
+    SCOPED_TRACE(to_string(gc.group));
+    for (bool final_only : {false, true}) {
+      WordProblemConfig c;
+      c.group = gc.group;
+      c.seq_len = 23;
+      c.final_only = final_only;
+      const Batch plain = word_problem(c, 9, 4);
+      c.bos = true;
+      const Batch b = word_problem(c, 9, 4);
+      ASSERT_EQ(b.rows, 9);
+      ASSERT_EQ(b.cols, 24);
+      EXPECT_EQ(b.vocab_size, gc.order + 1);
+      for (std::int64_t r = 0; r < b.rows; ++r) {
+        EXPECT_EQ(b.input(r, 0), gc.order) << "row " << r;  // the BOS id, |G|
+        EXPECT_EQ(b.target(r, 0), kIgnoreIndex) << "row " << r;
+        // The same draws and targets as without bos, one position later.
+        for (std::int64_t t = 0; t < c.seq_len; ++t) {
+          ASSERT_EQ(b.input(r, t + 1), plain.input(r, t)) << "row " << r << " t " << t;
+          ASSERT_EQ(b.target(r, t + 1), plain.target(r, t)) << "row " << r << " t " << t;
+        }
+      }
+    }
+  }
+}
+
 TEST(TasksGroups, ParityIsCumulativeXorAndTokensAreUniform) {
   const Batch p = parity(50, false, 40, 12);
   for (std::int64_t r = 0; r < p.rows; ++r) {

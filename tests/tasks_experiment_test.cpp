@@ -589,6 +589,22 @@ TEST(TasksExperiment, ConfigErrorsNameTheKeyPath) {
   EXPECT_EQ(parse_experiment_config(copy).task.eval_lengths,
             (std::vector<std::int64_t>{5, 10, 20}));
   EXPECT_EQ(parse_experiment_config(copy).arms[0].model.vocab_size, kCopyVocabSize);
+  // A word problem with "bos": one more token id (the BOS), rows one token longer, lengths
+  // still counting the elements.
+  json bos = tiny_config();
+  bos["task"]["bos"] = true;
+  const ExperimentConfig with_bos = parse_experiment_config(bos);
+  EXPECT_EQ(with_bos.arms[0].model.vocab_size, 3);
+  EXPECT_EQ(parse_experiment_config(tiny_config()).arms[0].model.vocab_size, 2);
+  EXPECT_EQ(with_bos.task.reference_length(), 8);
+  const Batch train = with_bos.task.train_batch(1, 2, 0),
+              eval = with_bos.task.eval_batch_at(16, 2, 0);
+  EXPECT_EQ(train.cols, 9);
+  EXPECT_EQ(eval.cols, 17);
+  EXPECT_EQ(eval.input(1, 0), 2);
+  EXPECT_EQ(eval.target(1, 0), kIgnoreIndex);
+  bos["task"]["bos"] = 1;
+  EXPECT_NE(config_error(bos).find("'config.task.bos'"), std::string::npos) << config_error(bos);
 
   const std::string missing = (fs::temp_directory_path() / "no_such_config_phasor.json").string();
   try {

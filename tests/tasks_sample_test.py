@@ -171,25 +171,33 @@ def group_elements(name):
     return [p for p in perms if even(p)] if name == "A3" else perms
 
 
-def check_word(task, group, rows, T, final_only, seed):
+def check_word(task, group, rows, T, final_only, seed, bos=False):
     args = ["--batch", str(rows), "--seq-len", str(T), "--seed", str(seed)]
     if final_only:
         args.append("--final-only")
+    if bos:
+        args.append("--bos")
     status, err, data = sample(task, *args)
     elements = group_elements(group)
-    name = f"{task} T={T}{' final-only' if final_only else ''}"
-    if not check_layout(name, data, rows, T, len(elements)):
+    name = f"{task} T={T}{' final-only' if final_only else ''}{' bos' if bos else ''}"
+    lead = 1 if bos else 0  # a BOS token (id |G|, no target) before the T elements
+    if not check_layout(name, data, rows, T + lead, len(elements) + lead):
         return
     index = {p: i for i, p in enumerate(elements)}
     problems = []
     for r in range(rows):
+        if bos and (data["inputs"][r, 0].item() != len(elements)
+                    or data["targets"][r, 0].item() != IGNORE):
+            problems.append(f"row {r}: starts {data['inputs'][r, 0].item()}, "
+                            f"target {data['targets'][r, 0].item()}")
         prod = tuple(range(len(elements[0])))
         for t in range(T):
-            a = elements[data["inputs"][r, t].item()]
+            a = elements[data["inputs"][r, t + lead].item()]
             prod = tuple(a[prod[i]] for i in range(len(prod)))  # prod·a: prod first, then a
             want = index[prod] if (not final_only or t == T - 1) else IGNORE
-            if data["targets"][r, t].item() != want:
-                problems.append(f"row {r}, t {t}: target {data['targets'][r, t].item()} != {want}")
+            if data["targets"][r, t + lead].item() != want:
+                problems.append(f"row {r}, t {t}: target {data['targets'][r, t + lead].item()}"
+                                f" != {want}")
                 break
     report(name + " running product", not problems, "; ".join(problems[:3]))
     return data
@@ -204,6 +212,13 @@ check_word("s2", "S2", 3, 9, False, 3)
 check_word("a3", "A3", 4, 20, False, 4)
 check_word("s3", "S3", 4, 21, False, 5)
 check_word("s5", "S5", 3, 30, True, 6)
+plain = check_word("parity", "S2", 5, 19, False, 7)
+with_bos = check_word("parity", "S2", 5, 19, False, 7, bos=True)
+if plain is not None and with_bos is not None:
+    report("bos: the same rows one position later",
+           torch.equal(with_bos["inputs"][:, 1:], plain["inputs"])
+           and torch.equal(with_bos["targets"][:, 1:], plain["targets"]))
+check_word("s3", "S3", 3, 12, True, 8, bos=True)
 
 # ---- determinism ----------------------------------------------------------------------------------
 _, _, a = sample("s5", "--batch", "4", "--seq-len", "16", "--seed", "9")

@@ -60,11 +60,11 @@ const std::set<std::string>& task_options(const std::string& task) {
       {"mqar", {"--seq-len", "--num-kv-pairs", "--vocab-size", "--power-a", "--zero-filler"}},
       {"copy", {"--seq-len", "--min-len", "--max-len"}},
       {"copy_eval", {"--length"}},
-      {"parity", {"--seq-len", "--final-only"}},
-      {"s2", {"--seq-len", "--final-only"}},
-      {"a3", {"--seq-len", "--final-only"}},
-      {"s3", {"--seq-len", "--final-only"}},
-      {"s5", {"--seq-len", "--final-only"}},
+      {"parity", {"--seq-len", "--final-only", "--bos"}},
+      {"s2", {"--seq-len", "--final-only", "--bos"}},
+      {"a3", {"--seq-len", "--final-only", "--bos"}},
+      {"s3", {"--seq-len", "--final-only", "--bos"}},
+      {"s5", {"--seq-len", "--final-only", "--bos"}},
   };
   return options.at(task);
 }
@@ -107,6 +107,7 @@ struct SampleOptions {
   std::int64_t max_len = 50;
   std::int64_t length = 10;
   bool final_only = false;
+  bool bos = false;
 };
 
 tasks::Batch generate(const SampleOptions& o) {
@@ -117,7 +118,8 @@ tasks::Batch generate(const SampleOptions& o) {
   // and targets) so that a typo does not exhaust memory.
   const std::int64_t cols = t == "copy_eval" ? 2 * o.length + 3
                             : t == "copy"    ? o.seq_len.value_or(256)
-                                             : o.seq_len.value_or(64);
+                            : t == "mqar"    ? o.seq_len.value_or(64)
+                                             : o.seq_len.value_or(64) + (o.bos ? 1 : 0);
   constexpr std::int64_t kMaxTokens = std::int64_t{1} << 27;
   if (cols > 0 && o.batch > kMaxTokens / cols)
     throw InputError("argument '--batch': expected batch · row length ≤ 2^27 tokens, got " +
@@ -149,6 +151,7 @@ tasks::Batch generate(const SampleOptions& o) {
   if (c.seq_len < 1)
     throw InputError("argument '--seq-len': expected ≥ 1, got " + std::to_string(c.seq_len));
   c.final_only = o.final_only;
+  c.bos = o.bos;
   return tasks::word_problem(c, o.batch, o.seed);
 }
 
@@ -395,6 +398,8 @@ int run_tasks(int argc, char** argv) {
   sample->add_option("--length", s.length, "copy_eval: string length (default 10)");
   sample->add_flag("--final-only", s.final_only,
                    "parity/s2/a3/s3/s5: score only the last position");
+  sample->add_flag("--bos", s.bos,
+                   "parity/s2/a3/s3/s5: start every row with a BOS token (id |G|, no target)");
 
   RunOptions r;
   CLI::App* run = app.add_subcommand(

@@ -212,6 +212,7 @@ TaskSpec parse_task(const json& j) {
                                      : t.name == "s3"   ? "S3"
                                                         : "S5");
     t.word.final_only = r.boolean("final_only", false);
+    t.word.bos = r.boolean("bos", false);
   }
   if (t.name != "copy") {
     if (!r.has("train_lengths")) fail(kOp, r.at("train_lengths"), "a value (required)", "nothing");
@@ -257,6 +258,7 @@ TaskSpec parse_task(const json& j) {
   std::int64_t longest = t.eval_lengths.back();
   for (const auto& p : t.mqar_eval_points) longest = std::max(longest, p.length);
   if (t.name == "copy") longest = 2 * longest + 3;
+  if (t.word.bos) longest += 1;  // word problems only (parsed for them alone)
   if (t.eval_batch * longest > kMaxBatchTokens)
     fail(kOp, r.at("eval_batch"),
          "at most 2^26 tokens per evaluation batch (eval_batch × the longest evaluation row of " +
@@ -378,7 +380,7 @@ std::int64_t TaskSpec::reference_length() const {
 std::int64_t TaskSpec::vocab_size() const {
   if (name == "mqar") return mqar.vocab_size;
   if (name == "copy") return kCopyVocabSize;
-  return PermutationGroup::get(word.group).order();
+  return PermutationGroup::get(word.group).order() + (word.bos ? 1 : 0);
 }
 
 Batch TaskSpec::train_batch(std::int64_t step, std::int64_t rows, std::uint64_t seed) const {

@@ -93,12 +93,14 @@ Batch word_problem(const WordProblemConfig& c, std::int64_t batch, std::uint64_t
   const std::string op = "word_problem";
   detail::check_at_least(op, "seq_len", c.seq_len, 1);
   const PermutationGroup& g = PermutationGroup::get(c.group);
-  const std::int64_t T = c.seq_len;
-  Batch b = detail::make_batch(op, batch, T, g.order(), 0);
+  const std::int64_t T = c.seq_len, lead = c.bos ? 1 : 0, cols = T + lead;
+  Batch b = detail::make_batch(op, batch, cols, g.order() + lead, 0);
   Rng rng(seed);
   for (std::int64_t r = 0; r < batch; ++r) {
-    std::int64_t* x = b.inputs.data() + r * T;
-    std::int64_t* y = b.targets.data() + r * T;
+    std::int64_t* x = b.inputs.data() + r * cols;
+    std::int64_t* y = b.targets.data() + r * cols;
+    if (c.bos) x[0] = g.order();  // the BOS id; its target stays −100
+    x += lead, y += lead;
     std::int64_t prefix = 0;  // identity
     for (std::int64_t t = 0; t < T; ++t) {
       x[t] = static_cast<std::int64_t>(rng.below(static_cast<std::uint64_t>(g.order())));

@@ -209,10 +209,16 @@ class PermutationGroup {
 // with final_only, only the last position has a target (the product of the whole row) and the
 // others are −100. Example, S2 (parity): inputs 1 0 1 1 → targets 1 1 0 1 (final_only:
 // −100 −100 −100 1). Random draws: one uniform element per token, left to right.
+// With bos, every row starts with a BOS token, id |G| (vocab_size |G| + 1), without a target,
+// before its seq_len elements: rows of seq_len + 1 tokens whose elements and targets are those
+// of the same seed without bos, one position later (S2: BOS 1 0 1 1 → −100 1 1 0 1). The
+// Selective RoPE code's tokenizer prepends one; it gives a linear-attention layer a reference
+// key at the start of the row.
 struct WordProblemConfig {
   Group group = Group::S3;
   std::int64_t seq_len = 64;
   bool final_only = false;
+  bool bos = false;
 };
 Batch word_problem(const WordProblemConfig& config, std::int64_t batch, std::uint64_t seed);
 // Parity: word_problem with Group::S2.

@@ -17,7 +17,8 @@
 //                                                 for the generator. eval_lengths keep
 //                                                 num_kv_pairs.
 //         copy:   "context" 256, "min_len" 1, "max_len" 50   (training rows)
-//         parity, s2, a3, s3, s5: "final_only" false
+//         parity, s2, a3, s3, s5: "final_only" false, "bos" false (rows start with a BOS
+//                 token, so a length counts the elements after it)
 //       "train_lengths": [64],                    sequence lengths of the training batches, used
 //                                                 in turn (step s uses train_lengths[(s−1) mod n]);
 //                                                 not for copy (its rows have `context` tokens)
