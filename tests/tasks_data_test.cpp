@@ -690,11 +690,16 @@ TEST(TasksGroups, WordProblemBosPrependsOneUnscoredToken) {
       c.seq_len = 23;
       c.final_only = final_only;
       const Batch plain = word_problem(c, 9, 4);
+      EXPECT_EQ(plain.cols, c.row_length());
+      EXPECT_EQ(plain.vocab_size, c.vocab_size());
       c.bos = true;
       const Batch b = word_problem(c, 9, 4);
       ASSERT_EQ(b.rows, 9);
       ASSERT_EQ(b.cols, 24);
       EXPECT_EQ(b.vocab_size, gc.order + 1);
+      // The helpers the experiment runner and the CLI size their buffers with say the same.
+      EXPECT_EQ(c.row_length(), 24);
+      EXPECT_EQ(c.vocab_size(), gc.order + 1);
       for (std::int64_t r = 0; r < b.rows; ++r) {
         EXPECT_EQ(b.input(r, 0), gc.order) << "row " << r;  // the BOS id, |G|
         EXPECT_EQ(b.target(r, 0), kIgnoreIndex) << "row " << r;

@@ -114,12 +114,26 @@ tasks::Batch generate(const SampleOptions& o) {
   if (o.batch < 1)
     throw InputError("argument '--batch': expected ≥ 1, got " + std::to_string(o.batch));
   const std::string& t = o.task;
+  const bool word_problem = t != "mqar" && t != "copy" && t != "copy_eval";
+  tasks::WordProblemConfig word;
+  if (word_problem) {
+    word.group = tasks::group_from_string(t == "parity" ? "S2"
+                                          : t == "a3"   ? "A3"
+                                          : t == "s2"   ? "S2"
+                                          : t == "s3"   ? "S3"
+                                                        : "S5");
+    word.seq_len = o.seq_len.value_or(64);
+    if (word.seq_len < 1)
+      throw InputError("argument '--seq-len': expected ≥ 1, got " + std::to_string(word.seq_len));
+    word.final_only = o.final_only;
+    word.bos = o.bos;
+  }
   // A file for torch.load, not a data set: cap the batch at 2^27 tokens (2 GiB of int64 inputs
   // and targets) so that a typo does not exhaust memory.
   const std::int64_t cols = t == "copy_eval" ? 2 * o.length + 3
                             : t == "copy"    ? o.seq_len.value_or(256)
                             : t == "mqar"    ? o.seq_len.value_or(64)
-                                             : o.seq_len.value_or(64) + (o.bos ? 1 : 0);
+                                             : word.row_length();
   constexpr std::int64_t kMaxTokens = std::int64_t{1} << 27;
   if (cols > 0 && o.batch > kMaxTokens / cols)
     throw InputError("argument '--batch': expected batch · row length ≤ 2^27 tokens, got " +
@@ -141,18 +155,7 @@ tasks::Batch generate(const SampleOptions& o) {
     return tasks::copy_train(c, o.batch, o.seed);
   }
   if (t == "copy_eval") return tasks::copy_eval(o.length, o.batch, o.seed);
-  tasks::WordProblemConfig c;
-  c.group = tasks::group_from_string(t == "parity" ? "S2"
-                                     : t == "a3"   ? "A3"
-                                     : t == "s2"   ? "S2"
-                                     : t == "s3"   ? "S3"
-                                                   : "S5");
-  c.seq_len = o.seq_len.value_or(64);
-  if (c.seq_len < 1)
-    throw InputError("argument '--seq-len': expected ≥ 1, got " + std::to_string(c.seq_len));
-  c.final_only = o.final_only;
-  c.bos = o.bos;
-  return tasks::word_problem(c, o.batch, o.seed);
+  return tasks::word_problem(word, o.batch, o.seed);
 }
 
 // Writes {"inputs": int64 [B, T], "targets": int64 [B, T], "vocab_size": int64 scalar} with

@@ -258,7 +258,11 @@ TaskSpec parse_task(const json& j) {
   std::int64_t longest = t.eval_lengths.back();
   for (const auto& p : t.mqar_eval_points) longest = std::max(longest, p.length);
   if (t.name == "copy") longest = 2 * longest + 3;
-  if (t.word.bos) longest += 1;  // word problems only (parsed for them alone)
+  if (t.word.bos) {  // word problems only (parsed for them alone)
+    WordProblemConfig longest_row = t.word;
+    longest_row.seq_len = longest;
+    longest = longest_row.row_length();
+  }
   if (t.eval_batch * longest > kMaxBatchTokens)
     fail(kOp, r.at("eval_batch"),
          "at most 2^26 tokens per evaluation batch (eval_batch × the longest evaluation row of " +
@@ -380,7 +384,7 @@ std::int64_t TaskSpec::reference_length() const {
 std::int64_t TaskSpec::vocab_size() const {
   if (name == "mqar") return mqar.vocab_size;
   if (name == "copy") return kCopyVocabSize;
-  return PermutationGroup::get(word.group).order() + (word.bos ? 1 : 0);
+  return word.vocab_size();
 }
 
 Batch TaskSpec::train_batch(std::int64_t step, std::int64_t rows, std::uint64_t seed) const {

@@ -89,12 +89,16 @@ const PermutationGroup& PermutationGroup::get(Group group) {
        std::to_string(static_cast<int>(group)));
 }
 
+std::int64_t WordProblemConfig::vocab_size() const {
+  return PermutationGroup::get(group).order() + (bos ? 1 : 0);
+}
+
 Batch word_problem(const WordProblemConfig& c, std::int64_t batch, std::uint64_t seed) {
   const std::string op = "word_problem";
   detail::check_at_least(op, "seq_len", c.seq_len, 1);
   const PermutationGroup& g = PermutationGroup::get(c.group);
-  const std::int64_t T = c.seq_len, lead = c.bos ? 1 : 0, cols = T + lead;
-  Batch b = detail::make_batch(op, batch, cols, g.order() + lead, 0);
+  const std::int64_t T = c.seq_len, cols = c.row_length(), lead = cols - T;
+  Batch b = detail::make_batch(op, batch, cols, c.vocab_size(), 0);
   Rng rng(seed);
   for (std::int64_t r = 0; r < batch; ++r) {
     std::int64_t* x = b.inputs.data() + r * cols;

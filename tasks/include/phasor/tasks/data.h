@@ -219,6 +219,10 @@ struct WordProblemConfig {
   std::int64_t seq_len = 64;
   bool final_only = false;
   bool bos = false;
+  // The one place the BOS rule lives: a row holds seq_len tokens plus the BOS, and the
+  // vocabulary holds the |G| elements plus the BOS id |G|.
+  std::int64_t row_length() const { return seq_len + (bos ? 1 : 0); }
+  std::int64_t vocab_size() const;
 };
 Batch word_problem(const WordProblemConfig& config, std::int64_t batch, std::uint64_t seed);
 // Parity: word_problem with Group::S2.
