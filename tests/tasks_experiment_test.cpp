@@ -342,9 +342,20 @@ TEST(TasksExperiment, ResumeContinuesInterruptedGrid) {
   json r = json::parse(std::ifstream(record));
   r["marker"] = true;
   std::ofstream(record) << r.dump();
-  const json again = run_experiment(parse_experiment_config(c), options).results;
+  const ExperimentOutput again_output = run_experiment(parse_experiment_config(c), options);
+  const json& again = again_output.results;
   EXPECT_TRUE(again["runs"][0].value("marker", false));
   EXPECT_EQ(again["runs"][0]["losses"], straight["runs"][0]["losses"]);
+  // Its table says that the wall time is this invocation's, which trained nothing: both runs
+  // were read back.
+  for (const json& t : again_output.timings["runs"])
+    EXPECT_TRUE(t.value("finished_earlier", false));
+  const std::string again_table = format_result_table(again, again_output.timings);
+  EXPECT_NE(again_table.find("(this invocation; 2 of the runs finished in earlier ones)"),
+            std::string::npos)
+      << again_table;
+  EXPECT_EQ(format_result_table(resumed.results, resumed.timings).find("finished in earlier"),
+            std::string::npos);
 
   // A finished run of other settings is not silently mixed in.
   json changed = c;

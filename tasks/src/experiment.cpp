@@ -611,6 +611,9 @@ ExperimentOutput run_experiment(const ExperimentConfig& config, const Experiment
           timing["arm"] = arm.name;
           timing["lr"] = lr;
           timing["seed"] = seed;
+          // Read back, not trained here: the table must not pass this invocation's wall time
+          // off as the grid's.
+          timing["finished_earlier"] = true;
           runs.push_back(std::move(record));
           run_timings.push_back(std::move(timing));
           if (progress) std::fprintf(stderr, "%s: finished earlier\n", label.c_str());
@@ -990,9 +993,17 @@ std::string format_result_table(const json& results, const json& timings) {
   }
   const json& machine = results["machine"];
   t += fmt::format("\n{} runs", results["runs"].size());
-  if (timings.is_object() && timings.contains("wall_time_s"))
+  if (timings.is_object() && timings.contains("wall_time_s")) {
     t += fmt::format(" ({:.1f} s of training) in {:.1f} s", num(timings["train_time_s"]),
                      num(timings["wall_time_s"]));
+    // A --resume invocation reads finished runs back: its wall time is its own, not the grid's.
+    std::size_t earlier = 0;
+    if (timings.contains("runs"))
+      for (const json& r : timings["runs"])
+        if (r.value("finished_earlier", false)) ++earlier;
+    if (earlier > 0)
+      t += fmt::format(" (this invocation; {} of the runs finished in earlier ones)", earlier);
+  }
   if (machine.contains("processes"))
     t += fmt::format(" on {} processes × {} threads", machine["processes"].get<int>(),
                      machine["threads"].get<int>());

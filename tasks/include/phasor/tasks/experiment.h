@@ -61,7 +61,9 @@
 //                   is data.h's correct_prefix_length of the row's curve. Bit-identical likewise
 //   timings.json    the clock: this invocation's wall time, the training time, and per run
 //                   whether it was resumed, its wall time, tokens_per_s and time_breakdown
-//                   (train.h's TimeBreakdown) — of the invocation that finished the run
+//                   (train.h's TimeBreakdown) — of the invocation that finished the run —
+//                   and finished_earlier: true for a run read back by a --resume invocation
+//                   (the table then says its wall time is this invocation's)
 //   table.txt       the result table (format_result_table), as `phasor tasks run` prints it
 //   accuracy_vs_length.png, token_accuracy_vs_length.png   per arm: best lr, mean over seeds
 //   loss.png        training loss (smoothed) per arm: best lr, mean over seeds
