@@ -203,6 +203,55 @@ struct ChunkStates {
   }
 };
 
+// ---- A training step against the forward (issue 13's forward + backward ÷ forward) -------------
+// Arguments (T): T in `lengths`, at least 1 s each.
+inline void register_training_step_grid(benchmark::internal::Benchmark* b,
+                                        std::initializer_list<std::int64_t> lengths) {
+  b->ArgNames({"T"});
+  for (std::int64_t T : lengths) b->Arg(T);
+  b->Unit(benchmark::kMillisecond)->MinTime(1.0)->UseRealTime();
+}
+// Each iteration runs, in this order and each timed alone: `forward` (inference: keeps nothing),
+// `training_forward` (what a training step's forward does: keeps what the backward reads, as the
+// LibTorch layer does under autograd) and `backward` (reading what training_forward kept). Reports
+// the medians over the iterations of each call's time, fwd_ms, train_fwd_ms and bwd_ms, and
+// step_per_fwd = (train_fwd_ms + bwd_ms) ÷ fwd_ms: a training step's time in forwards. Each call
+// is timed by itself, so the ratio does not include a loop's setup or page faults, and the three
+// calls of an iteration meet the same machine load; medians keep one slow iteration out.
+// items_per_second counts the tokens of a training step.
+template <class Forward, class TrainingForward, class Backward>
+void time_training_step(benchmark::State& state, std::int64_t tokens, Forward&& forward,
+                        TrainingForward&& training_forward, Backward&& backward) {
+  std::vector<double> fwd, train_fwd, bwd;
+  const auto timed = [](auto&& call, std::vector<double>& into) {
+    const auto start = std::chrono::steady_clock::now();
+    call();
+    benchmark::ClobberMemory();
+    into.push_back(
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+            .count());
+  };
+  for (auto _ : state) {
+    timed(forward, fwd);
+    timed(training_forward, train_fwd);
+    timed(backward, bwd);
+  }
+  const auto median = [](std::vector<double> x) {
+    if (x.empty()) return 0.0;
+    const auto mid = x.begin() + static_cast<std::ptrdiff_t>(x.size() / 2);
+    std::nth_element(x.begin(), mid, x.end());
+    if (x.size() % 2 == 1) return *mid;
+    return (*mid + *std::max_element(x.begin(), mid)) / 2;
+  };
+  const double f = median(fwd), tf = median(train_fwd), b = median(bwd);
+  state.SetItemsProcessed(state.iterations() * tokens);
+  state.counters["fwd_ms"] = f;
+  state.counters["train_fwd_ms"] = tf;
+  state.counters["bwd_ms"] = b;
+  state.counters["step_per_fwd"] = f > 0 ? (tf + b) / f : 0.0;
+  state.SetLabel("chunk");
+}
+
 // ---- Input dtype: float32 against bfloat16 ----------------------------------------------------
 // A bfloat16 copy (rounded to nearest even) of the contiguous float32 tensor x, held in
 // `storage`: a view of the same shape.

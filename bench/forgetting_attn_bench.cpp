@@ -8,6 +8,8 @@
 //  - BM_FoxSlopesForward / BM_FoxSlopesForwardBackward: the chunk kernel without and with the
 //    additive GRAPE-A-QK bias (per-query and per-key slopes ω·softplus(·), ω = 0.02; the backward
 //    also writes da, db), T ∈ {1024, 4096}, label "chunk/no_bias" or "chunk/grape_a_qk".
+//  - BM_FoxTrainingStep: the forward, the training forward (lse too) and the backward, each
+//    timed alone; step_per_fwd = (training forward + backward) ÷ forward. T ∈ {1024, 4096}.
 //  - BM_FoxHarnessShape: forward + backward (chunk and recurrent) of one layer of the
 //    synthetic-task harness's quick suite (B = 32, H = 2, K = V = 32, T = 64).
 //  - BM_FoxCacheDecode: the public ForgettingAttnCache, one step() call per token (T ≤ 4096;
@@ -137,6 +139,20 @@ void BM_FoxForwardBackward(benchmark::State& state) {
   });
   if (impl == Impl::chunk)
     phasor::bench::report_flops(state, seconds, problem.T, fox_chunk_flops(problem.T, true));
+}
+
+// A training step against the inference forward (bench_util.h: time_training_step): the forward
+// (o only), the forward that also writes lse, and the backward given o and lse.
+void BM_FoxTrainingStep(benchmark::State& state) {
+  Problem problem(state.range(0));
+  const phasor::ForgettingAttnParams params = problem.params();
+  const TensorView o = problem.v_view(problem.o), lse = problem.gate_view(problem.lse),
+                   d_o = problem.v_view(problem.d_o);
+  const phasor::ForgettingAttnGrads grads = problem.grads();
+  phasor::bench::time_training_step(
+      state, problem.T, [&] { phasor::forgetting_attn_forward(params, Impl::chunk, o); },
+      [&] { phasor::forgetting_attn_forward(params, Impl::chunk, o, lse); },
+      [&] { phasor::forgetting_attn_backward(params, Impl::chunk, d_o, o, lse, grads); });
 }
 
 // Forward + backward at the harness's layer shape (bench_util.h: kHarnessShape, T = 64).
@@ -441,6 +457,10 @@ BENCHMARK(BM_FoxCacheDecode)
     ->Unit(benchmark::kMillisecond)
     ->MinTime(0.2)
     ->UseRealTime();
+// T = 16384 would take ~20 s an iteration (a forward alone takes ~4 s).
+BENCHMARK(BM_FoxTrainingStep)->Apply([](auto* b) {
+  phasor::bench::register_training_step_grid(b, {1024, 4096});
+});
 BENCHMARK(BM_FoxInputDtype)->Apply(phasor::bench::register_dtype_grid);
 BENCHMARK(BM_FoxHarnessShape)->Apply([](auto* b) {
   phasor::bench::register_harness_grid(b, {Impl::recurrent, Impl::chunk});

@@ -9,7 +9,8 @@
 // layer of the synthetic-task harness's quick suite (B = 32, H = 2, K = 32, V = 64, T = 64).
 // BM_GatedDeltaRuleChunkStates: the chunk forward and forward + backward with the chunk states and
 // U_new (v_new) kept by the forward for the backward (as the LibTorch layer trains) against the
-// replay.
+// replay. BM_GatedDeltaRuleTrainingStep: the forward, the training forward (chunk states and U_new
+// kept) and the backward, each timed alone; step_per_fwd = (training forward + backward) ÷ forward.
 #include <benchmark/benchmark.h>
 
 #include <cmath>
@@ -147,6 +148,24 @@ void BM_GatedDeltaRuleChunkStates(benchmark::State& state) {
   });
   phasor::bench::report_flops(state, seconds, problem.T, gdn_chunk_flops(backward, kept));
   state.SetLabel(phasor::bench::chunk_state_label(kept));
+}
+
+// A training step against the inference forward (bench_util.h: time_training_step): the chunk
+// forward, the forward keeping the chunk states and U_new, and the backward reading them.
+void BM_GatedDeltaRuleTrainingStep(benchmark::State& state) {
+  Problem problem(state.range(0));
+  const phasor::GatedDeltaRuleParams params = problem.params();
+  const TensorView o = problem.v_view(problem.o), d_o = problem.v_view(problem.d_o);
+  const phasor::GatedDeltaRuleGrads grads = problem.grads();
+  const phasor::bench::ChunkStates kept(true, params.q, params.v, params.chunk_size);
+  std::vector<float> kept_v_new(problem.v.size());
+  const TensorView v_new = problem.v_view(kept_v_new);
+  phasor::bench::time_training_step(
+      state, problem.T, [&] { phasor::gated_delta_rule_forward(params, Impl::chunk, o); },
+      [&] { phasor::gated_delta_rule_forward(params, Impl::chunk, o, {}, kept.view, v_new); },
+      [&] {
+        phasor::gated_delta_rule_backward(params, Impl::chunk, d_o, {}, grads, kept.view, v_new);
+      });
 }
 
 // Forward + backward at the harness's layer shape (bench_util.h: kHarnessShape with V doubled,
@@ -352,6 +371,9 @@ const bool registered = [] {
       RegisterBenchmark("BM_GatedDeltaRuleForwardBackward", BM_GatedDeltaRuleForwardBackward));
   phasor::bench::register_chunk_state_grid(
       RegisterBenchmark("BM_GatedDeltaRuleChunkStates", BM_GatedDeltaRuleChunkStates));
+  phasor::bench::register_training_step_grid(
+      RegisterBenchmark("BM_GatedDeltaRuleTrainingStep", BM_GatedDeltaRuleTrainingStep),
+      {1024, 4096, 16384});
   phasor::bench::register_device_grid(
       RegisterBenchmark("BM_GatedDeltaRuleRecurrentDevice", BM_GatedDeltaRuleRecurrentDevice));
   phasor::bench::register_chunk_device_grid(

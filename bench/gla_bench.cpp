@@ -7,6 +7,8 @@
 // present (T = 1024 … 16384); label "<device>/recurrent".
 // BM_GlaChunkStates: the chunk forward and forward + backward with the chunk states kept by the
 // forward for the backward (as the LibTorch layer trains) against the backward's replay.
+// BM_GlaTrainingStep: the forward, the training forward (chunk states kept) and the backward, each
+// timed alone; step_per_fwd = (training forward + backward) ÷ forward.
 // BM_GlaHarnessShape: forward + backward of one layer of the synthetic-task harness's quick suite
 // (B = 32, H = 2, K = V = 32, T = 64; bench_util.h's kHarnessShape).
 // BM_GlaRotation*: rotation angles θ fused into the kernel vs apply_rotary then the op (the
@@ -131,6 +133,20 @@ void BM_GlaChunkStates(benchmark::State& state) {
   });
   phasor::bench::report_flops(state, seconds, problem.T, gla_chunk_flops(backward, kept));
   state.SetLabel(phasor::bench::chunk_state_label(kept));
+}
+
+// A training step against the inference forward (bench_util.h: time_training_step): the chunk
+// forward, the forward keeping the chunk states, and the backward reading them.
+void BM_GlaTrainingStep(benchmark::State& state) {
+  Problem problem(state.range(0));
+  const phasor::GlaParams params = problem.params();
+  const TensorView o = problem.v_view(problem.o), d_o = problem.v_view(problem.d_o);
+  const phasor::GlaGrads grads = problem.grads();
+  const phasor::bench::ChunkStates kept(true, params.q, params.v, params.chunk_size);
+  phasor::bench::time_training_step(
+      state, problem.T, [&] { phasor::gla_forward(params, Impl::chunk, o); },
+      [&] { phasor::gla_forward(params, Impl::chunk, o, {}, kept.view); },
+      [&] { phasor::gla_backward(params, Impl::chunk, d_o, {}, grads, kept.view); });
 }
 
 // Forward + backward at the harness's layer shape (bench_util.h: kHarnessShape, T = 64).
@@ -311,6 +327,8 @@ const bool registered = [] {
       RegisterBenchmark("BM_GlaForwardBackward", BM_GlaForwardBackward));
   phasor::bench::register_chunk_state_grid(
       RegisterBenchmark("BM_GlaChunkStates", BM_GlaChunkStates));
+  phasor::bench::register_training_step_grid(
+      RegisterBenchmark("BM_GlaTrainingStep", BM_GlaTrainingStep), {1024, 4096, 16384});
   phasor::bench::register_device_grid(
       RegisterBenchmark("BM_GlaRecurrentDevice", BM_GlaRecurrentDevice));
   phasor::bench::register_chunk_device_grid(
