@@ -38,6 +38,7 @@
 #include "phasor/tasks/data.h"
 #include "phasor/tasks/experiment.h"
 #include "phasor/tasks/model.h"
+#include "phasor/tasks/phase_probe.h"
 #include "phasor/torch.h"
 
 #ifndef PHASOR_CONFIG_DIR
@@ -332,6 +333,86 @@ TEST(ClaimsConstruction, GlaSelectiveRopeParity) {
         EXPECT_EQ(wrong[i], 0) << impl << " " << dtype_name(dtype) << " T = " << kLengths[i];
     }
   }
+}
+
+// The parity phase probe (phase_probe.h) on the construction above: with φ(1) = π exactly, rotation
+// pair 0 of both heads tracks parity at harmonic 1 with no drift, on every row to the end; with
+// φ(1) = π(1 + ε) its drift is πε per 1-token and 0 per 0-token, and the horizon is where half the
+// rows have seen about 1/(2ε) ones (the error πε·n_t reaching π/2, less what the calibration's
+// first positions took out): about 1/ε positions, as drift_horizon says. Every other pair (phase
+// increments ~e⁻³⁰) is off by π at every 1-token, at every harmonic, and loses at once.
+TEST(ClaimsConstruction, ParityPhaseProbeMeasuresTheConstructionsDrift) {
+  ModelConfig cfg = arm_model("full/parity.json", "gla_selective_rope");
+  cfg.vocab_size = 2;
+  cfg.dtype = "float64";
+  const Batch rows = parity(1024, false, 64, 7);
+  for (const double eps : {0.0, 1.0 / 256}) {
+    LanguageModel model(cfg);
+    build_gla_rotation(model, {kPi * (1 + eps), {0.0, 1.0}});
+    const PhaseProbe probe = parity_phase_probe(model, rows);
+    EXPECT_EQ(probe.length, 1024);
+    ASSERT_EQ(probe.heads.size(), 2u);  // 1 layer × 2 heads
+    const auto pairs_per_head = static_cast<std::int64_t>(probe.pairs.size()) / 2;
+    ASSERT_EQ(pairs_per_head, 8);  // K = 16 per head
+    for (const PhasePairProbe& p : probe.heads) {
+      EXPECT_EQ(p.layer, 0);
+      EXPECT_EQ(p.pair, 0) << "head " << p.head;
+      EXPECT_EQ(p.harmonic, 1) << "head " << p.head;
+      EXPECT_NEAR(p.drift_one, kPi * eps, 0.05 * kPi * eps + 1e-9) << "head " << p.head;
+      EXPECT_NEAR(p.drift_zero, 0.0, 0.05 * kPi * eps + 1e-9);
+      if (eps == 0) {
+        EXPECT_EQ(p.horizon, 1024);
+        EXPECT_LT(p.jitter, 1e-9);
+        EXPECT_TRUE(std::isinf(p.drift_horizon) || p.drift_horizon > 1e6) << p.drift_horizon;
+      } else {
+        EXPECT_GE(p.horizon, 230);
+        EXPECT_LE(p.horizon, 300);
+        EXPECT_NEAR(p.drift_horizon, 1 / eps, 0.1 / eps);
+      }
+      for (std::int64_t i = 1; i < pairs_per_head; ++i) {
+        const PhasePairProbe& other =
+            probe.pairs[static_cast<std::size_t>(p.head * pairs_per_head + i)];
+        EXPECT_EQ(other.pair, i);
+        EXPECT_LE(other.horizon, 8) << "head " << p.head << " pair " << i;
+      }
+    }
+    // The JSON of the results: the best pair per head and every pair's horizon.
+    const nlohmann::json j = to_json(probe);
+    ASSERT_EQ(j["heads"].size(), 2u);
+    EXPECT_EQ(j["heads"][0]["pair_horizons"].size(), 8u);
+    EXPECT_EQ(j["heads"][0]["pair_horizons"][0].get<std::int64_t>(), probe.heads[0].horizon);
+    EXPECT_EQ(j["heads"][1]["harmonic"].get<int>(), 1);
+  }
+}
+
+TEST(ClaimsConstruction, ParityPhaseProbeRefusesOtherRows) {
+  ModelConfig cfg = arm_model("full/parity.json", "gla_selective_rope");
+  cfg.vocab_size = 2;
+  LanguageModel model(cfg);
+  Batch rows = parity(8, false, 2, 1);
+  rows.inputs[5] = 2;  // a BOS id inside a row
+  try {
+    parity_phase_probe(model, rows);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("phase_probe: argument 'batch'"), std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("id 2 at row 0, position 5"), std::string::npos)
+        << e.what();
+  }
+  WordProblemConfig bos;
+  bos.group = Group::S2, bos.seq_len = 8, bos.bos = true;
+  try {
+    parity_phase_probe(model, word_problem(bos, 2, 1));  // the model's vocabulary has no BOS
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("argument 'model'"), std::string::npos) << e.what();
+  }
+  // A model without Selective RoPE: nothing to probe.
+  ModelConfig nope = cfg;
+  nope.pos_encoding = "none";
+  LanguageModel plain(nope);
+  EXPECT_TRUE(parity_phase_probe(plain, parity(8, false, 2, 1)).heads.empty());
 }
 
 TEST(ClaimsConstruction, GlaSelectiveRopeA3) {

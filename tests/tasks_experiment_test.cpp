@@ -19,6 +19,7 @@
 
 #include "phasor/common.h"
 #include "phasor/tasks/experiment.h"
+#include "phasor/tasks/phase_probe.h"
 
 #ifndef PHASOR_CONFIG_DIR
 #error "PHASOR_CONFIG_DIR must name tasks/configs (set by tests/CMakeLists.txt)"
@@ -79,6 +80,53 @@ std::int64_t prefix_length(const json& e) {
   std::vector<double> curve;
   for (const json& v : e["cumulative_sequence_accuracy"]) curve.push_back(num(v));
   return correct_prefix_length(curve);
+}
+
+// Parity runs of Selective RoPE arms carry the phase probe (phase_probe.h) of the longest
+// evaluation's rows, and the table shows it beside the correct prefix; other arms carry none.
+TEST(TasksExperiment, ParitySelectiveRopeRunsCarryThePhaseProbe) {
+  json c = tiny_config();
+  c["name"] = "tiny_probe";
+  c["task"]["bos"] = true;
+  c["model"]["num_heads"] = 2;
+  c["arms"] = json::parse(R"([{"name": "gla_srope", "model": {"mixer": "gla",
+                                "pos_encoding": "selective_rope"}},
+                              {"name": "gla", "model": {"mixer": "gla"}}])");
+  c["lr_grid"] = {0.003};
+  c["seeds"] = {0};
+  ExperimentOptions options;
+  options.out_dir = fresh_dir("tiny_probe").string();
+  options.progress = false;
+  const ExperimentOutput output = run_experiment(parse_experiment_config(c), options);
+  const json& runs = output.results["runs"];
+  ASSERT_EQ(runs.size(), 2u);
+  ASSERT_EQ(runs[0]["arm"], "gla_srope");
+  ASSERT_TRUE(runs[0].contains("phase_probe"));
+  EXPECT_FALSE(runs[1].contains("phase_probe"));
+  const json& probe = runs[0]["phase_probe"];
+  EXPECT_EQ(probe["eval_length"].get<std::int64_t>(), 16);
+  EXPECT_EQ(probe["length"].get<std::int64_t>(), 17);  // the BOS and 16 elements
+  ASSERT_EQ(probe["heads"].size(), 2u);                // 1 layer × 2 heads
+  for (std::size_t h = 0; h < 2; ++h) {
+    const json& p = probe["heads"][h];
+    EXPECT_EQ(p["layer"].get<std::int64_t>(), 0);
+    EXPECT_EQ(p["head"].get<std::int64_t>(), static_cast<std::int64_t>(h));
+    EXPECT_GE(p["pair"].get<std::int64_t>(), 0);
+    const auto pairs = static_cast<std::int64_t>(p["pair_horizons"].size());
+    EXPECT_GE(pairs, 1);
+    EXPECT_LT(p["pair"].get<std::int64_t>(), pairs);
+    EXPECT_EQ(p["pair_horizons"][p["pair"].get<std::size_t>()], p["horizon"]);
+    EXPECT_GE(p["harmonic"].get<int>(), 1);
+    EXPECT_LE(p["harmonic"].get<int>(), kMaxHarmonic);
+    EXPECT_GE(p["horizon"].get<std::int64_t>(), 1);
+    EXPECT_LE(p["horizon"].get<std::int64_t>(), 17);
+    EXPECT_TRUE(std::isfinite(p["drift_one"].get<double>()));
+    EXPECT_TRUE(std::isfinite(p["drift_zero"].get<double>()));
+    EXPECT_GE(p["jitter"].get<double>(), 0.0);
+  }
+  const std::string table = format_result_table(output.results, output.timings);
+  EXPECT_NE(table.find("phase probe (parity, Selective RoPE;"), std::string::npos) << table;
+  EXPECT_NE(table.find("gla_srope"), std::string::npos);
 }
 
 TEST(TasksExperiment, TinyGridEndToEnd) {

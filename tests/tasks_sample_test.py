@@ -10,7 +10,8 @@ paired with its key in the context, the copy examples `$ s | s .` and their targ
 XOR of parity and the running products of the group word problems (recomputed here from
 permutations), determinism in the seed, and that bad input exits with status 2 and a message
 naming the option; then a tiny `phasor tasks run` grid, the OpenBLAS kernels it runs on, its
---resume and its config errors. Prints 'N passed, M failed' last and exits non-zero on any failure.
+--resume and its config errors, and `phasor tasks probe` on the checkpoint of a tiny parity run.
+Prints 'N passed, M failed' last and exits non-zero on any failure.
 """
 import itertools
 import os
@@ -344,5 +345,45 @@ report("tasks run: missing config exits 2", proc.returncode == 2 and "missing.js
 proc, _ = run_config(TINY, "--threads", "-1")
 report("tasks run: negative --threads", proc.returncode == 2 and "--threads" in proc.stderr,
        proc.stderr)
+
+# ---- phasor tasks probe: the parity phase probe of a trained checkpoint ---------------------------
+PROBE = {
+    "name": "tiny_probe_cli",
+    "task": {"name": "parity", "bos": True, "train_lengths": [8], "eval_lengths": [16],
+             "eval_batch": 8},
+    "model": {"hidden_size": 16, "num_layers": 1, "num_heads": 2, "mlp": False},
+    "arms": [{"name": "srope", "model": {"mixer": "gla", "pos_encoding": "selective_rope"}}],
+    "train": {"steps": 4, "batch_size": 2, "eval_every": 0, "log_every": 0},
+    "lr_grid": [0.01],
+    "seeds": [3],
+}
+proc, out = run_config(PROBE, "--threads", "1", out_name="probe_out")
+ckpt = os.path.join(out, "checkpoints", "srope.lr0.01.seed3.ckpt")
+report("tasks run: a parity Selective RoPE run keeps its checkpoint and prints the phase probe",
+       proc.returncode == 0 and os.path.exists(ckpt) and "phase probe (parity" in proc.stdout,
+       proc.stdout + proc.stderr)
+probe_json = os.path.join(WORK, "probe.json")
+proc = subprocess.run([PHASOR, "tasks", "probe", ckpt, "--length", "40", "--rows", "6", "--json",
+                       probe_json], capture_output=True, text=True, timeout=60)
+ok = proc.returncode == 0 and "correct prefix" in proc.stdout and os.path.exists(probe_json)
+if ok:
+    with open(probe_json) as f:
+        probe = json.load(f)
+    heads = probe.get("heads", [])
+    ok = (probe.get("length") == 41 and probe.get("rows") == 6 and len(heads) == 2 and
+          all(1 <= h["horizon"] <= 41 and 1 <= h["harmonic"] <= 4 for h in heads) and
+          0 <= probe.get("correct_prefix_length", -1) <= 41)
+    # One printed line per head, after the header.
+    ok = ok and len([line for line in proc.stdout.splitlines() if line.startswith("    0 ")]) == 2
+report("tasks probe: a head per line and the JSON beside the model's correct prefix", ok,
+       proc.stdout + proc.stderr)
+proc = subprocess.run([PHASOR, "tasks", "probe", ckpt, "--length", "0"],
+                      capture_output=True, text=True, timeout=60)
+report("tasks probe: --length 0 exits 2 naming it",
+       proc.returncode == 2 and "--length" in proc.stderr, proc.stderr)
+proc = subprocess.run([PHASOR, "tasks", "probe", os.path.join(WORK, "missing.ckpt")],
+                      capture_output=True, text=True, timeout=60)
+report("tasks probe: a missing checkpoint exits 2 naming it",
+       proc.returncode == 2 and "missing.ckpt" in proc.stderr, proc.stderr)
 
 sys.exit(summary())

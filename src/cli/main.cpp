@@ -26,7 +26,9 @@ constexpr const char* kUsage =
     "                                         copy_eval, parity, s2, a3, s3, s5) for torch.load;\n"
     "                                         see `phasor tasks sample --help`\n"
     "  tasks run CONFIG.json [--out DIR]      train and evaluate an experiment grid (arms x lr x\n"
-    "                                         seeds); see `phasor tasks run --help`\n";
+    "                                         seeds); see `phasor tasks run --help`\n"
+    "  tasks probe CHECKPOINT [--length L]    the parity phase probe of a trained Selective RoPE\n"
+    "                                         model; see `phasor tasks probe --help`\n";
 
 }  // namespace
 

@@ -1,6 +1,8 @@
 // `phasor tasks ...`: the synthetic-task harness from the command line.
 //   phasor tasks sample TASK [options] --out batch.pt   one batch of a generator, for torch.load
 //   phasor tasks run CONFIG.json [--out DIR] [...]      the experiment runner (tasks/experiment.h)
+//   phasor tasks probe CHECKPOINT [--length L] [...]    the parity phase probe of a trained model
+//                                                       (tasks/phase_probe.h)
 #include <malloc.h>
 #include <signal.h>
 #include <torch/torch.h>
@@ -28,6 +30,8 @@
 #include "phasor/tasks/data.h"
 #include "phasor/tasks/data_parallel.h"
 #include "phasor/tasks/experiment.h"
+#include "phasor/tasks/phase_probe.h"
+#include "phasor/tasks/train.h"
 
 namespace phasor::cli {
 namespace {
@@ -371,6 +375,75 @@ int run_run(const RunOptions& o) {
   }
 }
 
+// ---- phasor tasks probe -------------------------------------------------------------------------
+
+struct ProbeOptions {
+  std::string checkpoint;
+  std::int64_t length = 1024;
+  std::int64_t rows = 256;
+  std::uint64_t seed = 0;
+  std::string json_path;
+  bool pairs = false;
+};
+
+// The parity phase probe (phase_probe.h) of a checkpoint's model on `rows` random parity rows of
+// `length` elements (with a BOS when the model's vocabulary has one), printed per head (per pair
+// with --pairs) beside the model's own correct prefix on the same rows.
+int run_probe(const ProbeOptions& o) {
+  const std::string prefix = "phasor tasks probe: ";
+  try {
+    if (o.length < 1 || o.length > tasks::kMaxSequenceLength)
+      throw InputError("--length: expected 1 … 2^20 elements, got " + std::to_string(o.length));
+    if (o.rows < 1 || o.rows * (o.length + 1) > tasks::kMaxBatchTokens)
+      throw InputError("--rows: expected ≥ 1 rows of at most 2^26 tokens in all, got " +
+                       std::to_string(o.rows));
+    tasks::LanguageModel model = tasks::load_model(o.checkpoint);
+    model->eval();
+    tasks::WordProblemConfig c;
+    c.group = tasks::Group::S2;
+    c.seq_len = o.length;
+    c.bos = model->config().vocab_size >= 3;
+    const tasks::Batch rows = tasks::word_problem(c, o.rows, o.seed);
+    const tasks::PhaseProbe probe = tasks::parity_phase_probe(model, rows);
+    if (probe.heads.empty())
+      throw InputError("the checkpoint's model has no Selective RoPE layer: nothing to probe");
+    const tasks::EvalResult eval = tasks::evaluate(model, rows, 16);
+    const std::int64_t correct =
+        tasks::correct_prefix_length(eval.metrics.prefix_sequence_accuracy);
+    std::printf(
+        "%s: parity rows of %lld elements%s (%lld rows, seed %llu): the model's correct prefix "
+        "%lld positions, sequence accuracy %.3f\n",
+        o.checkpoint.c_str(), static_cast<long long>(o.length), c.bos ? " after a BOS" : "",
+        static_cast<long long>(o.rows), static_cast<unsigned long long>(o.seed),
+        static_cast<long long>(correct), eval.metrics.sequence_accuracy);
+    std::printf("%5s %4s %4s %8s %7s %11s %11s %8s %13s\n", "layer", "head", "pair", "harmonic",
+                "horizon", "drift_zero", "drift_one", "jitter", "drift_horizon");
+    for (const tasks::PhasePairProbe& p : o.pairs ? probe.pairs : probe.heads)
+      std::printf("%5lld %4lld %4lld %8d %7lld %11.6f %11.6f %8.4f %13.1f\n",
+                  static_cast<long long>(p.layer), static_cast<long long>(p.head),
+                  static_cast<long long>(p.pair), p.harmonic, static_cast<long long>(p.horizon),
+                  p.drift_zero, p.drift_one, p.jitter, p.drift_horizon);
+    if (!o.json_path.empty()) {
+      nlohmann::json j = tasks::to_json(probe);
+      j["checkpoint"] = o.checkpoint;
+      j["rows"] = o.rows;
+      j["seed"] = o.seed;
+      j["correct_prefix_length"] = correct;
+      j["sequence_accuracy"] = eval.metrics.sequence_accuracy;
+      std::ofstream out(o.json_path);
+      out << j.dump(1) << "\n";
+      if (!out) throw InputError("--json: cannot write '" + o.json_path + "'");
+    }
+    return 0;
+  } catch (const InputError& e) {
+    std::fprintf(stderr, "%s%s\n", prefix.c_str(), e.what());
+    return 2;
+  } catch (const Error& e) {
+    std::fprintf(stderr, "%s%s\n", prefix.c_str(), e.what());
+    return 2;
+  }
+}
+
 }  // namespace
 
 int run_tasks(int argc, char** argv) {
@@ -447,11 +520,29 @@ int run_tasks(int argc, char** argv) {
                 "time phasor's kernels and LibTorch's ops during training and print each run's "
                 "time per step by phase (also timings.json: runs[].time_breakdown)");
 
+  ProbeOptions pr;
+  CLI::App* probe = app.add_subcommand(
+      "probe",
+      "The parity phase probe (tasks/include/phasor/tasks/phase_probe.h) of a trained model: for "
+      "each head of its Selective RoPE layers, the rotation pair whose phase tracks the parity of "
+      "random parity rows longest (horizon, in positions), its harmonic and drift, beside the "
+      "model's own correct prefix on the same rows.");
+  probe
+      ->add_option("CHECKPOINT", pr.checkpoint,
+                   "a checkpoint of `phasor tasks run` (<out>/checkpoints/*.ckpt)")
+      ->required();
+  probe->add_option("--length", pr.length, "elements per row (default 1024)");
+  probe->add_option("--rows", pr.rows, "rows (default 256)");
+  probe->add_option("--seed", pr.seed, "the rows' generator seed (default 0)");
+  probe->add_option("--json", pr.json_path, "also write the probe as JSON to this file");
+  probe->add_flag("--pairs", pr.pairs, "print every rotation pair, not only each head's best");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 2;
   }
+  if (probe->parsed()) return run_probe(pr);
   if (run->parsed()) {
     r.argv.assign(argv, argv + argc);
     return run_run(r);

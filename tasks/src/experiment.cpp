@@ -23,6 +23,7 @@
 #include "phasor/tasks/blas.h"
 #include "phasor/tasks/data_parallel.h"
 #include "phasor/tasks/files.h"
+#include "phasor/tasks/phase_probe.h"
 #include "phasor/tasks/plot.h"
 
 namespace phasor::tasks {
@@ -686,6 +687,18 @@ ExperimentOutput run_experiment(const ExperimentConfig& config, const Experiment
           by_length.push_back(std::move(e));
         }
         record["eval_by_length"] = by_length;
+        // Parity with Selective RoPE: the phase probe (phase_probe.h) on the rows of the longest
+        // evaluation, so that each run's phase horizon sits beside its correct prefix lengths.
+        if ((task.name == "parity" || task.name == "s2") &&
+            arm.model.pos_encoding == "selective_rope") {
+          const std::int64_t longest =
+              *std::max_element(task.eval_lengths.begin(), task.eval_lengths.end());
+          const Batch b =
+              task.eval_batch_at(longest, task.eval_batch, batch_seed(seed, -2 - longest));
+          json probe = to_json(parity_phase_probe(model, b));
+          probe["eval_length"] = longest;  // the evaluation whose rows these are
+          record["phase_probe"] = std::move(probe);
+        }
         if (!task.mqar_eval_points.empty()) {
           // Rows that depend on (seed, length, num_kv_pairs) only, at stream positions below
           // every −2 − length of the length sweep.
@@ -990,6 +1003,39 @@ std::string format_result_table(const json& results, const json& timings) {
                                          ? num(l["reference_correct_prefix_length"])
                                          : std::numeric_limits<double>::quiet_NaN());
     t += "\n";
+  }
+  // The parity phase probe of the Selective RoPE runs (phase_probe.h), beside their correct prefix
+  // at the same length: a phase horizon beyond the correct prefix means the phases are not what
+  // fails first.
+  bool probed = false;
+  for (const json& run : results["runs"]) {
+    if (!run.contains("phase_probe") || run["phase_probe"]["heads"].empty()) continue;
+    const json& probe = run["phase_probe"];
+    if (!probed) {
+      t +=
+          "\nphase probe (parity, Selective RoPE; phase_probe.h): per run, the head whose rotation "
+          "pair tracks parity longest (horizon, in positions; k its harmonic) beside the run's "
+          "correct prefix on the same rows; drifts in rad/token\n";
+      t += fmt::format("{:<{}}  {:>8}  {:>4}  {:>6}  {:>7}  {:>7}  {:>1}  {:>10}  {:>10}  {:>7}\n",
+                       "arm", w, "lr", "seed", "length", "horizon", "correct", "k", "drift_zero",
+                       "drift_one", "jitter");
+      probed = true;
+    }
+    std::int64_t correct = -1;
+    for (const json& e : run["eval_by_length"])
+      if (e["length"] == probe["eval_length"] && e.contains("cumulative_sequence_accuracy"))
+        correct = prefix_length_of(e);
+    const json* best = nullptr;
+    for (const json& h : probe["heads"])
+      if (!best || h["horizon"].get<std::int64_t>() > (*best)["horizon"].get<std::int64_t>())
+        best = &h;
+    const json& p = *best;
+    t += fmt::format(
+        "{:<{}}  {:>8}  {:>4}  {:>6}  {:>7}  {:>7}  {:>1}  {:>10.5f}  {:>10.5f}  {:>7.4f}\n",
+        run["arm"].get<std::string>(), w, lr_string(num(run["lr"])),
+        run["seed"].get<std::int64_t>(), probe["length"].get<std::int64_t>(),
+        p["horizon"].get<std::int64_t>(), correct >= 0 ? std::to_string(correct) : "-",
+        p["harmonic"].get<int>(), num(p["drift_zero"]), num(p["drift_one"]), num(p["jitter"]));
   }
   const json& machine = results["machine"];
   t += fmt::format("\n{} runs", results["runs"].size());

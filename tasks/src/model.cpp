@@ -608,7 +608,7 @@ class BlockImpl : public torch::nn::Module {
   }
 
   at::Tensor forward(at::Tensor x) {
-    x = x + mixer_forward_(nn::rms_norm(x, mixer_norm, eps_));
+    x = x + mixer_forward_(mixer_input(x));
     if (w1) {
       const at::Tensor h = nn::rms_norm(x, mlp_norm, eps_);
       const at::Tensor a =
@@ -617,6 +617,9 @@ class BlockImpl : public torch::nn::Module {
     }
     return x;
   }
+
+  // The mixer's input: x after the block's RMSNorm (LanguageModelImpl::mixer_inputs).
+  at::Tensor mixer_input(const at::Tensor& x) const { return nn::rms_norm(x, mixer_norm, eps_); }
 
   at::Tensor mixer_norm, mlp_norm;
   torch::nn::Linear w1{nullptr}, w2{nullptr}, w3{nullptr};
@@ -661,7 +664,7 @@ at::Tensor LanguageModelImpl::logits(const at::Tensor& hidden) {
   return at::linear(nn::rms_norm(hidden, norm_weight, config_.norm_eps), head_weight);
 }
 
-at::Tensor LanguageModelImpl::hidden(const at::Tensor& tokens) {
+void LanguageModelImpl::check_tokens(const at::Tensor& tokens) const {
   const std::string op = "LanguageModel";
   if (!tokens.defined()) fail(op, "tokens", "an int64 tensor [B, T]", "an undefined tensor");
   std::ostringstream shape;
@@ -675,9 +678,35 @@ at::Tensor LanguageModelImpl::hidden(const at::Tensor& tokens) {
   if (lo < 0 || hi >= config_.vocab_size)
     fail(op, "tokens", "ids in [0, " + std::to_string(config_.vocab_size) + ")",
          "ids in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+}
+
+at::Tensor LanguageModelImpl::hidden(const at::Tensor& tokens) {
+  check_tokens(tokens);
   at::Tensor x = at::embedding(embedding, tokens);
   for (auto& block : blocks) x = block->forward(x);
   return x;
+}
+
+std::vector<at::Tensor> LanguageModelImpl::mixer_inputs(const at::Tensor& tokens) {
+  check_tokens(tokens);
+  std::vector<at::Tensor> inputs;
+  at::Tensor x = at::embedding(embedding, tokens);
+  for (auto& block : blocks) {
+    inputs.push_back(block->mixer_input(x));
+    x = block->forward(x);
+  }
+  return inputs;
+}
+
+std::vector<nn::SelectiveRoPE> LanguageModelImpl::selective_ropes(std::int64_t layer) {
+  if (layer < 0 || layer >= static_cast<std::int64_t>(blocks.size()))
+    fail("LanguageModel", "layer", "a layer in [0, " + std::to_string(blocks.size()) + ")",
+         std::to_string(layer));
+  std::vector<nn::SelectiveRoPE> ropes;
+  for (const auto& m : blocks[static_cast<std::size_t>(layer)]->modules(/*include_self=*/false))
+    if (auto rope = std::dynamic_pointer_cast<nn::SelectiveRoPEImpl>(m))
+      ropes.emplace_back(std::move(rope));
+  return ropes;
 }
 
 std::int64_t LanguageModelImpl::num_parameters() const {

@@ -51,7 +51,9 @@
 //   results.json    the config, the machine (threads; data parallel: processes), every run (losses,
 //   periodic
 //                   evaluations, per-length token / sequence accuracy, loss and cumulative
-//                   sequence-accuracy curve, copy: char_accuracy) and the summary (best lr per
+//                   sequence-accuracy curve, copy: char_accuracy; parity runs of Selective RoPE
+//                   arms: "phase_probe", phase_probe.h's probe of the longest evaluation's rows,
+//                   with its "eval_length") and the summary (best lr per
 //                   arm; means over seeds, data.h's correct_prefix_length among them). No
 //                   clock readings: for a config, seeds and thread counts its bytes are the
 //                   same whether the grid ran in one go or was killed and resumed any number

@@ -193,6 +193,11 @@ class LanguageModelImpl : public torch::nn::Module {
   // applies the head to the scored positions only.
   at::Tensor hidden(const at::Tensor& tokens);
   at::Tensor logits(const at::Tensor& hidden);
+  // For probes of what the layers compute (phase_probe.h): the input each block's mixer sees —
+  // the block's input after its RMSNorm — per layer, [B, T, D] each, from the same pass as
+  // hidden(tokens); and the Selective RoPE modules of layer `layer`'s mixer (empty without one).
+  std::vector<at::Tensor> mixer_inputs(const at::Tensor& tokens);
+  std::vector<nn::SelectiveRoPE> selective_ropes(std::int64_t layer);
 
   const ModelConfig& config() const { return config_; }
   std::int64_t num_parameters() const;
@@ -203,6 +208,8 @@ class LanguageModelImpl : public torch::nn::Module {
   std::vector<std::shared_ptr<detail::BlockImpl>> blocks;
 
  private:
+  // phasor::Error unless tokens is an int64 CPU tensor [B ≥ 1, T ≥ 1] of ids in [0, V).
+  void check_tokens(const at::Tensor& tokens) const;
   ModelConfig config_;
 };
 TORCH_MODULE(LanguageModel);

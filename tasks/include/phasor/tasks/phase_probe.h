@@ -1,0 +1,79 @@
+// phasor::tasks — the phases a trained model's Selective RoPE layers give parity rows, measured
+// against the phases that track parity exactly (issue 16; docs/claims.md).
+//
+// The construction (tests/claims_construction_test.cpp) turns one rotation pair by π per 1-token
+// and by 0 (mod 2π) per 0-token: the rotation between positions 0 and t is π times the number of
+// 1-tokens in (0, t], and its cosine is that stretch's parity. A trained model has more ways to
+// the same end, and the probe accepts each of them:
+//  * a harmonic k: a pair that turns by π/k per 1-token (and by a multiple of 2π/k per 0-token)
+//    counts the 1-tokens mod 2k, which gives their parity through cos kθ, sin kθ — a readout the
+//    layer's MLP can form (trained GLA models use k = 2: quarter turns);
+//  * an offset that depends on the last tokens: Selective RoPE's short convolution spreads a
+//    token's increment over the next conv_size − 1 positions, so θ_t lags the full count by an
+//    amount that depends on the last tokens, which the layer's own short convolutions on q and k
+//    can undo.
+// A phase that is off by δ per token drifts instead: its error grows by δ per token and, once it
+// nears π/2, the rotation points at the wrong parity, however well the rest of the model reads it.
+// For every (layer with Selective RoPE, head, rotation pair, harmonic k = 1 … 4), on rows of the
+// harness's parity encoding (element ids 0 and 1, with or without a leading BOS, id 2):
+//   Δθ_t  = ω ⊙ φ_t      the increment of position t (SelectiveRoPE's φ and ω; float64 from here)
+//   e_t   = wrap(k·Σ_{0<s≤t} Δθ_s − π·n_t),  n_t = the number of 1-tokens at positions (0, t],
+//           wrap(x) ∈ [−π, π) the angle x modulo 2π: the phase error at t against position 0
+//   ê_t   = wrap(e_t − c(x_{t−2}, x_{t−1}, x_t)), c = the circular mean of e over the positions
+//           t ≤ kCalibrationPositions with the same last three tokens (tokens before the row
+//           count as a BOS): the error with the context's offset taken out, calibrated where no
+//           drift has built up yet
+// and reports
+//   horizon     for a row, F = its first position with |ê_t| ≥ π/2 (the row length if none); the
+//               largest m with F ≥ m for at least half of the rows. In positions, as data.h's
+//               correct_prefix_length counts the positions a model gets right: the two compare
+//               directly
+//   drift_zero, drift_one  the slopes of the error path E_t (ê_t unwrapped: the sum of its
+//               wrapped steps) in the number of 0-tokens and of 1-tokens (least squares with an
+//               intercept, over every row and position): radians per token
+//   jitter      the RMS residual of that fit: how far the error wanders about its drift
+//   drift_horizon  (π/2) / |mean drift per position| (the two drifts weighted by how often 0 and
+//               1 occur in the rows): how far the drift alone would carry; +inf without drift
+// Per pair, the harmonic with the longest horizon (ties: the lower k); per head, the pair with the
+// longest horizon (ties: the longer drift_horizon).
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "phasor/tasks/data.h"
+#include "phasor/tasks/model.h"
+
+namespace phasor::tasks {
+
+// Positions 1 … this many calibrate the context offsets c (see above).
+inline constexpr std::int64_t kCalibrationPositions = 16;
+inline constexpr int kMaxHarmonic = 4;
+
+struct PhasePairProbe {
+  std::int64_t layer = 0, head = 0, pair = 0;
+  int harmonic = 1;  // k
+  std::int64_t horizon = 0;
+  double drift_zero = 0, drift_one = 0, jitter = 0, drift_horizon = 0;
+};
+
+struct PhaseProbe {
+  std::int64_t length = 0;            // positions per row (the batch's cols)
+  std::vector<PhasePairProbe> pairs;  // every (layer, head, pair) at its best harmonic;
+                                      // layer-, head-, pair-major
+  std::vector<PhasePairProbe> heads;  // per (layer, head) with Selective RoPE: its best pair
+};
+
+// The probe of `model` on the parity rows `batch` (Batch::inputs: element ids 0 and 1, a BOS id 2
+// allowed at position 0 only). Empty (no pairs, no heads) when the model has no Selective RoPE
+// layer. phasor::Error (op "phase_probe") when the rows hold other ids or the model's vocabulary
+// cannot read them. Runs without gradients; φ in the model's dtype.
+PhaseProbe parity_phase_probe(LanguageModel& model, const Batch& batch);
+
+// {"length", "heads": [{"layer", "head", "pair", "harmonic", "horizon", "drift_zero",
+// "drift_one", "jitter", "drift_horizon" (null when infinite), "pair_horizons": [the horizon of
+// every pair of the head, at its best harmonic]}, …]}.
+nlohmann::json to_json(const PhaseProbe& probe);
+
+}  // namespace phasor::tasks

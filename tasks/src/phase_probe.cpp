@@ -1,0 +1,239 @@
+// The parity phase probe (phase_probe.h).
+#include "phasor/tasks/phase_probe.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "check.h"
+
+namespace phasor::tasks {
+namespace {
+
+constexpr double kPi = 3.14159265358979323846;
+constexpr std::int64_t kBos = 2;        // S2's BOS id (data.h: |G|)
+constexpr std::int64_t kContexts = 27;  // the last three tokens, each 0, 1 or BOS / before the row
+
+// x modulo 2π, in [−π, π).
+double wrap(double x) {
+  return x - 2 * kPi * std::floor((x + kPi) / (2 * kPi));
+}
+
+// What every pair's probe reads of the rows, position-major within a row (index r · cols + t).
+struct Rows {
+  std::int64_t rows = 0, cols = 0;
+  std::vector<std::int64_t> ones;                // n_t (0 at t = 0)
+  std::vector<std::int64_t> context;             // the id of (x_{t−2}, x_{t−1}, x_t), base 3
+  std::int64_t zero_tokens = 0, one_tokens = 0;  // over the positions t > 0
+
+  explicit Rows(const Batch& b) : rows(b.rows), cols(b.cols) {
+    const auto n = static_cast<std::size_t>(rows * cols);
+    ones.assign(n, 0);
+    context.assign(n, 0);
+    for (std::int64_t r = 0; r < rows; ++r) {
+      std::int64_t count = 0, id = kContexts - 1;  // BOS, BOS, BOS: nothing before the row
+      for (std::int64_t t = 0; t < cols; ++t) {
+        const std::int64_t x = b.input(r, t);
+        if (t > 0) count += x, (x == 1 ? one_tokens : zero_tokens) += 1;
+        id = (id * 3 + x) % kContexts;
+        ones[static_cast<std::size_t>(r * cols + t)] = count;
+        context[static_cast<std::size_t>(r * cols + t)] = id;
+      }
+    }
+  }
+};
+
+// The rows' tokens, checked: ids 0 and 1, and the BOS id at position 0 only.
+void check_rows(const Batch& b, std::int64_t vocab_size) {
+  const std::string op = "phase_probe";
+  if (b.rows < 1 || b.cols < 1)
+    detail::fail(op, "batch", "at least one row of at least one position",
+                 std::to_string(b.rows) + " × " + std::to_string(b.cols));
+  for (std::int64_t r = 0; r < b.rows; ++r)
+    for (std::int64_t t = 0; t < b.cols; ++t) {
+      const std::int64_t x = b.input(r, t);
+      if (x == 0 || x == 1 || (x == kBos && t == 0)) continue;
+      detail::fail(op, "batch", "parity rows (element ids 0 and 1, a BOS id 2 at position 0 only)",
+                   "id " + std::to_string(x) + " at row " + std::to_string(r) + ", position " +
+                       std::to_string(t));
+    }
+  const std::int64_t needed = b.input(0, 0) == kBos ? kBos + 1 : 2;
+  if (vocab_size < needed)
+    detail::fail(op, "model", "a vocabulary of at least " + std::to_string(needed) + " ids",
+                 std::to_string(vocab_size));
+}
+
+// Solves the 3 × 3 system a x = y (symmetric positive semi-definite normal equations) by Cramer's
+// rule; false when it is singular.
+bool solve3(const double a[3][3], const double y[3], double x[3]) {
+  const auto det = [](const double m[3][3]) {
+    return m[0][0] * (m[1][1] * m[2][2] - m[1][2] * m[2][1]) -
+           m[0][1] * (m[1][0] * m[2][2] - m[1][2] * m[2][0]) +
+           m[0][2] * (m[1][0] * m[2][1] - m[1][1] * m[2][0]);
+  };
+  const double d = det(a);
+  if (!(std::abs(d) > 0)) return false;
+  for (int c = 0; c < 3; ++c) {
+    double m[3][3];
+    for (int i = 0; i < 3; ++i)
+      for (int j = 0; j < 3; ++j) m[i][j] = j == c ? y[i] : a[i][j];
+    x[c] = det(m) / d;
+  }
+  return true;
+}
+
+// One pair at harmonic k from its cumulative phases (phase[r · cols + t] = Σ_{0<s≤t} Δθ_s);
+// `error` is scratch of rows · cols values.
+PhasePairProbe probe_pair(const Rows& rows, const std::vector<double>& phase, int k,
+                          std::vector<double>& error) {
+  const std::int64_t R = rows.rows, T = rows.cols;
+  const auto at = [T](std::int64_t r, std::int64_t t) {
+    return static_cast<std::size_t>(r * T + t);
+  };
+  // e_t, and the context offsets from the first kCalibrationPositions positions.
+  double cos_sum[kContexts] = {}, sin_sum[kContexts] = {};
+  for (std::int64_t r = 0; r < R; ++r)
+    for (std::int64_t t = 1; t < T; ++t) {
+      const std::size_t i = at(r, t);
+      error[i] = wrap(k * phase[i] - kPi * static_cast<double>(rows.ones[i]));
+      if (t <= kCalibrationPositions) {
+        cos_sum[rows.context[i]] += std::cos(error[i]);
+        sin_sum[rows.context[i]] += std::sin(error[i]);
+      }
+    }
+  double offset[kContexts];
+  for (std::int64_t c = 0; c < kContexts; ++c)
+    offset[c] = cos_sum[c] == 0 && sin_sum[c] == 0 ? 0.0 : std::atan2(sin_sum[c], cos_sum[c]);
+
+  // ê_t, the horizon, and the error path E_t (ê unwrapped) in place of e.
+  PhasePairProbe p;
+  p.harmonic = k;
+  std::vector<std::int64_t> first_wrong(static_cast<std::size_t>(R), T);
+  double normal[3][3] = {}, moment[3] = {};
+  for (std::int64_t r = 0; r < R; ++r) {
+    double previous = 0, path = 0;
+    for (std::int64_t t = 1; t < T; ++t) {
+      const std::size_t i = at(r, t);
+      const double e = wrap(error[i] - offset[rows.context[i]]);
+      if (first_wrong[static_cast<std::size_t>(r)] == T && std::abs(e) >= kPi / 2)
+        first_wrong[static_cast<std::size_t>(r)] = t;
+      path += t == 1 ? e : wrap(e - previous);
+      previous = e;
+      error[i] = path;
+      const double n1 = static_cast<double>(rows.ones[i]), n0 = static_cast<double>(t) - n1;
+      const double basis[3] = {1.0, n0, n1};
+      for (int a = 0; a < 3; ++a) {
+        moment[a] += basis[a] * path;
+        for (int b = 0; b < 3; ++b) normal[a][b] += basis[a] * basis[b];
+      }
+    }
+  }
+  // The largest m with F ≥ m for at least half of the rows: the (R − ⌈R/2⌉)-th smallest F.
+  std::sort(first_wrong.begin(), first_wrong.end());
+  p.horizon = first_wrong[static_cast<std::size_t>(R - (R + 1) / 2)];
+
+  // E ≈ β + drift_zero · n0 + drift_one · n1, and the RMS of what is left.
+  double beta[3] = {0, 0, 0};
+  if (solve3(normal, moment, beta)) {
+    p.drift_zero = beta[1], p.drift_one = beta[2];
+    double sum_sq = 0;
+    for (std::int64_t r = 0; r < R; ++r)
+      for (std::int64_t t = 1; t < T; ++t) {
+        const std::size_t i = at(r, t);
+        const double n1 = static_cast<double>(rows.ones[i]), n0 = static_cast<double>(t) - n1;
+        const double residual = error[i] - (beta[0] + beta[1] * n0 + beta[2] * n1);
+        sum_sq += residual * residual;
+      }
+    p.jitter = std::sqrt(sum_sq / normal[0][0]);
+  }
+  const double tokens = static_cast<double>(rows.zero_tokens + rows.one_tokens);
+  const double mean_drift = tokens > 0 ? (p.drift_zero * static_cast<double>(rows.zero_tokens) +
+                                          p.drift_one * static_cast<double>(rows.one_tokens)) /
+                                             tokens
+                                       : 0.0;
+  p.drift_horizon =
+      mean_drift != 0 ? (kPi / 2) / std::abs(mean_drift) : std::numeric_limits<double>::infinity();
+  return p;
+}
+
+// Longer horizon first; then the lower harmonic, then the longer drift horizon.
+bool better(const PhasePairProbe& a, const PhasePairProbe& b) {
+  if (a.horizon != b.horizon) return a.horizon > b.horizon;
+  if (a.harmonic != b.harmonic) return a.harmonic < b.harmonic;
+  return a.drift_horizon > b.drift_horizon;
+}
+
+}  // namespace
+
+PhaseProbe parity_phase_probe(LanguageModel& model, const Batch& batch) {
+  check_rows(batch, model->config().vocab_size);
+  torch::NoGradGuard no_grad;
+  PhaseProbe probe;
+  probe.length = batch.cols;
+  const Rows rows(batch);
+  const at::Tensor tokens = torch::from_blob(const_cast<std::int64_t*>(batch.inputs.data()),
+                                             {batch.rows, batch.cols}, at::kLong)
+                                .clone();
+  const std::vector<at::Tensor> inputs = model->mixer_inputs(tokens);
+  std::vector<double> phase(static_cast<std::size_t>(batch.rows * batch.cols)), error(phase.size());
+  for (std::int64_t layer = 0; layer < static_cast<std::int64_t>(inputs.size()); ++layer)
+    for (auto& rope : model->selective_ropes(layer)) {
+      // Δθ = ω ⊙ φ: [B, T, H, R] (ω is [H, R] when learnable, else [R]; both broadcast).
+      const at::Tensor dtheta =
+          (rope->phase_increments(inputs[static_cast<std::size_t>(layer)]).to(at::kDouble) *
+           rope->omega().to(at::kDouble))
+              .contiguous();
+      const auto a = dtheta.accessor<double, 4>();
+      const std::int64_t H = dtheta.size(2), R = dtheta.size(3);
+      for (std::int64_t h = 0; h < H; ++h) {
+        PhasePairProbe head_best;
+        for (std::int64_t i = 0; i < R; ++i) {
+          for (std::int64_t r = 0; r < batch.rows; ++r) {
+            double sum = 0;  // Σ_{0<s≤t} Δθ_s
+            for (std::int64_t t = 0; t < batch.cols; ++t) {
+              if (t > 0) sum += a[r][t][h][i];
+              phase[static_cast<std::size_t>(r * batch.cols + t)] = sum;
+            }
+          }
+          PhasePairProbe best;
+          for (int k = 1; k <= kMaxHarmonic; ++k) {
+            const PhasePairProbe p = probe_pair(rows, phase, k, error);
+            if (k == 1 || better(p, best)) best = p;
+          }
+          best.layer = layer, best.head = h, best.pair = i;
+          probe.pairs.push_back(best);
+          if (i == 0 || better(best, head_best)) head_best = best;
+        }
+        probe.heads.push_back(head_best);
+      }
+    }
+  return probe;
+}
+
+nlohmann::json to_json(const PhaseProbe& probe) {
+  nlohmann::json heads = nlohmann::json::array();
+  for (const PhasePairProbe& p : probe.heads) {
+    nlohmann::json horizons = nlohmann::json::array();
+    for (const PhasePairProbe& q : probe.pairs)
+      if (q.layer == p.layer && q.head == p.head) horizons.push_back(q.horizon);
+    heads.push_back(
+        {{"layer", p.layer},
+         {"head", p.head},
+         {"pair", p.pair},
+         {"harmonic", p.harmonic},
+         {"horizon", p.horizon},
+         {"drift_zero", p.drift_zero},
+         {"drift_one", p.drift_one},
+         {"jitter", p.jitter},
+         {"drift_horizon", std::isfinite(p.drift_horizon) ? nlohmann::json(p.drift_horizon)
+                                                          : nlohmann::json(nullptr)},
+         {"pair_horizons", horizons}});
+  }
+  return {{"length", probe.length}, {"heads", heads}};
+}
+
+}  // namespace phasor::tasks
