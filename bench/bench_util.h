@@ -204,12 +204,14 @@ struct ChunkStates {
 };
 
 // ---- A training step against the forward (issue 13's forward + backward ÷ forward) -------------
-// Arguments (T): T in `lengths`, at least 1 s each.
+// Arguments (T): T in `lengths`, at least `min_time` seconds each (enough for a median of 3 or
+// more iterations at the longest).
 inline void register_training_step_grid(benchmark::internal::Benchmark* b,
-                                        std::initializer_list<std::int64_t> lengths) {
+                                        std::initializer_list<std::int64_t> lengths,
+                                        double min_time = 2.0) {
   b->ArgNames({"T"});
   for (std::int64_t T : lengths) b->Arg(T);
-  b->Unit(benchmark::kMillisecond)->MinTime(1.0)->UseRealTime();
+  b->Unit(benchmark::kMillisecond)->MinTime(min_time)->UseRealTime();
 }
 // Each iteration runs, in this order and each timed alone: `forward` (inference: keeps nothing),
 // `training_forward` (what a training step's forward does: keeps what the backward reads, as the

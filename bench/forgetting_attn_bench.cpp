@@ -457,9 +457,9 @@ BENCHMARK(BM_FoxCacheDecode)
     ->Unit(benchmark::kMillisecond)
     ->MinTime(0.2)
     ->UseRealTime();
-// T = 16384 would take ~20 s an iteration (a forward alone takes ~4 s).
+// T = 16384 would take ~20 s an iteration (a forward alone takes ~4 s); T = 4096 ~1 s.
 BENCHMARK(BM_FoxTrainingStep)->Apply([](auto* b) {
-  phasor::bench::register_training_step_grid(b, {1024, 4096});
+  phasor::bench::register_training_step_grid(b, {1024, 4096}, 4.0);
 });
 BENCHMARK(BM_FoxInputDtype)->Apply(phasor::bench::register_dtype_grid);
 BENCHMARK(BM_FoxHarnessShape)->Apply([](auto* b) {
