@@ -394,7 +394,7 @@ int run_probe(const ProbeOptions& o) {
   try {
     if (o.length < 1 || o.length > tasks::kMaxSequenceLength)
       throw InputError("--length: expected 1 … 2^20 elements, got " + std::to_string(o.length));
-    if (o.rows < 1 || o.rows * (o.length + 1) > tasks::kMaxBatchTokens)
+    if (o.rows < 1 || o.rows > tasks::kMaxBatchTokens / (o.length + 1))
       throw InputError("--rows: expected ≥ 1 rows of at most 2^26 tokens in all, got " +
                        std::to_string(o.rows));
     tasks::LanguageModel model = tasks::load_model(o.checkpoint);
