@@ -675,6 +675,12 @@ ExperimentOutput run_experiment(const ExperimentConfig& config, const Experiment
         record["evals"] = evals;
         // The final evaluation at every length, on rows that depend on (seed, length) only:
         // stream positions −2 − length, away from the training steps (≥ 1) and held_out (−1).
+        // Parity with Selective RoPE: the phase probe (phase_probe.h) on the rows of the longest
+        // evaluation, so that each run's phase horizon sits beside its correct prefix lengths.
+        const bool probe_phases = (task.name == "parity" || task.name == "s2") &&
+                                  arm.model.pos_encoding == "selective_rope";
+        const std::int64_t longest =
+            *std::max_element(task.eval_lengths.begin(), task.eval_lengths.end());
         json by_length = json::array();
         for (std::int64_t length : task.eval_lengths) {
           const Batch b =
@@ -685,20 +691,13 @@ ExperimentOutput run_experiment(const ExperimentConfig& config, const Experiment
             e["char_accuracy"] =
                 copy_metrics(r.predictions, b.targets, b.rows, b.cols).char_accuracy;
           by_length.push_back(std::move(e));
+          if (probe_phases && length == longest) {
+            json probe = to_json(parity_phase_probe(model, b));
+            probe["eval_length"] = longest;  // the evaluation whose rows these are
+            record["phase_probe"] = std::move(probe);
+          }
         }
         record["eval_by_length"] = by_length;
-        // Parity with Selective RoPE: the phase probe (phase_probe.h) on the rows of the longest
-        // evaluation, so that each run's phase horizon sits beside its correct prefix lengths.
-        if ((task.name == "parity" || task.name == "s2") &&
-            arm.model.pos_encoding == "selective_rope") {
-          const std::int64_t longest =
-              *std::max_element(task.eval_lengths.begin(), task.eval_lengths.end());
-          const Batch b =
-              task.eval_batch_at(longest, task.eval_batch, batch_seed(seed, -2 - longest));
-          json probe = to_json(parity_phase_probe(model, b));
-          probe["eval_length"] = longest;  // the evaluation whose rows these are
-          record["phase_probe"] = std::move(probe);
-        }
         if (!task.mqar_eval_points.empty()) {
           // Rows that depend on (seed, length, num_kv_pairs) only, at stream positions below
           // every −2 − length of the length sweep.
