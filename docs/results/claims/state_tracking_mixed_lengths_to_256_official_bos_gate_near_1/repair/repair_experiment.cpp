@@ -1,7 +1,8 @@
 // The experiment behind docs/claims.md "Drift and decay: what limits extrapolation" (2026-12-06).
 // Not built by CMake: compiled by hand against build/ (the flags and link line of
 // build/tests/claims_construction_test), run as `repair_experiment CKPT 1024 100 DRIFT "" GATES`
-// with DRIFT 0 or 1 and GATES empty or "tracking"; output in repair.txt beside it.
+// with DRIFT 0 or 1 and GATES empty or "tracking" (and an optional 7th argument, the rows
+// seed; default 0); output in repair.txt beside it.
 // Drift surgery (an experiment): make chosen rotation pairs' per-token phase
 // increments exact multiples of π/k (0-token ≡ 0, 1-token ≡ π/k at harmonic k) by editing the
 // Selective RoPE's up-projection rows, then measure the correct prefix.
@@ -38,7 +39,7 @@ int main(int argc, char** argv) {
   c.group = Group::S2;
   c.seq_len = T;
   c.bos = true;
-  const Batch b = word_problem(c, 256, 0);
+  const Batch b = word_problem(c, 256, argc > 7 ? std::atol(argv[7]) : 0);  // rows seed
   torch::NoGradGuard ng;
   LanguageModel m = load_model(ck);
   m->eval();
