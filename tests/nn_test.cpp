@@ -525,6 +525,49 @@ TEST(GatedLinearAttention, StackedProjectionsAreTheSeparateOnes) {
   EXPECT_CLOSE(layer->forward(x), expected, 1e-13, "GLA layer");
 }
 
+// clamp_min is fla's floor on the log forget gate: g = max(logsigmoid(·)/normalizer, clamp_min),
+// entry by entry, with the gradient of the clamped entries cut; 0 pins the gate to 1, so the
+// layer is the same layer with g ≡ 0 given to the op, and its gate weights get no gradient.
+TEST(GatedLinearAttention, ClampMinIsAFloorOnTheLogGate) {
+  torch::manual_seed(33);
+  const at::Tensor x = torch::randn({2, 9, 12}, f64);
+  GatedLinearAttention free_gate = make_gla(PosEncoding::selective_rope);
+  const auto with_floor = [&](double floor) {
+    auto options = free_gate->options;
+    GatedLinearAttention layer(options.clamp_min(floor));
+    layer->to(at::kDouble);
+    torch::NoGradGuard no_grad;
+    const auto source = free_gate->named_parameters();
+    for (auto& p : layer->named_parameters()) p.value().copy_(source[p.key()]);
+    return layer;
+  };
+  const at::Tensor g = free_gate->forget_gates(x);
+  // A floor inside the gates' range, so that some entries are clamped and some are not.
+  const double floor = -0.3;
+  ASSERT_TRUE(g.lt(floor).any().item<bool>() && g.gt(floor).any().item<bool>());
+  GatedLinearAttention floored = with_floor(floor);
+  EXPECT_TRUE(at::equal(floored->forget_gates(x), at::clamp_min(g, floor)));
+  expect_decode_matches_parallel(floored, x, 6, "GLA clamp_min -0.3");
+
+  GatedLinearAttention pinned = with_floor(0.0);
+  EXPECT_TRUE(at::equal(pinned->forget_gates(x), at::zeros_like(g)));
+  // The same weights with the gate's logits driven to +40: log g = logsigmoid(40)/2 ≈ −2e-18.
+  GatedLinearAttention open_gate = with_floor(-1.0);
+  {
+    torch::NoGradGuard no_grad;
+    open_gate->gk_up->weight.zero_();
+    open_gate->gk_up->bias.fill_(40.0);
+  }
+  const at::Tensor y = pinned->forward(x);
+  EXPECT_CLOSE(y, open_gate->forward(x), 1e-13, "GLA clamp_min 0 against an open gate");
+  EXPECT_GT((y - free_gate->forward(x)).abs().max().item<double>(), 1e-3);  // the gate mattered
+  y.square().sum().backward();
+  EXPECT_TRUE(at::equal(pinned->gk_up->weight.grad(), at::zeros_like(pinned->gk_up->weight)));
+  EXPECT_GT(pinned->q_proj->weight.grad().abs().max().item<double>(), 0.0);
+  floored->forward(x).square().sum().backward();
+  EXPECT_GT(floored->gk_up->weight.grad().abs().max().item<double>(), 0.0);
+}
+
 TEST(GatedDeltaNet, StackedProjectionsAreTheSeparateOnes) {
   torch::manual_seed(32);
   GatedDeltaNet layer(GatedDeltaNetOptions(12, 2, 6)
@@ -760,6 +803,11 @@ TEST(Layers, OptionErrorsNameTheOption) {
             PosEncoding::rope));  // K = 3: odd
       },
       {"GatedLinearAttention", "'pos_encoding'", "even", "K = 3"});
+  expect_error([] { GatedLinearAttention(GatedLinearAttentionOptions(16, 2).clamp_min(0.5)); },
+               {"GatedLinearAttention", "'clamp_min'", "≤ 0", "0.5"});
+  expect_error(
+      [] { GatedLinearAttention(GatedLinearAttentionOptions(16, 2).clamp_min(std::nan(""))); },
+      {"GatedLinearAttention", "'clamp_min'", "≤ 0"});
   expect_error([] { GatedDeltaNet(GatedDeltaNetOptions(16, 2, 8).num_v_heads(3)); },
                {"GatedDeltaNet", "'num_v_heads'", "multiple of num_heads = 2", "got 3"});
   expect_error([] { GatedDeltaNet(GatedDeltaNetOptions(16, 2, 8).expand_v(0.3)); },

@@ -119,6 +119,10 @@ TEST(ModelConfig, JsonRoundTripAndErrors) {
   expect_error([&] { LanguageModel m(bad); }, {"mixer 'gla'", "'use_short_conv'", "a boolean"});
   bad.mixer_options = {{"expand_k", 0.3}};
   expect_error([&] { LanguageModel m(bad); }, {"mixer 'gla'", "'expand_k'"});
+  bad.mixer_options = {{"clamp_min", 0.5}};
+  expect_error([&] { LanguageModel m(bad); }, {"mixer 'gla'", "'clamp_min'", "≤ 0", "0.5"});
+  bad.mixer_options = {{"clamp_min", "none"}};
+  expect_error([&] { LanguageModel m(bad); }, {"mixer 'gla'", "'clamp_min'", "a number"});
   bad = tiny("fox", "rope");
   bad.pos_options = {{"rank", 2}};
   expect_error([&] { LanguageModel m(bad); }, {"pos_encoding 'rope'", "'rank'", "unknown key"});
@@ -239,6 +243,16 @@ TEST(LanguageModel, StructureFollowsTheConfig) {
   LanguageModel m1(c);
   EXPECT_FALSE(std::dynamic_pointer_cast<nn::GatedDeltaNetImpl>(m1->named_modules()["block0.mixer"])
                    ->options.allow_neg_eigval());
+  // GLA's clamp_min reaches the layer when given, and stays unset otherwise.
+  c = tiny("gla");
+  const auto gla_of = [](const LanguageModel& m) {
+    return std::dynamic_pointer_cast<nn::GatedLinearAttentionImpl>(
+        m->named_modules()["block0.mixer"]);
+  };
+  ASSERT_TRUE(gla_of(LanguageModel(c)));
+  EXPECT_FALSE(gla_of(LanguageModel(c))->options.clamp_min().has_value());
+  c.mixer_options["clamp_min"] = -0.25;
+  EXPECT_EQ(gla_of(LanguageModel(c))->options.clamp_min(), c10::optional<double>(-0.25));
   // MLP sizes: SwiGLU 3·D·F, GELU 2·D·F, none 0 (F = expansion · D).
   c = tiny("attention");
   c.mlp = false;

@@ -415,6 +415,7 @@ struct LayerCache {
 // fla's GLA layer (H heads, K = hidden·expand_k/H, V = hidden·expand_v/H):
 //   q, k = W_q x, W_k x (optional short conv + SiLU), v = W_v x (idem),
 //   g    = logsigmoid(W_up W_down x + b) / gate_logit_normalizer   (low-rank log forget gate),
+//          then max(g, clamp_min) when clamp_min is set (fla's clamp_min: a floor on log g),
 //   o    = GLA(q, k, v, g) with q, k rotated by θ (pos_encoding),
 //   y    = W_o [RMSNorm(o) ⊙ swish(W_g x)]   (or W_o RMSNorm(o) without the output gate).
 // Gate tying (pos_encoding ≠ none): with tie_gate_pairs the low-rank gate has H·K/2 outputs and
@@ -433,7 +434,13 @@ struct GatedLinearAttentionOptions {
   TORCH_ARG(bool, use_output_gate) = true;  // the swish output gate W_g (default on)
   TORCH_ARG(std::int64_t, gate_low_rank_dim) = 16;  // rank of the forget-gate projection
   TORCH_ARG(double, gate_logit_normalizer) = 16.0;  // divides logsigmoid(·) (> 0)
-  TORCH_ARG(double, norm_eps) = 1e-5;               // RMSNorm epsilon
+  // Floor on the log forget gate, a number ≤ 0 (fla's clamp_min; default none): every token
+  // keeps at least e^clamp_min of the state. 0 pins the gate to 1 (no decay: linear attention,
+  // with rotation when pos_encoding is set) — the gate then gets no gradient. Unlike
+  // gate_logit_normalizer, which only slows the gate's learning, a floor bounds the decay
+  // whatever the weights learn (docs/claims.md, "Drift and decay").
+  TORCH_ARG(c10::optional<double>, clamp_min) = c10::nullopt;
+  TORCH_ARG(double, norm_eps) = 1e-5;  // RMSNorm epsilon
   // Kernel for T > 1 (chunk or recurrent); one token with a cache always runs the recurrent one.
   TORCH_ARG(Impl, impl) = Impl::chunk;
   TORCH_ARG(std::int64_t, chunk_size) = 64;                  // Impl::chunk tile length

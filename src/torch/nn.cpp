@@ -498,6 +498,10 @@ void GatedLinearAttentionImpl::reset() {
   check_positive(layer, "gate_low_rank_dim", o.gate_low_rank_dim());
   check_option(o.gate_logit_normalizer() > 0, layer, "gate_logit_normalizer", "a positive number",
                std::to_string(o.gate_logit_normalizer()));
+  // A floor above 0 would let the state grow (g > 1); NaN would pass no comparison.
+  if (o.clamp_min())
+    check_option(*o.clamp_min() <= 0.0, layer, "clamp_min", "a number ≤ 0 (a log forget gate)",
+                 std::to_string(*o.clamp_min()));
   check_positive(layer, "chunk_size", o.chunk_size());
   if (o.use_short_conv()) check_positive(layer, "conv_size", o.conv_size());
   check_rotation(layer, o.pos_encoding(), head_k, o.rope_theta());
@@ -534,7 +538,8 @@ at::Tensor GatedLinearAttentionImpl::forget_gates(const at::Tensor& x) {
 at::Tensor GatedLinearAttentionImpl::forget_gates_from_low_rank(const at::Tensor& low_rank) {
   const auto& o = options;
   const std::int64_t B = low_rank.size(0), T = low_rank.size(1), H = o.num_heads();
-  const at::Tensor g = at::log_sigmoid(gk_up->forward(low_rank)) / o.gate_logit_normalizer();
+  at::Tensor g = at::log_sigmoid(gk_up->forward(low_rank)) / o.gate_logit_normalizer();
+  if (o.clamp_min()) g = at::clamp_min(g, *o.clamp_min());
   const bool tied = o.pos_encoding() != PosEncoding::none && o.tie_gate_pairs();
   if (!tied) return g.reshape({B, T, H, head_k});
   // One decay per rotation pair, copied onto both channels of the pair: pairs are (i, i + K/2)

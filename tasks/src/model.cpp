@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <sstream>
@@ -193,6 +194,9 @@ Mixer gla_mixer(const ModelConfig& c, const PositionEncoding& pe) {
   o.use_output_gate(r.boolean("use_output_gate", o.use_output_gate()));
   o.gate_low_rank_dim(r.integer("gate_low_rank_dim", o.gate_low_rank_dim()));
   o.gate_logit_normalizer(r.number("gate_logit_normalizer", o.gate_logit_normalizer()));
+  // Read even when absent, so an unknown key's error lists it (JSON has no NaN to give).
+  const double clamp_min = r.number("clamp_min", std::numeric_limits<double>::quiet_NaN());
+  if (!std::isnan(clamp_min)) o.clamp_min(clamp_min);
   o.chunk_size(r.integer("chunk_size", o.chunk_size()));
   o.tie_gate_pairs(r.boolean("tie_gate_pairs", o.tie_gate_pairs()));
   o.impl(impl_from(op, r.string("impl", "chunk")));

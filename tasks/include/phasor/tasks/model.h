@@ -85,7 +85,8 @@ struct ModelConfig {
   // Layer options, passed to the mixer / position-encoding factory, which rejects keys it does
   // not know. Built-in keys:
   //  gla:             expand_k, expand_v, use_short_conv, conv_size, use_output_gate,
-  //                   gate_low_rank_dim, gate_logit_normalizer, chunk_size, tie_gate_pairs, impl
+  //                   gate_low_rank_dim, gate_logit_normalizer, clamp_min, chunk_size,
+  //                   tie_gate_pairs, impl
   //  gated_deltanet:  head_dim (default hidden/heads), num_v_heads, expand_v, use_short_conv,
   //                   conv_size, use_gate, chunk_size, impl
   //  fox, attention:  num_kv_heads, qk_norm, qkv_bias, window_size, use_output_gate,
