@@ -385,5 +385,14 @@ proc = subprocess.run([PHASOR, "tasks", "probe", os.path.join(WORK, "missing.ckp
                       capture_output=True, text=True, timeout=60)
 report("tasks probe: a missing checkpoint exits 2 naming it",
        proc.returncode == 2 and "missing.ckpt" in proc.stderr, proc.stderr)
+corrupt = os.path.join(WORK, "corrupt.ckpt")
+with open(ckpt, "rb") as f:
+    whole = f.read()
+with open(corrupt, "wb") as f:
+    f.write(whole[:len(whole) // 2])  # a checkpoint cut short
+proc = subprocess.run([PHASOR, "tasks", "probe", corrupt],
+                      capture_output=True, text=True, timeout=60)
+report("tasks probe: a truncated checkpoint exits 2 naming it",
+       proc.returncode == 2 and "corrupt.ckpt" in proc.stderr, proc.stderr)
 
 sys.exit(summary())

@@ -211,18 +211,7 @@ int run_op(int argc, char** argv) {
   if (window_opt->count()) opt.window_size = window_size;
 
   const std::string prefix = "phasor op " + opt.name + ": ";
-  try {
-    return run(opt);
-  } catch (const InputError& e) {
-    std::fprintf(stderr, "%s%s\n", prefix.c_str(), e.what());
-    return 2;
-  } catch (const Error& e) {  // phasor::Error from the core (normally already a c10::Error)
-    std::fprintf(stderr, "%s%s\n", prefix.c_str(), e.what());
-    return 2;
-  } catch (const c10::Error& e) {  // argument checks of the LibTorch layer and the core
-    std::fprintf(stderr, "%s%s\n", prefix.c_str(), e.what_without_backtrace());
-    return 2;
-  }
+  return with_bad_input_status(prefix, [&] { return run(opt); });
 }
 
 }  // namespace phasor::cli

@@ -17,15 +17,11 @@
 #include <utility>
 #include <vector>
 
+#include "cli/input_error.h"
 #include "phasor/common.h"
 #include "phasor/ops.h"
 
 namespace phasor::cli {
-
-// Bad input given by the user: printed as is, exit status 2.
-struct InputError : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
 
 // The ops `phasor op` runs (gla, gated_delta_rule, forgetting_attn).
 bool runs(Op op);

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "cli/input_error.h"
 #include "phasor/common.h"
 #include "phasor/distributed.h"
 #include "phasor/tasks/data.h"
@@ -35,11 +36,6 @@
 
 namespace phasor::cli {
 namespace {
-
-// Bad input given by the user: printed as is, exit status 2.
-struct InputError : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
 
 // ---- phasor tasks sample
 // -------------------------------------------------------------------------
@@ -180,33 +176,33 @@ void write_batch(const tasks::Batch& b, const std::string& path) {
 
 int run_sample(CLI::App& app, const SampleOptions& o) {
   const std::string prefix = "phasor tasks sample: ";
-  try {
-    // Options given that the task does not read.
-    for (const auto* opt : app.get_options()) {
-      const std::string name = opt->get_name();
-      if (opt->count() == 0 || name.rfind("--", 0) != 0) continue;
-      if (name == "--out" || name == "--batch" || name == "--seed" || name == "--help") continue;
-      if (!task_options(o.task).count(name)) {
-        std::string accepted;
-        for (const auto& n : task_options(o.task)) accepted += (accepted.empty() ? "" : ", ") + n;
-        throw InputError("argument '" + name + "': expected one of the options of task " + o.task +
-                         " (" + accepted + ", --batch, --seed, --out), got " + name);
-      }
-    }
-    const tasks::Batch batch = generate(o);
-    write_batch(batch, o.out_path);
-    std::printf("%s: %s inputs and targets [%lld, %lld], vocab_size %lld, seed %llu\n",
-                o.out_path.c_str(), o.task.c_str(), static_cast<long long>(batch.rows),
-                static_cast<long long>(batch.cols), static_cast<long long>(batch.vocab_size),
-                static_cast<unsigned long long>(o.seed));
-    return 0;
-  } catch (const InputError& e) {
-    std::fprintf(stderr, "%s%s\n", prefix.c_str(), e.what());
-    return 2;
-  } catch (const Error& e) {  // the generators' argument checks
-    std::fprintf(stderr, "%s%s\n", prefix.c_str(), with_option(e.what()).c_str());
-    return 2;
-  }
+  // The generators' argument checks name their arguments: with_option adds the option's name.
+  return with_bad_input_status(
+      prefix,
+      [&] {
+        // Options given that the task does not read.
+        for (const auto* opt : app.get_options()) {
+          const std::string name = opt->get_name();
+          if (opt->count() == 0 || name.rfind("--", 0) != 0) continue;
+          if (name == "--out" || name == "--batch" || name == "--seed" || name == "--help")
+            continue;
+          if (!task_options(o.task).count(name)) {
+            std::string accepted;
+            for (const auto& n : task_options(o.task))
+              accepted += (accepted.empty() ? "" : ", ") + n;
+            throw InputError("argument '" + name + "': expected one of the options of task " +
+                             o.task + " (" + accepted + ", --batch, --seed, --out), got " + name);
+          }
+        }
+        const tasks::Batch batch = generate(o);
+        write_batch(batch, o.out_path);
+        std::printf("%s: %s inputs and targets [%lld, %lld], vocab_size %lld, seed %llu\n",
+                    o.out_path.c_str(), o.task.c_str(), static_cast<long long>(batch.rows),
+                    static_cast<long long>(batch.cols), static_cast<long long>(batch.vocab_size),
+                    static_cast<unsigned long long>(o.seed));
+        return 0;
+      },
+      with_option);
 }
 
 // ---- phasor tasks run
@@ -280,7 +276,8 @@ int run_run(const RunOptions& o) {
   std::string prefix = "phasor tasks run: ";
   tasks::ExperimentConfig config;
   std::optional<distributed::LaunchEnvironment> env;
-  try {  // a bad config is bad input (exit 2); failures while running are not (exit 1)
+  // A bad config is bad input (exit 2); failures while running are not (exit 1).
+  const int input_status = with_bad_input_status(prefix, [&] {
     if (o.threads < 0)
       throw InputError("argument '--threads': expected ≥ 0, got " + std::to_string(o.threads));
     if (o.kernel_threads < -1)
@@ -317,13 +314,9 @@ int run_run(const RunOptions& o) {
           " (data parallel: each process trains on batch_size / processes rows of every batch), "
           "got " +
           std::to_string(world));
-  } catch (const InputError& e) {
-    std::fprintf(stderr, "%s%s\n", prefix.c_str(), e.what());
-    return 2;
-  } catch (const Error& e) {
-    std::fprintf(stderr, "%s%s\n", prefix.c_str(), e.what());
-    return 2;
-  }
+    return 0;
+  });
+  if (input_status != 0) return input_status;
   if (o.nproc && *o.nproc > 1) return launch_ranks(o);
   tasks::ExperimentOptions options;
   bool writer = true;
@@ -391,7 +384,7 @@ struct ProbeOptions {
 // with --pairs) beside the model's own correct prefix on the same rows.
 int run_probe(const ProbeOptions& o) {
   const std::string prefix = "phasor tasks probe: ";
-  try {
+  return with_bad_input_status(prefix, [&] {
     if (o.length < 1 || o.length > tasks::kMaxSequenceLength)
       throw InputError("--length: expected 1 … 2^20 elements, got " + std::to_string(o.length));
     if (o.rows < 1 || o.rows > tasks::kMaxBatchTokens / (o.length + 1))
@@ -435,13 +428,7 @@ int run_probe(const ProbeOptions& o) {
       if (!out) throw InputError("--json: cannot write '" + o.json_path + "'");
     }
     return 0;
-  } catch (const InputError& e) {
-    std::fprintf(stderr, "%s%s\n", prefix.c_str(), e.what());
-    return 2;
-  } catch (const Error& e) {
-    std::fprintf(stderr, "%s%s\n", prefix.c_str(), e.what());
-    return 2;
-  }
+  });
 }
 
 }  // namespace
