@@ -709,17 +709,19 @@ TEST(TasksExperiment, ShippedConfigsParse) {
       EXPECT_EQ(config.name, "claims_" + file.stem().string());
     }
   }
-  const std::vector<std::string> expected_claims = {"copy_small",
-                                                    "mqar_L128_kv8_full",
-                                                    "mqar_L256_kv16_full",
-                                                    "mqar_L64_kv4_full",
-                                                    "mqar_d128_small",
-                                                    "mqar_small",
-                                                    "state_tracking_full",
-                                                    "state_tracking_long",
-                                                    "state_tracking_mixed_lengths",
-                                                    "state_tracking_mixed_lengths_official_bos",
-                                                    "state_tracking_small"};
+  const std::vector<std::string> expected_claims = {
+      "copy_small",
+      "mqar_L128_kv8_full",
+      "mqar_L256_kv16_full",
+      "mqar_L64_kv4_full",
+      "mqar_d128_small",
+      "mqar_small",
+      "state_tracking_full",
+      "state_tracking_long",
+      "state_tracking_mixed_lengths",
+      "state_tracking_mixed_lengths_official_bos",
+      "state_tracking_mixed_lengths_official_bos_gate_1",
+      "state_tracking_small"};
   EXPECT_EQ(claims, expected_claims);
 }
 
