@@ -174,35 +174,33 @@ void write_batch(const tasks::Batch& b, const std::string& path) {
                      "' (cannot be written)");
 }
 
+// Checks the options given against the task, generates the batch and writes it; bad input throws.
+int write_sample(CLI::App& app, const SampleOptions& o) {
+  // Options given that the task does not read.
+  for (const auto* opt : app.get_options()) {
+    const std::string name = opt->get_name();
+    if (opt->count() == 0 || name.rfind("--", 0) != 0) continue;
+    if (name == "--out" || name == "--batch" || name == "--seed" || name == "--help") continue;
+    if (!task_options(o.task).count(name)) {
+      std::string accepted;
+      for (const auto& n : task_options(o.task)) accepted += (accepted.empty() ? "" : ", ") + n;
+      throw InputError("argument '" + name + "': expected one of the options of task " + o.task +
+                       " (" + accepted + ", --batch, --seed, --out), got " + name);
+    }
+  }
+  const tasks::Batch batch = generate(o);
+  write_batch(batch, o.out_path);
+  std::printf("%s: %s inputs and targets [%lld, %lld], vocab_size %lld, seed %llu\n",
+              o.out_path.c_str(), o.task.c_str(), static_cast<long long>(batch.rows),
+              static_cast<long long>(batch.cols), static_cast<long long>(batch.vocab_size),
+              static_cast<unsigned long long>(o.seed));
+  return 0;
+}
+
 int run_sample(CLI::App& app, const SampleOptions& o) {
-  const std::string prefix = "phasor tasks sample: ";
   // The generators' argument checks name their arguments: with_option adds the option's name.
   return with_bad_input_status(
-      prefix,
-      [&] {
-        // Options given that the task does not read.
-        for (const auto* opt : app.get_options()) {
-          const std::string name = opt->get_name();
-          if (opt->count() == 0 || name.rfind("--", 0) != 0) continue;
-          if (name == "--out" || name == "--batch" || name == "--seed" || name == "--help")
-            continue;
-          if (!task_options(o.task).count(name)) {
-            std::string accepted;
-            for (const auto& n : task_options(o.task))
-              accepted += (accepted.empty() ? "" : ", ") + n;
-            throw InputError("argument '" + name + "': expected one of the options of task " +
-                             o.task + " (" + accepted + ", --batch, --seed, --out), got " + name);
-          }
-        }
-        const tasks::Batch batch = generate(o);
-        write_batch(batch, o.out_path);
-        std::printf("%s: %s inputs and targets [%lld, %lld], vocab_size %lld, seed %llu\n",
-                    o.out_path.c_str(), o.task.c_str(), static_cast<long long>(batch.rows),
-                    static_cast<long long>(batch.cols), static_cast<long long>(batch.vocab_size),
-                    static_cast<unsigned long long>(o.seed));
-        return 0;
-      },
-      with_option);
+      "phasor tasks sample: ", [&] { return write_sample(app, o); }, with_option);
 }
 
 // ---- phasor tasks run
@@ -382,53 +380,53 @@ struct ProbeOptions {
 // The parity phase probe (phase_probe.h) of a checkpoint's model on `rows` random parity rows of
 // `length` elements (with a BOS when the model's vocabulary has one), printed per head (per pair
 // with --pairs) beside the model's own correct prefix on the same rows.
+int probe_checkpoint(const ProbeOptions& o) {
+  if (o.length < 1 || o.length > tasks::kMaxSequenceLength)
+    throw InputError("--length: expected 1 … 2^20 elements, got " + std::to_string(o.length));
+  if (o.rows < 1 || o.rows > tasks::kMaxBatchTokens / (o.length + 1))
+    throw InputError("--rows: expected ≥ 1 rows of at most 2^26 tokens in all, got " +
+                     std::to_string(o.rows));
+  tasks::LanguageModel model = tasks::load_model(o.checkpoint);
+  model->eval();
+  tasks::WordProblemConfig c;
+  c.group = tasks::Group::S2;
+  c.seq_len = o.length;
+  c.bos = model->config().vocab_size >= 3;
+  const tasks::Batch rows = tasks::word_problem(c, o.rows, o.seed);
+  const tasks::PhaseProbe probe = tasks::parity_phase_probe(model, rows);
+  if (probe.heads.empty())
+    throw InputError("the checkpoint's model has no Selective RoPE layer: nothing to probe");
+  const tasks::EvalResult eval = tasks::evaluate(model, rows, 16);
+  const std::int64_t correct = tasks::correct_prefix_length(eval.metrics.prefix_sequence_accuracy);
+  std::printf(
+      "%s: parity rows of %lld elements%s (%lld rows, seed %llu): the model's correct prefix "
+      "%lld positions, sequence accuracy %.3f\n",
+      o.checkpoint.c_str(), static_cast<long long>(o.length), c.bos ? " after a BOS" : "",
+      static_cast<long long>(o.rows), static_cast<unsigned long long>(o.seed),
+      static_cast<long long>(correct), eval.metrics.sequence_accuracy);
+  std::printf("%5s %4s %4s %8s %7s %11s %11s %8s %13s\n", "layer", "head", "pair", "harmonic",
+              "horizon", "drift_zero", "drift_one", "jitter", "drift_horizon");
+  for (const tasks::PhasePairProbe& p : o.pairs ? probe.pairs : probe.heads)
+    std::printf("%5lld %4lld %4lld %8d %7lld %11.6f %11.6f %8.4f %13.1f\n",
+                static_cast<long long>(p.layer), static_cast<long long>(p.head),
+                static_cast<long long>(p.pair), p.harmonic, static_cast<long long>(p.horizon),
+                p.drift_zero, p.drift_one, p.jitter, p.drift_horizon);
+  if (!o.json_path.empty()) {
+    nlohmann::json j = tasks::to_json(probe);
+    j["checkpoint"] = o.checkpoint;
+    j["rows"] = o.rows;
+    j["seed"] = o.seed;
+    j["correct_prefix_length"] = correct;
+    j["sequence_accuracy"] = eval.metrics.sequence_accuracy;
+    std::ofstream out(o.json_path);
+    out << j.dump(1) << "\n";
+    if (!out) throw InputError("--json: cannot write '" + o.json_path + "'");
+  }
+  return 0;
+}
+
 int run_probe(const ProbeOptions& o) {
-  const std::string prefix = "phasor tasks probe: ";
-  return with_bad_input_status(prefix, [&] {
-    if (o.length < 1 || o.length > tasks::kMaxSequenceLength)
-      throw InputError("--length: expected 1 … 2^20 elements, got " + std::to_string(o.length));
-    if (o.rows < 1 || o.rows > tasks::kMaxBatchTokens / (o.length + 1))
-      throw InputError("--rows: expected ≥ 1 rows of at most 2^26 tokens in all, got " +
-                       std::to_string(o.rows));
-    tasks::LanguageModel model = tasks::load_model(o.checkpoint);
-    model->eval();
-    tasks::WordProblemConfig c;
-    c.group = tasks::Group::S2;
-    c.seq_len = o.length;
-    c.bos = model->config().vocab_size >= 3;
-    const tasks::Batch rows = tasks::word_problem(c, o.rows, o.seed);
-    const tasks::PhaseProbe probe = tasks::parity_phase_probe(model, rows);
-    if (probe.heads.empty())
-      throw InputError("the checkpoint's model has no Selective RoPE layer: nothing to probe");
-    const tasks::EvalResult eval = tasks::evaluate(model, rows, 16);
-    const std::int64_t correct =
-        tasks::correct_prefix_length(eval.metrics.prefix_sequence_accuracy);
-    std::printf(
-        "%s: parity rows of %lld elements%s (%lld rows, seed %llu): the model's correct prefix "
-        "%lld positions, sequence accuracy %.3f\n",
-        o.checkpoint.c_str(), static_cast<long long>(o.length), c.bos ? " after a BOS" : "",
-        static_cast<long long>(o.rows), static_cast<unsigned long long>(o.seed),
-        static_cast<long long>(correct), eval.metrics.sequence_accuracy);
-    std::printf("%5s %4s %4s %8s %7s %11s %11s %8s %13s\n", "layer", "head", "pair", "harmonic",
-                "horizon", "drift_zero", "drift_one", "jitter", "drift_horizon");
-    for (const tasks::PhasePairProbe& p : o.pairs ? probe.pairs : probe.heads)
-      std::printf("%5lld %4lld %4lld %8d %7lld %11.6f %11.6f %8.4f %13.1f\n",
-                  static_cast<long long>(p.layer), static_cast<long long>(p.head),
-                  static_cast<long long>(p.pair), p.harmonic, static_cast<long long>(p.horizon),
-                  p.drift_zero, p.drift_one, p.jitter, p.drift_horizon);
-    if (!o.json_path.empty()) {
-      nlohmann::json j = tasks::to_json(probe);
-      j["checkpoint"] = o.checkpoint;
-      j["rows"] = o.rows;
-      j["seed"] = o.seed;
-      j["correct_prefix_length"] = correct;
-      j["sequence_accuracy"] = eval.metrics.sequence_accuracy;
-      std::ofstream out(o.json_path);
-      out << j.dump(1) << "\n";
-      if (!out) throw InputError("--json: cannot write '" + o.json_path + "'");
-    }
-    return 0;
-  });
+  return with_bad_input_status("phasor tasks probe: ", [&] { return probe_checkpoint(o); });
 }
 
 }  // namespace
