@@ -123,6 +123,21 @@ TEST(ModelConfig, JsonRoundTripAndErrors) {
   expect_error([&] { LanguageModel m(bad); }, {"mixer 'gla'", "'clamp_min'", "≤ 0", "0.5"});
   bad.mixer_options = {{"clamp_min", "none"}};
   expect_error([&] { LanguageModel m(bad); }, {"mixer 'gla'", "'clamp_min'", "a number"});
+  // A misspelt key is answered with the valid spellings, the optional ones (absent: "not set")
+  // among them.
+  bad.mixer_options = {{"clamp", 0.0}};
+  expect_error([&] { LanguageModel m(bad); }, {"mixer 'gla'", "'clamp'", "clamp_min"});
+  bad = tiny("gated_deltanet");
+  bad.mixer_options = {{"num_v_head", 4}};
+  expect_error([&] { LanguageModel m(bad); }, {"mixer 'gated_deltanet'", "num_v_heads"});
+  bad = tiny("fox");
+  bad.mixer_options = {{"window", 4}};
+  expect_error([&] { LanguageModel m(bad); }, {"mixer 'fox'", "num_kv_heads", "window_size"});
+  bad = tiny("performer");
+  bad.mixer_options = {{"sed", 4}};
+  expect_error([&] { LanguageModel m(bad); }, {"mixer 'performer'", "'sed'", "seed"});
+  bad.mixer_options = {{"seed", -1}};
+  expect_error([&] { LanguageModel m(bad); }, {"mixer 'performer'", "'seed'", "≥ 0", "-1"});
   bad = tiny("fox", "rope");
   bad.pos_options = {{"rank", 2}};
   expect_error([&] { LanguageModel m(bad); }, {"pos_encoding 'rope'", "'rank'", "unknown key"});

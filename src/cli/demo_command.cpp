@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "cli/input_error.h"
 #include "phasor/device.h"
 #include "phasor/ops.h"
 #include "phasor/phasor.h"
@@ -127,12 +128,12 @@ int run_demo(int argc, char** argv) {
   const Device device = device_name == "cuda"       ? Device::cuda
                         : device_name == "emulated" ? Device::emulated
                                                     : Device::cpu;
-  try {
+  // The message names the command and the option itself, so no prefix.
+  const int device_status = with_bad_input_status("", [&] {
     require_device(device, "phasor demo: argument '--device'");
-  } catch (const Error& e) {
-    std::fprintf(stderr, "%s\n", e.what());
-    return 2;
-  }
+    return 0;
+  });
+  if (device_status != 0) return device_status;
 
   std::mt19937_64 rng(seed);
   const std::int64_t tokens = B * T;

@@ -270,51 +270,64 @@ int launch_ranks(const RunOptions& o) {
   return status;
 }
 
-int run_run(const RunOptions& o) {
-  std::string prefix = "phasor tasks run: ";
+// A run's checked input: its experiment config, and the launch environment when this process is
+// one rank of a launched run. Bad input throws InputError (or phasor::Error from the config).
+struct RunInput {
   tasks::ExperimentConfig config;
   std::optional<distributed::LaunchEnvironment> env;
+};
+
+RunInput checked_run_input(const RunOptions& o) {
+  if (o.threads < 0)
+    throw InputError("argument '--threads': expected ≥ 0, got " + std::to_string(o.threads));
+  if (o.kernel_threads < -1)
+    throw InputError("argument '--kernel-threads': expected ≥ 0, got " +
+                     std::to_string(o.kernel_threads));
+  if (o.matmul_threads < -1 || o.matmul_threads == 0)
+    throw InputError("argument '--matmul-threads': expected ≥ 1, got " +
+                     std::to_string(o.matmul_threads));
+  if (o.stop_at_step < 0)
+    throw InputError("argument '--stop-at-step': expected ≥ 0, got " +
+                     std::to_string(o.stop_at_step));
+  if (o.nproc && *o.nproc < 1)
+    throw InputError("argument '--nproc': expected a number of processes ≥ 1, got " +
+                     std::to_string(*o.nproc));
+  if (!(o.timeout_s > 0) || !std::isfinite(o.timeout_s) || o.timeout_s > 1e6)
+    throw InputError("argument '--timeout-s': expected seconds in (0, 10^6], got " +
+                     std::to_string(o.timeout_s));
+  if (!(o.bucket_mb > 0) || !std::isfinite(o.bucket_mb) || o.bucket_mb > 1e6)
+    throw InputError("argument '--bucket-mb': expected MiB in (0, 10^6], got " +
+                     std::to_string(o.bucket_mb));
+  RunInput input;
+  input.env = distributed::launch_environment();
+  if (o.nproc && input.env)
+    throw InputError(
+        "argument '--nproc': expected no launch environment (this process already is rank " +
+        std::to_string(input.env->rank) + " of " + std::to_string(input.env->world_size) +
+        ": RANK and WORLD_SIZE are set), got --nproc " + std::to_string(*o.nproc));
+  input.config = tasks::load_experiment_config(o.config_path);
+  const int world = o.nproc ? *o.nproc : input.env ? input.env->world_size : 1;
+  if (input.config.train.batch_size % world != 0)
+    throw InputError(
+        (o.nproc ? std::string("argument '--nproc'") : std::string("environment WORLD_SIZE")) +
+        ": expected a number of processes dividing config.train.batch_size = " +
+        std::to_string(input.config.train.batch_size) +
+        " (data parallel: each process trains on batch_size / processes rows of every batch), "
+        "got " +
+        std::to_string(world));
+  return input;
+}
+
+int run_run(const RunOptions& o) {
+  std::string prefix = "phasor tasks run: ";
+  RunInput input;
   // A bad config is bad input (exit 2); failures while running are not (exit 1).
   const int input_status = with_bad_input_status(prefix, [&] {
-    if (o.threads < 0)
-      throw InputError("argument '--threads': expected ≥ 0, got " + std::to_string(o.threads));
-    if (o.kernel_threads < -1)
-      throw InputError("argument '--kernel-threads': expected ≥ 0, got " +
-                       std::to_string(o.kernel_threads));
-    if (o.matmul_threads < -1 || o.matmul_threads == 0)
-      throw InputError("argument '--matmul-threads': expected ≥ 1, got " +
-                       std::to_string(o.matmul_threads));
-    if (o.stop_at_step < 0)
-      throw InputError("argument '--stop-at-step': expected ≥ 0, got " +
-                       std::to_string(o.stop_at_step));
-    if (o.nproc && *o.nproc < 1)
-      throw InputError("argument '--nproc': expected a number of processes ≥ 1, got " +
-                       std::to_string(*o.nproc));
-    if (!(o.timeout_s > 0) || !std::isfinite(o.timeout_s) || o.timeout_s > 1e6)
-      throw InputError("argument '--timeout-s': expected seconds in (0, 10^6], got " +
-                       std::to_string(o.timeout_s));
-    if (!(o.bucket_mb > 0) || !std::isfinite(o.bucket_mb) || o.bucket_mb > 1e6)
-      throw InputError("argument '--bucket-mb': expected MiB in (0, 10^6], got " +
-                       std::to_string(o.bucket_mb));
-    env = distributed::launch_environment();
-    if (o.nproc && env)
-      throw InputError(
-          "argument '--nproc': expected no launch environment (this process already is rank " +
-          std::to_string(env->rank) + " of " + std::to_string(env->world_size) +
-          ": RANK and WORLD_SIZE are set), got --nproc " + std::to_string(*o.nproc));
-    config = tasks::load_experiment_config(o.config_path);
-    const int world = o.nproc ? *o.nproc : env ? env->world_size : 1;
-    if (config.train.batch_size % world != 0)
-      throw InputError(
-          (o.nproc ? std::string("argument '--nproc'") : std::string("environment WORLD_SIZE")) +
-          ": expected a number of processes dividing config.train.batch_size = " +
-          std::to_string(config.train.batch_size) +
-          " (data parallel: each process trains on batch_size / processes rows of every batch), "
-          "got " +
-          std::to_string(world));
+    input = checked_run_input(o);
     return 0;
   });
   if (input_status != 0) return input_status;
+  const auto& [config, env] = input;
   if (o.nproc && *o.nproc > 1) return launch_ranks(o);
   tasks::ExperimentOptions options;
   bool writer = true;

@@ -194,9 +194,7 @@ Mixer gla_mixer(const ModelConfig& c, const PositionEncoding& pe) {
   o.use_output_gate(r.boolean("use_output_gate", o.use_output_gate()));
   o.gate_low_rank_dim(r.integer("gate_low_rank_dim", o.gate_low_rank_dim()));
   o.gate_logit_normalizer(r.number("gate_logit_normalizer", o.gate_logit_normalizer()));
-  // Read even when absent, so an unknown key's error lists it (JSON has no NaN to give).
-  const double clamp_min = r.number("clamp_min", std::numeric_limits<double>::quiet_NaN());
-  if (!std::isnan(clamp_min)) o.clamp_min(clamp_min);
+  if (const auto clamp_min = r.optional_number("clamp_min")) o.clamp_min(*clamp_min);
   o.chunk_size(r.integer("chunk_size", o.chunk_size()));
   o.tie_gate_pairs(r.boolean("tie_gate_pairs", o.tie_gate_pairs()));
   o.impl(impl_from(op, r.string("impl", "chunk")));
@@ -223,7 +221,7 @@ Mixer gated_deltanet_mixer(const ModelConfig& c, const PositionEncoding& pe) {
   const std::int64_t head_dim =
       r.integer("head_dim", c.num_heads > 0 ? c.hidden_size / c.num_heads : 0);
   auto o = nn::GatedDeltaNetOptions(c.hidden_size, c.num_heads, head_dim);
-  if (r.has("num_v_heads")) o.num_v_heads(r.integer("num_v_heads", 0));
+  if (const auto num_v_heads = r.optional_integer("num_v_heads")) o.num_v_heads(*num_v_heads);
   o.expand_v(r.number("expand_v", o.expand_v()));
   o.use_short_conv(r.boolean("use_short_conv", o.use_short_conv()));
   o.conv_size(r.integer("conv_size", o.conv_size()));
@@ -254,10 +252,10 @@ Mixer attention_mixer(const ModelConfig& c, const PositionEncoding& pe, bool for
   const std::string op = forget_gate ? "mixer 'fox'" : "mixer 'attention'";
   OptionReader r(c.mixer_options, op);
   auto o = nn::ForgettingAttentionOptions(c.hidden_size, c.num_heads);
-  if (r.has("num_kv_heads")) o.num_kv_heads(r.integer("num_kv_heads", 0));
+  if (const auto num_kv_heads = r.optional_integer("num_kv_heads")) o.num_kv_heads(*num_kv_heads);
   o.qk_norm(r.boolean("qk_norm", o.qk_norm()));
   o.qkv_bias(r.boolean("qkv_bias", o.qkv_bias()));
-  if (r.has("window_size")) o.window_size(r.integer("window_size", 0));
+  if (const auto window_size = r.optional_integer("window_size")) o.window_size(*window_size);
   o.use_output_gate(r.boolean("use_output_gate", o.use_output_gate()));
   o.use_output_norm(r.boolean("use_output_norm", o.use_output_norm()));
   o.block_size(r.integer("block_size", o.block_size()));
@@ -279,10 +277,9 @@ Mixer performer_mixer(const ModelConfig& c, const PositionEncoding& pe) {
   auto o = nn::PerformerAttentionOptions(c.hidden_size, c.num_heads);
   o.num_features(r.integer("num_features", o.num_features()));
   o.feature_kind(feature_kind_from(op, r.string("feature_kind", "orthogonal_chi")));
-  if (r.has("seed")) {
-    const std::int64_t seed = r.integer("seed", 0);
-    if (seed < 0) fail(op, "seed", "an integer ≥ 0", std::to_string(seed));
-    o.seed(static_cast<std::uint64_t>(seed));
+  if (const auto seed = r.optional_integer("seed")) {
+    if (*seed < 0) fail(op, "seed", "an integer ≥ 0", std::to_string(*seed));
+    o.seed(static_cast<std::uint64_t>(*seed));
   } else {
     // From torch's generator: reproducible under torch::manual_seed, different in every layer.
     o.seed(static_cast<std::uint64_t>(
@@ -392,6 +389,14 @@ double OptionReader::number(const std::string& key, double fallback) {
 std::int64_t OptionReader::integer(const std::string& key, std::int64_t fallback) {
   const auto* v = find(key, "an integer");
   return v ? v->get<std::int64_t>() : fallback;
+}
+std::optional<double> OptionReader::optional_number(const std::string& key) {
+  const auto* v = find(key, "a number");
+  return v ? std::optional<double>(v->get<double>()) : std::nullopt;
+}
+std::optional<std::int64_t> OptionReader::optional_integer(const std::string& key) {
+  const auto* v = find(key, "an integer");
+  return v ? std::optional<std::int64_t>(v->get<std::int64_t>()) : std::nullopt;
 }
 bool OptionReader::boolean(const std::string& key, bool fallback) {
   const auto* v = find(key, "a boolean");

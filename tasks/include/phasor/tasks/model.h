@@ -45,6 +45,7 @@
 #include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -127,15 +128,19 @@ nlohmann::json parse_json_text(const std::string& text, const std::string& sourc
 class OptionReader {
  public:
   OptionReader(const nlohmann::json& options, std::string op);
-  bool has(const std::string& key) const;
   double number(const std::string& key, double fallback);
   std::int64_t integer(const std::string& key, std::int64_t fallback);
+  // For options whose absence means something other than any value ("not set"): nullopt when the
+  // key is absent. Like every read, the key is then one that finish()'s error lists as valid.
+  std::optional<double> optional_number(const std::string& key);
+  std::optional<std::int64_t> optional_integer(const std::string& key);
   bool boolean(const std::string& key, bool fallback);
   std::string string(const std::string& key, const std::string& fallback);
   // Throws phasor::Error naming the first key that was never read.
   void finish() const;
 
  private:
+  bool has(const std::string& key) const;
   const nlohmann::json* find(const std::string& key, const char* type);
   const nlohmann::json& options_;
   std::string op_;
