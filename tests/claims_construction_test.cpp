@@ -39,6 +39,7 @@
 #include "phasor/tasks/experiment.h"
 #include "phasor/tasks/model.h"
 #include "phasor/tasks/phase_probe.h"
+#include "phasor/testing/gtest.h"
 #include "phasor/torch.h"
 
 #ifndef PHASOR_CONFIG_DIR
@@ -47,6 +48,8 @@
 
 namespace phasor::tasks {
 namespace {
+
+using testing::expect_error;
 
 constexpr double kPi = 3.14159265358979323846;
 const std::vector<std::int64_t> kLengths = {64, 256, 1024, 4096};
@@ -413,6 +416,100 @@ TEST(ClaimsConstruction, ParityPhaseProbeRefusesOtherRows) {
   nope.pos_encoding = "none";
   LanguageModel plain(nope);
   EXPECT_TRUE(parity_phase_probe(plain, parity(8, false, 2, 1)).heads.empty());
+}
+
+// remove_parity_phase_drift (phase_probe.h) on a randomly initialised model with a linear phase
+// path (the official settings: no SiLU, no phase gate, ω ≡ 1) and a BOS. Editing every pair at
+// the harmonic the probe gave it leaves every pair tracking parity to the end of the rows with no
+// drift (the context offsets of the last three tokens, which the probe calibrates, are all that is
+// left). A drift δ put back into one pair through exp(b), which adds δ to the phase of either
+// token, is measured by the probe as k·δ per token and returned by the next edit as δ; the pairs
+// not edited keep their probe exactly.
+TEST(ClaimsConstruction, RemoveParityPhaseDriftLeavesExactTracking) {
+  ModelConfig cfg;
+  cfg.vocab_size = 3;
+  cfg.hidden_size = 16;
+  cfg.num_layers = 1;
+  cfg.num_heads = 2;
+  cfg.mixer = "gla";
+  cfg.pos_encoding = "selective_rope";
+  cfg.dtype = "float64";
+  cfg.mixer_options = {{"chunk_size", 16}, {"expand_k", 1.0}};  // head_k 8: R = 4
+  cfg.pos_options = {
+      {"gate", "none"}, {"conv_silu", false}, {"spectrum_base", 1.0}, {"learnable_omega", false}};
+  torch::manual_seed(3);
+  LanguageModel model(cfg);
+  WordProblemConfig c;
+  c.group = Group::S2, c.seq_len = 256, c.bos = true;
+  const Batch rows = word_problem(c, 32, 5);
+  const std::int64_t length = c.seq_len + 1;  // positions, the BOS's included
+
+  const PhaseProbe untouched = parity_phase_probe(model, rows);
+  ASSERT_EQ(untouched.pairs.size(), 8u);          // 2 heads × R = 4
+  EXPECT_LT(untouched.heads[0].horizon, length);  // random phases do not track parity
+  const auto edits = remove_parity_phase_drift(model, untouched.pairs);
+  ASSERT_EQ(edits.size(), untouched.pairs.size());
+  for (std::size_t i = 0; i < edits.size(); ++i) {
+    EXPECT_EQ(edits[i].head, untouched.pairs[i].head);
+    EXPECT_EQ(edits[i].harmonic, untouched.pairs[i].harmonic);
+  }
+  const PhaseProbe exact = parity_phase_probe(model, rows);
+  for (const PhasePairProbe& p : exact.pairs) {
+    EXPECT_EQ(p.horizon, length) << "head " << p.head << " pair " << p.pair;
+    EXPECT_LT(std::abs(p.drift_zero), 1e-9) << "head " << p.head << " pair " << p.pair;
+    EXPECT_LT(std::abs(p.drift_one), 1e-9) << "head " << p.head << " pair " << p.pair;
+    EXPECT_LT(p.jitter, 1e-9);
+  }
+
+  // δ back into head 1, pair 2 (channel 1·R + 2): exp(b) → exp(b) + δ (ω = 1).
+  const double delta = 2e-2;
+  auto rope = model->selective_ropes(0)[0];
+  {
+    torch::NoGradGuard no_grad;
+    rope->bias[6] = std::log(std::exp(rope->bias[6].item<double>()) + delta);
+  }
+  const PhaseProbe drifting = parity_phase_probe(model, rows);
+  const PhasePairProbe& p = drifting.pairs[6];
+  ASSERT_EQ(p.head, 1);
+  ASSERT_EQ(p.pair, 2);
+  const int k = p.harmonic;
+  // (To 1%: the context offsets, calibrated on the first positions, take a little of it.)
+  EXPECT_NEAR(p.drift_zero, k * delta, 0.01 * k * delta);
+  EXPECT_NEAR(p.drift_one, k * delta, 0.01 * k * delta);
+  EXPECT_LT(p.horizon, length);  // (π/2) / (k·δ) ≈ 79 / k positions, plus the calibration's
+  for (std::size_t i = 0; i < drifting.pairs.size(); ++i)
+    if (i != 6) {
+      EXPECT_EQ(drifting.pairs[i].drift_one, exact.pairs[i].drift_one) << i;
+    }
+  const auto again = remove_parity_phase_drift(model, {p});
+  ASSERT_EQ(again.size(), 1u);
+  EXPECT_NEAR(again[0].drift_zero, delta, 1e-12);
+  EXPECT_NEAR(again[0].drift_one, delta, 1e-12);
+  EXPECT_EQ(parity_phase_probe(model, rows).pairs[6].horizon, length);
+
+  // Bad arguments name what is wrong.
+  PhasePairProbe other_layer = p;
+  other_layer.layer = 1;
+  expect_error([&] { remove_parity_phase_drift(model, {other_layer}); },
+               {"remove_parity_phase_drift: argument 'pairs'", "layer 0", "layer 1"});
+  expect_error(
+      [&] {
+        remove_parity_phase_drift(model, {p, p});
+      },
+      {"argument 'pairs'", "each (head, pair) once", "head 1, pair 2 again"});
+  PhasePairProbe out_of_range = p;
+  out_of_range.pair = 4;
+  expect_error([&] { remove_parity_phase_drift(model, {out_of_range}); },
+               {"argument 'pairs'", "pairs in [0, 4)", "pair 4"});
+  const std::vector<std::pair<std::string, nlohmann::json>> nonlinear_paths = {
+      {"conv_silu", true}, {"gate", "per_head"}};
+  for (const auto& [key, value] : nonlinear_paths) {
+    ModelConfig nonlinear = cfg;
+    nonlinear.pos_options[key] = value;
+    LanguageModel m(nonlinear);
+    expect_error([&] { remove_parity_phase_drift(m, {}); },
+                 {"argument 'model'", "a linear phase path"});
+  }
 }
 
 TEST(ClaimsConstruction, GlaSelectiveRopeA3) {

@@ -388,7 +388,64 @@ struct ProbeOptions {
   std::uint64_t seed = 0;
   std::string json_path;
   bool pairs = false;
+  std::optional<std::int64_t> remove_drift;  // the smallest horizon of a pair whose drift goes
 };
+
+// Scores `model` on `rows`: its correct prefix (positions) and sequence accuracy.
+std::pair<std::int64_t, double> parity_score(tasks::LanguageModel& model,
+                                             const tasks::Batch& rows) {
+  const tasks::EvalResult eval = tasks::evaluate(model, rows, 16);
+  return {tasks::correct_prefix_length(eval.metrics.prefix_sequence_accuracy),
+          eval.metrics.sequence_accuracy};
+}
+
+// --remove-drift: removes the drift of layer 0's pairs whose horizon is ≥ o.remove_drift
+// (tasks::remove_parity_phase_drift) and scores the edited model on the probe's rows and on as
+// many held-out rows (seed + 1), beside the model as trained. Returns the JSON of it.
+nlohmann::json remove_drift(tasks::LanguageModel& model, const tasks::PhaseProbe& probe,
+                            const tasks::WordProblemConfig& c, const tasks::Batch& rows,
+                            const ProbeOptions& o) {
+  std::vector<tasks::PhasePairProbe> chosen;
+  for (const tasks::PhasePairProbe& p : probe.pairs)
+    if (p.layer == 0 && p.horizon >= *o.remove_drift) chosen.push_back(p);
+  const std::uint64_t heldout_seed = o.seed + 1;
+  const tasks::Batch heldout = tasks::word_problem(c, o.rows, heldout_seed);
+  const auto heldout_before = parity_score(model, heldout);
+  const std::vector<tasks::PhaseDriftEdit> edits = tasks::remove_parity_phase_drift(model, chosen);
+  const auto after = parity_score(model, rows), heldout_after = parity_score(model, heldout);
+  std::printf(
+      "\nthe drift of %zu rotation pairs of layer 0 (horizon ≥ %lld) removed "
+      "(tasks::remove_parity_phase_drift):\n%5s %4s %8s %16s %16s\n",
+      edits.size(), static_cast<long long>(*o.remove_drift), "head", "pair", "harmonic",
+      "drift_zero rad", "drift_one rad");
+  nlohmann::json pairs = nlohmann::json::array();
+  for (const tasks::PhaseDriftEdit& e : edits) {
+    std::printf("%5lld %4lld %8d %16.6f %16.6f\n", static_cast<long long>(e.head),
+                static_cast<long long>(e.pair), e.harmonic, e.drift_zero, e.drift_one);
+    pairs.push_back({{"head", e.head},
+                     {"pair", e.pair},
+                     {"harmonic", e.harmonic},
+                     {"drift_zero", e.drift_zero},
+                     {"drift_one", e.drift_one}});
+  }
+  std::printf(
+      "after: correct prefix %lld positions, sequence accuracy %.3f; held-out rows (seed %llu): "
+      "%lld positions, %.3f as trained → %lld positions, %.3f after\n",
+      static_cast<long long>(after.first), after.second,
+      static_cast<unsigned long long>(heldout_seed), static_cast<long long>(heldout_before.first),
+      heldout_before.second, static_cast<long long>(heldout_after.first), heldout_after.second);
+  return {{"min_horizon", *o.remove_drift},
+          {"pairs", pairs},
+          {"correct_prefix_length", after.first},
+          {"sequence_accuracy", after.second},
+          {"heldout_seed", heldout_seed},
+          {"heldout_as_trained",
+           {{"correct_prefix_length", heldout_before.first},
+            {"sequence_accuracy", heldout_before.second}}},
+          {"heldout_after",
+           {{"correct_prefix_length", heldout_after.first},
+            {"sequence_accuracy", heldout_after.second}}}};
+}
 
 // The parity phase probe (phase_probe.h) of a checkpoint's model on `rows` random parity rows of
 // `length` elements (with a BOS when the model's vocabulary has one), printed per head (per pair
@@ -399,6 +456,9 @@ int probe_checkpoint(const ProbeOptions& o) {
   if (o.rows < 1 || o.rows > tasks::kMaxBatchTokens / (o.length + 1))
     throw InputError("--rows: expected ≥ 1 rows of at most 2^26 tokens in all, got " +
                      std::to_string(o.rows));
+  if (o.remove_drift && *o.remove_drift < 0)
+    throw InputError("--remove-drift: expected a horizon ≥ 0 positions, got " +
+                     std::to_string(*o.remove_drift));
   tasks::LanguageModel model = tasks::load_model(o.checkpoint);
   model->eval();
   tasks::WordProblemConfig c;
@@ -409,14 +469,13 @@ int probe_checkpoint(const ProbeOptions& o) {
   const tasks::PhaseProbe probe = tasks::parity_phase_probe(model, rows);
   if (probe.heads.empty())
     throw InputError("the checkpoint's model has no Selective RoPE layer: nothing to probe");
-  const tasks::EvalResult eval = tasks::evaluate(model, rows, 16);
-  const std::int64_t correct = tasks::correct_prefix_length(eval.metrics.prefix_sequence_accuracy);
+  const auto [correct, sequence_accuracy] = parity_score(model, rows);
   std::printf(
       "%s: parity rows of %lld elements%s (%lld rows, seed %llu): the model's correct prefix "
       "%lld positions, sequence accuracy %.3f\n",
       o.checkpoint.c_str(), static_cast<long long>(o.length), c.bos ? " after a BOS" : "",
       static_cast<long long>(o.rows), static_cast<unsigned long long>(o.seed),
-      static_cast<long long>(correct), eval.metrics.sequence_accuracy);
+      static_cast<long long>(correct), sequence_accuracy);
   std::printf("%5s %4s %4s %8s %7s %11s %11s %8s %13s\n", "layer", "head", "pair", "harmonic",
               "horizon", "drift_zero", "drift_one", "jitter", "drift_horizon");
   for (const tasks::PhasePairProbe& p : o.pairs ? probe.pairs : probe.heads)
@@ -424,13 +483,16 @@ int probe_checkpoint(const ProbeOptions& o) {
                 static_cast<long long>(p.layer), static_cast<long long>(p.head),
                 static_cast<long long>(p.pair), p.harmonic, static_cast<long long>(p.horizon),
                 p.drift_zero, p.drift_one, p.jitter, p.drift_horizon);
+  nlohmann::json drift_removed;
+  if (o.remove_drift) drift_removed = remove_drift(model, probe, c, rows, o);
   if (!o.json_path.empty()) {
     nlohmann::json j = tasks::to_json(probe);
+    if (o.remove_drift) j["drift_removed"] = drift_removed;
     j["checkpoint"] = o.checkpoint;
     j["rows"] = o.rows;
     j["seed"] = o.seed;
     j["correct_prefix_length"] = correct;
-    j["sequence_accuracy"] = eval.metrics.sequence_accuracy;
+    j["sequence_accuracy"] = sequence_accuracy;
     std::ofstream out(o.json_path);
     out << j.dump(1) << "\n";
     if (!out) throw InputError("--json: cannot write '" + o.json_path + "'");
@@ -534,6 +596,12 @@ int run_tasks(int argc, char** argv) {
   probe->add_option("--seed", pr.seed, "the rows' generator seed (default 0)");
   probe->add_option("--json", pr.json_path, "also write the probe as JSON to this file");
   probe->add_flag("--pairs", pr.pairs, "print every rotation pair, not only each head's best");
+  probe->add_option(
+      "--remove-drift", pr.remove_drift,
+      "then remove the drift of layer 0's rotation pairs whose horizon is at least this many "
+      "positions (tasks::remove_parity_phase_drift: needs a linear phase path, i.e. conv_silu "
+      "false and no phase gate) and score the edited model on the same rows and on held-out rows "
+      "(seed + 1)");
 
   try {
     app.parse(argc, argv);

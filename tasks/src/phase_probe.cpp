@@ -6,7 +6,9 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "check.h"
@@ -212,6 +214,122 @@ PhaseProbe parity_phase_probe(LanguageModel& model, const Batch& batch) {
       }
     }
   return probe;
+}
+
+namespace {
+
+// A_a / ω (phase_probe.h) for each of the inputs x [ids, D]: the layer's own φ at the last of
+// conv_size positions of one token, where the convolution has seen it with every tap.
+// [ids, H·R], float64.
+at::Tensor phase_per_token(nn::SelectiveRoPEImpl& rope, const at::Tensor& x) {
+  const std::int64_t W = rope.options.conv_size();
+  const at::Tensor rows = x.unsqueeze(1).expand({x.size(0), W, x.size(1)}).contiguous();
+  return rope.phase_increments(rows).select(1, W - 1).reshape({x.size(0), -1}).to(at::kDouble);
+}
+
+}  // namespace
+
+std::vector<PhaseDriftEdit> remove_parity_phase_drift(LanguageModel& model,
+                                                      const std::vector<PhasePairProbe>& pairs) {
+  const std::string op = "remove_parity_phase_drift";
+  std::vector<nn::SelectiveRoPE> ropes = model->selective_ropes(0);
+  if (ropes.size() != 1)
+    detail::fail(op, "model", "one Selective RoPE in layer 0", std::to_string(ropes.size()));
+  nn::SelectiveRoPEImpl& rope = *ropes[0];
+  const nn::SelectiveRoPEOptions& o = rope.options;
+  std::string nonlinear;
+  const auto add = [&nonlinear](const char* what) {
+    nonlinear += (nonlinear.empty() ? "" : ", ") + std::string(what);
+  };
+  if (o.projection() != nn::PhaseProjection::low_rank) add("projection full_rank");
+  if (o.conv_silu()) add("conv_silu true");
+  if (o.gate() != nn::PhaseGate::none) add("a phase gate");
+  if (!nonlinear.empty())
+    detail::fail(op, "model",
+                 "a linear phase path in layer 0's Selective RoPE (projection low_rank, conv_silu "
+                 "false, gate none)",
+                 nonlinear);
+  const std::int64_t H = o.num_heads(), R = o.head_dim() / 2, D = o.hidden_size();
+  std::set<std::pair<std::int64_t, std::int64_t>> seen;
+  for (std::size_t i = 0; i < pairs.size(); ++i) {
+    const PhasePairProbe& p = pairs[i];
+    const std::string entry = " (entry " + std::to_string(i) + ")";
+    if (p.layer != 0)
+      detail::fail(op, "pairs", "pairs of layer 0", "layer " + std::to_string(p.layer) + entry);
+    if (p.head < 0 || p.head >= H || p.pair < 0 || p.pair >= R)
+      detail::fail(
+          op, "pairs",
+          "heads in [0, " + std::to_string(H) + ") and pairs in [0, " + std::to_string(R) + ")",
+          "head " + std::to_string(p.head) + ", pair " + std::to_string(p.pair) + entry);
+    if (p.harmonic < 1 || p.harmonic > kMaxHarmonic)
+      detail::fail(op, "pairs", "harmonics 1 … " + std::to_string(kMaxHarmonic),
+                   std::to_string(p.harmonic) + entry);
+    if (!seen.insert({p.head, p.pair}).second)
+      detail::fail(
+          op, "pairs", "each (head, pair) once",
+          "head " + std::to_string(p.head) + ", pair " + std::to_string(p.pair) + " again" + entry);
+  }
+  torch::NoGradGuard no_grad;
+  // Ids 0 and 1, and the BOS when the vocabulary has one: one row of the three (layer 0's mixer
+  // input depends on the token alone).
+  const std::int64_t ids = model->config().vocab_size > kBos ? kBos + 1 : 2;
+  const at::Tensor x = model->mixer_inputs(torch::arange(ids, at::kLong).unsqueeze(0))[0][0];
+  // r_a = down(x̂_a), x̂ the per-head ℓ2 normalisation of SelectiveRoPEImpl::phase_increments
+  // (src/torch/nn.cpp). Only the edit's direction depends on this copy of it: the drifts before
+  // and after come from the layer itself, and the check below refuses an edit that missed.
+  const at::Tensor xg = x.reshape({ids, H, D / H});
+  const at::Tensor xn = (xg * at::rsqrt(xg.pow(2).sum(-1, true) + 1e-6)).reshape({ids, D});
+  const at::Tensor r = rope.down->forward(xn).to(at::kDouble);  // [ids, rank]
+  const at::Tensor gram = r.matmul(r.t());
+  const at::Tensor eigenvalues = at::linalg_eigvalsh(gram);
+  if (!(eigenvalues.min().item<double>() > 1e-12 * eigenvalues.max().item<double>()))
+    detail::fail(op, "model",
+                 "linearly independent rank-space vectors down(x̂) of the ids 0 … " +
+                     std::to_string(ids - 1) + " in layer 0's Selective RoPE",
+                 "a singular set (rank " + std::to_string(o.rank()) + ")");
+  const at::Tensor dual = r.t().matmul(at::linalg_inv(gram));  // [rank, ids]: r_aᵀ z_b = δ_ab
+  const at::Tensor taps = rope.conv->weight.to(at::kDouble).sum(1);  // [H·R]
+  at::Tensor omega = rope.omega().to(at::kDouble);
+  omega = (omega.dim() == 1 ? omega.unsqueeze(0).expand({H, R}) : omega).reshape({H * R});
+  const at::Tensor before = phase_per_token(rope, x) * omega;  // A: [ids, H·R]
+  at::Tensor up = rope.up->weight;                             // [H·R, rank], edited in place
+  std::vector<PhaseDriftEdit> edits;
+  for (const PhasePairProbe& p : pairs) {
+    const std::int64_t ch = p.head * R + p.pair;
+    const int k = p.harmonic;
+    PhaseDriftEdit e;
+    e.head = p.head, e.pair = p.pair, e.harmonic = k;
+    e.drift_zero = wrap(k * before[0][ch].item<double>()) / k;
+    e.drift_one = wrap(k * before[1][ch].item<double>() - kPi) / k;
+    const double scale = omega[ch].item<double>() * taps[ch].item<double>();
+    if (!(std::abs(scale) > 0))
+      detail::fail(op, "pairs", "pairs whose phase depends on the token (ω · Σ taps ≠ 0)",
+                   "0 for head " + std::to_string(p.head) + ", pair " + std::to_string(p.pair));
+    up[ch] +=
+        (dual.select(1, 0) * (-e.drift_zero / scale) + dual.select(1, 1) * (-e.drift_one / scale))
+            .to(up.scalar_type());
+    edits.push_back(e);
+  }
+  // The edited layer's own increments: no drift left, the BOS's unmoved (to rounding).
+  const at::Tensor after = phase_per_token(rope, x) * omega;
+  const double eps = up.scalar_type() == at::kDouble ? std::numeric_limits<double>::epsilon()
+                                                     : std::numeric_limits<float>::epsilon();
+  for (const PhaseDriftEdit& e : edits) {
+    const std::int64_t ch = e.head * R + e.pair;
+    const int k = e.harmonic;
+    const double tolerance = 4096 * eps * (1 + before.select(1, ch).abs().max().item<double>());
+    double left = std::max(std::abs(wrap(k * after[0][ch].item<double>())),
+                           std::abs(wrap(k * after[1][ch].item<double>() - kPi)));
+    if (ids > kBos)
+      left = std::max(left,
+                      std::abs(after[kBos][ch].item<double>() - before[kBos][ch].item<double>()));
+    if (!(left <= tolerance))
+      throw Error(op + ": the edit of head " + std::to_string(e.head) + ", pair " +
+                  std::to_string(e.pair) + " left " + std::to_string(left) +
+                  " rad per token (tolerance " + std::to_string(tolerance) +
+                  "): layer 0's phase path is not the one this edit assumes (phase_probe.h)");
+  }
+  return edits;
 }
 
 nlohmann::json to_json(const PhaseProbe& probe) {

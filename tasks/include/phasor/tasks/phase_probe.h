@@ -71,6 +71,38 @@ struct PhaseProbe {
 // cannot read them. Runs without gradients; φ in the model's dtype.
 PhaseProbe parity_phase_probe(LanguageModel& model, const Batch& batch);
 
+// ---- Removing the drift -----------------------------------------------------------------------
+// What extrapolation would be without the drift: an edit of a trained model's first layer that
+// takes the drift out of chosen rotation pairs and leaves everything else as trained (issue 16's
+// repair experiment; docs/claims.md "Drift and decay: what limits extrapolation").
+//
+// In layer 0 the mixer input x depends on the token alone, and with a linear phase path (low-rank
+// projection, no SiLU after the convolution, no phase gate) every position holding token a adds,
+// over the positions its convolution reaches, exactly
+//   A_a = ω ⊙ (exp(b) + c + (Σ_j w_j) ⊙ p_a),   p_a = up(down(x̂_a))
+// to the cumulative phase (w_j the convolution's taps, c its bias if any; A_a is read from the
+// layer itself: its φ at the last of conv_size positions of token a). At the pair's harmonic k
+// tracking parity exactly means k·A_0 ≡ 0 and k·A_1 ≡ π (mod 2π), so the drift per token is
+// d_0 = wrap(k·A_0)/k and d_1 = wrap(k·A_1 − π)/k (wrap to [−π, π)). The edit moves the pair's
+// row of `up` within the span dual to the inputs' rank-space vectors down(x̂_a), so that p_0 and
+// p_1 change by −d_a / (ω Σ_j w_j) and the BOS's p (id 2, when the vocabulary has one) does not:
+// afterwards k·A_0 ≡ 0 and k·A_1 ≡ π exactly (checked on the edited layer; ids above 2, which
+// parity rows do not hold, may move).
+struct PhaseDriftEdit {
+  std::int64_t head = 0, pair = 0;
+  int harmonic = 1;                      // k, as the probe entry gave it
+  double drift_zero = 0, drift_one = 0;  // d_0, d_1 before the edit: radians per token
+};
+
+// Removes the drift of each of `pairs` (entries of parity_phase_probe(model, …).pairs, all of
+// layer 0, each (head, pair) once) from `model` in place, as above; returns the drifts removed in
+// the order given. phasor::Error (op "remove_parity_phase_drift") naming the argument when a pair
+// is not in layer 0 or out of range, layer 0 has not exactly one Selective RoPE or its phase path
+// is not linear (projection full_rank, conv_silu, a phase gate), the inputs' rank-space vectors
+// are not linearly independent (rank < the number of ids), or a pair's convolution taps sum to 0.
+std::vector<PhaseDriftEdit> remove_parity_phase_drift(LanguageModel& model,
+                                                      const std::vector<PhasePairProbe>& pairs);
+
 // {"length", "heads": [{"layer", "head", "pair", "harmonic", "horizon", "drift_zero",
 // "drift_one", "jitter", "drift_horizon" (null when infinite), "pair_horizons": [the horizon of
 // every pair of the head, at its best harmonic]}, …]}.
