@@ -14,6 +14,7 @@ naming the option; then a tiny `phasor tasks run` grid, the OpenBLAS kernels it 
 Prints 'N passed, M failed' last and exits non-zero on any failure.
 """
 import itertools
+import math
 import os
 import subprocess
 import sys
@@ -352,7 +353,9 @@ PROBE = {
     "task": {"name": "parity", "bos": True, "train_lengths": [8], "eval_lengths": [16],
              "eval_batch": 8},
     "model": {"hidden_size": 16, "num_layers": 1, "num_heads": 2, "mlp": False},
-    "arms": [{"name": "srope", "model": {"mixer": "gla", "pos_encoding": "selective_rope"}}],
+    # The official settings' linear phase path (no SiLU, no phase gate), which --remove-drift needs.
+    "arms": [{"name": "srope", "model": {"mixer": "gla", "pos_encoding": "selective_rope",
+                                         "pos_options": {"gate": "none", "conv_silu": False}}}],
     "train": {"steps": 4, "batch_size": 2, "eval_every": 0, "log_every": 0},
     "lr_grid": [0.01],
     "seeds": [3],
@@ -377,6 +380,24 @@ if ok:
     ok = ok and len([line for line in proc.stdout.splitlines() if line.startswith("    0 ")]) == 2
 report("tasks probe: a head per line and the JSON beside the model's correct prefix", ok,
        proc.stdout + proc.stderr)
+# --remove-drift 0: every pair of layer 0 (2 heads × 2 pairs) edited, the edited model scored.
+proc = subprocess.run([PHASOR, "tasks", "probe", ckpt, "--length", "40", "--rows", "6",
+                       "--remove-drift", "0", "--json", probe_json],
+                      capture_output=True, text=True, timeout=60)
+ok = proc.returncode == 0 and "held-out rows (seed 1)" in proc.stdout
+if ok:
+    with open(probe_json) as f:
+        removed = json.load(f).get("drift_removed", {})
+    pairs = removed.get("pairs", [])
+    ok = (removed.get("min_horizon") == 0 and len(pairs) == 4 and
+          all(abs(p["drift_zero"]) <= math.pi and abs(p["drift_one"]) <= math.pi for p in pairs) and
+          0 <= removed.get("heldout_after", {}).get("correct_prefix_length", -1) <= 41)
+report("tasks probe --remove-drift: every pair's drift removed, the edited model scored", ok,
+       proc.stdout + proc.stderr)
+proc = subprocess.run([PHASOR, "tasks", "probe", ckpt, "--remove-drift", "-1"],
+                      capture_output=True, text=True, timeout=60)
+report("tasks probe: --remove-drift -1 exits 2 naming it",
+       proc.returncode == 2 and "--remove-drift" in proc.stderr, proc.stderr)
 proc = subprocess.run([PHASOR, "tasks", "probe", ckpt, "--length", "0"],
                       capture_output=True, text=True, timeout=60)
 report("tasks probe: --length 0 exits 2 naming it",
