@@ -499,6 +499,29 @@ std::string config_error(const json& config) {
   return "no error";
 }
 
+// early_stop_length moves the training's periodic evaluation (and its early stopping) from the
+// reference length to another evaluation length, as the official Selective RoPE code stops on its
+// test length.
+TEST(TasksExperiment, EarlyStopLengthMovesThePeriodicEvaluation) {
+  json c = tiny_config();
+  c["name"] = "tiny_early_stop_length";
+  c["arms"].erase(1);
+  c["lr_grid"] = {0.003};
+  c["seeds"] = {0};
+  c["train"]["target_accuracy"] = 0.01;  // reached at the first evaluation (step 4)
+  ExperimentOptions options;
+  options.progress = false;
+  for (const std::int64_t length : {std::int64_t{0}, std::int64_t{16}}) {
+    if (length > 0) c["task"]["early_stop_length"] = length;
+    options.out_dir = fresh_dir("tiny_early_stop_length_" + std::to_string(length)).string();
+    const ExperimentOutput output = run_experiment(parse_experiment_config(c), options);
+    const json& run = output.results["runs"][0];
+    EXPECT_EQ(run["evals_length"].get<std::int64_t>(), length > 0 ? 16 : 8);  // reference: 8
+    EXPECT_TRUE(run["stopped_early"].get<bool>());
+    EXPECT_EQ(run["final_step"].get<std::int64_t>(), 4);
+  }
+}
+
 TEST(TasksExperiment, ConfigErrorsNameTheKeyPath) {
   struct Case {
     const char* what;
@@ -521,6 +544,11 @@ TEST(TasksExperiment, ConfigErrorsNameTheKeyPath) {
       {"unknown task key",
        [](json& c) { c["task"]["num_kv_pairs"] = 4; },
        {"'config.task.num_kv_pairs'"}},
+      {"early stop length not evaluated",
+       [](json& c) { c["task"]["early_stop_length"] = 32; },
+       {"'config.task.early_stop_length': expected one of eval_lengths (4, 16) or the reference "
+        "length 8",
+        "got 32"}},
       {"lr in train",
        [](json& c) { c["train"]["lr"] = 0.1; },
        {"'config.train.lr': expected no value"}},

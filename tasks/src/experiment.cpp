@@ -222,6 +222,19 @@ TaskSpec parse_task(const json& j) {
   if (!r.has("eval_lengths")) fail(kOp, r.at("eval_lengths"), "a value (required)", "nothing");
   t.eval_lengths = r.lengths("eval_lengths");
   t.eval_batch = r.integer("eval_batch", t.eval_batch, 1, kMaxBatchTokens);
+  if (r.has("early_stop_length")) {
+    t.early_stop_length = r.integer("early_stop_length", 0, 1, kMaxSequenceLength);
+    if (t.early_stop_length != t.reference_length() &&
+        std::find(t.eval_lengths.begin(), t.eval_lengths.end(), t.early_stop_length) ==
+            t.eval_lengths.end()) {
+      std::vector<std::string> lengths;
+      for (std::int64_t length : t.eval_lengths) lengths.push_back(std::to_string(length));
+      fail(kOp, r.at("early_stop_length"),
+           "one of eval_lengths (" + join(lengths) + ") or the reference length " +
+               std::to_string(t.reference_length()),
+           std::to_string(t.early_stop_length));
+    }
+  }
   r.finish();
 
   // Every length must be valid for the generator: try a one-row batch of each.
@@ -376,6 +389,10 @@ std::string csv_field(const std::string& s) {
 }
 
 }  // namespace
+
+std::int64_t TaskSpec::early_stop_length_or_reference() const {
+  return early_stop_length > 0 ? early_stop_length : reference_length();
+}
 
 std::int64_t TaskSpec::reference_length() const {
   if (name == "copy") return copy.max_len;
@@ -632,8 +649,10 @@ ExperimentOutput run_experiment(const ExperimentConfig& config, const Experiment
         const BatchFn data = [&task, seed, rows = tc.batch_size](std::int64_t step) {
           return task.train_batch(step, rows, batch_seed(seed, step));
         };
-        // The periodic evaluation: held-out rows at the reference length (stream position −1).
-        const Batch held_out = task.eval_batch_at(ref, task.eval_batch, batch_seed(seed, -1));
+        // The periodic evaluation: held-out rows at the reference length, or early_stop_length
+        // (stream position −1).
+        const Batch held_out = task.eval_batch_at(task.early_stop_length_or_reference(),
+                                                  task.eval_batch, batch_seed(seed, -1));
         const EvalFn eval = [&held_out, dp](LanguageModel& m) {
           return evaluate(m, held_out, rows_per_pass(held_out, m->config().vocab_size), dp);
         };
@@ -673,6 +692,7 @@ ExperimentOutput run_experiment(const ExperimentConfig& config, const Experiment
                            {"token_accuracy", e.token_accuracy},
                            {"sequence_accuracy", e.sequence_accuracy}});
         record["evals"] = evals;
+        record["evals_length"] = task.early_stop_length_or_reference();
         // The final evaluation at every length, on rows that depend on (seed, length) only:
         // stream positions −2 − length, away from the training steps (≥ 1) and held_out (−1).
         // Parity with Selective RoPE: the phase probe (phase_probe.h) on the rows of the longest

@@ -24,7 +24,14 @@
 //                                                 not for copy (its rows have `context` tokens)
 //       "eval_lengths": [64, 128, 256],           required; sequence lengths (copy: string
 //                                                 lengths, rows of 2·len + 3 tokens)
-//       "eval_batch": 256                         rows per evaluation
+//       "eval_batch": 256,                        rows per evaluation
+//       "early_stop_length": 512                  the length of the training's periodic
+//                                                 evaluation (early stopping at
+//                                                 train.target_accuracy); one of eval_lengths
+//                                                 or the reference length;
+//                                                 default the reference length. The official
+//                                                 Selective RoPE state-tracking code stops on its
+//                                                 test length (512 after training at 128)
 //     },
 //     "model": {...},                             ModelConfig defaults of every arm (model.h);
 //                                                 vocab_size defaults to the task's
@@ -37,7 +44,8 @@
 //     "seeds": [0, 1]                             required, distinct non-negative integers
 //   }
 // The reference length is max(train_lengths) (copy: max_len): it is always evaluated, the
-// training's periodic evaluation (early stopping) uses it, and the best learning rate of an arm is
+// training's periodic evaluation (early stopping) uses it unless early_stop_length names another
+// evaluation length, and the best learning rate of an arm is
 // the one with the highest sequence accuracy at that length after training, averaged over the
 // seeds (the first such lr on ties).
 //
@@ -50,10 +58,10 @@
 // Output folder:
 //   results.json    the config, the machine (threads; data parallel: processes), every run (losses,
 //   periodic
-//                   evaluations, per-length token / sequence accuracy, loss and cumulative
-//                   sequence-accuracy curve, copy: char_accuracy; parity runs of Selective RoPE
-//                   arms: "phase_probe", phase_probe.h's probe of the longest evaluation's rows,
-//                   with its "eval_length") and the summary (best lr per
+//                   evaluations with their length "evals_length", per-length token / sequence
+//                   accuracy, loss and cumulative sequence-accuracy curve, copy: char_accuracy;
+//                   parity runs of Selective RoPE arms: "phase_probe", phase_probe.h's probe of the
+//                   longest evaluation's rows, with its "eval_length") and the summary (best lr per
 //                   arm; means over seeds, data.h's correct_prefix_length among them). No
 //                   clock readings: for a config, seeds and thread counts its bytes are the
 //                   same whether the grid ran in one go or was killed and resumed any number
@@ -112,6 +120,7 @@ struct TaskSpec {
   std::vector<std::int64_t> train_lengths;  // empty for copy
   std::vector<std::int64_t> eval_lengths;   // includes the reference length (appended if absent)
   std::int64_t eval_batch = 256;
+  std::int64_t early_stop_length = 0;  // the periodic evaluation's length; 0: the reference length
   // MQAR only: evaluations at other (length, num_kv_pairs) than the training's; results.json
   // reports them per run as "eval_points" and in the summary as "points".
   struct MqarPoint {
@@ -121,6 +130,8 @@ struct TaskSpec {
   std::vector<MqarPoint> mqar_eval_points;
 
   std::int64_t reference_length() const;  // max(train_lengths), copy: copy.max_len
+  // The length of the training's periodic evaluation: early_stop_length, else the reference one.
+  std::int64_t early_stop_length_or_reference() const;
   std::int64_t vocab_size() const;
   // A training batch of `rows` rows at the training length of `step` (≥ 1).
   Batch train_batch(std::int64_t step, std::int64_t rows, std::uint64_t seed) const;
