@@ -388,7 +388,8 @@ struct ProbeOptions {
   std::uint64_t seed = 0;
   std::string json_path;
   bool pairs = false;
-  std::optional<std::int64_t> remove_drift;  // the smallest horizon of a pair whose drift goes
+  std::optional<std::int64_t> remove_drift;  // --remove-drift: the smallest horizon (positions)
+                                             // of a pair whose drift is removed
 };
 
 // Scores `model` on `rows`: its correct prefix (positions) and sequence accuracy.

@@ -293,6 +293,7 @@ std::vector<PhaseDriftEdit> remove_parity_phase_drift(LanguageModel& model,
   omega = (omega.dim() == 1 ? omega.unsqueeze(0).expand({H, R}) : omega).reshape({H * R});
   const at::Tensor before = phase_per_token(rope, x) * omega;  // A: [ids, H·R]
   at::Tensor up = rope.up->weight;                             // [H·R, rank], edited in place
+  const at::Tensor as_trained = up.clone();                    // restored if the check fails
   std::vector<PhaseDriftEdit> edits;
   for (const PhasePairProbe& p : pairs) {
     const std::int64_t ch = p.head * R + p.pair;
@@ -323,11 +324,14 @@ std::vector<PhaseDriftEdit> remove_parity_phase_drift(LanguageModel& model,
     if (ids > kBos)
       left = std::max(left,
                       std::abs(after[kBos][ch].item<double>() - before[kBos][ch].item<double>()));
-    if (!(left <= tolerance))
+    if (!(left <= tolerance)) {
+      up.copy_(as_trained);
       throw Error(op + ": the edit of head " + std::to_string(e.head) + ", pair " +
                   std::to_string(e.pair) + " left " + std::to_string(left) +
                   " rad per token (tolerance " + std::to_string(tolerance) +
-                  "): layer 0's phase path is not the one this edit assumes (phase_probe.h)");
+                  "): layer 0's phase path is not the one this edit assumes (phase_probe.h); "
+                  "the model is left as it was");
+    }
   }
   return edits;
 }

@@ -99,7 +99,9 @@ struct PhaseDriftEdit {
 // the order given. phasor::Error (op "remove_parity_phase_drift") naming the argument when a pair
 // is not in layer 0 or out of range, layer 0 has not exactly one Selective RoPE or its phase path
 // is not linear (projection full_rank, conv_silu, a phase gate), the inputs' rank-space vectors
-// are not linearly independent (rank < the number of ids), or a pair's convolution taps sum to 0.
+// are not linearly independent (rank < the number of ids), or a pair's convolution taps sum to 0
+// (all before any edit); phasor::Error, with the model restored, should the edited layer's own
+// increments still drift (a phase path this edit does not know).
 std::vector<PhaseDriftEdit> remove_parity_phase_drift(LanguageModel& model,
                                                       const std::vector<PhasePairProbe>& pairs);
 
