@@ -522,6 +522,59 @@ TEST(TasksExperiment, EarlyStopLengthMovesThePeriodicEvaluation) {
   }
 }
 
+// The table lists each run's periodic evaluations: the best sequence accuracy (the first step that
+// reached it, the token accuracy there) and the last — what a best-checkpoint protocol reports.
+TEST(TasksExperiment, TableReportsTheBestPeriodicEvaluation) {
+  json c = tiny_config();
+  c["name"] = "tiny_periodic";
+  c["arms"].erase(1);
+  c["lr_grid"] = {0.003};
+  c["seeds"] = {0};
+  c["task"]["early_stop_length"] = 16;
+  ExperimentOptions options;
+  options.progress = false;
+  options.out_dir = fresh_dir("tiny_periodic").string();
+  ExperimentOutput output = run_experiment(parse_experiment_config(c), options);
+  json& run = output.results["runs"][0];
+  ASSERT_EQ(run["evals"].size(), 3u);  // steps 4, 8, 12
+  // Known values in place of the trained ones: the best is the first of two equal maxima.
+  const double seq[] = {0.25, 0.5, 0.5};
+  const double tok[] = {0.6, 0.7, 0.8};
+  for (std::size_t i = 0; i < 3; ++i) {
+    run["evals"][i]["sequence_accuracy"] = seq[i];
+    run["evals"][i]["token_accuracy"] = tok[i];
+  }
+  run["evals"][2]["sequence_accuracy"] = 0.125;  // the last falls back below the best
+  const std::string table = format_result_table(output.results, output.timings);
+  const auto header = table.find("periodic evaluations (held-out rows of the early-stopping");
+  ASSERT_NE(header, std::string::npos) << table;
+  const std::string rest = table.substr(header);
+  std::istringstream lines(rest);
+  std::string line;
+  std::getline(lines, line);  // the title
+  std::getline(lines, line);  // the column names
+  EXPECT_NE(line.find("best_seq"), std::string::npos) << line;
+  std::getline(lines, line);
+  std::istringstream fields(line);
+  std::string arm, lr;
+  std::int64_t seed = -1, length = -1, evals = -1, step = -1;
+  double best_seq = -1, best_tok = -1, last_seq = -1;
+  fields >> arm >> lr >> seed >> length >> evals >> best_seq >> best_tok >> step >> last_seq;
+  ASSERT_FALSE(fields.fail()) << line;
+  EXPECT_EQ(arm, "gla");
+  EXPECT_EQ(seed, 0);
+  EXPECT_EQ(length, 16);
+  EXPECT_EQ(evals, 3);
+  EXPECT_DOUBLE_EQ(best_seq, 0.5);
+  EXPECT_DOUBLE_EQ(best_tok, 0.7);
+  EXPECT_EQ(step, 8);
+  EXPECT_DOUBLE_EQ(last_seq, 0.125);
+  // Runs without periodic evaluations (eval_every 0) print no such section.
+  run["evals"] = json::array();
+  EXPECT_EQ(format_result_table(output.results, output.timings).find("periodic evaluations"),
+            std::string::npos);
+}
+
 TEST(TasksExperiment, ConfigErrorsNameTheKeyPath) {
   struct Case {
     const char* what;

@@ -250,6 +250,9 @@ class SelectiveRoPEImpl : public torch::nn::Cloneable<SelectiveRoPEImpl> {
   at::Tensor forward(const at::Tensor& x, SelectiveRoPECache* cache = nullptr);
   // The phase increments φ: [B, T, H, R] (everything above before the cumulative sum).
   at::Tensor phase_increments(const at::Tensor& x, at::Tensor* conv_state = nullptr);
+  // x̂: x [..., D] ℓ2-normalised per head, x_h / sqrt(|x_h|² + 10⁻⁶) (the paper's stabiliser (i)),
+  // the input of the phase projection and of the gate.
+  at::Tensor normalized_input(const at::Tensor& x) const;
   // ω: [H, R] when learnable, else [R].
   const at::Tensor& omega() const { return omega_; }
   // The spectrum of `spectrum` for head_dim K (R = K/2 values, float64), as defined above.

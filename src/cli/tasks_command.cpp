@@ -465,7 +465,7 @@ int probe_checkpoint(const ProbeOptions& o) {
   tasks::WordProblemConfig c;
   c.group = tasks::Group::S2;
   c.seq_len = o.length;
-  c.bos = model->config().vocab_size >= 3;
+  c.bos = tasks::parity_vocabulary_has_bos(model);
   const tasks::Batch rows = tasks::word_problem(c, o.rows, o.seed);
   const tasks::PhaseProbe probe = tasks::parity_phase_probe(model, rows);
   if (probe.heads.empty())
@@ -484,11 +484,11 @@ int probe_checkpoint(const ProbeOptions& o) {
                 static_cast<long long>(p.layer), static_cast<long long>(p.head),
                 static_cast<long long>(p.pair), p.harmonic, static_cast<long long>(p.horizon),
                 p.drift_zero, p.drift_one, p.jitter, p.drift_horizon);
-  nlohmann::json drift_removed;
-  if (o.remove_drift) drift_removed = remove_drift(model, probe, c, rows, o);
+  const std::optional<nlohmann::json> drift_removed =
+      o.remove_drift ? std::optional(remove_drift(model, probe, c, rows, o)) : std::nullopt;
   if (!o.json_path.empty()) {
     nlohmann::json j = tasks::to_json(probe);
-    if (o.remove_drift) j["drift_removed"] = drift_removed;
+    if (drift_removed) j["drift_removed"] = *drift_removed;
     j["checkpoint"] = o.checkpoint;
     j["rows"] = o.rows;
     j["seed"] = o.seed;

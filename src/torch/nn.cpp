@@ -433,15 +433,24 @@ void SelectiveRoPEImpl::reset() {
     omega_ = register_buffer("omega", w);
 }
 
+at::Tensor SelectiveRoPEImpl::normalized_input(const at::Tensor& x) const {
+  const std::int64_t H = options.num_heads(), D = options.hidden_size();
+  TORCH_CHECK(x.dim() >= 1 && x.size(-1) == D, "SelectiveRoPE: argument 'x': expected [..., ", D,
+              "], got ", x.sizes());
+  std::vector<std::int64_t> grouped(x.sizes().begin(), x.sizes().end() - 1);
+  grouped.push_back(H);
+  grouped.push_back(D / H);
+  const at::Tensor xg = x.reshape(grouped);
+  return (xg * at::rsqrt(xg.pow(2).sum(-1, true) + 1e-6)).reshape(x.sizes());
+}
+
 at::Tensor SelectiveRoPEImpl::phase_increments(const at::Tensor& x, at::Tensor* conv_state) {
   const auto& o = options;
   check_input("SelectiveRoPE", x, o.hidden_size());
   check_dtype_matches("SelectiveRoPE", x, conv->weight);
   const std::int64_t B = x.size(0), T = x.size(1), D = o.hidden_size(), H = o.num_heads(),
                      R = o.head_dim() / 2;
-  // Per-head ℓ2-normalised input (the paper's stabiliser (i)).
-  const at::Tensor xg = x.reshape({B, T, H, D / H});
-  const at::Tensor xn = (xg * at::rsqrt(xg.pow(2).sum(-1, true) + 1e-6)).reshape({B, T, D});
+  const at::Tensor xn = normalized_input(x);
   at::Tensor p;
   if (o.projection() == PhaseProjection::low_rank) {
     p = up->forward(down->forward(xn));

@@ -17,7 +17,7 @@ namespace phasor::tasks {
 namespace {
 
 constexpr double kPi = 3.14159265358979323846;
-constexpr std::int64_t kBos = 2;        // S2's BOS id (data.h: |G|)
+constexpr std::int64_t kBos = kParityBos;
 constexpr std::int64_t kContexts = 27;  // the last three tokens, each 0, 1 or BOS / before the row
 
 // x modulo 2π, in [−π, π).
@@ -249,7 +249,7 @@ std::vector<PhaseDriftEdit> remove_parity_phase_drift(LanguageModel& model,
                  "a linear phase path in layer 0's Selective RoPE (projection low_rank, conv_silu "
                  "false, gate none)",
                  nonlinear);
-  const std::int64_t H = o.num_heads(), R = o.head_dim() / 2, D = o.hidden_size();
+  const std::int64_t H = o.num_heads(), R = o.head_dim() / 2;
   std::set<std::pair<std::int64_t, std::int64_t>> seen;
   for (std::size_t i = 0; i < pairs.size(); ++i) {
     const PhasePairProbe& p = pairs[i];
@@ -272,14 +272,11 @@ std::vector<PhaseDriftEdit> remove_parity_phase_drift(LanguageModel& model,
   torch::NoGradGuard no_grad;
   // Ids 0 and 1, and the BOS when the vocabulary has one: one row of the three (layer 0's mixer
   // input depends on the token alone).
-  const std::int64_t ids = model->config().vocab_size > kBos ? kBos + 1 : 2;
+  const std::int64_t ids = parity_vocabulary_has_bos(model) ? kBos + 1 : 2;
   const at::Tensor x = model->mixer_inputs(torch::arange(ids, at::kLong).unsqueeze(0))[0][0];
-  // r_a = down(x̂_a), x̂ the per-head ℓ2 normalisation of SelectiveRoPEImpl::phase_increments
-  // (src/torch/nn.cpp). Only the edit's direction depends on this copy of it: the drifts before
-  // and after come from the layer itself, and the check below refuses an edit that missed.
-  const at::Tensor xg = x.reshape({ids, H, D / H});
-  const at::Tensor xn = (xg * at::rsqrt(xg.pow(2).sum(-1, true) + 1e-6)).reshape({ids, D});
-  const at::Tensor r = rope.down->forward(xn).to(at::kDouble);  // [ids, rank]
+  // r_a = down(x̂_a), the rank-space vectors of the ids; the drifts before and after come from the
+  // layer itself, and the check below refuses an edit that missed.
+  const at::Tensor r = rope.down->forward(rope.normalized_input(x)).to(at::kDouble);  // [ids, rank]
   const at::Tensor gram = r.matmul(r.t());
   const at::Tensor eigenvalues = at::linalg_eigvalsh(gram);
   if (!(eigenvalues.min().item<double>() > 1e-12 * eigenvalues.max().item<double>()))
@@ -334,6 +331,10 @@ std::vector<PhaseDriftEdit> remove_parity_phase_drift(LanguageModel& model,
     }
   }
   return edits;
+}
+
+bool parity_vocabulary_has_bos(LanguageModel& model) {
+  return model->config().vocab_size > kParityBos;
 }
 
 nlohmann::json to_json(const PhaseProbe& probe) {

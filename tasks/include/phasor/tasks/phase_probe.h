@@ -65,6 +65,13 @@ struct PhaseProbe {
   std::vector<PhasePairProbe> heads;  // per (layer, head) with Selective RoPE: its best pair
 };
 
+// The BOS id of parity rows (data.h's S2 word problem: |G| = 2).
+inline constexpr std::int64_t kParityBos = 2;
+
+// Whether `model`'s vocabulary holds the BOS id (more than two ids): the harness trains parity
+// with a BOS exactly then, so a checkpoint's rows are made, and its BOS's phase kept, by this.
+bool parity_vocabulary_has_bos(LanguageModel& model);
+
 // The probe of `model` on the parity rows `batch` (Batch::inputs: element ids 0 and 1, a BOS id 2
 // allowed at position 0 only). Empty (no pairs, no heads) when the model has no Selective RoPE
 // layer. phasor::Error (op "phase_probe") when the rows hold other ids or the model's vocabulary
