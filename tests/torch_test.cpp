@@ -1,14 +1,21 @@
 // The LibTorch layer (phasor/torch.h): autograd against the core backward called directly,
 // float64 central finite differences through the torch API, errors as c10::Error naming the
 // argument, float16/bfloat16 inputs, gradients flowing from final_state, dtypes and strides,
-// the FoX decoder against the parallel forward, and the rotary ops, short convolution and fused
-// rotation against plain torch operations.
+// the chunk states kept for the backward (and read by it), the FoX decoder against the parallel
+// forward, and the rotary ops, short convolution and fused rotation against plain torch
+// operations.
+#include <c10/core/CPUAllocator.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <functional>
+#include <limits>
+#include <map>
+#include <mutex>
 #include <ostream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "phasor/device.h"
@@ -167,6 +174,161 @@ TEST_P(TorchImpl, GatedDeltaRuleAutogradMatchesCoreBackward) {
   EXPECT_CLOSE(g.grad(), dg, 1e-13, "dg");
   EXPECT_CLOSE(beta.grad(), dbeta, 1e-13, "dbeta");
   EXPECT_CLOSE(h0.grad(), dh0, 1e-13, "dh0");
+}
+
+// ---- chunk states kept for the backward --------------------------------------------------------
+// The layer keeps the chunk forward's states (and Gated DeltaNet's U_new) for the backward when
+// autograd records the call (src/torch/torch.cpp: keep_chunk_states). The same bits come out
+// either way, so the tests above cannot tell whether they were kept, nor whether the backward
+// reads them. An allocator that records the CPU blocks the forward allocates finds the kept
+// buffers by their size; NaN written into one of them must reach the gradients.
+
+// Records the size of every live CPU block allocated while installed (a scope); blocks freed,
+// then or later, are forgotten.
+class RecordingCpuAllocator final : public c10::Allocator {
+ public:
+  RecordingCpuAllocator() : base_(c10::GetDefaultCPUAllocator()) {
+    c10::SetCPUAllocator(this, ++priority_);
+  }
+  ~RecordingCpuAllocator() override { c10::SetCPUAllocator(base_, ++priority_); }
+  RecordingCpuAllocator(const RecordingCpuAllocator&) = delete;
+  RecordingCpuAllocator& operator=(const RecordingCpuAllocator&) = delete;
+
+  c10::DataPtr allocate(size_t bytes) const override {
+    auto* block = new Block{base_->allocate(bytes), bytes};
+    void* data = block->inner.get();
+    {
+      std::lock_guard<std::mutex> lock(mutex());
+      live()[data] = bytes;
+    }
+    return {data, block, &release, block->inner.device()};
+  }
+
+  // The live blocks of exactly `bytes` allocated since the scope began, in no particular order.
+  std::vector<void*> live_blocks_of(std::size_t bytes) const {
+    std::lock_guard<std::mutex> lock(mutex());
+    std::vector<void*> out;
+    for (const auto& [data, size] : live())
+      if (size == bytes) out.push_back(data);
+    return out;
+  }
+
+ private:
+  struct Block {
+    c10::DataPtr inner;
+    std::size_t bytes;
+  };
+  static void release(void* ctx) {
+    auto* block = static_cast<Block*>(ctx);
+    {
+      std::lock_guard<std::mutex> lock(mutex());
+      live().erase(block->inner.get());
+    }
+    delete block;  // frees through the default allocator's own deleter
+  }
+  static std::mutex& mutex() {
+    static std::mutex m;
+    return m;
+  }
+  static std::map<void*, std::size_t>& live() {
+    static std::map<void*, std::size_t> blocks;
+    return blocks;
+  }
+  static inline std::uint8_t priority_ = 0;  // SetCPUAllocator keeps the highest priority set
+  c10::Allocator* base_;
+};
+
+// Fills `count` doubles at `data` with NaN and returns what was there.
+std::vector<double> poison(void* data, std::size_t count) {
+  auto* x = static_cast<double*>(data);
+  std::vector<double> before(x, x + count);
+  std::fill_n(x, count, std::numeric_limits<double>::quiet_NaN());
+  return before;
+}
+
+bool any_nan(const std::vector<at::Tensor>& tensors) {
+  for (const at::Tensor& t : tensors)
+    if (t.defined() && t.isnan().any().item<bool>()) return true;
+  return false;
+}
+
+TEST(Torch, ChunkForwardKeepsStatesThatTheBackwardReads) {
+  torch::manual_seed(11);
+  // T = 130 at chunk size 64: three chunks, so 3 states of H × K × V; sizes chosen so that no
+  // other tensor of the call has the states' (or, below, v's) size by chance.
+  const std::int64_t B = 1, T = 130, H = 2, K = 6, V = 10, C = 64, chunks = 3;
+  const auto state_count = static_cast<std::size_t>(chunks * H * K * V);
+  const at::Tensor q = leaf(at::randn({B, T, H, K}, f64)), k = leaf(at::randn({B, T, H, K}, f64)),
+                   v = leaf(at::randn({B, T, H, V}, f64)), g = leaf(log_gates({B, T, H, K}));
+  {
+    RecordingCpuAllocator recorder;
+    torch::NoGradGuard no_grad;  // nothing is kept when autograd does not record the call
+    const at::Tensor o =
+        std::get<0>(chunk_gla(q, k, v, g, c10::nullopt, c10::nullopt, false, c10::nullopt, C));
+    EXPECT_TRUE(recorder.live_blocks_of(state_count * sizeof(double)).empty());
+  }
+  RecordingCpuAllocator recorder;
+  const at::Tensor o =
+      std::get<0>(chunk_gla(q, k, v, g, c10::nullopt, c10::nullopt, false, c10::nullopt, C));
+  const std::vector<void*> kept = recorder.live_blocks_of(state_count * sizeof(double));
+  ASSERT_EQ(kept.size(), 1u) << "the chunk states, kept alive by the autograd graph";
+  const at::Tensor d_o = at::randn_like(o);
+  const auto grads = [&] {
+    return torch::autograd::grad({o}, {q, k, v, g}, {d_o}, /*retain_graph=*/true);
+  };
+  const std::vector<at::Tensor> clean = grads();
+  ASSERT_FALSE(any_nan(clean));
+  const std::vector<double> states = poison(kept[0], state_count);
+  EXPECT_TRUE(any_nan(grads())) << "the backward did not read the kept chunk states";
+  std::copy(states.begin(), states.end(), static_cast<double*>(kept[0]));
+  const std::vector<at::Tensor> again = grads();
+  for (std::size_t i = 0; i < clean.size(); ++i) EXPECT_TRUE(at::equal(again[i], clean[i])) << i;
+}
+
+TEST(Torch, ChunkGatedDeltaRuleKeepsStatesAndVNewThatTheBackwardReads) {
+  torch::manual_seed(12);
+  const std::int64_t B = 1, T = 130, H = 2, K = 6, V = 10, C = 64, chunks = 3;
+  const auto state_count = static_cast<std::size_t>(chunks * H * K * V);
+  const auto v_new_count = static_cast<std::size_t>(B * T * H * V);
+  const at::Tensor q = leaf(at::randn({B, T, H, K}, f64)), k = leaf(at::randn({B, T, H, K}, f64)),
+                   v = leaf(at::randn({B, T, H, V}, f64)), g = leaf(log_gates({B, T, H})),
+                   beta = leaf(at::rand({B, T, H}, f64));
+  const auto forward = [&] {
+    return std::get<0>(chunk_gated_delta_rule(q, k, v, g, beta, c10::nullopt, c10::nullopt, false,
+                                              c10::nullopt,
+                                              /*use_qk_l2norm_in_kernel=*/true, C));
+  };
+  {
+    RecordingCpuAllocator recorder;
+    torch::NoGradGuard no_grad;
+    const at::Tensor o = forward();
+    EXPECT_TRUE(recorder.live_blocks_of(state_count * sizeof(double)).empty());
+    // o is the only live block of v's size without autograd.
+    EXPECT_EQ(recorder.live_blocks_of(v_new_count * sizeof(double)).size(), 1u);
+  }
+  RecordingCpuAllocator recorder;
+  const at::Tensor o = forward();
+  const std::vector<void*> kept_states = recorder.live_blocks_of(state_count * sizeof(double));
+  ASSERT_EQ(kept_states.size(), 1u) << "the chunk states, kept alive by the autograd graph";
+  std::vector<void*> kept_v_new;
+  for (void* block : recorder.live_blocks_of(v_new_count * sizeof(double)))
+    if (block != o.data_ptr()) kept_v_new.push_back(block);
+  ASSERT_EQ(kept_v_new.size(), 1u) << "U_new (v_new), kept beside the states";
+  const at::Tensor d_o = at::randn_like(o);
+  const auto grads = [&] {
+    return torch::autograd::grad({o}, {q, k, v, g, beta}, {d_o}, /*retain_graph=*/true);
+  };
+  const std::vector<at::Tensor> clean = grads();
+  ASSERT_FALSE(any_nan(clean));
+  for (const auto& [block, count, what] :
+       {std::make_tuple(kept_states[0], state_count, "the chunk states"),
+        std::make_tuple(kept_v_new[0], v_new_count, "v_new")}) {
+    const std::vector<double> before = poison(block, count);
+    EXPECT_TRUE(any_nan(grads())) << "the backward did not read " << what;
+    std::copy(before.begin(), before.end(), static_cast<double*>(block));
+  }
+  const std::vector<at::Tensor> again = grads();
+  for (std::size_t i = 0; i < clean.size(); ++i) EXPECT_TRUE(at::equal(again[i], clean[i])) << i;
 }
 
 TEST_P(TorchImpl, ForgettingAttnAutogradMatchesCoreBackward) {
