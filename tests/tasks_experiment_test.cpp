@@ -499,15 +499,21 @@ std::string config_error(const json& config) {
   return "no error";
 }
 
+// tiny_config() cut to one run: its GLA arm, lr 0.003, seed 0.
+json one_run_config(const std::string& name) {
+  json c = tiny_config();
+  c["name"] = name;
+  c["arms"].erase(1);
+  c["lr_grid"] = {0.003};
+  c["seeds"] = {0};
+  return c;
+}
+
 // early_stop_length moves the training's periodic evaluation (and its early stopping) from the
 // reference length to another evaluation length, as the official Selective RoPE code stops on its
 // test length.
 TEST(TasksExperiment, EarlyStopLengthMovesThePeriodicEvaluation) {
-  json c = tiny_config();
-  c["name"] = "tiny_early_stop_length";
-  c["arms"].erase(1);
-  c["lr_grid"] = {0.003};
-  c["seeds"] = {0};
+  json c = one_run_config("tiny_early_stop_length");
   c["train"]["target_accuracy"] = 0.01;  // reached at the first evaluation (step 4)
   ExperimentOptions options;
   options.progress = false;
@@ -525,11 +531,7 @@ TEST(TasksExperiment, EarlyStopLengthMovesThePeriodicEvaluation) {
 // The table lists each run's periodic evaluations: the best sequence accuracy (the first step that
 // reached it, the token accuracy there) and the last — what a best-checkpoint protocol reports.
 TEST(TasksExperiment, TableReportsTheBestPeriodicEvaluation) {
-  json c = tiny_config();
-  c["name"] = "tiny_periodic";
-  c["arms"].erase(1);
-  c["lr_grid"] = {0.003};
-  c["seeds"] = {0};
+  json c = one_run_config("tiny_periodic");
   c["task"]["early_stop_length"] = 16;
   ExperimentOptions options;
   options.progress = false;

@@ -15,7 +15,6 @@
 #include <mutex>
 #include <ostream>
 #include <string>
-#include <tuple>
 #include <vector>
 
 #include "phasor/device.h"
@@ -188,6 +187,7 @@ TEST_P(TorchImpl, GatedDeltaRuleAutogradMatchesCoreBackward) {
 class RecordingCpuAllocator final : public c10::Allocator {
  public:
   RecordingCpuAllocator() : base_(c10::GetDefaultCPUAllocator()) {
+    live().clear();  // blocks of earlier recorders still alive are not this one's
     c10::SetCPUAllocator(this, ++priority_);
   }
   ~RecordingCpuAllocator() override { c10::SetCPUAllocator(base_, ++priority_); }
@@ -195,7 +195,7 @@ class RecordingCpuAllocator final : public c10::Allocator {
   RecordingCpuAllocator& operator=(const RecordingCpuAllocator&) = delete;
 
   c10::DataPtr allocate(size_t bytes) const override {
-    auto* block = new Block{base_->allocate(bytes), bytes};
+    auto* block = new Block{base_->allocate(bytes)};
     void* data = block->inner.get();
     {
       std::lock_guard<std::mutex> lock(mutex());
@@ -216,7 +216,6 @@ class RecordingCpuAllocator final : public c10::Allocator {
  private:
   struct Block {
     c10::DataPtr inner;
-    std::size_t bytes;
   };
   static void release(void* ctx) {
     auto* block = static_cast<Block*>(ctx);
@@ -238,25 +237,28 @@ class RecordingCpuAllocator final : public c10::Allocator {
   c10::Allocator* base_;
 };
 
-// Fills `count` doubles at `data` with NaN and returns what was there.
-std::vector<double> poison(void* data, std::size_t count) {
-  auto* x = static_cast<double*>(data);
-  std::vector<double> before(x, x + count);
-  std::fill_n(x, count, std::numeric_limits<double>::quiet_NaN());
-  return before;
-}
-
 bool any_nan(const std::vector<at::Tensor>& tensors) {
   for (const at::Tensor& t : tensors)
     if (t.defined() && t.isnan().any().item<bool>()) return true;
   return false;
 }
 
+// Fills the `count` doubles of a kept block with NaN, expects `grads()` to carry some NaN (the
+// backward reads the block), and puts the values back.
+void expect_backward_reads(void* block, std::size_t count, const char* what,
+                           const std::function<std::vector<at::Tensor>()>& grads) {
+  auto* x = static_cast<double*>(block);
+  const std::vector<double> before(x, x + count);
+  std::fill_n(x, count, std::numeric_limits<double>::quiet_NaN());
+  EXPECT_TRUE(any_nan(grads())) << "the backward did not read " << what;
+  std::copy(before.begin(), before.end(), x);
+}
+
 TEST(Torch, ChunkForwardKeepsStatesThatTheBackwardReads) {
   torch::manual_seed(11);
   // T = 130 at chunk size 64: three chunks, so 3 states of H × K × V; sizes chosen so that no
   // other tensor of the call has the states' (or, below, v's) size by chance.
-  const std::int64_t B = 1, T = 130, H = 2, K = 6, V = 10, C = 64, chunks = 3;
+  const std::int64_t B = 1, T = 130, H = 2, K = 6, V = 10, C = 64, chunks = (T + C - 1) / C;
   const auto state_count = static_cast<std::size_t>(chunks * H * K * V);
   const at::Tensor q = leaf(at::randn({B, T, H, K}, f64)), k = leaf(at::randn({B, T, H, K}, f64)),
                    v = leaf(at::randn({B, T, H, V}, f64)), g = leaf(log_gates({B, T, H, K}));
@@ -278,16 +280,14 @@ TEST(Torch, ChunkForwardKeepsStatesThatTheBackwardReads) {
   };
   const std::vector<at::Tensor> clean = grads();
   ASSERT_FALSE(any_nan(clean));
-  const std::vector<double> states = poison(kept[0], state_count);
-  EXPECT_TRUE(any_nan(grads())) << "the backward did not read the kept chunk states";
-  std::copy(states.begin(), states.end(), static_cast<double*>(kept[0]));
+  expect_backward_reads(kept[0], state_count, "the kept chunk states", grads);
   const std::vector<at::Tensor> again = grads();
   for (std::size_t i = 0; i < clean.size(); ++i) EXPECT_TRUE(at::equal(again[i], clean[i])) << i;
 }
 
 TEST(Torch, ChunkGatedDeltaRuleKeepsStatesAndVNewThatTheBackwardReads) {
   torch::manual_seed(12);
-  const std::int64_t B = 1, T = 130, H = 2, K = 6, V = 10, C = 64, chunks = 3;
+  const std::int64_t B = 1, T = 130, H = 2, K = 6, V = 10, C = 64, chunks = (T + C - 1) / C;
   const auto state_count = static_cast<std::size_t>(chunks * H * K * V);
   const auto v_new_count = static_cast<std::size_t>(B * T * H * V);
   const at::Tensor q = leaf(at::randn({B, T, H, K}, f64)), k = leaf(at::randn({B, T, H, K}, f64)),
@@ -320,13 +320,8 @@ TEST(Torch, ChunkGatedDeltaRuleKeepsStatesAndVNewThatTheBackwardReads) {
   };
   const std::vector<at::Tensor> clean = grads();
   ASSERT_FALSE(any_nan(clean));
-  for (const auto& [block, count, what] :
-       {std::make_tuple(kept_states[0], state_count, "the chunk states"),
-        std::make_tuple(kept_v_new[0], v_new_count, "v_new")}) {
-    const std::vector<double> before = poison(block, count);
-    EXPECT_TRUE(any_nan(grads())) << "the backward did not read " << what;
-    std::copy(before.begin(), before.end(), static_cast<double*>(block));
-  }
+  expect_backward_reads(kept_states[0], state_count, "the chunk states", grads);
+  expect_backward_reads(kept_v_new[0], v_new_count, "v_new", grads);
   const std::vector<at::Tensor> again = grads();
   for (std::size_t i = 0; i < clean.size(); ++i) EXPECT_TRUE(at::equal(again[i], clean[i])) << i;
 }
