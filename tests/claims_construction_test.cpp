@@ -512,6 +512,117 @@ TEST(ClaimsConstruction, RemoveParityPhaseDriftLeavesExactTracking) {
   }
 }
 
+// remove_parity_gate_decay (phase_probe.h): the chosen pairs' forget gates become exactly 1 for
+// every id, in both gate layouts (tied: one gk_up row per pair; untied: the pair's two channels,
+// half-split and interleaved), and nothing else moves; the log gates returned are the ones the
+// layer had. With the drift edit too, every pair of a random model carries its exact phase at gate
+// 1. Bad arguments name what is wrong, and a Selective RoPE outside a GLA mixer is refused.
+TEST(ClaimsConstruction, RemoveParityGateDecaySetsTheChosenGatesToOne) {
+  ModelConfig cfg;
+  cfg.vocab_size = 3;
+  cfg.hidden_size = 16;
+  cfg.num_layers = 1;
+  cfg.num_heads = 2;
+  cfg.mixer = "gla";
+  cfg.pos_encoding = "selective_rope";
+  cfg.dtype = "float64";
+  cfg.mixer_options = {{"chunk_size", 16}, {"expand_k", 1.0}};  // head_k 8: R = 4
+  cfg.pos_options = {
+      {"gate", "none"}, {"conv_silu", false}, {"spectrum_base", 1.0}, {"learnable_omega", false}};
+  const auto gla_of = [](LanguageModel& m) {
+    for (const auto& module : m->modules(/*include_self=*/false))
+      if (auto gla = std::dynamic_pointer_cast<phasor::nn::GatedLinearAttentionImpl>(module))
+        return gla;
+    return std::shared_ptr<phasor::nn::GatedLinearAttentionImpl>();
+  };
+  // The log gates [ids, H, K] of ids 0, 1, BOS.
+  const auto gates = [&](LanguageModel& m) {
+    torch::NoGradGuard no_grad;
+    const at::Tensor x = m->mixer_inputs(torch::arange(3, at::kLong).unsqueeze(0))[0];
+    return gla_of(m)->forget_gates(x)[0].clone();
+  };
+  for (const std::string layout : {"tied", "half_split", "interleaved"}) {
+    SCOPED_TRACE(layout);
+    ModelConfig c = cfg;
+    c.mixer_options["tie_gate_pairs"] = layout == "tied";
+    if (layout != "tied") c.mixer_options["rotary_layout"] = layout;
+    torch::manual_seed(4);
+    LanguageModel model(c);
+    WordProblemConfig w;
+    w.group = Group::S2, w.seq_len = 64, w.bos = true;
+    const PhaseProbe probe = parity_phase_probe(model, word_problem(w, 8, 5));
+    ASSERT_EQ(probe.pairs.size(), 8u);
+    const at::Tensor before = gates(model);
+    ASSERT_TRUE((before < 0).all().item<bool>());  // every random gate decays
+    const std::vector<PhasePairProbe> chosen = {probe.pairs[6], probe.pairs[0]};  // (1, 2), (0, 0)
+    const std::vector<GateDecayEdit> edits = remove_parity_gate_decay(model, chosen);
+    ASSERT_EQ(edits.size(), 2u);
+    const at::Tensor after = gates(model);
+    // The channels of pair i: (i, i + R) half-split (also how a tied gate is expanded), else
+    // (2i, 2i + 1).
+    const auto channels = [&](std::int64_t pair) -> std::vector<std::int64_t> {
+      if (layout == "interleaved") return {2 * pair, 2 * pair + 1};
+      return {pair, pair + 4};
+    };
+    at::Tensor edited = torch::zeros({2, 8}, at::kBool);
+    for (const GateDecayEdit& e : edits) {
+      double low_zero = 0, low_one = 0;
+      for (const std::int64_t ch : channels(e.pair)) {
+        edited[e.head][ch] = true;
+        EXPECT_EQ(at::exp(after.select(1, e.head).select(1, ch)).min().item<double>(), 1.0)
+            << "head " << e.head << " pair " << e.pair << " channel " << ch;
+        low_zero = std::min(low_zero, before[0][e.head][ch].item<double>());
+        low_one = std::min(low_one, before[1][e.head][ch].item<double>());
+      }
+      EXPECT_EQ(e.log_gate_zero, low_zero);
+      EXPECT_EQ(e.log_gate_one, low_one);
+      EXPECT_LT(e.log_gate_zero, 0);
+    }
+    EXPECT_EQ(edits[0].head, 1);
+    EXPECT_EQ(edits[0].pair, 2);
+    // Every other channel keeps its gate bit for bit.
+    const at::Tensor kept = edited.logical_not().unsqueeze(0).expand_as(before);
+    EXPECT_TRUE(at::equal(before.masked_select(kept), after.masked_select(kept)));
+
+    // Both edits of every pair: exact phases at gate 1, tracking parity to the end of the rows.
+    remove_parity_phase_drift(model, probe.pairs);
+    remove_parity_gate_decay(model, probe.pairs);
+    EXPECT_TRUE((at::exp(gates(model)) == 1).all().item<bool>());
+    for (const PhasePairProbe& p : parity_phase_probe(model, word_problem(w, 8, 5)).pairs)
+      EXPECT_EQ(p.horizon, w.seq_len + 1) << "head " << p.head << " pair " << p.pair;
+  }
+
+  // Bad arguments.
+  LanguageModel model(cfg);
+  PhasePairProbe pair;
+  pair.head = 1, pair.pair = 2;
+  PhasePairProbe other_layer = pair;
+  other_layer.layer = 1;
+  expect_error([&] { remove_parity_gate_decay(model, {other_layer}); },
+               {"remove_parity_gate_decay: argument 'pairs'", "layer 0", "layer 1"});
+  expect_error(
+      [&] {
+        remove_parity_gate_decay(model, {pair, pair});
+      },
+      {"argument 'pairs'", "each (head, pair) once", "head 1, pair 2 again"});
+  PhasePairProbe out_of_range = pair;
+  out_of_range.head = 2;
+  expect_error([&] { remove_parity_gate_decay(model, {out_of_range}); },
+               {"argument 'pairs'", "heads in [0, 2)", "head 2"});
+  ModelConfig delta = cfg;
+  delta.mixer = "gated_deltanet";
+  delta.mixer_options = nlohmann::json::object();
+  LanguageModel gdn(delta);
+  expect_error([&] { remove_parity_gate_decay(gdn, {pair}); },
+               {"argument 'model'", "GatedLinearAttention", "gated_deltanet"});
+  ModelConfig nope = cfg;
+  nope.pos_encoding = "none";
+  nope.pos_options = nlohmann::json::object();
+  LanguageModel plain(nope);
+  expect_error([&] { remove_parity_gate_decay(plain, {pair}); },
+               {"argument 'model'", "one Selective RoPE in layer 0"});
+}
+
 TEST(ClaimsConstruction, GlaSelectiveRopeA3) {
   for (const std::string impl : {"chunk", "recurrent"}) {
     // tasks/configs/full/a3.json, arm gla_selective_rope_1l (one layer).

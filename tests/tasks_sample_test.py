@@ -387,17 +387,34 @@ proc = subprocess.run([PHASOR, "tasks", "probe", ckpt, "--length", "40", "--rows
 ok = proc.returncode == 0 and "held-out rows (seed 1)" in proc.stdout
 if ok:
     with open(probe_json) as f:
-        removed = json.load(f).get("drift_removed", {})
+        edited = json.load(f).get("edited", {})
+    removed = edited.get("drift", {})
     pairs = removed.get("pairs", [])
-    ok = (removed.get("min_horizon") == 0 and len(pairs) == 4 and
+    ok = (removed.get("min_horizon") == 0 and len(pairs) == 4 and "decay" not in edited and
           all(abs(p["drift_zero"]) <= math.pi and abs(p["drift_one"]) <= math.pi for p in pairs) and
-          0 <= removed.get("heldout_after", {}).get("correct_prefix_length", -1) <= 41)
+          0 <= edited.get("heldout_after", {}).get("correct_prefix_length", -1) <= 41)
 report("tasks probe --remove-drift: every pair's drift removed, the edited model scored", ok,
        proc.stdout + proc.stderr)
-proc = subprocess.run([PHASOR, "tasks", "probe", ckpt, "--remove-drift", "-1"],
+# --remove-drift 0 --remove-decay 0: both edits of every pair; the gates removed are log gates ≤ 0.
+proc = subprocess.run([PHASOR, "tasks", "probe", ckpt, "--length", "40", "--rows", "6",
+                       "--remove-drift", "0", "--remove-decay", "0", "--json", probe_json],
                       capture_output=True, text=True, timeout=60)
-report("tasks probe: --remove-drift -1 exits 2 naming it",
-       proc.returncode == 2 and "--remove-drift" in proc.stderr, proc.stderr)
+ok = proc.returncode == 0 and "forget-gate decay of 4 rotation pairs" in proc.stdout
+if ok:
+    with open(probe_json) as f:
+        edited = json.load(f).get("edited", {})
+    decay = edited.get("decay", {}).get("pairs", [])
+    ok = (len(edited.get("drift", {}).get("pairs", [])) == 4 and len(decay) == 4 and
+          all(p["log_gate_zero"] <= 0 and p["log_gate_one"] <= 0 for p in decay) and
+          any(p["log_gate_zero"] < 0 for p in decay) and
+          0 <= edited.get("correct_prefix_length", -1) <= 41)
+report("tasks probe --remove-drift --remove-decay: both edits of every pair, the model scored", ok,
+       proc.stdout + proc.stderr)
+for flag in ("--remove-drift", "--remove-decay"):
+    proc = subprocess.run([PHASOR, "tasks", "probe", ckpt, flag, "-1"],
+                          capture_output=True, text=True, timeout=60)
+    report(f"tasks probe: {flag} -1 exits 2 naming it",
+           proc.returncode == 2 and flag in proc.stderr, proc.stderr)
 proc = subprocess.run([PHASOR, "tasks", "probe", ckpt, "--length", "0"],
                       capture_output=True, text=True, timeout=60)
 report("tasks probe: --length 0 exits 2 naming it",

@@ -388,8 +388,9 @@ struct ProbeOptions {
   std::uint64_t seed = 0;
   std::string json_path;
   bool pairs = false;
-  std::optional<std::int64_t> remove_drift;  // --remove-drift: the smallest horizon (positions)
-                                             // of a pair whose drift is removed
+  // --remove-drift, --remove-decay: the smallest horizon (positions) of a pair whose drift /
+  // forget-gate decay is removed
+  std::optional<std::int64_t> remove_drift, remove_decay;
 };
 
 // Scores `model` on `rows`: its correct prefix (positions) and sequence accuracy.
@@ -400,52 +401,80 @@ std::pair<std::int64_t, double> parity_score(tasks::LanguageModel& model,
           eval.metrics.sequence_accuracy};
 }
 
-// --remove-drift: removes the drift of layer 0's pairs whose horizon is ≥ o.remove_drift
-// (tasks::remove_parity_phase_drift) and scores the edited model on the probe's rows and on as
-// many held-out rows (seed + 1), beside the model as trained. Returns the JSON of it.
-nlohmann::json remove_drift(tasks::LanguageModel& model, const tasks::PhaseProbe& probe,
-                            const tasks::WordProblemConfig& c, const tasks::Batch& rows,
-                            const ProbeOptions& o) {
+// Layer 0's pairs whose horizon is ≥ min_horizon.
+std::vector<tasks::PhasePairProbe> pairs_from(const tasks::PhaseProbe& probe,
+                                              std::int64_t min_horizon) {
   std::vector<tasks::PhasePairProbe> chosen;
   for (const tasks::PhasePairProbe& p : probe.pairs)
-    if (p.layer == 0 && p.horizon >= *o.remove_drift) chosen.push_back(p);
+    if (p.layer == 0 && p.horizon >= min_horizon) chosen.push_back(p);
+  return chosen;
+}
+
+// --remove-drift / --remove-decay: removes the drift (tasks::remove_parity_phase_drift) and the
+// forget-gate decay (tasks::remove_parity_gate_decay) of layer 0's pairs whose horizon is at least
+// the option's value, each where given, and scores the edited model on the probe's rows and on
+// as many held-out rows (seed + 1), beside the model as trained. Returns the JSON of it.
+nlohmann::json edit_and_score(tasks::LanguageModel& model, const tasks::PhaseProbe& probe,
+                              const tasks::WordProblemConfig& c, const tasks::Batch& rows,
+                              const ProbeOptions& o) {
   const std::uint64_t heldout_seed = o.seed + 1;
   const tasks::Batch heldout = tasks::word_problem(c, o.rows, heldout_seed);
   const auto heldout_before = parity_score(model, heldout);
-  const std::vector<tasks::PhaseDriftEdit> edits = tasks::remove_parity_phase_drift(model, chosen);
-  const auto after = parity_score(model, rows), heldout_after = parity_score(model, heldout);
-  std::printf(
-      "\nthe drift of %zu rotation pairs of layer 0 (horizon ≥ %lld) removed "
-      "(tasks::remove_parity_phase_drift):\n%5s %4s %8s %16s %16s\n",
-      edits.size(), static_cast<long long>(*o.remove_drift), "head", "pair", "harmonic",
-      "drift_zero rad", "drift_one rad");
-  nlohmann::json pairs = nlohmann::json::array();
-  for (const tasks::PhaseDriftEdit& e : edits) {
-    std::printf("%5lld %4lld %8d %16.6f %16.6f\n", static_cast<long long>(e.head),
-                static_cast<long long>(e.pair), e.harmonic, e.drift_zero, e.drift_one);
-    pairs.push_back({{"head", e.head},
-                     {"pair", e.pair},
-                     {"harmonic", e.harmonic},
-                     {"drift_zero", e.drift_zero},
-                     {"drift_one", e.drift_one}});
+  nlohmann::json j;
+  if (o.remove_drift) {
+    const std::vector<tasks::PhaseDriftEdit> edits =
+        tasks::remove_parity_phase_drift(model, pairs_from(probe, *o.remove_drift));
+    std::printf(
+        "\nthe drift of %zu rotation pairs of layer 0 (horizon ≥ %lld) removed "
+        "(tasks::remove_parity_phase_drift):\n%5s %4s %8s %16s %16s\n",
+        edits.size(), static_cast<long long>(*o.remove_drift), "head", "pair", "harmonic",
+        "drift_zero rad", "drift_one rad");
+    nlohmann::json pairs = nlohmann::json::array();
+    for (const tasks::PhaseDriftEdit& e : edits) {
+      std::printf("%5lld %4lld %8d %16.6f %16.6f\n", static_cast<long long>(e.head),
+                  static_cast<long long>(e.pair), e.harmonic, e.drift_zero, e.drift_one);
+      pairs.push_back({{"head", e.head},
+                       {"pair", e.pair},
+                       {"harmonic", e.harmonic},
+                       {"drift_zero", e.drift_zero},
+                       {"drift_one", e.drift_one}});
+    }
+    j["drift"] = {{"min_horizon", *o.remove_drift}, {"pairs", pairs}};
   }
+  if (o.remove_decay) {
+    const std::vector<tasks::GateDecayEdit> edits =
+        tasks::remove_parity_gate_decay(model, pairs_from(probe, *o.remove_decay));
+    std::printf(
+        "\nthe forget-gate decay of %zu rotation pairs of layer 0 (horizon ≥ %lld) removed "
+        "(tasks::remove_parity_gate_decay):\n%5s %4s %16s %16s\n",
+        edits.size(), static_cast<long long>(*o.remove_decay), "head", "pair", "log_gate_zero",
+        "log_gate_one");
+    nlohmann::json pairs = nlohmann::json::array();
+    for (const tasks::GateDecayEdit& e : edits) {
+      std::printf("%5lld %4lld %16.3e %16.3e\n", static_cast<long long>(e.head),
+                  static_cast<long long>(e.pair), e.log_gate_zero, e.log_gate_one);
+      pairs.push_back({{"head", e.head},
+                       {"pair", e.pair},
+                       {"log_gate_zero", e.log_gate_zero},
+                       {"log_gate_one", e.log_gate_one}});
+    }
+    j["decay"] = {{"min_horizon", *o.remove_decay}, {"pairs", pairs}};
+  }
+  const auto after = parity_score(model, rows), heldout_after = parity_score(model, heldout);
   std::printf(
       "after: correct prefix %lld positions, sequence accuracy %.3f; held-out rows (seed %llu): "
       "%lld positions, %.3f as trained → %lld positions, %.3f after\n",
       static_cast<long long>(after.first), after.second,
       static_cast<unsigned long long>(heldout_seed), static_cast<long long>(heldout_before.first),
       heldout_before.second, static_cast<long long>(heldout_after.first), heldout_after.second);
-  return {{"min_horizon", *o.remove_drift},
-          {"pairs", pairs},
-          {"correct_prefix_length", after.first},
-          {"sequence_accuracy", after.second},
-          {"heldout_seed", heldout_seed},
-          {"heldout_as_trained",
-           {{"correct_prefix_length", heldout_before.first},
-            {"sequence_accuracy", heldout_before.second}}},
-          {"heldout_after",
-           {{"correct_prefix_length", heldout_after.first},
-            {"sequence_accuracy", heldout_after.second}}}};
+  j["correct_prefix_length"] = after.first;
+  j["sequence_accuracy"] = after.second;
+  j["heldout_seed"] = heldout_seed;
+  j["heldout_as_trained"] = {{"correct_prefix_length", heldout_before.first},
+                             {"sequence_accuracy", heldout_before.second}};
+  j["heldout_after"] = {{"correct_prefix_length", heldout_after.first},
+                        {"sequence_accuracy", heldout_after.second}};
+  return j;
 }
 
 // The parity phase probe (phase_probe.h) of a checkpoint's model on `rows` random parity rows of
@@ -457,9 +486,11 @@ int probe_checkpoint(const ProbeOptions& o) {
   if (o.rows < 1 || o.rows > tasks::kMaxBatchTokens / (o.length + 1))
     throw InputError("--rows: expected ≥ 1 rows of at most 2^26 tokens in all, got " +
                      std::to_string(o.rows));
-  if (o.remove_drift && *o.remove_drift < 0)
-    throw InputError("--remove-drift: expected a horizon ≥ 0 positions, got " +
-                     std::to_string(*o.remove_drift));
+  for (const auto& [flag, value] :
+       {std::pair{"--remove-drift", o.remove_drift}, std::pair{"--remove-decay", o.remove_decay}})
+    if (value && *value < 0)
+      throw InputError(std::string(flag) + ": expected a horizon ≥ 0 positions, got " +
+                       std::to_string(*value));
   tasks::LanguageModel model = tasks::load_model(o.checkpoint);
   model->eval();
   tasks::WordProblemConfig c;
@@ -484,11 +515,12 @@ int probe_checkpoint(const ProbeOptions& o) {
                 static_cast<long long>(p.layer), static_cast<long long>(p.head),
                 static_cast<long long>(p.pair), p.harmonic, static_cast<long long>(p.horizon),
                 p.drift_zero, p.drift_one, p.jitter, p.drift_horizon);
-  const std::optional<nlohmann::json> drift_removed =
-      o.remove_drift ? std::optional(remove_drift(model, probe, c, rows, o)) : std::nullopt;
+  const std::optional<nlohmann::json> edited =
+      o.remove_drift || o.remove_decay ? std::optional(edit_and_score(model, probe, c, rows, o))
+                                       : std::nullopt;
   if (!o.json_path.empty()) {
     nlohmann::json j = tasks::to_json(probe);
-    if (drift_removed) j["drift_removed"] = *drift_removed;
+    if (edited) j["edited"] = *edited;
     j["checkpoint"] = o.checkpoint;
     j["rows"] = o.rows;
     j["seed"] = o.seed;
@@ -603,6 +635,11 @@ int run_tasks(int argc, char** argv) {
       "positions (tasks::remove_parity_phase_drift: needs a linear phase path, i.e. conv_silu "
       "false and no phase gate) and score the edited model on the same rows and on held-out rows "
       "(seed + 1)");
+  probe->add_option(
+      "--remove-decay", pr.remove_decay,
+      "then set the GLA forget gate of layer 0's rotation pairs whose horizon is at least this "
+      "many positions to 1 (tasks::remove_parity_gate_decay), after the drift edit when both are "
+      "given, and score the edited model as --remove-drift does");
 
   try {
     app.parse(argc, argv);

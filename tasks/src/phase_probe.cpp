@@ -17,7 +17,6 @@ namespace phasor::tasks {
 namespace {
 
 constexpr double kPi = 3.14159265358979323846;
-constexpr std::int64_t kBos = kParityBos;
 constexpr std::int64_t kContexts = 27;  // the last three tokens, each 0, 1 or BOS / before the row
 
 // x modulo 2π, in [−π, π).
@@ -58,12 +57,12 @@ void check_rows(const Batch& b, std::int64_t vocab_size) {
   for (std::int64_t r = 0; r < b.rows; ++r)
     for (std::int64_t t = 0; t < b.cols; ++t) {
       const std::int64_t x = b.input(r, t);
-      if (x == 0 || x == 1 || (x == kBos && t == 0)) continue;
+      if (x == 0 || x == 1 || (x == kParityBos && t == 0)) continue;
       detail::fail(op, "batch", "parity rows (element ids 0 and 1, a BOS id 2 at position 0 only)",
                    "id " + std::to_string(x) + " at row " + std::to_string(r) + ", position " +
                        std::to_string(t));
     }
-  const std::int64_t needed = b.input(0, 0) == kBos ? kBos + 1 : 2;
+  const std::int64_t needed = b.input(0, 0) == kParityBos ? kParityBos + 1 : 2;
   if (vocab_size < needed)
     detail::fail(op, "model", "a vocabulary of at least " + std::to_string(needed) + " ids",
                  std::to_string(vocab_size));
@@ -227,15 +226,42 @@ at::Tensor phase_per_token(nn::SelectiveRoPEImpl& rope, const at::Tensor& x) {
   return rope.phase_increments(rows).select(1, W - 1).reshape({x.size(0), -1}).to(at::kDouble);
 }
 
+// phasor::Error (op) unless every entry of `pairs` is a pair of layer 0 in range (H heads of R
+// pairs), each (head, pair) once: what both edits ask of their argument.
+void check_layer0_pairs(const std::string& op, const std::vector<PhasePairProbe>& pairs,
+                        std::int64_t H, std::int64_t R) {
+  std::set<std::pair<std::int64_t, std::int64_t>> seen;
+  for (std::size_t i = 0; i < pairs.size(); ++i) {
+    const PhasePairProbe& p = pairs[i];
+    const std::string entry = " (entry " + std::to_string(i) + ")";
+    if (p.layer != 0)
+      detail::fail(op, "pairs", "pairs of layer 0", "layer " + std::to_string(p.layer) + entry);
+    if (p.head < 0 || p.head >= H || p.pair < 0 || p.pair >= R)
+      detail::fail(
+          op, "pairs",
+          "heads in [0, " + std::to_string(H) + ") and pairs in [0, " + std::to_string(R) + ")",
+          "head " + std::to_string(p.head) + ", pair " + std::to_string(p.pair) + entry);
+    if (!seen.insert({p.head, p.pair}).second)
+      detail::fail(
+          op, "pairs", "each (head, pair) once",
+          "head " + std::to_string(p.head) + ", pair " + std::to_string(p.pair) + " again" + entry);
+  }
+}
+
+// The one Selective RoPE of layer 0, or phasor::Error (op) naming `model`.
+nn::SelectiveRoPEImpl& layer0_selective_rope(const std::string& op, LanguageModel& model) {
+  std::vector<nn::SelectiveRoPE> ropes = model->selective_ropes(0);
+  if (ropes.size() != 1)
+    detail::fail(op, "model", "one Selective RoPE in layer 0", std::to_string(ropes.size()));
+  return *ropes[0];
+}
+
 }  // namespace
 
 std::vector<PhaseDriftEdit> remove_parity_phase_drift(LanguageModel& model,
                                                       const std::vector<PhasePairProbe>& pairs) {
   const std::string op = "remove_parity_phase_drift";
-  std::vector<nn::SelectiveRoPE> ropes = model->selective_ropes(0);
-  if (ropes.size() != 1)
-    detail::fail(op, "model", "one Selective RoPE in layer 0", std::to_string(ropes.size()));
-  nn::SelectiveRoPEImpl& rope = *ropes[0];
+  nn::SelectiveRoPEImpl& rope = layer0_selective_rope(op, model);
   const nn::SelectiveRoPEOptions& o = rope.options;
   std::string nonlinear;
   const auto add = [&nonlinear](const char* what) {
@@ -250,29 +276,15 @@ std::vector<PhaseDriftEdit> remove_parity_phase_drift(LanguageModel& model,
                  "false, gate none)",
                  nonlinear);
   const std::int64_t H = o.num_heads(), R = o.head_dim() / 2;
-  std::set<std::pair<std::int64_t, std::int64_t>> seen;
-  for (std::size_t i = 0; i < pairs.size(); ++i) {
-    const PhasePairProbe& p = pairs[i];
-    const std::string entry = " (entry " + std::to_string(i) + ")";
-    if (p.layer != 0)
-      detail::fail(op, "pairs", "pairs of layer 0", "layer " + std::to_string(p.layer) + entry);
-    if (p.head < 0 || p.head >= H || p.pair < 0 || p.pair >= R)
-      detail::fail(
-          op, "pairs",
-          "heads in [0, " + std::to_string(H) + ") and pairs in [0, " + std::to_string(R) + ")",
-          "head " + std::to_string(p.head) + ", pair " + std::to_string(p.pair) + entry);
-    if (p.harmonic < 1 || p.harmonic > kMaxHarmonic)
+  check_layer0_pairs(op, pairs, H, R);
+  for (std::size_t i = 0; i < pairs.size(); ++i)
+    if (pairs[i].harmonic < 1 || pairs[i].harmonic > kMaxHarmonic)
       detail::fail(op, "pairs", "harmonics 1 … " + std::to_string(kMaxHarmonic),
-                   std::to_string(p.harmonic) + entry);
-    if (!seen.insert({p.head, p.pair}).second)
-      detail::fail(
-          op, "pairs", "each (head, pair) once",
-          "head " + std::to_string(p.head) + ", pair " + std::to_string(p.pair) + " again" + entry);
-  }
+                   std::to_string(pairs[i].harmonic) + " (entry " + std::to_string(i) + ")");
   torch::NoGradGuard no_grad;
   // Ids 0 and 1, and the BOS when the vocabulary has one: one row of the three (layer 0's mixer
   // input depends on the token alone).
-  const std::int64_t ids = parity_vocabulary_has_bos(model) ? kBos + 1 : 2;
+  const std::int64_t ids = parity_vocabulary_has_bos(model) ? kParityBos + 1 : 2;
   const at::Tensor x = model->mixer_inputs(torch::arange(ids, at::kLong).unsqueeze(0))[0][0];
   // r_a = down(x̂_a), the rank-space vectors of the ids; the drifts before and after come from the
   // layer itself, and the check below refuses an edit that missed.
@@ -318,9 +330,9 @@ std::vector<PhaseDriftEdit> remove_parity_phase_drift(LanguageModel& model,
     const double tolerance = 4096 * eps * (1 + before.select(1, ch).abs().max().item<double>());
     double left = std::max(std::abs(wrap(k * after[0][ch].item<double>())),
                            std::abs(wrap(k * after[1][ch].item<double>() - kPi)));
-    if (ids > kBos)
-      left = std::max(left,
-                      std::abs(after[kBos][ch].item<double>() - before[kBos][ch].item<double>()));
+    if (ids > kParityBos)
+      left = std::max(left, std::abs(after[kParityBos][ch].item<double>() -
+                                     before[kParityBos][ch].item<double>()));
     if (!(left <= tolerance)) {
       up.copy_(as_trained);
       throw Error(op + ": the edit of head " + std::to_string(e.head) + ", pair " +
@@ -333,7 +345,75 @@ std::vector<PhaseDriftEdit> remove_parity_phase_drift(LanguageModel& model,
   return edits;
 }
 
-bool parity_vocabulary_has_bos(LanguageModel& model) {
+std::vector<GateDecayEdit> remove_parity_gate_decay(LanguageModel& model,
+                                                    const std::vector<PhasePairProbe>& pairs) {
+  const std::string op = "remove_parity_gate_decay";
+  nn::SelectiveRoPEImpl& rope = layer0_selective_rope(op, model);
+  // The mixer that owns it: the layer's GatedLinearAttention (a Selective RoPE of another mixer
+  // has no forget gate of this form).
+  nn::GatedLinearAttentionImpl* gla = nullptr;
+  for (const auto& m : model->modules(/*include_self=*/false))
+    if (auto mixer = std::dynamic_pointer_cast<nn::GatedLinearAttentionImpl>(m))
+      if (mixer->rope.get() == &rope) gla = mixer.get();
+  if (!gla)
+    detail::fail(op, "model", "layer 0's Selective RoPE in a GatedLinearAttention mixer",
+                 "another mixer (" + model->config().mixer + ")");
+  const nn::GatedLinearAttentionOptions& o = gla->options;
+  const std::int64_t H = o.num_heads(), K = gla->head_k, R = K / 2;
+  check_layer0_pairs(op, pairs, H, R);
+  // The gk_up rows of a pair: one per pair when tied, else its two key channels.
+  const bool tied = o.pos_encoding() != nn::PosEncoding::none && o.tie_gate_pairs();
+  const bool half_split = o.rotary_layout() == RotaryLayout::half_split;
+  const auto rows_of = [&](const PhasePairProbe& p) -> std::vector<std::int64_t> {
+    if (tied) return {p.head * R + p.pair};
+    const std::int64_t first = half_split ? p.pair : 2 * p.pair;
+    const std::int64_t second = half_split ? p.pair + R : 2 * p.pair + 1;
+    return {p.head * K + first, p.head * K + second};
+  };
+  const auto channels_of = [&](const PhasePairProbe& p) -> std::vector<std::int64_t> {
+    if (half_split) return {p.pair, p.pair + R};
+    return {2 * p.pair, 2 * p.pair + 1};
+  };
+  torch::NoGradGuard no_grad;
+  // One row of the ids 0, 1 (and the BOS): layer 0's gate depends on the token alone.
+  const std::int64_t ids = parity_vocabulary_has_bos(model) ? kParityBos + 1 : 2;
+  const at::Tensor x = model->mixer_inputs(torch::arange(ids, at::kLong).unsqueeze(0))[0];
+  const at::Tensor before = gla->forget_gates(x)[0].to(at::kDouble);  // [ids, H, K]
+  at::Tensor weight = gla->gk_up->weight, bias = gla->gk_up->bias;    // edited in place
+  const at::Tensor weight_as_trained = weight.clone(), bias_as_trained = bias.clone();
+  std::vector<GateDecayEdit> edits;
+  for (const PhasePairProbe& p : pairs) {
+    GateDecayEdit e;
+    e.head = p.head, e.pair = p.pair;
+    e.log_gate_zero = e.log_gate_one = 0;
+    for (const std::int64_t c : channels_of(p)) {
+      e.log_gate_zero = std::min(e.log_gate_zero, before[0][p.head][c].item<double>());
+      e.log_gate_one = std::min(e.log_gate_one, before[1][p.head][c].item<double>());
+    }
+    for (const std::int64_t row : rows_of(p)) {
+      weight[row].zero_();
+      bias[row].fill_(40.0);  // logsigmoid(40) ≈ −4·10⁻¹⁸
+    }
+    edits.push_back(e);
+  }
+  // The edited layer's own gates: a decay of exactly 1 for every id in the edited channels.
+  const at::Tensor after = gla->forget_gates(x)[0].to(at::kDouble);
+  for (const PhasePairProbe& p : pairs)
+    for (const std::int64_t c : channels_of(p)) {
+      const double decay = at::exp(after.select(1, p.head).select(1, c)).min().item<double>();
+      if (!(decay == 1.0)) {
+        weight.copy_(weight_as_trained);
+        bias.copy_(bias_as_trained);
+        throw Error(op + ": the edit of head " + std::to_string(p.head) + ", pair " +
+                    std::to_string(p.pair) + " left a decay of " + std::to_string(decay) +
+                    " per token (expected 1): layer 0's gate path is not the one this edit "
+                    "assumes (phase_probe.h); the model is left as it was");
+      }
+    }
+  return edits;
+}
+
+bool parity_vocabulary_has_bos(const LanguageModel& model) {
   return model->config().vocab_size > kParityBos;
 }
 

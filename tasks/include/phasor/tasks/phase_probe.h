@@ -70,7 +70,7 @@ inline constexpr std::int64_t kParityBos = 2;
 
 // Whether `model`'s vocabulary holds the BOS id (more than two ids): the harness trains parity
 // with a BOS exactly then, so a checkpoint's rows are made, and its BOS's phase kept, by this.
-bool parity_vocabulary_has_bos(LanguageModel& model);
+bool parity_vocabulary_has_bos(const LanguageModel& model);
 
 // The probe of `model` on the parity rows `batch` (Batch::inputs: element ids 0 and 1, a BOS id 2
 // allowed at position 0 only). Empty (no pairs, no heads) when the model has no Selective RoPE
@@ -111,6 +111,33 @@ struct PhaseDriftEdit {
 // increments still drift (a phase path this edit does not know).
 std::vector<PhaseDriftEdit> remove_parity_phase_drift(LanguageModel& model,
                                                       const std::vector<PhasePairProbe>& pairs);
+
+// ---- Removing the decay -----------------------------------------------------------------------
+// The repair experiment's other edit: the forget gate of chosen rotation pairs set to 1, so that
+// those pairs keep every token's phase however far back (the construction's gate 1), everything
+// else as trained. Layer 0's mixer must be the GatedLinearAttention that owns its Selective RoPE.
+// The edit zeroes the pair's rows of the gate's up-projection gk_up — one row with
+// tie_gate_pairs, else the rows of the pair's two key channels, (i, i + K/2) half-split or
+// (2i, 2i + 1) interleaved — and sets their biases to 40, so every token gets
+//   log g = logsigmoid(40) / gate_logit_normalizer ≈ −4·10⁻¹⁸ / gate_logit_normalizer,
+// a decay exp(log g) that is 1 in float and double (checked on the edited layer). A clamp_min
+// floor (≤ 0) cannot lower it. With the drift edit as well, the pairs carry the construction's
+// exact phases at gate 1 (docs/claims.md, "Drift and decay").
+struct GateDecayEdit {
+  std::int64_t head = 0, pair = 0;
+  // The pair's log forget gate before the edit for a 0- and a 1-token (the lower of its two
+  // channels when untied): the decay per token that the edit removes.
+  double log_gate_zero = 0, log_gate_one = 0;
+};
+
+// Sets the forget gate of each of `pairs` (entries of parity_phase_probe(model, …).pairs, all of
+// layer 0, each (head, pair) once) to 1 in `model`, as above; returns the gates removed in the
+// order given. phasor::Error (op "remove_parity_gate_decay") naming the argument when a pair is
+// not in layer 0 or out of range, or layer 0 has not exactly one Selective RoPE, owned by a
+// GatedLinearAttention (all before any edit); phasor::Error, with the model restored, should the
+// edited layer's gates for those pairs not be 0 (a gate path this edit does not know).
+std::vector<GateDecayEdit> remove_parity_gate_decay(LanguageModel& model,
+                                                    const std::vector<PhasePairProbe>& pairs);
 
 // {"length", "heads": [{"layer", "head", "pair", "harmonic", "horizon", "drift_zero",
 // "drift_one", "jitter", "drift_horizon" (null when infinite), "pair_horizons": [the horizon of
