@@ -418,14 +418,10 @@ TEST(ClaimsConstruction, ParityPhaseProbeRefusesOtherRows) {
   EXPECT_TRUE(parity_phase_probe(plain, parity(8, false, 2, 1)).heads.empty());
 }
 
-// remove_parity_phase_drift (phase_probe.h) on a randomly initialised model with a linear phase
-// path (the official settings: no SiLU, no phase gate, ω ≡ 1) and a BOS. Editing every pair at
-// the harmonic the probe gave it leaves every pair tracking parity to the end of the rows with no
-// drift (the context offsets of the last three tokens, which the probe calibrates, are all that is
-// left). A drift δ put back into one pair through exp(b), which adds δ to the phase of either
-// token, is measured by the probe as k·δ per token and returned by the next edit as δ; the pairs
-// not edited keep their probe exactly.
-TEST(ClaimsConstruction, RemoveParityPhaseDriftLeavesExactTracking) {
+// The model both edits of phase_probe.h are tested on: one layer of GLA + Selective RoPE with a
+// linear phase path (the official settings: no SiLU, no phase gate, ω ≡ 1), a BOS, float64,
+// 2 heads of head_k 8 (R = 4 pairs).
+ModelConfig linear_phase_path_model() {
   ModelConfig cfg;
   cfg.vocab_size = 3;
   cfg.hidden_size = 16;
@@ -434,9 +430,36 @@ TEST(ClaimsConstruction, RemoveParityPhaseDriftLeavesExactTracking) {
   cfg.mixer = "gla";
   cfg.pos_encoding = "selective_rope";
   cfg.dtype = "float64";
-  cfg.mixer_options = {{"chunk_size", 16}, {"expand_k", 1.0}};  // head_k 8: R = 4
+  cfg.mixer_options = {{"chunk_size", 16}, {"expand_k", 1.0}};
   cfg.pos_options = {
       {"gate", "none"}, {"conv_silu", false}, {"spectrum_base", 1.0}, {"learnable_omega", false}};
+  return cfg;
+}
+
+// The errors both edits give for `p` (head 1, pair 2) moved to layer 1 and given twice.
+template <class Edit>
+void expect_pair_errors(const std::string& op, Edit&& edit, const PhasePairProbe& p) {
+  PhasePairProbe other_layer = p;
+  other_layer.layer = 1;
+  const std::string argument = op + ": argument 'pairs'";
+  expect_error([&] { edit(std::vector<PhasePairProbe>{other_layer}); },
+               {argument.c_str(), "layer 0", "layer 1"});
+  expect_error(
+      [&] {
+        edit(std::vector<PhasePairProbe>{p, p});
+      },
+      {"argument 'pairs'", "each (head, pair) once", "head 1, pair 2 again"});
+}
+
+// remove_parity_phase_drift (phase_probe.h) on a randomly initialised model with a linear phase
+// path (the official settings: no SiLU, no phase gate, ω ≡ 1) and a BOS. Editing every pair at
+// the harmonic the probe gave it leaves every pair tracking parity to the end of the rows with no
+// drift (the context offsets of the last three tokens, which the probe calibrates, are all that is
+// left). A drift δ put back into one pair through exp(b), which adds δ to the phase of either
+// token, is measured by the probe as k·δ per token and returned by the next edit as δ; the pairs
+// not edited keep their probe exactly.
+TEST(ClaimsConstruction, RemoveParityPhaseDriftLeavesExactTracking) {
+  const ModelConfig cfg = linear_phase_path_model();
   torch::manual_seed(3);
   LanguageModel model(cfg);
   WordProblemConfig c;
@@ -488,15 +511,10 @@ TEST(ClaimsConstruction, RemoveParityPhaseDriftLeavesExactTracking) {
   EXPECT_EQ(parity_phase_probe(model, rows).pairs[6].horizon, length);
 
   // Bad arguments name what is wrong.
-  PhasePairProbe other_layer = p;
-  other_layer.layer = 1;
-  expect_error([&] { remove_parity_phase_drift(model, {other_layer}); },
-               {"remove_parity_phase_drift: argument 'pairs'", "layer 0", "layer 1"});
-  expect_error(
-      [&] {
-        remove_parity_phase_drift(model, {p, p});
-      },
-      {"argument 'pairs'", "each (head, pair) once", "head 1, pair 2 again"});
+  expect_pair_errors(
+      "remove_parity_phase_drift",
+      [&](const std::vector<PhasePairProbe>& pairs) { remove_parity_phase_drift(model, pairs); },
+      p);
   PhasePairProbe out_of_range = p;
   out_of_range.pair = 4;
   expect_error([&] { remove_parity_phase_drift(model, {out_of_range}); },
@@ -518,17 +536,7 @@ TEST(ClaimsConstruction, RemoveParityPhaseDriftLeavesExactTracking) {
 // layer had. With the drift edit too, every pair of a random model carries its exact phase at gate
 // 1. Bad arguments name what is wrong, and a Selective RoPE outside a GLA mixer is refused.
 TEST(ClaimsConstruction, RemoveParityGateDecaySetsTheChosenGatesToOne) {
-  ModelConfig cfg;
-  cfg.vocab_size = 3;
-  cfg.hidden_size = 16;
-  cfg.num_layers = 1;
-  cfg.num_heads = 2;
-  cfg.mixer = "gla";
-  cfg.pos_encoding = "selective_rope";
-  cfg.dtype = "float64";
-  cfg.mixer_options = {{"chunk_size", 16}, {"expand_k", 1.0}};  // head_k 8: R = 4
-  cfg.pos_options = {
-      {"gate", "none"}, {"conv_silu", false}, {"spectrum_base", 1.0}, {"learnable_omega", false}};
+  const ModelConfig cfg = linear_phase_path_model();
   const auto gla_of = [](LanguageModel& m) {
     for (const auto& module : m->modules(/*include_self=*/false))
       if (auto gla = std::dynamic_pointer_cast<phasor::nn::GatedLinearAttentionImpl>(module))
@@ -596,15 +604,10 @@ TEST(ClaimsConstruction, RemoveParityGateDecaySetsTheChosenGatesToOne) {
   LanguageModel model(cfg);
   PhasePairProbe pair;
   pair.head = 1, pair.pair = 2;
-  PhasePairProbe other_layer = pair;
-  other_layer.layer = 1;
-  expect_error([&] { remove_parity_gate_decay(model, {other_layer}); },
-               {"remove_parity_gate_decay: argument 'pairs'", "layer 0", "layer 1"});
-  expect_error(
-      [&] {
-        remove_parity_gate_decay(model, {pair, pair});
-      },
-      {"argument 'pairs'", "each (head, pair) once", "head 1, pair 2 again"});
+  expect_pair_errors(
+      "remove_parity_gate_decay",
+      [&](const std::vector<PhasePairProbe>& pairs) { remove_parity_gate_decay(model, pairs); },
+      pair);
   PhasePairProbe out_of_range = pair;
   out_of_range.head = 2;
   expect_error([&] { remove_parity_gate_decay(model, {out_of_range}); },

@@ -361,18 +361,17 @@ std::vector<GateDecayEdit> remove_parity_gate_decay(LanguageModel& model,
   const nn::GatedLinearAttentionOptions& o = gla->options;
   const std::int64_t H = o.num_heads(), K = gla->head_k, R = K / 2;
   check_layer0_pairs(op, pairs, H, R);
-  // The gk_up rows of a pair: one per pair when tied, else its two key channels.
+  // A pair's two key channels, and its gk_up rows: one per pair when tied, else its channels'.
   const bool tied = o.pos_encoding() != nn::PosEncoding::none && o.tie_gate_pairs();
-  const bool half_split = o.rotary_layout() == RotaryLayout::half_split;
+  const auto channels_of = [&](const PhasePairProbe& p) -> std::vector<std::int64_t> {
+    if (o.rotary_layout() == RotaryLayout::half_split) return {p.pair, p.pair + R};
+    return {2 * p.pair, 2 * p.pair + 1};
+  };
   const auto rows_of = [&](const PhasePairProbe& p) -> std::vector<std::int64_t> {
     if (tied) return {p.head * R + p.pair};
-    const std::int64_t first = half_split ? p.pair : 2 * p.pair;
-    const std::int64_t second = half_split ? p.pair + R : 2 * p.pair + 1;
-    return {p.head * K + first, p.head * K + second};
-  };
-  const auto channels_of = [&](const PhasePairProbe& p) -> std::vector<std::int64_t> {
-    if (half_split) return {p.pair, p.pair + R};
-    return {2 * p.pair, 2 * p.pair + 1};
+    std::vector<std::int64_t> rows = channels_of(p);
+    for (std::int64_t& row : rows) row += p.head * K;
+    return rows;
   };
   torch::NoGradGuard no_grad;
   // One row of the ids 0, 1 (and the BOS): layer 0's gate depends on the token alone.
@@ -384,8 +383,7 @@ std::vector<GateDecayEdit> remove_parity_gate_decay(LanguageModel& model,
   std::vector<GateDecayEdit> edits;
   for (const PhasePairProbe& p : pairs) {
     GateDecayEdit e;
-    e.head = p.head, e.pair = p.pair;
-    e.log_gate_zero = e.log_gate_one = 0;
+    e.head = p.head, e.pair = p.pair;  // log gates from 0 (the struct's default) down
     for (const std::int64_t c : channels_of(p)) {
       e.log_gate_zero = std::min(e.log_gate_zero, before[0][p.head][c].item<double>());
       e.log_gate_one = std::min(e.log_gate_one, before[1][p.head][c].item<double>());
