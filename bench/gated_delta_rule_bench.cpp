@@ -161,7 +161,9 @@ void BM_GatedDeltaRuleTrainingStep(benchmark::State& state) {
   std::vector<float> kept_v_new(problem.v.size());
   const TensorView v_new = problem.v_view(kept_v_new);
   phasor::bench::time_training_step(
-      state, problem.T, [&] { phasor::gated_delta_rule_forward(params, Impl::chunk, o); },
+      state, problem.T,
+      {gdn_chunk_flops(false), gdn_chunk_flops(true, true) - gdn_chunk_flops(false)},
+      [&] { phasor::gated_delta_rule_forward(params, Impl::chunk, o); },
       [&] { phasor::gated_delta_rule_forward(params, Impl::chunk, o, {}, kept.view, v_new); },
       [&] {
         phasor::gated_delta_rule_backward(params, Impl::chunk, d_o, {}, grads, kept.view, v_new);
