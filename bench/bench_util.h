@@ -264,7 +264,8 @@ void time_training_step(benchmark::State& state, std::int64_t tokens, StepOperat
   state.counters["train_fwd_ms"] = tf;
   state.counters["bwd_ms"] = b;
   state.counters["step_per_fwd"] = f > 0 ? (tf + b) / f : 0.0;
-  const double bwd_ops_per_fwd = operations.backward / operations.forward;
+  const double bwd_ops_per_fwd =
+      operations.forward > 0 ? operations.backward / operations.forward : 0.0;
   state.counters["bwd_ops_per_fwd"] = bwd_ops_per_fwd;
   state.counters["bwd_rate_per_fwd"] = b > 0 ? bwd_ops_per_fwd * f / b : 0.0;
   state.SetLabel("chunk");
