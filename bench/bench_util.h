@@ -229,9 +229,11 @@ inline void register_training_step_grid(benchmark::internal::Benchmark* b,
 // so with keeping free and both calls at the same rate, step_per_fwd = 1 + bwd_ops_per_fwd: the
 // ratio's floor for that algorithm (issue 13's goal of 3.0 asks bwd_ops_per_fwd ≤ 2 at equal
 // rates).
+// Both counts per token, as the benchmarks' FLOP counts give them (report_flops): the backward's
+// alone is their difference.
 struct StepOperations {
-  double forward = 0;   // per token, the inference forward's (and the training forward's)
-  double backward = 0;  // per token, the backward's alone, reading what the training forward kept
+  double forward = 0;           // the inference forward's (and the training forward's)
+  double forward_backward = 0;  // the training forward's and the backward's reading what it kept
 };
 template <class Forward, class TrainingForward, class Backward>
 void time_training_step(benchmark::State& state, std::int64_t tokens, StepOperations operations,
@@ -265,7 +267,7 @@ void time_training_step(benchmark::State& state, std::int64_t tokens, StepOperat
   state.counters["bwd_ms"] = b;
   state.counters["step_per_fwd"] = f > 0 ? (tf + b) / f : 0.0;
   const double bwd_ops_per_fwd =
-      operations.forward > 0 ? operations.backward / operations.forward : 0.0;
+      operations.forward > 0 ? operations.forward_backward / operations.forward - 1 : 0.0;
   state.counters["bwd_ops_per_fwd"] = bwd_ops_per_fwd;
   state.counters["bwd_rate_per_fwd"] = b > 0 ? bwd_ops_per_fwd * f / b : 0.0;
   state.SetLabel("chunk");

@@ -161,8 +161,7 @@ void BM_GatedDeltaRuleTrainingStep(benchmark::State& state) {
   std::vector<float> kept_v_new(problem.v.size());
   const TensorView v_new = problem.v_view(kept_v_new);
   phasor::bench::time_training_step(
-      state, problem.T,
-      {gdn_chunk_flops(false), gdn_chunk_flops(true, true) - gdn_chunk_flops(false)},
+      state, problem.T, {gdn_chunk_flops(false), gdn_chunk_flops(true, true)},
       [&] { phasor::gated_delta_rule_forward(params, Impl::chunk, o); },
       [&] { phasor::gated_delta_rule_forward(params, Impl::chunk, o, {}, kept.view, v_new); },
       [&] {
