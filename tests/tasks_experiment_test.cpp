@@ -798,6 +798,7 @@ TEST(TasksExperiment, ShippedConfigsParse) {
       "mqar_L256_kv16_full",
       "mqar_L64_kv4_full",
       "mqar_d128_small",
+      "mqar_d128_small_selective_rope",
       "mqar_small",
       "state_tracking_full",
       "state_tracking_long",
