@@ -213,6 +213,14 @@ inline void register_training_step_grid(benchmark::internal::Benchmark* b,
   for (std::int64_t T : lengths) b->Arg(T);
   b->Unit(benchmark::kMillisecond)->MinTime(min_time)->UseRealTime();
 }
+
+// The operations of time_training_step's calls, per token, as the benchmarks' FLOP counts give
+// them (report_flops): the backward's alone is their difference.
+struct StepOperations {
+  double forward = 0;           // the inference forward's (and the training forward's)
+  double forward_backward = 0;  // the training forward's and the backward's reading what it kept
+};
+
 // Each iteration runs, in this order and each timed alone: `forward` (inference: keeps nothing),
 // `training_forward` (what a training step's forward does: keeps what the backward reads, as the
 // LibTorch layer does under autograd) and `backward` (reading what training_forward kept). Reports
@@ -229,12 +237,6 @@ inline void register_training_step_grid(benchmark::internal::Benchmark* b,
 // so with keeping free and both calls at the same rate, step_per_fwd = 1 + bwd_ops_per_fwd: the
 // ratio's floor for that algorithm (issue 13's goal of 3.0 asks bwd_ops_per_fwd ≤ 2 at equal
 // rates).
-// Both counts per token, as the benchmarks' FLOP counts give them (report_flops): the backward's
-// alone is their difference.
-struct StepOperations {
-  double forward = 0;           // the inference forward's (and the training forward's)
-  double forward_backward = 0;  // the training forward's and the backward's reading what it kept
-};
 template <class Forward, class TrainingForward, class Backward>
 void time_training_step(benchmark::State& state, std::int64_t tokens, StepOperations operations,
                         Forward&& forward, TrainingForward&& training_forward,
